@@ -1,0 +1,183 @@
+//! The request budget: how many upstream reads one inbound HTTP request may make.
+//!
+//! One [`RequestBudget`] is created per inbound HTTP request — not per
+//! operation — and shared (`Arc`) by every operation of a batch. It holds:
+//!
+//! - the **limit** and the reads **used**. A read is charged with one
+//!   compare-and-swap loop ([`try_charge`](RequestBudget::try_charge)) that only
+//!   ever moves `used` from `n` to `n + 1` while `n < limit`, so no interleaving
+//!   of concurrent reads can push `used` past the limit, and a refused read
+//!   changes nothing;
+//! - the **deadline** of the whole request, read from an injectable
+//!   [`Clock`];
+//! - the **concurrency** bound: a semaphore of `max_concurrent_reads` permits
+//!   that every read of the request holds while it is in flight;
+//! - per-request [`ReadStats`] counters.
+//!
+//! The budget never sends anything; the acquisition point
+//! ([`crate::upstream`]) charges it right before a read is sent.
+
+use crate::clock::Clock;
+use crate::error::FanoutError;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+/// The read budget, deadline and counters of one inbound HTTP request.
+pub struct RequestBudget {
+    limit: u64,
+    used: AtomicU64,
+    requested: AtomicU64,
+    deadline: Instant,
+    clock: Arc<dyn Clock>,
+    concurrency: Semaphore,
+    stats: ReadStats,
+}
+
+/// What one request's reads did. Every read that was sent ends in exactly one
+/// of `succeeded`, `failed` or `timed_out`, so `issued` balances them.
+#[derive(Debug, Default)]
+pub struct ReadStats {
+    /// Reads sent upstream (each one charged).
+    pub issued: AtomicU64,
+    /// Sent reads that got a response (any status).
+    pub succeeded: AtomicU64,
+    /// Sent reads that failed in transport.
+    pub failed: AtomicU64,
+    /// Sent reads cut by the read timeout or the deadline.
+    pub timed_out: AtomicU64,
+    /// Reads answered from the request's de-duplication cache.
+    pub dedup_hits: AtomicU64,
+    /// Reads refused because the budget was exhausted.
+    pub refused_budget: AtomicU64,
+    /// Reads refused because their host was saturated.
+    pub refused_host: AtomicU64,
+    /// Reads refused because the deadline passed before they could be sent.
+    pub refused_deadline: AtomicU64,
+}
+
+/// The budget as it stands at one moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetSnapshot {
+    /// The request's read limit.
+    pub limit: u64,
+    /// Reads charged so far.
+    pub used: u64,
+    /// `limit - used`.
+    pub remaining: u64,
+    /// The request's worst-case reads, when an estimate was made.
+    pub requested: u64,
+}
+
+impl RequestBudget {
+    /// A budget of `limit` reads, `max_concurrent` reads in flight, ending at `deadline`.
+    pub fn new(limit: u64, max_concurrent: usize, deadline: Instant, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            limit,
+            used: AtomicU64::new(0),
+            requested: AtomicU64::new(0),
+            deadline,
+            clock,
+            concurrency: Semaphore::new(max_concurrent.clamp(1, Semaphore::MAX_PERMITS)),
+            stats: ReadStats::default(),
+        }
+    }
+
+    /// Charges one read, or refuses it (and changes nothing) when none is left.
+    pub fn try_charge(&self) -> Result<(), FanoutError> {
+        let limit = self.limit;
+        match self
+            .used
+            .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1))
+        {
+            Ok(_) => Ok(()),
+            Err(_) => Err(FanoutError::BudgetExhausted { limit }),
+        }
+    }
+
+    /// Whether no read is left (a cheap check before waiting for anything).
+    pub fn is_exhausted(&self) -> bool {
+        self.used.load(Relaxed) >= self.limit
+    }
+
+    /// The read limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Reads charged so far.
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// Reads left.
+    pub fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.used())
+    }
+
+    /// Records the request's worst-case reads (the cost preview).
+    pub fn add_requested(&self, reads: u64) {
+        self.requested.fetch_add(reads, Relaxed);
+    }
+
+    /// The request's worst-case reads recorded so far.
+    pub fn requested(&self) -> u64 {
+        self.requested.load(Relaxed)
+    }
+
+    /// The budget now.
+    pub fn snapshot(&self) -> BudgetSnapshot {
+        let used = self.used();
+        BudgetSnapshot {
+            limit: self.limit,
+            used,
+            remaining: self.limit.saturating_sub(used),
+            requested: self.requested(),
+        }
+    }
+
+    /// The instant the whole request must be answered by.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Time left before the deadline; `None` once it has passed.
+    pub fn time_left(&self) -> Option<Duration> {
+        self.deadline
+            .checked_duration_since(self.clock.now())
+            .filter(|left| !left.is_zero())
+    }
+
+    /// The request's counters.
+    pub fn stats(&self) -> &ReadStats {
+        &self.stats
+    }
+
+    /// Waits for one of the request's in-flight slots, never past the deadline.
+    pub(crate) async fn in_flight_slot(&self) -> Result<SemaphorePermit<'_>, FanoutError> {
+        if let Ok(permit) = self.concurrency.try_acquire() {
+            return Ok(permit);
+        }
+        let left = self.time_left().ok_or(FanoutError::DeadlineExceeded)?;
+        match tokio::time::timeout(left, self.concurrency.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(FanoutError::DeadlineExceeded),
+        }
+    }
+}
+
+impl std::fmt::Debug for RequestBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBudget")
+            .field("limit", &self.limit)
+            .field("used", &self.used())
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Relaxed);
+}

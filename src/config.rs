@@ -1,0 +1,263 @@
+//! Configuration: the contract's TOML keys, their defaults, and their checks.
+//!
+//! Every key is optional. Unknown keys, wrong types and impossible values are
+//! errors whose message names the key (`budget.max_reads must be at least 1`),
+//! so a typo stops start-up instead of silently running on a default.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[budget]`: the per-request read budget.
+    pub budget: BudgetConfig,
+    /// `[http]`: limits on the inbound HTTP request.
+    pub http: HttpConfig,
+    /// `[hosts."HOST:PORT"]`: process-wide caps per upstream host.
+    pub hosts: BTreeMap<String, HostConfig>,
+    /// `[rate_limit]`: inbound per-IP limiting and internal callers.
+    pub rate_limit: RateLimitConfig,
+    /// `[redis]`: shared state across replicas.
+    pub redis: RedisConfig,
+}
+
+/// `[budget]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetConfig {
+    /// Upstream reads per inbound HTTP request, shared by every operation of a batch.
+    pub max_reads: u64,
+    /// The same, for callers that present the internal token.
+    pub internal_max_reads: u64,
+    /// Timeout of one upstream read, in milliseconds.
+    pub read_timeout_ms: u64,
+    /// Deadline of the whole inbound HTTP request, in milliseconds.
+    pub deadline_ms: u64,
+    /// Upstream reads in flight at once for one inbound HTTP request.
+    pub max_concurrent_reads: usize,
+    /// Refuse a batch whose worst-case reads exceed the budget, before any read.
+    pub refuse_over_estimate: bool,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        Self {
+            max_reads: 100,
+            internal_max_reads: 1000,
+            read_timeout_ms: 5000,
+            deadline_ms: 30_000,
+            max_concurrent_reads: 8,
+            refuse_over_estimate: false,
+        }
+    }
+}
+
+impl BudgetConfig {
+    /// `read_timeout_ms` as a duration.
+    pub fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
+    }
+
+    /// `deadline_ms` as a duration.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms)
+    }
+}
+
+/// `[http]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// More operations in one batch: the whole batch is rejected, nothing runs.
+    pub max_batch_operations: usize,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            max_batch_operations: 20,
+            max_body_bytes: 65_536,
+        }
+    }
+}
+
+/// `[hosts."HOST:PORT"]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostConfig {
+    /// Process-wide in-flight reads to this host; 0 rejects every read.
+    pub max_concurrent: u32,
+    /// How long a read may wait for a slot (never past the request deadline).
+    pub acquire_wait_ms: u64,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrent: 256,
+            acquire_wait_ms: 50,
+        }
+    }
+}
+
+impl HostConfig {
+    /// `acquire_wait_ms` as a duration.
+    pub fn acquire_wait(&self) -> Duration {
+        Duration::from_millis(self.acquire_wait_ms)
+    }
+}
+
+/// `[rate_limit]`
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateLimitConfig {
+    /// Inbound requests per minute per client IP, on `/graphql` only.
+    pub requests_per_minute: u32,
+    /// The internal callers' token; empty: no internal callers.
+    /// The environment variable `FANOUT_INTERNAL_TOKEN` overrides it.
+    pub internal_token: String,
+    /// CIDRs whose `X-Forwarded-For` is believed.
+    pub trusted_proxies: Vec<String>,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        Self {
+            requests_per_minute: 300,
+            internal_token: String::new(),
+            trusted_proxies: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Debug for RateLimitConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is a secret: never print it.
+        f.debug_struct("RateLimitConfig")
+            .field("requests_per_minute", &self.requests_per_minute)
+            .field("internal_token", &if self.internal_token.is_empty() { "" } else { "<set>" })
+            .field("trusted_proxies", &self.trusted_proxies)
+            .finish()
+    }
+}
+
+/// `[redis]`
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `redis://host:port`; empty: in-process limits only.
+    pub url: String,
+    /// What to do while Redis is unreachable.
+    pub failure_mode: FailureMode,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            failure_mode: FailureMode::Open,
+        }
+    }
+}
+
+/// `[redis] failure_mode`
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureMode {
+    /// Fall back to the in-process limits.
+    #[default]
+    Open,
+    /// Answer 503 `UNAVAILABLE`.
+    Closed,
+}
+
+/// A configuration that could not be used; the message names the key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Parses TOML, then [`validate`](Self::validate)s it.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError(describe_toml_error(&e)))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Applies the environment's overrides (`FANOUT_INTERNAL_TOKEN`).
+    pub fn with_env(mut self) -> Self {
+        if let Ok(token) = std::env::var("FANOUT_INTERNAL_TOKEN") {
+            self.rate_limit.internal_token = token;
+        }
+        self
+    }
+
+    /// Rejects impossible values, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let b = &self.budget;
+        let positive = [
+            ("budget.max_reads", b.max_reads),
+            ("budget.internal_max_reads", b.internal_max_reads),
+            ("budget.read_timeout_ms", b.read_timeout_ms),
+            ("budget.deadline_ms", b.deadline_ms),
+            ("budget.max_concurrent_reads", b.max_concurrent_reads as u64),
+            ("http.max_batch_operations", self.http.max_batch_operations as u64),
+            ("http.max_body_bytes", self.http.max_body_bytes as u64),
+            ("rate_limit.requests_per_minute", self.rate_limit.requests_per_minute as u64),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(ConfigError(format!("{key} must be at least 1")));
+            }
+        }
+        if b.max_concurrent_reads > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err(ConfigError("budget.max_concurrent_reads is too large".into()));
+        }
+        for host in self.hosts.keys() {
+            if !is_host_port(host) {
+                return Err(ConfigError(format!(
+                    "hosts.\"{host}\": a host key must be HOST:PORT (e.g. \"registry.local:5000\")"
+                )));
+            }
+        }
+        for cidr in &self.rate_limit.trusted_proxies {
+            if crate::identity::Cidr::parse(cidr).is_none() {
+                return Err(ConfigError(format!(
+                    "rate_limit.trusted_proxies: \"{cidr}\" is not a CIDR (e.g. \"10.0.0.0/8\")"
+                )));
+            }
+        }
+        let url = &self.redis.url;
+        if !url.is_empty() && !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            return Err(ConfigError(format!(
+                "redis.url: \"{url}\" must start with redis:// or rediss://"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn is_host_port(key: &str) -> bool {
+    match key.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok(),
+        None => false,
+    }
+}
+
+/// toml's message already quotes the offending line, so it names the key.
+fn describe_toml_error(err: &toml::de::Error) -> String {
+    format!("invalid configuration: {}", err.to_string().trim_end())
+}

@@ -1,0 +1,178 @@
+//! The engine: the long-lived state every request's reads share.
+//!
+//! One [`Engine`] lives as long as the process (it is a cheap `Arc` clone). It
+//! owns what must outlive any single request: the configuration, the pooled
+//! `reqwest::Client`, the per-host [`HostLimiter`], the clock, and the internal
+//! callers' token. For each inbound HTTP request it opens one
+//! [`FanoutRequest`] — the request's budget and de-duplication cache — which the
+//! HTTP integration attaches to every operation of the batch.
+
+use crate::budget::RequestBudget;
+use crate::clock::{Clock, TokioClock};
+use crate::config::Config;
+use crate::cost::CostTable;
+use crate::extension::FanoutExtension;
+use crate::hosts::{HostLimiter, LocalHostCaps};
+use crate::identity::{Caller, InternalToken};
+use crate::upstream::FanoutRequest;
+use std::sync::Arc;
+
+/// The long-lived engine state. Clone it freely.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<EngineInner>,
+}
+
+pub(crate) struct EngineInner {
+    pub(crate) config: Config,
+    pub(crate) client: reqwest::Client,
+    pub(crate) hosts: Arc<dyn HostLimiter>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) token: InternalToken,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) costs: Option<CostTable>,
+}
+
+/// Builds an [`Engine`] with non-default parts.
+pub struct EngineBuilder {
+    config: Config,
+    client: Option<reqwest::Client>,
+    hosts: Option<Arc<dyn HostLimiter>>,
+    clock: Arc<dyn Clock>,
+    max_response_bytes: usize,
+    costs: Option<CostTable>,
+}
+
+/// The default cap on the bytes read from one upstream response (16 MiB).
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 << 20;
+
+impl EngineBuilder {
+    /// Uses this HTTP client (its pool, TLS and proxy settings) for every read.
+    pub fn client(mut self, client: reqwest::Client) -> Self {
+        self.client = Some(client);
+        self
+    }
+
+    /// Uses this per-host limiter instead of the in-process caps from `[hosts]`.
+    pub fn host_limiter(mut self, hosts: Arc<dyn HostLimiter>) -> Self {
+        self.hosts = Some(hosts);
+        self
+    }
+
+    /// Reads deadlines from this clock (tests inject a [`ManualClock`](crate::ManualClock)).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Caps the bytes read from one upstream response; a larger body is an
+    /// `UPSTREAM_ERROR`.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// Prices every operation with `costs` before it runs (the cost preview:
+    /// `extensions.fanout.requested`, and `refuse_over_estimate`).
+    pub fn costs(mut self, costs: CostTable) -> Self {
+        self.costs = Some(costs);
+        self
+    }
+
+    /// The engine.
+    pub fn build(self) -> Engine {
+        let client = self.client.unwrap_or_else(|| {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::limited(5))
+                .build()
+                .expect("a default reqwest client always builds")
+        });
+        let hosts = self
+            .hosts
+            .unwrap_or_else(|| Arc::new(LocalHostCaps::new(self.config.hosts.clone())));
+        let token = InternalToken::new(&self.config.rate_limit.internal_token);
+        Engine {
+            inner: Arc::new(EngineInner {
+                config: self.config,
+                client,
+                hosts,
+                clock: self.clock,
+                token,
+                max_response_bytes: self.max_response_bytes,
+                costs: self.costs,
+            }),
+        }
+    }
+}
+
+impl Engine {
+    /// An engine with the default parts for `config`.
+    pub fn new(config: Config) -> Self {
+        Self::builder(config).build()
+    }
+
+    /// A builder, to inject a client, a host limiter or a clock.
+    pub fn builder(config: Config) -> EngineBuilder {
+        EngineBuilder {
+            config,
+            client: None,
+            hosts: None,
+            clock: Arc::new(TokioClock),
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            costs: None,
+        }
+    }
+
+    /// The configuration the engine runs on.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The declared field costs, if any.
+    pub fn costs(&self) -> Option<&CostTable> {
+        self.inner.costs.as_ref()
+    }
+
+    /// The per-host limiter.
+    pub fn hosts(&self) -> &dyn HostLimiter {
+        &*self.inner.hosts
+    }
+
+    /// The async-graphql extension to mount with `Schema::build(..).extension(..)`.
+    pub fn extension(&self) -> FanoutExtension {
+        FanoutExtension::new(self.clone())
+    }
+
+    /// Who presents these request headers: an internal caller only on an
+    /// exact (constant-time) match of the internal token.
+    pub fn identify(&self, headers: &http::HeaderMap) -> Caller {
+        self.inner.token.identify(headers)
+    }
+
+    /// Opens the budget and de-duplication scope of one inbound HTTP request.
+    ///
+    /// The deadline starts now; the limit depends on who calls.
+    pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
+        let b = &self.inner.config.budget;
+        let limit = match caller {
+            Caller::Internal => b.internal_max_reads,
+            Caller::Public => b.max_reads,
+        };
+        let deadline = self.inner.clock.now() + b.deadline();
+        let budget = RequestBudget::new(
+            limit,
+            b.max_concurrent_reads,
+            deadline,
+            self.inner.clock.clone(),
+        );
+        FanoutRequest::new(self.clone(), budget, caller)
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,250 @@
+//! The one error type, and the one place it is mapped to the contract's codes.
+//!
+//! Every refusal or failure the engine can produce is a [`FanoutError`]. Its
+//! [`code`](FanoutError::code), its GraphQL `extensions` and — for the errors
+//! that answer a whole HTTP request — its HTTP status are decided here and
+//! nowhere else, so a resolver, the extension and the HTTP integration can
+//! never disagree about what `HOST_SATURATED` carries.
+//!
+//! Field-level errors (`FANOUT_BUDGET_EXHAUSTED`, `UPSTREAM_TIMEOUT`,
+//! `DEADLINE_EXCEEDED`, `UPSTREAM_ERROR`, `HOST_SATURATED`, `BAD_USER_INPUT`)
+//! become GraphQL errors carrying their code (see [`attach_codes`]);
+//! request-level ones (`BAD_REQUEST`, `BATCH_TOO_LARGE`, …) become whole HTTP
+//! answers through [`FanoutError::http_status`] and
+//! [`FanoutError::to_response_body`].
+
+use async_graphql::ErrorExtensionValues;
+use http::StatusCode;
+use std::fmt;
+
+/// Everything the engine refuses or fails with, one variant per contract code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FanoutError {
+    /// The inbound HTTP request has used all of its upstream reads.
+    BudgetExhausted {
+        /// The request's read limit.
+        limit: u64,
+    },
+    /// One upstream read took longer than `read_timeout_ms`.
+    UpstreamTimeout {
+        /// `host:port` of the upstream.
+        host: String,
+        /// The timeout that cut the read.
+        timeout_ms: u64,
+    },
+    /// The inbound request's deadline (not the read timeout) cut the read.
+    DeadlineExceeded,
+    /// The upstream answered with an error, an unexpected body, or not at all.
+    Upstream {
+        /// `host:port` of the upstream.
+        host: String,
+        /// The HTTP status, when the upstream answered.
+        status: Option<u16>,
+        /// What went wrong, for humans.
+        message: String,
+    },
+    /// The process-wide cap of reads in flight to this host is full.
+    HostSaturated {
+        /// `host:port` of the upstream.
+        host: String,
+        /// The host's cap.
+        max_concurrent: u32,
+    },
+    /// An argument is out of range (e.g. `first` outside `1..=100`).
+    BadUserInput {
+        /// What is wrong with the input.
+        message: String,
+    },
+    /// Malformed JSON, an empty batch, or not a GraphQL request (HTTP 400).
+    BadRequest {
+        /// What is wrong with the request.
+        message: String,
+    },
+    /// The batch has more operations than `max_batch_operations` (HTTP 400).
+    BatchTooLarge {
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The body is larger than `max_body_bytes` (HTTP 413).
+    PayloadTooLarge {
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The batch's worst-case reads exceed its budget (only with `refuse_over_estimate`).
+    EstimateExceedsBudget {
+        /// The worst case, summed over the batch.
+        requested: u64,
+        /// The request's read limit.
+        limit: u64,
+    },
+    /// The caller's inbound rate is exhausted (HTTP 429).
+    RateLimited {
+        /// Whole seconds until a request would be admitted (at least 1).
+        retry_after_secs: u64,
+    },
+    /// A shared-state backend is down and `failure_mode = "closed"` (HTTP 503).
+    Unavailable {
+        /// Which backend, for humans.
+        message: String,
+    },
+}
+
+impl FanoutError {
+    /// The contract's `extensions.code` for this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BudgetExhausted { .. } => "FANOUT_BUDGET_EXHAUSTED",
+            Self::UpstreamTimeout { .. } => "UPSTREAM_TIMEOUT",
+            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Self::Upstream { .. } => "UPSTREAM_ERROR",
+            Self::HostSaturated { .. } => "HOST_SATURATED",
+            Self::BadUserInput { .. } => "BAD_USER_INPUT",
+            Self::BadRequest { .. } => "BAD_REQUEST",
+            Self::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
+            Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Self::EstimateExceedsBudget { .. } => "FANOUT_ESTIMATE_EXCEEDS_BUDGET",
+            Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::Unavailable { .. } => "UNAVAILABLE",
+        }
+    }
+
+    /// The HTTP status when this error answers a whole HTTP request.
+    ///
+    /// Field-level errors travel inside a 200 answer; they map to 200 here.
+    pub fn http_status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest { .. } | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::OK,
+        }
+    }
+
+    /// The contract's `extensions` for this error, `code` included.
+    pub fn extensions(&self) -> ErrorExtensionValues {
+        let mut ext = ErrorExtensionValues::default();
+        ext.set("code", self.code());
+        match self {
+            Self::BudgetExhausted { limit } => ext.set("limit", *limit),
+            Self::UpstreamTimeout { host, timeout_ms } => {
+                ext.set("host", host.as_str());
+                ext.set("timeoutMs", *timeout_ms);
+            }
+            Self::Upstream { host, status, .. } => {
+                ext.set("host", host.as_str());
+                if let Some(status) = status {
+                    ext.set("status", *status);
+                }
+            }
+            Self::HostSaturated {
+                host,
+                max_concurrent,
+            } => {
+                ext.set("host", host.as_str());
+                ext.set("maxConcurrent", *max_concurrent);
+            }
+            Self::BatchTooLarge { max } | Self::PayloadTooLarge { max } => {
+                ext.set("max", *max as u64)
+            }
+            Self::EstimateExceedsBudget { requested, limit } => {
+                ext.set("requested", *requested);
+                ext.set("limit", *limit);
+            }
+            Self::RateLimited { retry_after_secs } => ext.set("retryAfter", *retry_after_secs),
+            Self::DeadlineExceeded
+            | Self::BadUserInput { .. }
+            | Self::BadRequest { .. }
+            | Self::Unavailable { .. } => {}
+        }
+        ext
+    }
+
+    /// This error as a GraphQL error (message + extensions, no path).
+    pub fn to_graphql_error(&self) -> async_graphql::Error {
+        async_graphql::Error {
+            message: self.to_string(),
+            source: None,
+            extensions: Some(self.extensions()),
+        }
+    }
+
+    /// The JSON body of a whole-request answer: `{"errors":[{message, extensions}]}`.
+    pub fn to_response_body(&self) -> serde_json::Value {
+        let extensions = serde_json::to_value(self.extensions()).unwrap_or_default();
+        let mut body = serde_json::json!({
+            "errors": [{ "message": self.to_string(), "extensions": extensions }]
+        });
+        if matches!(self, Self::EstimateExceedsBudget { .. }) {
+            body["data"] = serde_json::Value::Null;
+        }
+        body
+    }
+
+    /// Whether the read was refused before anything was sent upstream.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Self::BudgetExhausted { .. } | Self::HostSaturated { .. } | Self::Unavailable { .. }
+        )
+    }
+}
+
+impl fmt::Display for FanoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::BudgetExhausted { limit } => {
+                write!(f, "fan-out budget exhausted: this request may make {limit} upstream reads")
+            }
+            Self::UpstreamTimeout { host, timeout_ms } => {
+                write!(f, "upstream {host} did not answer within {timeout_ms} ms")
+            }
+            Self::DeadlineExceeded => write!(f, "the request deadline passed before this read finished"),
+            Self::Upstream {
+                host,
+                status: Some(status),
+                message,
+            } => write!(f, "upstream {host} answered {status}: {message}"),
+            Self::Upstream {
+                host,
+                status: None,
+                message,
+            } => write!(f, "upstream {host} failed: {message}"),
+            Self::HostSaturated {
+                host,
+                max_concurrent,
+            } => write!(f, "upstream {host} is saturated ({max_concurrent} reads in flight)"),
+            Self::BadUserInput { message } | Self::BadRequest { message } => f.write_str(message),
+            Self::BatchTooLarge { max } => write!(f, "a batch may hold at most {max} operations"),
+            Self::PayloadTooLarge { max } => write!(f, "the request body may be at most {max} bytes"),
+            Self::EstimateExceedsBudget { requested, limit } => write!(
+                f,
+                "worst case of {requested} upstream reads exceeds the budget of {limit}"
+            ),
+            Self::RateLimited { retry_after_secs } => {
+                write!(f, "rate limited: retry after {retry_after_secs} s")
+            }
+            Self::Unavailable { message } => write!(f, "unavailable: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for FanoutError {}
+
+/// Gives every error in `response` whose source is a [`FanoutError`] the
+/// contract's `extensions` (code included).
+///
+/// async-graphql converts any `Display` error with `?` and keeps it only as
+/// the error's `source`; the [`FanoutExtension`](crate::FanoutExtension) calls
+/// this on every operation's response, so a resolver can use `?` on a
+/// `FanoutError` and still answer with its code.
+pub fn attach_codes(response: &mut async_graphql::Response) {
+    for error in &mut response.errors {
+        if error.extensions.is_none() {
+            if let Some(fanout) = error.source::<FanoutError>() {
+                error.extensions = Some(fanout.extensions());
+            }
+        }
+    }
+}

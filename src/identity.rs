@@ -1,0 +1,172 @@
+//! Identity: who is calling, by token, and from which address.
+//!
+//! - **Internal callers** present `x-internal-token`. Both the configured
+//!   token and the presented value are hashed to fixed-length SHA-256 digests
+//!   and compared with `subtle`'s constant-time equality, so neither the
+//!   token's bytes nor its length leak through timing. Anything but an exact
+//!   match — a wrong, empty or truncated token — is an ordinary caller.
+//! - **The client IP** is the TCP peer, unless the peer is a trusted proxy:
+//!   then it is the rightmost `X-Forwarded-For` entry that is not itself a
+//!   trusted proxy. The leftmost entry is whatever the client wrote, so it is
+//!   never believed.
+
+use sha2::{Digest, Sha256};
+use std::net::IpAddr;
+use subtle::ConstantTimeEq;
+
+/// The header internal callers present their token in.
+pub const INTERNAL_TOKEN_HEADER: &str = "x-internal-token";
+
+/// Who is calling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Caller {
+    /// Presented the exact internal token: exempt from the per-IP limit,
+    /// budget `internal_max_reads`.
+    Internal,
+    /// Everyone else, including callers with a wrong token.
+    Public,
+}
+
+/// The configured internal token, kept only as a digest.
+#[derive(Clone)]
+pub struct InternalToken {
+    digest: Option<[u8; 32]>,
+}
+
+/// What [`InternalToken::check`] saw in the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenCheck {
+    /// No token header.
+    Absent,
+    /// The exact token.
+    Valid,
+    /// A token header that does not match (or there is no internal token).
+    Wrong,
+}
+
+impl InternalToken {
+    /// The token; empty means there are no internal callers.
+    pub fn new(token: &str) -> Self {
+        Self {
+            digest: (!token.is_empty()).then(|| Sha256::digest(token.as_bytes()).into()),
+        }
+    }
+
+    /// Compares the request's token header in constant time.
+    pub fn check(&self, headers: &http::HeaderMap) -> TokenCheck {
+        let Some(presented) = headers.get(INTERNAL_TOKEN_HEADER) else {
+            return TokenCheck::Absent;
+        };
+        let Some(expected) = &self.digest else {
+            return TokenCheck::Wrong;
+        };
+        let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        if bool::from(presented.ct_eq(expected)) {
+            TokenCheck::Valid
+        } else {
+            TokenCheck::Wrong
+        }
+    }
+
+    /// [`Caller::Internal`] only for the exact token.
+    pub fn identify(&self, headers: &http::HeaderMap) -> Caller {
+        match self.check(headers) {
+            TokenCheck::Valid => Caller::Internal,
+            TokenCheck::Absent | TokenCheck::Wrong => Caller::Public,
+        }
+    }
+}
+
+impl std::fmt::Debug for InternalToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.digest.is_some() { "InternalToken(<set>)" } else { "InternalToken(<none>)" })
+    }
+}
+
+/// An IPv4 or IPv6 network, `addr/prefix`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `10.0.0.0/8`, `::1/128`, or a bare address (a /32 or /128).
+    pub fn parse(text: &str) -> Option<Self> {
+        let (addr, prefix) = match text.split_once('/') {
+            Some((addr, prefix)) => (addr.trim().parse().ok()?, Some(prefix.trim().parse().ok()?)),
+            None => (text.trim().parse().ok()?, None),
+        };
+        let max = if matches!(addr, IpAddr::V4(_)) { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Self { addr, prefix })
+    }
+
+    /// Whether `ip` is inside this network (IPv4-mapped IPv6 counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, canonical(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - self.prefix as u32).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - self.prefix as u32).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// The networks whose `X-Forwarded-For` is believed.
+#[derive(Clone, Debug, Default)]
+pub struct TrustedProxies {
+    nets: Vec<Cidr>,
+}
+
+impl TrustedProxies {
+    /// From CIDR strings; unparsable entries are skipped (config validation
+    /// rejects them before this).
+    pub fn new<S: AsRef<str>>(cidrs: &[S]) -> Self {
+        Self {
+            nets: cidrs.iter().filter_map(|c| Cidr::parse(c.as_ref())).collect(),
+        }
+    }
+
+    /// Whether `ip` is a trusted proxy.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|net| net.contains(ip))
+    }
+
+    /// The client address of a request that arrived from `peer` (CONTRACT §7).
+    pub fn client_ip(&self, peer: IpAddr, headers: &http::HeaderMap) -> IpAddr {
+        let peer = canonical(peer);
+        if !self.contains(peer) {
+            return peer;
+        }
+        // Walk the chain from the right (the hop nearest us) and stop at the
+        // first address we do not trust: everything left of it is hearsay.
+        let mut client = peer;
+        for value in headers.get_all("x-forwarded-for").iter().rev() {
+            let Ok(value) = value.to_str() else { return client };
+            for entry in value.rsplit(',') {
+                let Ok(ip) = entry.trim().parse::<IpAddr>() else {
+                    return client;
+                };
+                let ip = canonical(ip);
+                if !self.contains(ip) {
+                    return ip;
+                }
+                client = ip;
+            }
+        }
+        client
+    }
+}

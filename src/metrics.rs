@@ -1,0 +1,99 @@
+//! The engine's metrics, through the `metrics` facade.
+//!
+//! The engine records; the application installs a recorder (the gateway
+//! exports Prometheus text at `/metrics`). Without a recorder every call is a
+//! no-op. Per-host handles are registered once per host and cached, so the
+//! read path does one map lookup, not a registration, per read.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `fanout_upstream_in_flight` | gauge | `host` | reads in flight to the host |
+//! | `fanout_upstream_reads_total` | counter | `host`, `outcome` | reads sent, by outcome (`ok`, `error`, `timeout`, `deadline`) |
+//! | `fanout_upstream_read_seconds` | histogram | `host` | duration of sent reads |
+//! | `fanout_upstream_timeouts_total` | counter | `host` | reads cut by the read timeout or the deadline |
+//! | `fanout_host_rejections_total` | counter | `host` | reads refused `HOST_SATURATED` |
+//! | `fanout_budget_exhausted_total` | counter | — | reads refused `FANOUT_BUDGET_EXHAUSTED` |
+//! | `fanout_dedup_hits_total` | counter | — | reads answered by the request's de-duplication |
+//! | `fanout_requests_total` | counter | `caller` | inbound HTTP requests that ran |
+//! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
+//! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
+//! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
+//! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
+
+use dashmap::DashMap;
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+use std::sync::{Arc, OnceLock};
+
+/// Cached metric handles for one upstream host.
+pub(crate) struct HostMetrics {
+    pub(crate) in_flight: Gauge,
+    pub(crate) ok: Counter,
+    pub(crate) error: Counter,
+    pub(crate) timeout: Counter,
+    pub(crate) deadline: Counter,
+    pub(crate) timeouts: Counter,
+    pub(crate) rejections: Counter,
+    pub(crate) latency: Histogram,
+}
+
+impl HostMetrics {
+    fn register(host: &str) -> Self {
+        let h = host.to_string();
+        let reads = |outcome: &'static str| {
+            counter!("fanout_upstream_reads_total", "host" => h.clone(), "outcome" => outcome)
+        };
+        Self {
+            in_flight: gauge!("fanout_upstream_in_flight", "host" => h.clone()),
+            ok: reads("ok"),
+            error: reads("error"),
+            timeout: reads("timeout"),
+            deadline: reads("deadline"),
+            timeouts: counter!("fanout_upstream_timeouts_total", "host" => h.clone()),
+            rejections: counter!("fanout_host_rejections_total", "host" => h.clone()),
+            latency: histogram!("fanout_upstream_read_seconds", "host" => h),
+        }
+    }
+
+    /// The handles for `host`, registered on first use.
+    pub(crate) fn of(host: &str) -> Arc<HostMetrics> {
+        static HOSTS: OnceLock<DashMap<String, Arc<HostMetrics>>> = OnceLock::new();
+        let hosts = HOSTS.get_or_init(DashMap::new);
+        if let Some(m) = hosts.get(host) {
+            return m.clone();
+        }
+        hosts
+            .entry(host.to_string())
+            .or_insert_with(|| Arc::new(HostMetrics::register(host)))
+            .clone()
+    }
+}
+
+pub(crate) fn budget_exhausted() {
+    counter!("fanout_budget_exhausted_total").increment(1);
+}
+
+pub(crate) fn dedup_hit() {
+    counter!("fanout_dedup_hits_total").increment(1);
+}
+
+pub(crate) fn request(internal: bool) {
+    counter!("fanout_requests_total", "caller" => if internal { "internal" } else { "public" })
+        .increment(1);
+}
+
+pub(crate) fn rate_limited() {
+    counter!("fanout_rate_limited_total").increment(1);
+}
+
+pub(crate) fn rate_limit_exempt() {
+    counter!("fanout_rate_limit_exempt_total").increment(1);
+}
+
+pub(crate) fn wrong_internal_token() {
+    counter!("fanout_wrong_internal_token_total").increment(1);
+}
+
+/// Counts a check answered in-process because the shared backend was down.
+pub fn shared_state_fallback(backend: &'static str) {
+    counter!("fanout_shared_state_fallback_total", "backend" => backend).increment(1);
+}
