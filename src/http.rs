@@ -111,7 +111,7 @@ async fn read_body(body: Body, max: usize) -> Result<bytes::Bytes, FanoutError> 
 pub fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, FanoutError> {
     let bad = |message: String| FanoutError::BadRequest { message };
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    match first {
+    let batch = match first {
         Some(b'[') => {
             let requests: Vec<Request> = serde_json::from_slice(body)
                 .map_err(|e| bad(format!("not a batch of GraphQL requests: {e}")))?;
@@ -127,7 +127,11 @@ pub fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, FanoutError>
         _ => Err(bad(
             "the body must be a GraphQL request object or a JSON array of them".into(),
         )),
+    }?;
+    if batch.iter().any(|r| r.query.trim().is_empty()) {
+        return Err(bad("not a GraphQL request: \"query\" is missing or empty".into()));
     }
+    Ok(batch)
 }
 
 /// A whole-request refusal, in the GraphQL error shape, with its status.

@@ -1,0 +1,106 @@
+//! The budget never charges past its limit, under any interleaving.
+mod common;
+
+use common::*;
+use fanout_budget::config::Config;
+use fanout_budget::{Caller, Engine, FanoutError, ManualClock, RequestBudget};
+use proptest::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn budget(limit: u64) -> Arc<RequestBudget> {
+    let clock = Arc::new(ManualClock::new());
+    let deadline = fanout_budget::Clock::now(&*clock) + Duration::from_secs(60);
+    Arc::new(RequestBudget::new(limit, 8, deadline, clock))
+}
+
+fn charge_concurrently(limit: u64, threads: usize, attempts: usize) -> (u64, u64) {
+    let b = budget(limit);
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let b = b.clone();
+            std::thread::spawn(move || (0..attempts).filter(|_| b.try_charge().is_ok()).count() as u64)
+        })
+        .collect();
+    let granted: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+    (granted, b.used())
+}
+
+#[test]
+fn a_thousand_concurrent_charges_against_a_hundred() {
+    for _ in 0..50 {
+        let (granted, used) = charge_concurrently(100, 8, 125);
+        assert_eq!(granted, 100);
+        assert_eq!(used, 100);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn charges_granted_equal_min_of_limit_and_attempts(limit in 0u64..300, threads in 1usize..8, attempts in 0usize..100) {
+        let (granted, used) = charge_concurrently(limit, threads, attempts);
+        let expected = limit.min((threads * attempts) as u64);
+        prop_assert_eq!(granted, expected);
+        prop_assert_eq!(used, expected);
+    }
+}
+
+#[test]
+fn a_refused_charge_changes_nothing() {
+    let b = budget(2);
+    assert!(b.try_charge().is_ok());
+    assert!(b.try_charge().is_ok());
+    assert_eq!(b.try_charge(), Err(FanoutError::BudgetExhausted { limit: 2 }));
+    assert_eq!(b.used(), 2);
+    assert_eq!(b.remaining(), 0);
+    assert!(b.is_exhausted());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_concurrent_reads_through_the_engine_send_at_most_the_budget() {
+    let upstream = Upstream::start().await;
+    let mut config = Config::default();
+    config.budget.max_reads = 100;
+    config.budget.max_concurrent_reads = 64;
+    let engine = Engine::new(config);
+    let request = engine.begin_request(Caller::Public);
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| {
+            let request = request.clone();
+            let url = format!("{}/item/{i}", upstream.base()).parse().unwrap();
+            tokio::spawn(async move {
+                let op = request.operation();
+                op.upstream().read(fanout_budget::Read::get(url)).await.is_ok()
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += t.await.unwrap() as u64;
+    }
+    assert_eq!(ok, 100);
+    assert_eq!(upstream.seen.requests(), 100);
+    assert_eq!(request.budget().used(), 100);
+    let stats = request.budget().stats();
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(stats.issued.load(Relaxed), 100);
+    assert_eq!(stats.refused_budget.load(Relaxed), 900);
+}
+
+#[tokio::test]
+async fn internal_callers_get_the_internal_budget() {
+    let mut config = Config::default();
+    config.rate_limit.internal_token = "s3cret".into();
+    let engine = Engine::new(config);
+    assert_eq!(engine.begin_request(Caller::Internal).budget().limit(), 1000);
+    assert_eq!(engine.begin_request(Caller::Public).budget().limit(), 100);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-internal-token", "s3cret".parse().unwrap());
+    assert_eq!(engine.identify(&headers), Caller::Internal);
+    headers.insert("x-internal-token", "s3cre".parse().unwrap());
+    assert_eq!(engine.identify(&headers), Caller::Public);
+    headers.insert("x-internal-token", "s3cret ".parse().unwrap());
+    assert_eq!(engine.identify(&headers), Caller::Public);
+    assert_eq!(engine.identify(&http::HeaderMap::new()), Caller::Public);
+}
