@@ -192,7 +192,8 @@ impl std::error::Error for ConfigError {}
 impl Config {
     /// Parses TOML, then [`validate`](Self::validate)s it.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError(describe_toml_error(&e)))?;
+        let config: Config =
+            toml::from_str(text).map_err(|e| ConfigError(describe_toml_error(text, &e)))?;
         config.validate()?;
         Ok(config)
     }
@@ -257,7 +258,33 @@ fn is_host_port(key: &str) -> bool {
     }
 }
 
-/// toml's message already quotes the offending line, so it names the key.
-fn describe_toml_error(err: &toml::de::Error) -> String {
-    format!("invalid configuration: {}", err.to_string().trim_end())
+/// `<dotted.key>: <what is wrong> (line N)`, the key found from the error's
+/// position: the key on that line, under the nearest `[table]` above it.
+fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
+    let message = err.message().trim_end();
+    let Some(span) = err.span() else {
+        return format!("invalid configuration: {message}");
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line_no = before.matches('\n').count() + 1;
+    let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+    if line.starts_with('[') {
+        let table = line.trim_matches(|c| c == '[' || c == ']').trim();
+        return format!("{table}: {message} (line {line_no})");
+    }
+    let above = &before[..before.rfind('\n').unwrap_or(0)];
+    let table = above
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    let key = line.split('=').next().map(str::trim).filter(|k| !k.is_empty() && !k.starts_with('['));
+    let path = match (table, key) {
+        (Some(t), Some(k)) => format!("{t}.{k}"),
+        (None, Some(k)) => k.to_string(),
+        (Some(t), None) => t,
+        (None, None) => "configuration".to_string(),
+    };
+    format!("{path}: {message} (line {line_no})")
 }

@@ -1,1 +1,102 @@
-fn main(){}
+//! `cargo run --release -- [--listen ADDR] [--upstream URL] [--config FILE]`
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use fanout_budget::Config;
+use fanout_gateway::{app, embedded::EmbeddedRegistry};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+/// The registry gateway: GraphQL over an OCI registry, with fan-out budgets.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Base URL of an OCI Distribution registry; absent: the embedded registry.
+    #[arg(long)]
+    upstream: Option<reqwest::Url>,
+    /// TOML configuration file; absent: all defaults.
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+}
+
+fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
+    let config = match path {
+        None => Config::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+    }
+    .with_env();
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+    let config = match load_config(args.config.as_deref()) {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("fanout-gateway: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder();
+    let render: Option<app::MetricsRender> = match recorder {
+        Ok(handle) => Some(std::sync::Arc::new(move || handle.render())),
+        Err(e) => {
+            eprintln!("fanout-gateway: metrics disabled: {e}");
+            None
+        }
+    };
+    let (upstream, _embedded) = match args.upstream {
+        Some(url) => (url, None),
+        None => match EmbeddedRegistry::demo().await {
+            Ok(registry) => (registry.url().parse().expect("a loopback URL parses"), Some(registry)),
+            Err(e) => {
+                eprintln!("fanout-gateway: cannot start the embedded registry: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let gateway = app::build(config, upstream.clone(), render);
+    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!("fanout-gateway: cannot listen on {}: {e}", args.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let source = if _embedded.is_some() { "embedded registry" } else { "registry" };
+    println!("fanout-gateway listening on http://{addr}/graphql ({source} at {upstream})");
+    let service = gateway.router.into_make_service_with_connect_info::<SocketAddr>();
+    if let Err(e) = axum::serve(listener, service).with_graceful_shutdown(shutdown()).await {
+        eprintln!("fanout-gateway: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!("fanout-gateway stopped");
+    ExitCode::SUCCESS
+}
+
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}

@@ -1,0 +1,336 @@
+//! The embedded registry: an in-process OCI Distribution read API (axum).
+//!
+//! `cargo run` serves the gateway on it when `--upstream` is absent; tests and
+//! benchmarks use it as an upstream that tells the truth about what it saw.
+//! It answers `GET /v2/`, `/v2/_catalog`, `/v2/<name>/tags/list`,
+//! `/v2/<name>/manifests/<reference>` and `/v2/<name>/blobs/<digest>` (names
+//! may contain `/`), with `Link` pagination and the registry's JSON errors
+//! (`NAME_UNKNOWN`, `MANIFEST_UNKNOWN`, `BLOB_UNKNOWN`).
+//!
+//! It can inject, per tag (on its manifest) or per repository (on its tag
+//! list), a delay, a hang, an error status or a non-JSON body, plus a fixed
+//! latency on every request; and it counts requests (total, per path and per
+//! kind) and the peak number in flight.
+
+pub mod store;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+pub use store::{Image, Store};
+
+/// A fault to inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Answer normally after this delay.
+    Delay(Duration),
+    /// Never answer.
+    Hang,
+    /// Answer this status with a registry error body.
+    Status(u16),
+    /// Answer 200 with a body that is not JSON.
+    Garbage,
+}
+
+/// What the registry has seen.
+#[derive(Debug, Default)]
+pub struct Counters {
+    requests: AtomicU64,
+    in_flight: AtomicU64,
+    peak: AtomicU64,
+    paths: Mutex<HashMap<String, u64>>,
+}
+
+impl Counters {
+    /// Requests received (any path).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(SeqCst)
+    }
+    /// Requests being served right now.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(SeqCst)
+    }
+    /// The most requests ever in flight at once.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(SeqCst)
+    }
+    /// Requests for exactly this path (query string excluded).
+    pub fn path(&self, path: &str) -> u64 {
+        *self.paths.lock().unwrap().get(path).unwrap_or(&0)
+    }
+    /// Requests whose path contains `part` (e.g. `/manifests/`, `/blobs/`).
+    pub fn matching(&self, part: &str) -> u64 {
+        self.paths.lock().unwrap().iter().filter(|(p, _)| p.contains(part)).map(|(_, n)| n).sum()
+    }
+    /// Forgets everything seen so far (the peak restarts from what is in flight).
+    pub fn reset(&self) {
+        self.requests.store(0, SeqCst);
+        self.peak.store(self.in_flight(), SeqCst);
+        self.paths.lock().unwrap().clear();
+    }
+}
+
+#[derive(Default)]
+struct Faults {
+    tags: HashMap<(String, String), Fault>,
+    repos: HashMap<String, Fault>,
+    latency: Option<Duration>,
+    tag_page_size: Option<usize>,
+}
+
+struct Shared {
+    store: RwLock<Store>,
+    faults: RwLock<Faults>,
+    counters: Arc<Counters>,
+}
+
+/// A running embedded registry; it stops when dropped.
+pub struct EmbeddedRegistry {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EmbeddedRegistry {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl EmbeddedRegistry {
+    /// Serves `store` on a free loopback port.
+    pub async fn start(store: Store) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            store: RwLock::new(store),
+            faults: RwLock::default(),
+            counters: Arc::default(),
+        });
+        let app = Router::new()
+            .route("/v2/", get(|| async { axum::Json(serde_json::json!({})) }))
+            .route("/v2/{*rest}", get(serve))
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Self { addr, shared, task })
+    }
+
+    /// Serves the demo data.
+    pub async fn demo() -> std::io::Result<Self> {
+        Self::start(Store::demo()).await
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// `127.0.0.1:PORT` (the host key of `[hosts]`).
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// What it has seen.
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Changes the stored data.
+    pub fn with_store<R>(&self, f: impl FnOnce(&mut Store) -> R) -> R {
+        f(&mut self.shared.store.write().unwrap())
+    }
+
+    /// Injects `fault` on the manifest of `repo:tag` (`None` clears it).
+    pub fn set_tag_fault(&self, repo: &str, tag: &str, fault: Option<Fault>) {
+        let key = (repo.to_string(), tag.to_string());
+        let mut faults = self.shared.faults.write().unwrap();
+        match fault {
+            Some(f) => faults.tags.insert(key, f),
+            None => faults.tags.remove(&key),
+        };
+    }
+
+    /// Injects `fault` on the tag list of `repo` (`None` clears it).
+    pub fn set_repo_fault(&self, repo: &str, fault: Option<Fault>) {
+        let mut faults = self.shared.faults.write().unwrap();
+        match fault {
+            Some(f) => faults.repos.insert(repo.to_string(), f),
+            None => faults.repos.remove(repo),
+        };
+    }
+
+    /// Adds a fixed latency to every request.
+    pub fn set_latency(&self, latency: Option<Duration>) {
+        self.shared.faults.write().unwrap().latency = latency;
+    }
+
+    /// Splits tag lists into `Link`-paginated pages of this size even when
+    /// the client sends no `n` (as registries may).
+    pub fn set_tag_page_size(&self, size: Option<usize>) {
+        self.shared.faults.write().unwrap().tag_page_size = size;
+    }
+}
+
+struct InFlight(Arc<Counters>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, SeqCst);
+    }
+}
+
+#[derive(Deserialize)]
+struct Page {
+    n: Option<usize>,
+    last: Option<String>,
+}
+
+enum Route {
+    Catalog,
+    Tags(String),
+    Manifest(String, String),
+    Blob(String, String),
+}
+
+fn route(rest: &str) -> Option<Route> {
+    if rest == "_catalog" {
+        return Some(Route::Catalog);
+    }
+    if let Some(name) = rest.strip_suffix("/tags/list") {
+        return Some(Route::Tags(name.into()));
+    }
+    if let Some((name, reference)) = rest.rsplit_once("/manifests/") {
+        return Some(Route::Manifest(name.into(), reference.into()));
+    }
+    if let Some((name, digest)) = rest.rsplit_once("/blobs/") {
+        return Some(Route::Blob(name.into(), digest.into()));
+    }
+    None
+}
+
+fn registry_error(status: StatusCode, code: &str, message: &str) -> Response {
+    let body = serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": null }] });
+    (status, axum::Json(body)).into_response()
+}
+
+async fn apply(fault: Option<Fault>) -> Option<Response> {
+    match fault? {
+        Fault::Delay(d) => {
+            tokio::time::sleep(d).await;
+            None
+        }
+        Fault::Hang => std::future::pending().await,
+        Fault::Status(s) => {
+            let status = StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            Some(registry_error(status, "UNKNOWN", "injected failure"))
+        }
+        Fault::Garbage => Some((StatusCode::OK, "<html>this is not json").into_response()),
+    }
+}
+
+/// `(items after `last`, at most `n`)` and whether more follow.
+fn page<'a>(all: impl Iterator<Item = &'a String>, page: &Page, default_n: Option<usize>) -> (Vec<String>, bool) {
+    let after: Vec<&String> = all.filter(|item| page.last.as_ref().is_none_or(|last| *item > last)).collect();
+    match page.n.or(default_n) {
+        Some(n) => (after.iter().take(n).map(|s| s.to_string()).collect(), after.len() > n),
+        None => (after.into_iter().cloned().collect(), false),
+    }
+}
+
+fn with_link(mut response: Response, more: bool, path: &str, n: usize, last: Option<&String>) -> Response {
+    if let (true, Some(last)) = (more, last) {
+        let link = format!("<{path}?n={n}&last={last}>; rel=\"next\"");
+        if let Ok(value) = HeaderValue::from_str(&link) {
+            response.headers_mut().insert(header::LINK, value);
+        }
+    }
+    response
+}
+
+async fn serve(State(shared): State<Arc<Shared>>, Path(rest): Path<String>, Query(q): Query<Page>) -> Response {
+    let counters = shared.counters.clone();
+    let path = format!("/v2/{rest}");
+    counters.requests.fetch_add(1, SeqCst);
+    *counters.paths.lock().unwrap().entry(path.clone()).or_default() += 1;
+    let now = counters.in_flight.fetch_add(1, SeqCst) + 1;
+    counters.peak.fetch_max(now, SeqCst);
+    let _guard = InFlight(counters);
+
+    let (latency, page_size) = {
+        let f = shared.faults.read().unwrap();
+        (f.latency, f.tag_page_size)
+    };
+    if let Some(latency) = latency {
+        tokio::time::sleep(latency).await;
+    }
+    let Some(route) = route(&rest) else {
+        return registry_error(StatusCode::NOT_FOUND, "NAME_INVALID", "unknown path");
+    };
+    match route {
+        Route::Catalog => {
+            let store = shared.store.read().unwrap();
+            let (names, more) = page(store.repos.keys(), &q, Some(100));
+            let n = q.n.unwrap_or(100);
+            let last = names.last().cloned();
+            drop(store);
+            let response = axum::Json(serde_json::json!({ "repositories": names })).into_response();
+            with_link(response, more, &path, n, last.as_ref())
+        }
+        Route::Tags(name) => {
+            let fault = shared.faults.read().unwrap().repos.get(&name).copied();
+            if let Some(response) = apply(fault).await {
+                return response;
+            }
+            let store = shared.store.read().unwrap();
+            let Some(repo) = store.repos.get(&name) else {
+                return registry_error(StatusCode::NOT_FOUND, "NAME_UNKNOWN", "repository name not known to registry");
+            };
+            let (tags, more) = page(repo.tags.keys(), &q, page_size);
+            let n = q.n.or(page_size).unwrap_or(tags.len());
+            let last = tags.last().cloned();
+            drop(store);
+            let response = axum::Json(serde_json::json!({ "name": name, "tags": tags })).into_response();
+            with_link(response, more, &path, n, last.as_ref())
+        }
+        Route::Manifest(name, reference) => {
+            let fault = shared.faults.read().unwrap().tags.get(&(name.clone(), reference.clone())).copied();
+            if let Some(response) = apply(fault).await {
+                return response;
+            }
+            let store = shared.store.read().unwrap();
+            let Some(repo) = store.repos.get(&name) else {
+                return registry_error(StatusCode::NOT_FOUND, "NAME_UNKNOWN", "repository name not known to registry");
+            };
+            let digest = repo.tags.get(&reference).cloned().unwrap_or(reference);
+            let Some(manifest) = repo.manifests.get(&digest) else {
+                return registry_error(StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN", "manifest unknown");
+            };
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(&manifest.media_type).unwrap());
+            headers.insert("docker-content-digest", HeaderValue::from_str(&digest).unwrap());
+            (StatusCode::OK, headers, manifest.body.clone()).into_response()
+        }
+        Route::Blob(name, digest) => {
+            let store = shared.store.read().unwrap();
+            match store.repos.get(&name).and_then(|r| r.blobs.get(&digest)) {
+                Some(blob) => {
+                    let mut headers = HeaderMap::new();
+                    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+                    headers.insert("docker-content-digest", HeaderValue::from_str(&digest).unwrap());
+                    (StatusCode::OK, headers, blob.clone()).into_response()
+                }
+                None => registry_error(StatusCode::NOT_FOUND, "BLOB_UNKNOWN", "blob unknown to registry"),
+            }
+        }
+    }
+}

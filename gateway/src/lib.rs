@@ -1,0 +1,15 @@
+//! The registry gateway: a GraphQL API over an OCI Distribution registry,
+//! built on `fanout-budget` exactly as any user would build on it.
+//!
+//! - [`oci`]: the registry client — every read through `ctx.upstream()`;
+//! - [`schema`]: the reference schema (CONTRACT §4) and its costs (§5);
+//! - [`embedded`]: an in-process registry with demo data, fault injection and
+//!   request counters;
+//! - [`app`]: engine + schema + routes.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod app;
+pub mod embedded;
+pub mod oci;
+pub mod schema;

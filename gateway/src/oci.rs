@@ -1,0 +1,204 @@
+//! The OCI Distribution client: every read goes through the engine's
+//! acquisition point (`ctx.upstream()`), exactly as any user's resolver would.
+//!
+//! Each function here is one kind of read from the CONTRACT §5 table. Status
+//! handling follows the registry protocol: `NAME_UNKNOWN` on a tag list means
+//! "no such repository" (not an error); any other 4xx, a 5xx, a body that is
+//! not the expected JSON or a transport failure is `UPSTREAM_ERROR`.
+
+use async_graphql::Context;
+use fanout_budget::{FanoutContext, FanoutError, Read, UpstreamResponse};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+
+/// The `Accept` header for manifests: OCI and Docker, single and multi-platform.
+pub const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
+application/vnd.oci.image.index.v1+json, \
+application/vnd.docker.distribution.manifest.v2+json, \
+application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// The upstream registry's base URL (schema data).
+#[derive(Clone, Debug)]
+pub struct RegistryUrl(pub reqwest::Url);
+
+fn registry<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a reqwest::Url> {
+    Ok(&ctx.data::<RegistryUrl>()?.0)
+}
+
+fn url(base: &reqwest::Url, path: &str) -> async_graphql::Result<reqwest::Url> {
+    Ok(base.join(path)?)
+}
+
+/// The `rel="next"` target of a `Link` header, resolved against the registry.
+fn next_link(response: &UpstreamResponse, base: &reqwest::Url) -> Option<reqwest::Url> {
+    let link = response.header("link")?;
+    link.split(',').find(|part| part.contains("rel=\"next\"")).and_then(|part| {
+        let target = part.split(';').next()?.trim().trim_start_matches('<').trim_end_matches('>');
+        base.join(target).ok()
+    })
+}
+
+#[derive(Deserialize)]
+struct RegistryErrors {
+    #[serde(default)]
+    errors: Vec<RegistryErrorItem>,
+}
+
+#[derive(Deserialize)]
+struct RegistryErrorItem {
+    code: String,
+}
+
+fn is_name_unknown(response: &UpstreamResponse) -> bool {
+    response.status == 404
+        && serde_json::from_slice::<RegistryErrors>(&response.body)
+            .map(|e| e.errors.iter().any(|e| e.code == "NAME_UNKNOWN"))
+            .unwrap_or(false)
+}
+
+fn expect_success(response: &UpstreamResponse) -> Result<(), FanoutError> {
+    if response.status.is_success() {
+        Ok(())
+    } else {
+        Err(response.error("unexpected status"))
+    }
+}
+
+/// Every tag of `name` (each `Link` page one read); `None` on `NAME_UNKNOWN`.
+pub async fn tag_list(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Option<Arc<Vec<String>>>> {
+    #[derive(Deserialize)]
+    struct TagList {
+        tags: Option<Vec<String>>,
+    }
+    let base = registry(ctx)?;
+    let upstream = ctx.upstream()?;
+    let mut next = Some(url(base, &format!("/v2/{name}/tags/list"))?);
+    let mut tags = Vec::new();
+    while let Some(page) = next.take() {
+        let response = upstream.read(Read::get(page)).await?;
+        if tags.is_empty() && is_name_unknown(&response) {
+            return Ok(None);
+        }
+        expect_success(&response)?;
+        tags.extend(response.json::<TagList>()?.tags.unwrap_or_default());
+        next = next_link(&response, base);
+    }
+    Ok(Some(Arc::new(tags)))
+}
+
+/// One catalog page: up to `n` names after `last`, and whether more follow.
+pub async fn catalog(ctx: &Context<'_>, n: usize, last: Option<&str>) -> async_graphql::Result<(Vec<String>, bool)> {
+    #[derive(Deserialize)]
+    struct Catalog {
+        repositories: Vec<String>,
+    }
+    let base = registry(ctx)?;
+    let mut page = url(base, "/v2/_catalog")?;
+    page.query_pairs_mut().append_pair("n", &n.to_string());
+    if let Some(last) = last {
+        page.query_pairs_mut().append_pair("last", last);
+    }
+    let response = ctx.upstream()?.read(Read::get(page)).await?;
+    expect_success(&response)?;
+    let names = response.json::<Catalog>()?.repositories;
+    let more = next_link(&response, base).is_some();
+    Ok((names, more))
+}
+
+/// A content descriptor.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DescriptorDoc {
+    /// Its media type.
+    #[serde(default)]
+    pub media_type: String,
+    /// `sha256:…`
+    pub digest: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its platform (index entries only).
+    pub platform: Option<PlatformDoc>,
+}
+
+/// A platform of an index entry.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PlatformDoc {
+    /// e.g. `linux`
+    pub os: String,
+    /// e.g. `amd64`
+    pub architecture: String,
+    /// e.g. `v8`
+    pub variant: Option<String>,
+}
+
+/// A manifest as read: an image (config + layers) or an index (manifests).
+#[derive(Clone, Debug)]
+pub struct ManifestDoc {
+    /// Its digest (`Docker-Content-Digest`, else the SHA-256 of its bytes).
+    pub digest: String,
+    /// Its media type (the body's, else the `Content-Type`).
+    pub media_type: String,
+    /// The image's config descriptor; `None` for an index.
+    pub config: Option<DescriptorDoc>,
+    /// The image's layers.
+    pub layers: Vec<DescriptorDoc>,
+    /// The index's entries.
+    pub manifests: Vec<DescriptorDoc>,
+}
+
+/// The manifest `name:tag` (one read).
+pub async fn manifest(ctx: &Context<'_>, name: &str, tag: &str) -> async_graphql::Result<ManifestDoc> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Body {
+        media_type: Option<String>,
+        config: Option<DescriptorDoc>,
+        #[serde(default)]
+        layers: Vec<DescriptorDoc>,
+        manifests: Option<Vec<DescriptorDoc>>,
+    }
+    let base = registry(ctx)?;
+    let read = Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?).accept(MANIFEST_ACCEPT);
+    let response = ctx.upstream()?.read(read).await?;
+    expect_success(&response)?;
+    let body: Body = response.json()?;
+    let media_type = body
+        .media_type
+        .or_else(|| response.header("content-type").map(|c| c.split(';').next().unwrap_or(c).trim().to_string()))
+        .unwrap_or_default();
+    let is_index = body.manifests.is_some() || media_type.contains("index") || media_type.contains("manifest.list");
+    if !is_index && body.config.is_none() {
+        return Err(response.error("manifest has neither config nor manifests").into());
+    }
+    let digest = match response.header("docker-content-digest") {
+        Some(d) => d.to_string(),
+        None => format!("sha256:{:x}", Sha256::digest(&response.body)),
+    };
+    Ok(ManifestDoc {
+        digest,
+        media_type,
+        config: if is_index { None } else { body.config },
+        layers: if is_index { Vec::new() } else { body.layers },
+        manifests: body.manifests.unwrap_or_default(),
+    })
+}
+
+/// An image config's fields the schema exposes.
+#[derive(Clone, Debug, Deserialize)]
+pub struct ImageConfigDoc {
+    /// e.g. `linux`
+    pub os: Option<String>,
+    /// e.g. `amd64`
+    pub architecture: Option<String>,
+    /// RFC 3339 creation time.
+    pub created: Option<String>,
+}
+
+/// The config blob `digest` of `name` (one read).
+pub async fn config_blob(ctx: &Context<'_>, name: &str, digest: &str) -> async_graphql::Result<ImageConfigDoc> {
+    let base = registry(ctx)?;
+    let response = ctx.upstream()?.read(Read::get(url(base, &format!("/v2/{name}/blobs/{digest}"))?)).await?;
+    expect_success(&response)?;
+    Ok(response.json()?)
+}

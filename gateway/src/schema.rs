@@ -1,0 +1,323 @@
+//! The reference schema (CONTRACT §4) and its read accounting (§5).
+//!
+//! Resolvers read only through [`crate::oci`], which reads only through the
+//! engine's acquisition point; nullable fields that read use
+//! [`OrNull::or_null`] so a failed read nulls only its own field.
+
+use crate::oci::{self, DescriptorDoc, ManifestDoc};
+use async_graphql::{
+    Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
+    ScalarType, Schema, SimpleObject, Value,
+};
+use fanout_budget::{CostTable, FanoutContext, FanoutError, FieldCost, OrNull};
+use std::sync::Arc;
+
+/// The gateway's schema type.
+pub type RegistrySchema = Schema<Query, EmptyMutation, EmptySubscription>;
+
+/// What each field may read (CONTRACT §5), for the cost preview.
+pub fn costs() -> CostTable {
+    CostTable::new()
+        .field("Query", "repository", FieldCost::reads(1))
+        .field("Query", "repositories", FieldCost::reads(1).times_arg("first"))
+        .field("Repository", "tags", FieldCost::reads(1).times_arg("first"))
+        .field("Repository", "tag", FieldCost::reads(1))
+        .field("Tag", "manifest", FieldCost::reads(1))
+        .field("Manifest", "config", FieldCost::reads(1))
+}
+
+/// The schema, without the engine's extension (see [`crate::app`]).
+pub fn builder() -> async_graphql::SchemaBuilder<Query, EmptyMutation, EmptySubscription> {
+    Schema::build(Query, EmptyMutation, EmptySubscription)
+}
+
+/// `first` must be 1..=100.
+fn page_size(first: i32) -> Result<usize, FanoutError> {
+    if (1..=100).contains(&first) {
+        Ok(first as usize)
+    } else {
+        Err(FanoutError::BadUserInput {
+            message: format!("first must be between 1 and 100, got {first}"),
+        })
+    }
+}
+
+/// The root query.
+pub struct Query;
+
+#[Object]
+impl Query {
+    /// One repository. Null, without error, when the registry answers NAME_UNKNOWN.
+    async fn repository(&self, ctx: &Context<'_>, name: String) -> Option<Repository> {
+        let tags = oci::tag_list(ctx, &name).await.or_null(ctx)??;
+        Some(Repository {
+            name,
+            tags: Some(tags),
+        })
+    }
+
+    /// One page of the registry catalog (GET /v2/_catalog).
+    async fn repositories(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: i32,
+        after: Option<String>,
+    ) -> async_graphql::Result<RepositoryConnection> {
+        let n = page_size(first)?;
+        let (names, more) = oci::catalog(ctx, n, after.as_deref()).await?;
+        let end_cursor = names.last().cloned();
+        Ok(RepositoryConnection {
+            nodes: names.into_iter().map(|name| Repository { name, tags: None }).collect(),
+            page_info: PageInfo {
+                has_next_page: more,
+                end_cursor,
+            },
+        })
+    }
+
+    /// This HTTP request's fan-out budget as it stands when the field resolves.
+    async fn fanout_budget(&self, ctx: &Context<'_>) -> async_graphql::Result<FanoutBudget> {
+        let b = ctx.fanout_request()?.budget().snapshot();
+        Ok(FanoutBudget {
+            limit: b.limit,
+            used: b.used,
+            remaining: b.remaining,
+            requested: b.requested,
+        })
+    }
+}
+
+/// A request's fan-out budget.
+#[derive(SimpleObject)]
+pub struct FanoutBudget {
+    limit: u64,
+    used: u64,
+    remaining: u64,
+    /// The whole request's worst-case reads, from the operations priced so far.
+    requested: u64,
+}
+
+/// Relay-style page information.
+#[derive(SimpleObject)]
+pub struct PageInfo {
+    has_next_page: bool,
+    end_cursor: Option<String>,
+}
+
+/// A page of repositories.
+#[derive(SimpleObject)]
+pub struct RepositoryConnection {
+    nodes: Vec<Repository>,
+    page_info: PageInfo,
+}
+
+/// A repository; its tag list is read once per request, when first needed.
+pub struct Repository {
+    name: String,
+    tags: Option<Arc<Vec<String>>>,
+}
+
+impl Repository {
+    async fn tag_list(&self, ctx: &Context<'_>) -> async_graphql::Result<Arc<Vec<String>>> {
+        match &self.tags {
+            Some(tags) => Ok(tags.clone()),
+            // Listed in the catalog but gone by now: no tags.
+            None => Ok(oci::tag_list(ctx, &self.name).await?.unwrap_or_default()),
+        }
+    }
+}
+
+#[Object]
+impl Repository {
+    async fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn tags(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 20)] first: i32,
+        after: Option<String>,
+    ) -> async_graphql::Result<TagConnection> {
+        let n = page_size(first)?;
+        let all = self.tag_list(ctx).await?;
+        let start = match &after {
+            None => 0,
+            Some(cursor) => match all.iter().position(|t| t == cursor) {
+                Some(i) => i + 1,
+                None => {
+                    return Err(FanoutError::BadUserInput {
+                        message: format!("unknown cursor {cursor:?}"),
+                    }
+                    .into())
+                }
+            },
+        };
+        let page: Vec<Tag> = all
+            .iter()
+            .skip(start)
+            .take(n)
+            .map(|name| Tag {
+                repository: self.name.clone(),
+                name: name.clone(),
+            })
+            .collect();
+        Ok(TagConnection {
+            page_info: PageInfo {
+                has_next_page: start + page.len() < all.len(),
+                end_cursor: page.last().map(|t| t.name.clone()),
+            },
+            nodes: page,
+            total_count: all.len() as i32,
+        })
+    }
+
+    async fn tag(&self, ctx: &Context<'_>, name: String) -> async_graphql::Result<Option<Tag>> {
+        let all = self.tag_list(ctx).await?;
+        Ok(all.contains(&name).then(|| Tag {
+            repository: self.name.clone(),
+            name,
+        }))
+    }
+}
+
+/// A page of tags.
+#[derive(SimpleObject)]
+pub struct TagConnection {
+    nodes: Vec<Tag>,
+    page_info: PageInfo,
+    total_count: i32,
+}
+
+/// A tag of a repository.
+pub struct Tag {
+    repository: String,
+    name: String,
+}
+
+#[Object]
+impl Tag {
+    async fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn manifest(&self, ctx: &Context<'_>) -> Option<Manifest> {
+        let doc = oci::manifest(ctx, &self.repository, &self.name).await.or_null(ctx)?;
+        Some(Manifest {
+            repository: self.repository.clone(),
+            doc,
+        })
+    }
+}
+
+/// An image manifest or an index.
+pub struct Manifest {
+    repository: String,
+    doc: ManifestDoc,
+}
+
+#[Object]
+impl Manifest {
+    async fn digest(&self) -> &str {
+        &self.doc.digest
+    }
+
+    async fn media_type(&self) -> &str {
+        &self.doc.media_type
+    }
+
+    async fn layers(&self) -> Vec<Descriptor> {
+        self.doc.layers.iter().map(Descriptor::from).collect()
+    }
+
+    async fn manifests(&self) -> Vec<PlatformManifest> {
+        self.doc.manifests.iter().map(PlatformManifest::from).collect()
+    }
+
+    async fn config(&self, ctx: &Context<'_>) -> Option<ImageConfig> {
+        let config = self.doc.config.as_ref()?;
+        let doc = oci::config_blob(ctx, &self.repository, &config.digest).await.or_null(ctx)?;
+        Some(ImageConfig {
+            os: doc.os,
+            architecture: doc.architecture,
+            created: doc.created,
+        })
+    }
+}
+
+/// A content descriptor.
+#[derive(SimpleObject)]
+pub struct Descriptor {
+    digest: String,
+    media_type: String,
+    size: Bytes,
+}
+
+impl From<&DescriptorDoc> for Descriptor {
+    fn from(d: &DescriptorDoc) -> Self {
+        Self {
+            digest: d.digest.clone(),
+            media_type: d.media_type.clone(),
+            size: Bytes(d.size),
+        }
+    }
+}
+
+/// An entry of an index.
+#[derive(SimpleObject)]
+pub struct PlatformManifest {
+    digest: String,
+    media_type: String,
+    size: Bytes,
+    platform: Option<Platform>,
+}
+
+impl From<&DescriptorDoc> for PlatformManifest {
+    fn from(d: &DescriptorDoc) -> Self {
+        Self {
+            digest: d.digest.clone(),
+            media_type: d.media_type.clone(),
+            size: Bytes(d.size),
+            platform: d.platform.as_ref().map(|p| Platform {
+                os: p.os.clone(),
+                architecture: p.architecture.clone(),
+                variant: p.variant.clone(),
+            }),
+        }
+    }
+}
+
+/// A platform.
+#[derive(SimpleObject)]
+pub struct Platform {
+    os: String,
+    architecture: String,
+    variant: Option<String>,
+}
+
+/// An image's config.
+#[derive(SimpleObject)]
+pub struct ImageConfig {
+    os: Option<String>,
+    architecture: Option<String>,
+    created: Option<String>,
+}
+
+/// A byte count; 64-bit, so not GraphQL Int.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bytes(pub u64);
+
+#[Scalar(name = "Bytes")]
+impl ScalarType for Bytes {
+    fn parse(value: Value) -> InputValueResult<Self> {
+        match &value {
+            Value::Number(n) => n.as_u64().map(Bytes).ok_or_else(|| InputValueError::expected_type(value)),
+            Value::String(s) => s.parse().map(Bytes).map_err(|_| InputValueError::expected_type(value)),
+            _ => Err(InputValueError::expected_type(value)),
+        }
+    }
+
+    fn to_value(&self) -> Value {
+        Value::from(self.0)
+    }
+}
