@@ -1,0 +1,113 @@
+//! The gateway binary, as `cargo run --release` starts it: the embedded
+//! registry, a batched query over real HTTP, the side endpoints, config
+//! errors that name the key, and a clean stop on SIGTERM.
+use serde_json::json;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(args: &[&str]) -> (Gateway, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fanout-gateway"))
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (Gateway(child), addr)
+}
+
+#[tokio::test]
+async fn serves_a_batched_query_and_stops_on_sigterm() {
+    let (mut gateway, addr) = start(&[]);
+    let client = reqwest::Client::new();
+    let batch = json!([
+        { "query": r#"{ repository(name: "library/alpine") { tags(first: 2) { nodes { name manifest { digest } } } } }"# },
+        { "query": r#"{ repository(name: "library/alpine") { tag(name: "1.0") { manifest { digest config { os } } } } fanoutBudget { limit used remaining } }"# }
+    ]);
+    let response = client.post(format!("http://{addr}/graphql")).json(&batch).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    let body: serde_json::Value = response.json().await.unwrap();
+    let ops = body.as_array().unwrap();
+    assert_eq!(ops.len(), 2);
+    assert_eq!(ops[0]["data"]["repository"]["tags"]["nodes"][0]["name"], "1.0");
+    assert_eq!(ops[1]["data"]["repository"]["tag"]["manifest"]["config"]["os"], "linux");
+    assert_eq!(
+        ops[0]["data"]["repository"]["tags"]["nodes"][0]["manifest"]["digest"],
+        ops[1]["data"]["repository"]["tag"]["manifest"]["digest"]
+    );
+    for op in ops {
+        let fanout = &op["extensions"]["fanout"];
+        assert_eq!(fanout["limit"], 100);
+        for key in ["used", "remaining", "operationReads", "requested"] {
+            assert!(fanout[key].is_u64(), "{key} in {fanout}");
+        }
+    }
+    // tag list + 2 manifests + 1 config blob, shared across the batch.
+    let total: u64 = ops.iter().map(|o| o["extensions"]["fanout"]["operationReads"].as_u64().unwrap()).sum();
+    assert_eq!(total, 4);
+
+    let health = client.get(format!("http://{addr}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(health.text().await.unwrap(), "ok");
+    let metrics = client.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("fanout_upstream_reads_total"), "{metrics}");
+    let graphiql = client.get(format!("http://{addr}/graphql")).send().await.unwrap().text().await.unwrap();
+    assert!(graphiql.to_lowercase().contains("graphiql"));
+
+    let pid = gateway.0.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut status = None;
+    for _ in 0..100 {
+        if let Some(s) = gateway.0.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = status.expect("the gateway stops within 5 s of SIGTERM");
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn a_bad_config_stops_start_up_naming_the_key() {
+    let dir = std::env::temp_dir().join(format!("fanout-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (text, key) in [
+        ("[budget]\nmax_reads = \"many\"\n", "budget.max_reads"),
+        ("[budget]\nmax_raeds = 3\n", "max_raeds"),
+        ("[http]\nmax_batch_operations = 0\n", "http.max_batch_operations"),
+        ("[redis]\nfailure_mode = \"sideways\"\n", "redis.failure_mode"),
+        ("[hosts.\"nohost\"]\nmax_concurrent = 1\n", "nohost"),
+    ] {
+        let path = dir.join("bad.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_fanout-gateway"))
+            .args(["--listen", "127.0.0.1:0", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{text:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(key), "{text:?}: {stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

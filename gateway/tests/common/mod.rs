@@ -1,0 +1,98 @@
+//! Shared fixtures: the embedded registry with known data, the gateway on it,
+//! and request helpers.
+#![allow(dead_code)]
+
+use axum::Router;
+use fanout_budget::Config;
+use fanout_gateway::app::{self, Gateway};
+use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+/// `acme/app` with tags t00..t59 (images), `acme/multi` with an index tag,
+/// `org/team/deep` (a namespaced name), and 30 filler repositories.
+pub fn store() -> Store {
+    let mut store = Store::default();
+    for i in 0..60 {
+        let tag = format!("t{i:02}");
+        store.put_image("acme/app", Some(&tag), &Image::demo("linux", "amd64", &tag));
+    }
+    let images = [Image::demo("linux", "amd64", "m"), Image { variant: Some("v8".into()), ..Image::demo("linux", "arm64", "m") }];
+    store.put_index("acme/multi", "latest", &images);
+    store.put_image("acme/multi", Some("single"), &Image::demo("linux", "amd64", "single"));
+    store.put_image("org/team/deep", Some("v1"), &Image::demo("linux", "arm64", "deep"));
+    for i in 0..30 {
+        store.put_image(&format!("filler/r{i:02}"), Some("latest"), &Image::demo("linux", "amd64", "f"));
+    }
+    store
+}
+
+pub struct Fixture {
+    pub registry: EmbeddedRegistry,
+    pub gateway: Gateway,
+}
+
+impl Fixture {
+    pub async fn new(config: Config) -> Self {
+        let registry = EmbeddedRegistry::start(store()).await.unwrap();
+        let gateway = app::build(config, registry.url().parse().unwrap(), None);
+        Self { registry, gateway }
+    }
+
+    pub async fn default() -> Self {
+        Self::new(Config::default()).await
+    }
+
+    pub fn reads(&self) -> u64 {
+        self.registry.counters().requests()
+    }
+
+    pub async fn post(&self, body: impl Into<String>) -> (u16, Value) {
+        post(&self.gateway.router, body.into(), &[]).await
+    }
+
+    pub async fn query(&self, query: &str) -> Value {
+        let (status, body) = self.post(json!({ "query": query }).to_string()).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    pub async fn batch(&self, queries: &[String]) -> Vec<Value> {
+        let body = Value::Array(queries.iter().map(|q| json!({ "query": q })).collect());
+        let (status, body) = self.post(body.to_string()).await;
+        assert_eq!(status, 200, "{body}");
+        body.as_array().unwrap().clone()
+    }
+}
+
+pub async fn post(router: &Router, body: String, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut request = axum::http::Request::post("/graphql").header("content-type", "application/json");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let response = router.clone().oneshot(request.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+    let status = response.status().as_u16();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// `SKIPPED: …` and `None` when `binary` is missing, unless
+/// `FANOUT_REQUIRE_EXTERNAL=1`, where a missing binary fails the test.
+pub fn require_binary(binary: &str, package: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).map(|p| p.join(binary)).find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let message = format!("SKIPPED: {binary} not on PATH (Debian package {package})");
+        if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
+            panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
+        }
+        println!("{message}");
+    }
+    found
+}
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
