@@ -34,6 +34,7 @@ use async_graphql::parser::types::ExecutableDocument;
 use async_graphql::{Data, Pos, Request, Response, ServerResult, Value, Variables};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
+use tracing::Instrument;
 
 /// The extension factory; mount it with `Schema::build(..).extension(engine.extension())`.
 #[derive(Clone)]
@@ -127,7 +128,10 @@ impl Extension for PerOperation {
             None => {
                 let mut data = Data::default();
                 data.insert(operation.clone());
-                next.run_with_data(ctx, operation_name, data).await
+                let span = tracing::debug_span!("graphql.operation", name = operation_name, requested);
+                next.run_with_data(ctx, operation_name, data)
+                    .instrument(span)
+                    .await
             }
         };
         crate::error::attach_codes(&mut response);

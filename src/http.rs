@@ -29,6 +29,7 @@ use futures::future::BoxFuture;
 use http::{header, Method, StatusCode};
 use std::convert::Infallible;
 use std::task::{Context, Poll};
+use tracing::Instrument;
 
 /// The GraphQL endpoint as a `tower::Service`.
 #[derive(Clone)]
@@ -67,8 +68,20 @@ impl<E: Executor> FanoutGraphQL<E> {
             Ok(batch) => batch,
             Err(err) => return error_response(&err),
         };
-        fanout.expect_operations(batch.iter().count());
-        let response = self.executor.execute_batch(batch.data(fanout)).await;
+        let operations = batch.iter().count();
+        fanout.expect_operations(operations);
+        let span = tracing::info_span!(
+            "graphql.request",
+            caller = ?caller,
+            operations,
+            reads = tracing::field::Empty,
+        );
+        let response = self
+            .executor
+            .execute_batch(batch.data(fanout.clone()))
+            .instrument(span.clone())
+            .await;
+        span.record("reads", fanout.budget().used());
         graphql_response(response)
     }
 }

@@ -270,72 +270,84 @@ impl Upstream<'_> {
     /// Reads `read` through the acquisition point (see the module docs).
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
         let scope = &*self.op.request.inner;
-        let key = ReadKey {
-            url: read.url.as_str().to_owned(),
-            accept: read.accept.clone(),
-        };
-        let (result, origin) = scope.dedup.get_or_run(key, || self.send(read)).await;
-        if origin == Origin::Shared {
-            bump(&scope.budget.stats().dedup_hits);
-            metrics::dedup_hit();
-        }
-        result
-    }
-
-    async fn send(&self, read: Read) -> ReadResult {
-        let scope = &*self.op.request.inner;
-        let budget = &scope.budget;
-        let stats = budget.stats();
         let host = read.host();
         let span = tracing::debug_span!(
             "upstream.read",
             host = %host,
             path = %read.url.path(),
+            dedup = tracing::field::Empty,
             outcome = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
         );
-        async move {
-            let refused = |err: FanoutError| {
-                match &err {
-                    FanoutError::BudgetExhausted { .. } => {
-                        bump(&stats.refused_budget);
-                        metrics::budget_exhausted();
-                    }
-                    FanoutError::HostSaturated { .. } => {
-                        bump(&stats.refused_host);
-                        HostMetrics::of(&host).rejections.increment(1);
-                    }
-                    _ => bump(&stats.refused_deadline),
-                }
-                tracing::Span::current().record("outcome", err.code());
-                Err(err)
-            };
-            if budget.is_exhausted() {
-                return refused(FanoutError::BudgetExhausted { limit: budget.limit() });
-            }
-            let _request_slot = match budget.in_flight_slot().await {
-                Ok(slot) => slot,
-                Err(err) => return refused(err),
-            };
-            let Some(left) = budget.time_left() else {
-                return refused(FanoutError::DeadlineExceeded);
-            };
-            let _host_slot = match scope.engine.hosts().acquire(&host, left).await {
-                Ok(slot) => slot,
-                Err(err) => return refused(err),
-            };
-            // Waiting may have used up the budget or the time; check both last.
-            let Some(left) = budget.time_left() else {
-                return refused(FanoutError::DeadlineExceeded);
-            };
-            if let Err(err) = budget.try_charge() {
-                return refused(err);
-            }
-            self.op.reads.fetch_add(1, Relaxed);
-            bump(&stats.issued);
-            self.timed_send(read, host, left).await
+        let key = ReadKey {
+            url: read.url.as_str().to_owned(),
+            accept: read.accept.clone(),
+        };
+        let started = std::time::Instant::now();
+        let (result, origin) = scope
+            .dedup
+            .get_or_run(key, || self.send(read, host))
+            .instrument(span.clone())
+            .await;
+        let shared = origin == Origin::Shared;
+        if shared {
+            bump(&scope.budget.stats().dedup_hits);
+            metrics::dedup_hit();
         }
-        .instrument(span)
-        .await
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(err) => err.code(),
+        };
+        span.record("dedup", shared);
+        span.record("outcome", outcome);
+        span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
+        result
+    }
+
+    async fn send(&self, read: Read, host: String) -> ReadResult {
+        let scope = &*self.op.request.inner;
+        let budget = &scope.budget;
+        let stats = budget.stats();
+        let refused = |err: FanoutError| {
+            match &err {
+                FanoutError::BudgetExhausted { .. } => {
+                    bump(&stats.refused_budget);
+                    metrics::budget_exhausted();
+                }
+                FanoutError::HostSaturated { .. } => {
+                    bump(&stats.refused_host);
+                    HostMetrics::of(&host).rejections.increment(1);
+                }
+                _ => bump(&stats.refused_deadline),
+            }
+            Err(err)
+        };
+        if budget.is_exhausted() {
+            return refused(FanoutError::BudgetExhausted {
+                limit: budget.limit(),
+            });
+        }
+        let _request_slot = match budget.in_flight_slot().await {
+            Ok(slot) => slot,
+            Err(err) => return refused(err),
+        };
+        let Some(left) = budget.time_left() else {
+            return refused(FanoutError::DeadlineExceeded);
+        };
+        let _host_slot = match scope.engine.hosts().acquire(&host, left).await {
+            Ok(slot) => slot,
+            Err(err) => return refused(err),
+        };
+        // Waiting may have used up the budget or the time; check both last.
+        let Some(left) = budget.time_left() else {
+            return refused(FanoutError::DeadlineExceeded);
+        };
+        if let Err(err) = budget.try_charge() {
+            return refused(err);
+        }
+        self.op.reads.fetch_add(1, Relaxed);
+        bump(&stats.issued);
+        self.timed_send(read, host, left).await
     }
 
     async fn timed_send(&self, read: Read, host: String, left: Duration) -> ReadResult {
@@ -353,32 +365,30 @@ impl Upstream<'_> {
         let sent = tokio::time::timeout(limit, fetch(engine, &read, &host)).await;
         m.in_flight.decrement(1.0);
         m.latency.record(started.elapsed().as_secs_f64());
-        let (result, outcome) = match sent {
+        match sent {
             Ok(Ok(response)) => {
                 bump(&stats.succeeded);
                 m.ok.increment(1);
-                (Ok(Arc::new(response)), "ok")
+                Ok(Arc::new(response))
             }
             Ok(Err(err)) => {
                 bump(&stats.failed);
                 m.error.increment(1);
-                (Err(err), "error")
+                Err(err)
             }
             Err(_elapsed) => {
                 bump(&stats.timed_out);
                 m.timeouts.increment(1);
                 if by_deadline {
                     m.deadline.increment(1);
-                    (Err(FanoutError::DeadlineExceeded), "deadline")
+                    Err(FanoutError::DeadlineExceeded)
                 } else {
                     m.timeout.increment(1);
                     let timeout_ms = read_timeout.as_millis() as u64;
-                    (Err(FanoutError::UpstreamTimeout { host, timeout_ms }), "timeout")
+                    Err(FanoutError::UpstreamTimeout { host, timeout_ms })
                 }
             }
-        };
-        tracing::Span::current().record("outcome", outcome);
-        result
+        }
     }
 }
 

@@ -69,7 +69,9 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
     assert_eq!(health.status(), 200);
     assert_eq!(health.text().await.unwrap(), "ok");
     let metrics = client.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("fanout_upstream_reads_total"), "{metrics}");
+    for name in ["fanout_upstream_reads_total", "fanout_upstream_in_flight", "fanout_upstream_read_seconds", "fanout_dedup_hits_total", "fanout_requests_total"] {
+        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    }
     let graphiql = client.get(format!("http://{addr}/graphql")).send().await.unwrap().text().await.unwrap();
     assert!(graphiql.to_lowercase().contains("graphiql"));
 
