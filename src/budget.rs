@@ -73,7 +73,12 @@ pub struct BudgetSnapshot {
 
 impl RequestBudget {
     /// A budget of `limit` reads, `max_concurrent` reads in flight, ending at `deadline`.
-    pub fn new(limit: u64, max_concurrent: usize, deadline: Instant, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        limit: u64,
+        max_concurrent: usize,
+        deadline: Instant,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             limit,
             used: AtomicU64::new(0),

@@ -141,7 +141,14 @@ impl fmt::Debug for RateLimitConfig {
         // The token is a secret: never print it.
         f.debug_struct("RateLimitConfig")
             .field("requests_per_minute", &self.requests_per_minute)
-            .field("internal_token", &if self.internal_token.is_empty() { "" } else { "<set>" })
+            .field(
+                "internal_token",
+                &if self.internal_token.is_empty() {
+                    ""
+                } else {
+                    "<set>"
+                },
+            )
             .field("trusted_proxies", &self.trusted_proxies)
             .finish()
     }
@@ -215,9 +222,15 @@ impl Config {
             ("budget.read_timeout_ms", b.read_timeout_ms),
             ("budget.deadline_ms", b.deadline_ms),
             ("budget.max_concurrent_reads", b.max_concurrent_reads as u64),
-            ("http.max_batch_operations", self.http.max_batch_operations as u64),
+            (
+                "http.max_batch_operations",
+                self.http.max_batch_operations as u64,
+            ),
             ("http.max_body_bytes", self.http.max_body_bytes as u64),
-            ("rate_limit.requests_per_minute", self.rate_limit.requests_per_minute as u64),
+            (
+                "rate_limit.requests_per_minute",
+                self.rate_limit.requests_per_minute as u64,
+            ),
         ];
         for (key, value) in positive {
             if value == 0 {
@@ -225,7 +238,9 @@ impl Config {
             }
         }
         if b.max_concurrent_reads > tokio::sync::Semaphore::MAX_PERMITS {
-            return Err(ConfigError("budget.max_concurrent_reads is too large".into()));
+            return Err(ConfigError(
+                "budget.max_concurrent_reads is too large".into(),
+            ));
         }
         for host in self.hosts.keys() {
             if !is_host_port(host) {
@@ -279,7 +294,11 @@ fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
         .map(str::trim)
         .find(|l| l.starts_with('['))
         .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
-    let key = line.split('=').next().map(str::trim).filter(|k| !k.is_empty() && !k.starts_with('['));
+    let key = line
+        .split('=')
+        .next()
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && !k.starts_with('['));
     let path = match (table, key) {
         (Some(t), Some(k)) => format!("{t}.{k}"),
         (None, Some(k)) => k.to_string(),

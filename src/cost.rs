@@ -134,7 +134,9 @@ impl CostTable {
         let all = self.estimate_operations(registry, doc, variables);
         match operation_name {
             Some(name) => all.get(&Some(Name::new(name))).copied(),
-            None => (all.len() == 1).then(|| all.values().copied().next()).flatten(),
+            None => (all.len() == 1)
+                .then(|| all.values().copied().next())
+                .flatten(),
         }
         .unwrap_or(0)
     }
@@ -213,9 +215,7 @@ impl Walk<'_> {
                 let given = field.get_argument(arg).and_then(|v| {
                     v.node
                         .clone()
-                        .into_const_with(|name| {
-                            self.variables.get(&name).cloned().ok_or(())
-                        })
+                        .into_const_with(|name| self.variables.get(&name).cloned().ok_or(()))
                         .ok()
                 });
                 let value = given.or_else(|| {

@@ -195,12 +195,17 @@ impl fmt::Display for FanoutError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::BudgetExhausted { limit } => {
-                write!(f, "fan-out budget exhausted: this request may make {limit} upstream reads")
+                write!(
+                    f,
+                    "fan-out budget exhausted: this request may make {limit} upstream reads"
+                )
             }
             Self::UpstreamTimeout { host, timeout_ms } => {
                 write!(f, "upstream {host} did not answer within {timeout_ms} ms")
             }
-            Self::DeadlineExceeded => write!(f, "the request deadline passed before this read finished"),
+            Self::DeadlineExceeded => {
+                write!(f, "the request deadline passed before this read finished")
+            }
             Self::Upstream {
                 host,
                 status: Some(status),
@@ -214,10 +219,15 @@ impl fmt::Display for FanoutError {
             Self::HostSaturated {
                 host,
                 max_concurrent,
-            } => write!(f, "upstream {host} is saturated ({max_concurrent} reads in flight)"),
+            } => write!(
+                f,
+                "upstream {host} is saturated ({max_concurrent} reads in flight)"
+            ),
             Self::BadUserInput { message } | Self::BadRequest { message } => f.write_str(message),
             Self::BatchTooLarge { max } => write!(f, "a batch may hold at most {max} operations"),
-            Self::PayloadTooLarge { max } => write!(f, "the request body may be at most {max} bytes"),
+            Self::PayloadTooLarge { max } => {
+                write!(f, "the request body may be at most {max} bytes")
+            }
             Self::EstimateExceedsBudget { requested, limit } => write!(
                 f,
                 "worst case of {requested} upstream reads exceeds the budget of {limit}"

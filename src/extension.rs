@@ -27,8 +27,7 @@ use crate::engine::Engine;
 use crate::identity::Caller;
 use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::extensions::{
-    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery,
-    NextPrepareRequest,
+    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
 };
 use async_graphql::parser::types::ExecutableDocument;
 use async_graphql::{Data, Pos, Request, Response, ServerResult, Value, Variables};
@@ -128,7 +127,8 @@ impl Extension for PerOperation {
             None => {
                 let mut data = Data::default();
                 data.insert(operation.clone());
-                let span = tracing::debug_span!("graphql.operation", name = operation_name, requested);
+                let span =
+                    tracing::debug_span!("graphql.operation", name = operation_name, requested);
                 next.run_with_data(ctx, operation_name, data)
                     .instrument(span)
                     .await

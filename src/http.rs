@@ -46,7 +46,9 @@ impl<E: Executor> FanoutGraphQL<E> {
 
     async fn handle(self, request: http::Request<Body>) -> Response {
         if request.method() == Method::GET {
-            let page = GraphiQLSource::build().endpoint(request.uri().path()).finish();
+            let page = GraphiQLSource::build()
+                .endpoint(request.uri().path())
+                .finish();
             return axum::response::Html(page).into_response();
         }
         if request.method() != Method::POST {
@@ -142,7 +144,9 @@ pub fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, FanoutError>
         )),
     }?;
     if batch.iter().any(|r| r.query.trim().is_empty()) {
-        return Err(bad("not a GraphQL request: \"query\" is missing or empty".into()));
+        return Err(bad(
+            "not a GraphQL request: \"query\" is missing or empty".into()
+        ));
     }
     Ok(batch)
 }

@@ -79,7 +79,11 @@ impl InternalToken {
 
 impl std::fmt::Debug for InternalToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.digest.is_some() { "InternalToken(<set>)" } else { "InternalToken(<none>)" })
+        f.write_str(if self.digest.is_some() {
+            "InternalToken(<set>)"
+        } else {
+            "InternalToken(<none>)"
+        })
     }
 }
 
@@ -97,7 +101,11 @@ impl Cidr {
             Some((addr, prefix)) => (addr.trim().parse().ok()?, Some(prefix.trim().parse().ok()?)),
             None => (text.trim().parse().ok()?, None),
         };
-        let max = if matches!(addr, IpAddr::V4(_)) { 32 } else { 128 };
+        let max = if matches!(addr, IpAddr::V4(_)) {
+            32
+        } else {
+            128
+        };
         let prefix = prefix.unwrap_or(max);
         (prefix <= max).then_some(Self { addr, prefix })
     }
@@ -136,7 +144,10 @@ impl TrustedProxies {
     /// rejects them before this).
     pub fn new<S: AsRef<str>>(cidrs: &[S]) -> Self {
         Self {
-            nets: cidrs.iter().filter_map(|c| Cidr::parse(c.as_ref())).collect(),
+            nets: cidrs
+                .iter()
+                .filter_map(|c| Cidr::parse(c.as_ref()))
+                .collect(),
         }
     }
 
@@ -155,7 +166,9 @@ impl TrustedProxies {
         // first address we do not trust: everything left of it is hearsay.
         let mut client = peer;
         for value in headers.get_all("x-forwarded-for").iter().rev() {
-            let Ok(value) = value.to_str() else { return client };
+            let Ok(value) = value.to_str() else {
+                return client;
+            };
             for entry in value.rsplit(',') {
                 let Ok(ip) = entry.trim().parse::<IpAddr>() else {
                     return client;

@@ -39,9 +39,7 @@ pub(crate) struct HostMetrics {
 impl HostMetrics {
     fn register(host: &str) -> Self {
         let h = host.to_string();
-        let reads = |outcome: &'static str| {
-            counter!("fanout_upstream_reads_total", "host" => h.clone(), "outcome" => outcome)
-        };
+        let reads = |outcome: &'static str| counter!("fanout_upstream_reads_total", "host" => h.clone(), "outcome" => outcome);
         Self {
             in_flight: gauge!("fanout_upstream_in_flight", "host" => h.clone()),
             ok: reads("ok"),

@@ -97,7 +97,10 @@ impl FanoutRequest {
         let budget = &self.inner.budget;
         let mut rx = unpriced.subscribe();
         let left = budget.time_left()?;
-        if tokio::time::timeout(left, rx.wait_for(|n| *n == 0)).await.is_err() {
+        if tokio::time::timeout(left, rx.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
             return Some(FanoutError::DeadlineExceeded);
         }
         let requested = budget.requested();
@@ -407,10 +410,16 @@ async fn fetch(
     if let Some(accept) = &read.accept {
         request = request.header(http::header::ACCEPT, accept.clone());
     }
-    let mut response = request.send().await.map_err(|e| transport(error_chain(&e)))?;
+    let mut response = request
+        .send()
+        .await
+        .map_err(|e| transport(error_chain(&e)))?;
     let status = response.status();
     let cap = engine.max_response_bytes;
-    if response.content_length().is_some_and(|len| len > cap as u64) {
+    if response
+        .content_length()
+        .is_some_and(|len| len > cap as u64)
+    {
         return Err(FanoutError::Upstream {
             host: host.to_string(),
             status: Some(status.as_u16()),
@@ -418,7 +427,11 @@ async fn fetch(
         });
     }
     let mut body = BytesMut::new();
-    while let Some(chunk) = response.chunk().await.map_err(|e| transport(error_chain(&e)))? {
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| transport(error_chain(&e)))?
+    {
         if body.len() + chunk.len() > cap {
             return Err(FanoutError::Upstream {
                 host: host.to_string(),

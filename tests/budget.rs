@@ -19,7 +19,9 @@ fn charge_concurrently(limit: u64, threads: usize, attempts: usize) -> (u64, u64
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let b = b.clone();
-            std::thread::spawn(move || (0..attempts).filter(|_| b.try_charge().is_ok()).count() as u64)
+            std::thread::spawn(move || {
+                (0..attempts).filter(|_| b.try_charge().is_ok()).count() as u64
+            })
         })
         .collect();
     let granted: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
@@ -51,7 +53,10 @@ fn a_refused_charge_changes_nothing() {
     let b = budget(2);
     assert!(b.try_charge().is_ok());
     assert!(b.try_charge().is_ok());
-    assert_eq!(b.try_charge(), Err(FanoutError::BudgetExhausted { limit: 2 }));
+    assert_eq!(
+        b.try_charge(),
+        Err(FanoutError::BudgetExhausted { limit: 2 })
+    );
     assert_eq!(b.used(), 2);
     assert_eq!(b.remaining(), 0);
     assert!(b.is_exhausted());
@@ -71,7 +76,10 @@ async fn a_thousand_concurrent_reads_through_the_engine_send_at_most_the_budget(
             let url = format!("{}/item/{i}", upstream.base()).parse().unwrap();
             tokio::spawn(async move {
                 let op = request.operation();
-                op.upstream().read(fanout_budget::Read::get(url)).await.is_ok()
+                op.upstream()
+                    .read(fanout_budget::Read::get(url))
+                    .await
+                    .is_ok()
             })
         })
         .collect();
@@ -93,7 +101,10 @@ async fn internal_callers_get_the_internal_budget() {
     let mut config = Config::default();
     config.rate_limit.internal_token = "s3cret".into();
     let engine = Engine::new(config);
-    assert_eq!(engine.begin_request(Caller::Internal).budget().limit(), 1000);
+    assert_eq!(
+        engine.begin_request(Caller::Internal).budget().limit(),
+        1000
+    );
     assert_eq!(engine.begin_request(Caller::Public).budget().limit(), 100);
     let mut headers = http::HeaderMap::new();
     headers.insert("x-internal-token", "s3cret".parse().unwrap());

@@ -23,7 +23,11 @@ async fn n_artifacts_in_one_operation_cost_one_plus_n() {
         assert_eq!(status, 200);
         assert_eq!(body["data"]["items"].as_array().unwrap().len() as u64, n);
         assert_eq!(body["data"]["items"][0]["detail"]["value"], "item-0");
-        assert_eq!(upstream.seen.requests(), 1 + n, "upstream reads for {n} artifacts");
+        assert_eq!(
+            upstream.seen.requests(),
+            1 + n,
+            "upstream reads for {n} artifacts"
+        );
         assert_eq!(body["extensions"]["fanout"]["used"], 1 + n);
         assert_eq!(body["extensions"]["fanout"]["operationReads"], 1 + n);
     }
@@ -34,7 +38,9 @@ async fn n_artifacts_spread_over_a_batch_cost_one_plus_n() {
     let n = 12u64;
     let upstream = Upstream::start().await;
     let app = app(&engine(1000), &upstream);
-    let ops = (0..n).map(|i| format!("{{ items(first: {n}) {{ id }} item(id: {i}) {{ detail {{ value }} }} }}"));
+    let ops = (0..n).map(|i| {
+        format!("{{ items(first: {n}) {{ id }} item(id: {i}) {{ detail {{ value }} }} }}")
+    });
     let (status, body) = post(&app, batch(ops)).await;
     assert_eq!(status, 200);
     let responses = body.as_array().unwrap();
@@ -43,7 +49,14 @@ async fn n_artifacts_spread_over_a_batch_cost_one_plus_n() {
     assert_eq!(upstream.seen.count("/list"), 1);
     // Every operation reports the one shared budget; the reads each operation
     // itself sent add up to what the upstream saw.
-    let op_reads: u64 = responses.iter().map(|r| r["extensions"]["fanout"]["operationReads"].as_u64().unwrap()).sum();
+    let op_reads: u64 = responses
+        .iter()
+        .map(|r| {
+            r["extensions"]["fanout"]["operationReads"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
     assert_eq!(op_reads, 1 + n);
     for (i, r) in responses.iter().enumerate() {
         assert_eq!(r["data"]["item"]["detail"]["value"], format!("item-{i}"));
@@ -55,7 +68,8 @@ async fn n_artifacts_spread_over_a_batch_cost_one_plus_n() {
 async fn identical_operations_in_a_batch_are_one_read() {
     let upstream = Upstream::start().await;
     let app = app(&engine(1000), &upstream);
-    let op = "{ item(id: 3) { detail { value } } again: item(id: 3) { detail { value } } }".to_string();
+    let op =
+        "{ item(id: 3) { detail { value } } again: item(id: 3) { detail { value } } }".to_string();
     let (_, body) = post(&app, batch(std::iter::repeat_n(op, 5))).await;
     assert_eq!(upstream.seen.requests(), 1);
     for r in body.as_array().unwrap() {
@@ -83,13 +97,33 @@ async fn a_64_operation_batch_is_held_to_one_budget() {
         // The row is there; only its own nullable field is null.
         assert!(r["data"]["item"]["id"].is_u64());
         assert!(r["data"]["item"]["detail"].is_null());
-        assert!(r["data"]["item"].as_object().unwrap().contains_key("detail"));
-        assert_eq!(r["errors"][0]["path"], serde_json::json!(["item", "detail"]));
+        assert!(r["data"]["item"]
+            .as_object()
+            .unwrap()
+            .contains_key("detail"));
+        assert_eq!(
+            r["errors"][0]["path"],
+            serde_json::json!(["item", "detail"])
+        );
         assert_eq!(r["errors"][0]["extensions"]["limit"], 50);
     }
-    let used = responses.iter().map(|r| r["extensions"]["fanout"]["used"].as_u64().unwrap()).max().unwrap();
-    assert_eq!(used, seen, "reported used equals the reads the upstream saw");
-    let op_reads: u64 = responses.iter().map(|r| r["extensions"]["fanout"]["operationReads"].as_u64().unwrap()).sum();
+    let used = responses
+        .iter()
+        .map(|r| r["extensions"]["fanout"]["used"].as_u64().unwrap())
+        .max()
+        .unwrap();
+    assert_eq!(
+        used, seen,
+        "reported used equals the reads the upstream saw"
+    );
+    let op_reads: u64 = responses
+        .iter()
+        .map(|r| {
+            r["extensions"]["fanout"]["operationReads"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
     assert_eq!(op_reads, seen);
 }
 
@@ -111,7 +145,11 @@ async fn field_errors_in_a_list_carry_integer_indices() {
     upstream.seen.set(2, Behaviour::Status(500));
     upstream.seen.set(4, Behaviour::Garbage);
     let app = app(&engine(100), &upstream);
-    let (status, body) = post(&app, r#"{"query":"{ items(first: 6) { id detail { value } } }"}"#).await;
+    let (status, body) = post(
+        &app,
+        r#"{"query":"{ items(first: 6) { id detail { value } } }"}"#,
+    )
+    .await;
     assert_eq!(status, 200);
     let items = body["data"]["items"].as_array().unwrap();
     assert_eq!(items.len(), 6);
@@ -139,6 +177,9 @@ async fn a_fanout_error_returned_with_question_mark_keeps_its_code() {
     let upstream = Upstream::start().await;
     let app = app(&engine(10), &upstream);
     let (_, body) = post(&app, r#"{"query":"{ exhausted }"}"#).await;
-    assert_eq!(body["errors"][0]["extensions"]["code"], "FANOUT_BUDGET_EXHAUSTED");
+    assert_eq!(
+        body["errors"][0]["extensions"]["code"],
+        "FANOUT_BUDGET_EXHAUSTED"
+    );
     assert_eq!(body["errors"][0]["extensions"]["limit"], 7);
 }

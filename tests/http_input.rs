@@ -33,7 +33,14 @@ async fn a_batch_over_the_cap_is_rejected_whole() {
 #[tokio::test]
 async fn malformed_and_empty_requests_are_bad_requests() {
     let (upstream, app) = setup().await;
-    for body in ["{not json", "[]", "42", "", r#"{"no_query": 1}"#, r#"[{"query": "{ items { id } }"}, 3]"#] {
+    for body in [
+        "{not json",
+        "[]",
+        "42",
+        "",
+        r#"{"no_query": 1}"#,
+        r#"[{"query": "{ items { id } }"}, 3]"#,
+    ] {
         let (status, answer) = post(&app, body).await;
         assert_eq!(status, 400, "body {body:?}");
         assert_eq!(codes(&answer), vec!["BAD_REQUEST"], "body {body:?}");
@@ -57,10 +64,18 @@ async fn get_serves_graphiql() {
     let (_upstream, app) = setup().await;
     use tower::ServiceExt;
     let response = app
-        .oneshot(axum::http::Request::get("/graphql").body(axum::body::Body::empty()).unwrap())
+        .oneshot(
+            axum::http::Request::get("/graphql")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    let html = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
-    assert!(String::from_utf8_lossy(&html).to_lowercase().contains("graphiql"));
+    let html = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&html)
+        .to_lowercase()
+        .contains("graphiql"));
 }

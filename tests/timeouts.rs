@@ -21,11 +21,21 @@ async fn a_hung_row_times_out_alone() {
     upstream.seen.set(3, Behaviour::Hang);
     let app = app(&engine(300, 30_000, 8), &upstream);
     let started = Instant::now();
-    let (status, body) = post(&app, r#"{"query":"{ items(first: 8) { id detail { value } } }"}"#).await;
+    let (status, body) = post(
+        &app,
+        r#"{"query":"{ items(first: 8) { id detail { value } } }"}"#,
+    )
+    .await;
     let took = started.elapsed();
     assert_eq!(status, 200);
-    assert!(took >= Duration::from_millis(300), "cut before the read timeout: {took:?}");
-    assert!(took < Duration::from_millis(300 + 2000), "not cut by the read timeout: {took:?}");
+    assert!(
+        took >= Duration::from_millis(300),
+        "cut before the read timeout: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(300 + 2000),
+        "not cut by the read timeout: {took:?}"
+    );
     let items = body["data"]["items"].as_array().unwrap();
     for (i, item) in items.iter().enumerate() {
         if i == 3 {
@@ -50,14 +60,21 @@ async fn the_deadline_cuts_a_read_and_the_page_is_still_answered() {
     upstream.seen.set(1, Behaviour::Hang);
     let app = app(&engine(5_000, 400, 8), &upstream);
     let started = Instant::now();
-    let (status, body) = post(&app, r#"{"query":"{ items(first: 4) { id detail { value } } }"}"#).await;
+    let (status, body) = post(
+        &app,
+        r#"{"query":"{ items(first: 4) { id detail { value } } }"}"#,
+    )
+    .await;
     assert!(started.elapsed() < Duration::from_millis(400 + 2000));
     assert_eq!(status, 200);
     assert_eq!(body["data"]["items"][0]["detail"]["value"], "item-0");
     assert_eq!(body["data"]["items"][2]["detail"]["value"], "item-2");
     assert!(body["data"]["items"][1]["detail"].is_null());
     assert_eq!(codes(&body), vec!["DEADLINE_EXCEEDED"]);
-    assert_eq!(body["errors"][0]["path"], serde_json::json!(["items", 1, "detail"]));
+    assert_eq!(
+        body["errors"][0]["path"],
+        serde_json::json!(["items", 1, "detail"])
+    );
 }
 
 #[tokio::test]
@@ -66,7 +83,11 @@ async fn rows_resolve_in_parallel_within_the_per_request_bound() {
     *upstream.seen.default_delay.lock().unwrap() = Some(Duration::from_millis(200));
     let app = app(&engine(5_000, 30_000, 8), &upstream);
     let started = Instant::now();
-    let (_, body) = post(&app, r#"{"query":"{ items(first: 20) { detail { value } } }"}"#).await;
+    let (_, body) = post(
+        &app,
+        r#"{"query":"{ items(first: 20) { detail { value } } }"}"#,
+    )
+    .await;
     let took = started.elapsed();
     assert!(body.get("errors").is_none(), "{body}");
     assert_eq!(upstream.seen.requests(), 21);
@@ -93,7 +114,11 @@ async fn a_passed_deadline_refuses_reads_without_sending_them() {
 
     let op = request.operation();
     let url = format!("{}/item/1", upstream.base()).parse().unwrap();
-    let err = op.upstream().read(fanout_budget::Read::get(url)).await.unwrap_err();
+    let err = op
+        .upstream()
+        .read(fanout_budget::Read::get(url))
+        .await
+        .unwrap_err();
     assert_eq!(err, fanout_budget::FanoutError::DeadlineExceeded);
     assert_eq!(upstream.seen.requests(), 0);
     assert_eq!(request.budget().used(), 0, "a refused read is not charged");

@@ -4,7 +4,7 @@ use crate::oci::RegistryUrl;
 use crate::schema::{self, RegistrySchema};
 use axum::routing::get;
 use axum::Router;
-use fanout_budget::{Config, Engine, FanoutGraphQL};
+use fanout_budget::{Config, Engine, FanoutGraphQL, RateLimitLayer};
 
 /// The assembled gateway.
 pub struct Gateway {
@@ -27,14 +27,24 @@ pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRend
 }
 
 /// The gateway on an engine built by the caller (a custom host limiter or clock).
-pub fn build_with(engine: Engine, upstream: reqwest::Url, metrics: Option<MetricsRender>) -> Gateway {
+pub fn build_with(
+    engine: Engine,
+    upstream: reqwest::Url,
+    metrics: Option<MetricsRender>,
+) -> Gateway {
     let schema = schema::builder()
         .extension(engine.extension())
         .data(RegistryUrl(upstream))
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
+    // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.
+    let limiter = RateLimitLayer::new(&engine.config().rate_limit);
     let router = Router::new()
-        .route_service("/graphql", FanoutGraphQL::new(schema.clone(), engine.clone()))
+        .route_service(
+            "/graphql",
+            FanoutGraphQL::new(schema.clone(), engine.clone()),
+        )
+        .route_layer(limiter)
         .route("/metrics", get(move || async move { render() }))
         .route("/healthz", get(|| async { "ok" }));
     Gateway {

@@ -26,7 +26,8 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
     let config = match path {
         None => Config::default(),
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
             Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?
         }
     }
@@ -38,7 +39,9 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let args = Args::parse();
     let config = match load_config(args.config.as_deref()) {
@@ -59,7 +62,10 @@ async fn main() -> ExitCode {
     let (upstream, _embedded) = match args.upstream {
         Some(url) => (url, None),
         None => match EmbeddedRegistry::demo().await {
-            Ok(registry) => (registry.url().parse().expect("a loopback URL parses"), Some(registry)),
+            Ok(registry) => (
+                registry.url().parse().expect("a loopback URL parses"),
+                Some(registry),
+            ),
             Err(e) => {
                 eprintln!("fanout-gateway: cannot start the embedded registry: {e}");
                 return ExitCode::FAILURE;
@@ -74,11 +80,23 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    let source = if _embedded.is_some() { "embedded registry" } else { "registry" };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let source = if _embedded.is_some() {
+        "embedded registry"
+    } else {
+        "registry"
+    };
     println!("fanout-gateway listening on http://{addr}/graphql ({source} at {upstream})");
-    let service = gateway.router.into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(e) = axum::serve(listener, service).with_graceful_shutdown(shutdown()).await {
+    let service = gateway
+        .router
+        .into_make_service_with_connect_info::<SocketAddr>();
+    if let Err(e) = axum::serve(listener, service)
+        .with_graceful_shutdown(shutdown())
+        .await
+    {
         eprintln!("fanout-gateway: {e}");
         return ExitCode::FAILURE;
     }
@@ -92,7 +110,8 @@ async fn shutdown() {
     };
     #[cfg(unix)]
     let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
             s.recv().await;
         }
     };

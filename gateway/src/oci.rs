@@ -33,10 +33,17 @@ fn url(base: &reqwest::Url, path: &str) -> async_graphql::Result<reqwest::Url> {
 /// The `rel="next"` target of a `Link` header, resolved against the registry.
 fn next_link(response: &UpstreamResponse, base: &reqwest::Url) -> Option<reqwest::Url> {
     let link = response.header("link")?;
-    link.split(',').find(|part| part.contains("rel=\"next\"")).and_then(|part| {
-        let target = part.split(';').next()?.trim().trim_start_matches('<').trim_end_matches('>');
-        base.join(target).ok()
-    })
+    link.split(',')
+        .find(|part| part.contains("rel=\"next\""))
+        .and_then(|part| {
+            let target = part
+                .split(';')
+                .next()?
+                .trim()
+                .trim_start_matches('<')
+                .trim_end_matches('>');
+            base.join(target).ok()
+        })
 }
 
 #[derive(Deserialize)]
@@ -66,7 +73,10 @@ fn expect_success(response: &UpstreamResponse) -> Result<(), FanoutError> {
 }
 
 /// Every tag of `name` (each `Link` page one read); `None` on `NAME_UNKNOWN`.
-pub async fn tag_list(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Option<Arc<Vec<String>>>> {
+pub async fn tag_list(
+    ctx: &Context<'_>,
+    name: &str,
+) -> async_graphql::Result<Option<Arc<Vec<String>>>> {
     #[derive(Deserialize)]
     struct TagList {
         tags: Option<Vec<String>>,
@@ -88,7 +98,11 @@ pub async fn tag_list(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Op
 }
 
 /// One catalog page: up to `n` names after `last`, and whether more follow.
-pub async fn catalog(ctx: &Context<'_>, n: usize, last: Option<&str>) -> async_graphql::Result<(Vec<String>, bool)> {
+pub async fn catalog(
+    ctx: &Context<'_>,
+    n: usize,
+    last: Option<&str>,
+) -> async_graphql::Result<(Vec<String>, bool)> {
     #[derive(Deserialize)]
     struct Catalog {
         repositories: Vec<String>,
@@ -148,7 +162,11 @@ pub struct ManifestDoc {
 }
 
 /// The manifest `name:tag` (one read).
-pub async fn manifest(ctx: &Context<'_>, name: &str, tag: &str) -> async_graphql::Result<ManifestDoc> {
+pub async fn manifest(
+    ctx: &Context<'_>,
+    name: &str,
+    tag: &str,
+) -> async_graphql::Result<ManifestDoc> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Body {
@@ -159,17 +177,26 @@ pub async fn manifest(ctx: &Context<'_>, name: &str, tag: &str) -> async_graphql
         manifests: Option<Vec<DescriptorDoc>>,
     }
     let base = registry(ctx)?;
-    let read = Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?).accept(MANIFEST_ACCEPT);
+    let read =
+        Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?).accept(MANIFEST_ACCEPT);
     let response = ctx.upstream()?.read(read).await?;
     expect_success(&response)?;
     let body: Body = response.json()?;
     let media_type = body
         .media_type
-        .or_else(|| response.header("content-type").map(|c| c.split(';').next().unwrap_or(c).trim().to_string()))
+        .or_else(|| {
+            response
+                .header("content-type")
+                .map(|c| c.split(';').next().unwrap_or(c).trim().to_string())
+        })
         .unwrap_or_default();
-    let is_index = body.manifests.is_some() || media_type.contains("index") || media_type.contains("manifest.list");
+    let is_index = body.manifests.is_some()
+        || media_type.contains("index")
+        || media_type.contains("manifest.list");
     if !is_index && body.config.is_none() {
-        return Err(response.error("manifest has neither config nor manifests").into());
+        return Err(response
+            .error("manifest has neither config nor manifests")
+            .into());
     }
     let digest = match response.header("docker-content-digest") {
         Some(d) => d.to_string(),
@@ -196,9 +223,16 @@ pub struct ImageConfigDoc {
 }
 
 /// The config blob `digest` of `name` (one read).
-pub async fn config_blob(ctx: &Context<'_>, name: &str, digest: &str) -> async_graphql::Result<ImageConfigDoc> {
+pub async fn config_blob(
+    ctx: &Context<'_>,
+    name: &str,
+    digest: &str,
+) -> async_graphql::Result<ImageConfigDoc> {
     let base = registry(ctx)?;
-    let response = ctx.upstream()?.read(Read::get(url(base, &format!("/v2/{name}/blobs/{digest}"))?)).await?;
+    let response = ctx
+        .upstream()?
+        .read(Read::get(url(base, &format!("/v2/{name}/blobs/{digest}"))?))
+        .await?;
     expect_success(&response)?;
     Ok(response.json()?)
 }

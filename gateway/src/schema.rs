@@ -19,7 +19,11 @@ pub type RegistrySchema = Schema<Query, EmptyMutation, EmptySubscription>;
 pub fn costs() -> CostTable {
     CostTable::new()
         .field("Query", "repository", FieldCost::reads(1))
-        .field("Query", "repositories", FieldCost::reads(1).times_arg("first"))
+        .field(
+            "Query",
+            "repositories",
+            FieldCost::reads(1).times_arg("first"),
+        )
         .field("Repository", "tags", FieldCost::reads(1).times_arg("first"))
         .field("Repository", "tag", FieldCost::reads(1))
         .field("Tag", "manifest", FieldCost::reads(1))
@@ -67,7 +71,10 @@ impl Query {
         let (names, more) = oci::catalog(ctx, n, after.as_deref()).await?;
         let end_cursor = names.last().cloned();
         Ok(RepositoryConnection {
-            nodes: names.into_iter().map(|name| Repository { name, tags: None }).collect(),
+            nodes: names
+                .into_iter()
+                .map(|name| Repository { name, tags: None })
+                .collect(),
             page_info: PageInfo {
                 has_next_page: more,
                 end_cursor,
@@ -202,7 +209,9 @@ impl Tag {
     }
 
     async fn manifest(&self, ctx: &Context<'_>) -> Option<Manifest> {
-        let doc = oci::manifest(ctx, &self.repository, &self.name).await.or_null(ctx)?;
+        let doc = oci::manifest(ctx, &self.repository, &self.name)
+            .await
+            .or_null(ctx)?;
         Some(Manifest {
             repository: self.repository.clone(),
             doc,
@@ -231,12 +240,18 @@ impl Manifest {
     }
 
     async fn manifests(&self) -> Vec<PlatformManifest> {
-        self.doc.manifests.iter().map(PlatformManifest::from).collect()
+        self.doc
+            .manifests
+            .iter()
+            .map(PlatformManifest::from)
+            .collect()
     }
 
     async fn config(&self, ctx: &Context<'_>) -> Option<ImageConfig> {
         let config = self.doc.config.as_ref()?;
-        let doc = oci::config_blob(ctx, &self.repository, &config.digest).await.or_null(ctx)?;
+        let doc = oci::config_blob(ctx, &self.repository, &config.digest)
+            .await
+            .or_null(ctx)?;
         Some(ImageConfig {
             os: doc.os,
             architecture: doc.architecture,
@@ -311,8 +326,14 @@ pub struct Bytes(pub u64);
 impl ScalarType for Bytes {
     fn parse(value: Value) -> InputValueResult<Self> {
         match &value {
-            Value::Number(n) => n.as_u64().map(Bytes).ok_or_else(|| InputValueError::expected_type(value)),
-            Value::String(s) => s.parse().map(Bytes).map_err(|_| InputValueError::expected_type(value)),
+            Value::Number(n) => n
+                .as_u64()
+                .map(Bytes)
+                .ok_or_else(|| InputValueError::expected_type(value)),
+            Value::String(s) => s
+                .parse()
+                .map(Bytes)
+                .map_err(|_| InputValueError::expected_type(value)),
             _ => Err(InputValueError::expected_type(value)),
         }
     }

@@ -25,7 +25,9 @@ fn start(args: &[&str]) -> (Gateway, String) {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let addr = line
         .split("http://")
         .nth(1)
@@ -43,13 +45,24 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
         { "query": r#"{ repository(name: "library/alpine") { tags(first: 2) { nodes { name manifest { digest } } } } }"# },
         { "query": r#"{ repository(name: "library/alpine") { tag(name: "1.0") { manifest { digest config { os } } } } fanoutBudget { limit used remaining } }"# }
     ]);
-    let response = client.post(format!("http://{addr}/graphql")).json(&batch).send().await.unwrap();
+    let response = client
+        .post(format!("http://{addr}/graphql"))
+        .json(&batch)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     let body: serde_json::Value = response.json().await.unwrap();
     let ops = body.as_array().unwrap();
     assert_eq!(ops.len(), 2);
-    assert_eq!(ops[0]["data"]["repository"]["tags"]["nodes"][0]["name"], "1.0");
-    assert_eq!(ops[1]["data"]["repository"]["tag"]["manifest"]["config"]["os"], "linux");
+    assert_eq!(
+        ops[0]["data"]["repository"]["tags"]["nodes"][0]["name"],
+        "1.0"
+    );
+    assert_eq!(
+        ops[1]["data"]["repository"]["tag"]["manifest"]["config"]["os"],
+        "linux"
+    );
     assert_eq!(
         ops[0]["data"]["repository"]["tags"]["nodes"][0]["manifest"]["digest"],
         ops[1]["data"]["repository"]["tag"]["manifest"]["digest"]
@@ -62,21 +75,59 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
         }
     }
     // tag list + 2 manifests + 1 config blob, shared across the batch.
-    let total: u64 = ops.iter().map(|o| o["extensions"]["fanout"]["operationReads"].as_u64().unwrap()).sum();
+    let total: u64 = ops
+        .iter()
+        .map(|o| {
+            o["extensions"]["fanout"]["operationReads"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
     assert_eq!(total, 4);
 
-    let health = client.get(format!("http://{addr}/healthz")).send().await.unwrap();
+    let health = client
+        .get(format!("http://{addr}/healthz"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     assert_eq!(health.text().await.unwrap(), "ok");
-    let metrics = client.get(format!("http://{addr}/metrics")).send().await.unwrap().text().await.unwrap();
-    for name in ["fanout_upstream_reads_total", "fanout_upstream_in_flight", "fanout_upstream_read_seconds", "fanout_dedup_hits_total", "fanout_requests_total"] {
-        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    let metrics = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "fanout_upstream_reads_total",
+        "fanout_upstream_in_flight",
+        "fanout_upstream_read_seconds",
+        "fanout_dedup_hits_total",
+        "fanout_requests_total",
+    ] {
+        assert!(
+            metrics.contains(name),
+            "{name} missing from /metrics:\n{metrics}"
+        );
     }
-    let graphiql = client.get(format!("http://{addr}/graphql")).send().await.unwrap().text().await.unwrap();
+    let graphiql = client
+        .get(format!("http://{addr}/graphql"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(graphiql.to_lowercase().contains("graphiql"));
 
     let pid = gateway.0.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
     let mut status = None;
     for _ in 0..100 {
         if let Some(s) = gateway.0.try_wait().unwrap() {
@@ -96,8 +147,14 @@ fn a_bad_config_stops_start_up_naming_the_key() {
     for (text, key) in [
         ("[budget]\nmax_reads = \"many\"\n", "budget.max_reads"),
         ("[budget]\nmax_raeds = 3\n", "max_raeds"),
-        ("[http]\nmax_batch_operations = 0\n", "http.max_batch_operations"),
-        ("[redis]\nfailure_mode = \"sideways\"\n", "redis.failure_mode"),
+        (
+            "[http]\nmax_batch_operations = 0\n",
+            "http.max_batch_operations",
+        ),
+        (
+            "[redis]\nfailure_mode = \"sideways\"\n",
+            "redis.failure_mode",
+        ),
         ("[hosts.\"nohost\"]\nmax_concurrent = 1\n", "nohost"),
     ] {
         let path = dir.join("bad.toml");

@@ -11,7 +11,13 @@ use std::time::Duration;
 
 fn capped(host: &str, max_concurrent: u32, acquire_wait_ms: u64) -> Config {
     let mut config = Config::default();
-    config.hosts.insert(host.to_string(), HostConfig { max_concurrent, acquire_wait_ms });
+    config.hosts.insert(
+        host.to_string(),
+        HostConfig {
+            max_concurrent,
+            acquire_wait_ms,
+        },
+    );
     config
 }
 
@@ -33,23 +39,40 @@ async fn concurrent(router: &axum::Router, n: usize, query: &str) -> Vec<(u16, V
 }
 
 fn codes(body: &Value) -> Vec<String> {
-    body["errors"].as_array().map_or(vec![], |e| e.iter().map(|e| e["extensions"]["code"].as_str().unwrap_or("").to_string()).collect())
+    body["errors"].as_array().map_or(vec![], |e| {
+        e.iter()
+            .map(|e| e["extensions"]["code"].as_str().unwrap_or("").to_string())
+            .collect()
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cap_of_four_holds_at_the_upstream_and_a_generous_wait_serves_every_row() {
     let registry = EmbeddedRegistry::start(store()).await.unwrap();
     registry.set_latency(Some(Duration::from_millis(50)));
-    let gateway = app::build(capped(&registry.host(), 4, 30_000), registry.url().parse().unwrap(), None);
+    let gateway = app::build(
+        capped(&registry.host(), 4, 30_000),
+        registry.url().parse().unwrap(),
+        None,
+    );
     let answers = concurrent(&gateway.router, 6, TEN_ROWS).await;
     for (status, body) in &answers {
         assert_eq!(*status, 200);
         assert!(body.get("errors").is_none(), "{body}");
-        assert_eq!(body["data"]["repository"]["tags"]["nodes"].as_array().unwrap().len(), 10);
+        assert_eq!(
+            body["data"]["repository"]["tags"]["nodes"]
+                .as_array()
+                .unwrap()
+                .len(),
+            10
+        );
     }
     let peak = registry.counters().peak();
     assert!(peak <= 4, "upstream saw {peak} in flight with a cap of 4");
-    assert!(peak >= 2, "peak {peak}: the cap, not serial execution, should bound it");
+    assert!(
+        peak >= 2,
+        "peak {peak}: the cap, not serial execution, should bound it"
+    );
     assert_eq!(registry.counters().requests(), 6 * 11);
     assert_eq!(gateway.engine.hosts().in_flight(&registry.host()), 0);
 }
@@ -57,10 +80,18 @@ async fn a_cap_of_four_holds_at_the_upstream_and_a_generous_wait_serves_every_ro
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_saturated_host_nulls_rows_with_host_saturated_and_used_matches_the_upstream() {
     let registry = EmbeddedRegistry::start(store()).await.unwrap();
-    let gateway = app::build(capped(&registry.host(), 2, 20), registry.url().parse().unwrap(), None);
+    let gateway = app::build(
+        capped(&registry.host(), 2, 20),
+        registry.url().parse().unwrap(),
+        None,
+    );
     // The tag list is fast; the manifests are slow, so the cap fills up.
     for i in 0..10 {
-        registry.set_tag_fault("acme/app", &format!("t{i:02}"), Some(Fault::Delay(Duration::from_millis(300))));
+        registry.set_tag_fault(
+            "acme/app",
+            &format!("t{i:02}"),
+            Some(Fault::Delay(Duration::from_millis(300))),
+        );
     }
     let answers = concurrent(&gateway.router, 3, TEN_ROWS).await;
     let mut saturated_rows = 0;
@@ -80,7 +111,10 @@ async fn a_saturated_host_nulls_rows_with_host_saturated_and_used_matches_the_up
             match path.len() {
                 1 => assert_eq!(error["path"], json!(["repository"])),
                 _ => {
-                    assert_eq!(path[..3], [json!("repository"), json!("tags"), json!("nodes")]);
+                    assert_eq!(
+                        path[..3],
+                        [json!("repository"), json!("tags"), json!("nodes")]
+                    );
                     assert!(path[3].is_u64() && path[4] == "manifest", "{error}");
                     saturated_rows += 1;
                 }
@@ -98,20 +132,36 @@ async fn a_saturated_host_nulls_rows_with_host_saturated_and_used_matches_the_up
     assert!(saturated_rows > 0, "no row was refused with a cap of 2");
     assert!(partial_pages > 0, "no page mixed served and refused rows");
     assert!(registry.counters().peak() <= 2);
-    assert_eq!(used, registry.counters().requests(), "reported used = reads the upstream saw");
+    assert_eq!(
+        used,
+        registry.counters().requests(),
+        "reported used = reads the upstream saw"
+    );
 }
 
 #[tokio::test]
 async fn a_cap_of_zero_sends_nothing() {
     let registry = EmbeddedRegistry::start(store()).await.unwrap();
-    let gateway = app::build(capped(&registry.host(), 0, 50), registry.url().parse().unwrap(), None);
-    let (status, body) = post(&gateway.router, json!({ "query": TEN_ROWS }).to_string(), &[]).await;
+    let gateway = app::build(
+        capped(&registry.host(), 0, 50),
+        registry.url().parse().unwrap(),
+        None,
+    );
+    let (status, body) = post(
+        &gateway.router,
+        json!({ "query": TEN_ROWS }).to_string(),
+        &[],
+    )
+    .await;
     assert_eq!(status, 200);
     assert!(body["data"]["repository"].is_null());
     assert_eq!(codes(&body), vec!["HOST_SATURATED"]);
     assert_eq!(body["errors"][0]["extensions"]["maxConcurrent"], 0);
     assert_eq!(registry.counters().requests(), 0);
-    assert_eq!(body["extensions"]["fanout"]["used"], 0, "a refused read is not charged");
+    assert_eq!(
+        body["extensions"]["fanout"]["used"], 0,
+        "a refused read is not charged"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -119,10 +169,18 @@ async fn an_unlisted_host_is_not_capped() {
     let registry = EmbeddedRegistry::start(store()).await.unwrap();
     registry.set_latency(Some(Duration::from_millis(100)));
     // A cap of 0 on another host does not touch this one.
-    let gateway = app::build(capped("127.0.0.1:1", 0, 50), registry.url().parse().unwrap(), None);
+    let gateway = app::build(
+        capped("127.0.0.1:1", 0, 50),
+        registry.url().parse().unwrap(),
+        None,
+    );
     let answers = concurrent(&gateway.router, 2, TEN_ROWS).await;
     assert!(answers.iter().all(|(_, b)| b.get("errors").is_none()));
-    assert!(registry.counters().peak() > 4, "peak {}", registry.counters().peak());
+    assert!(
+        registry.counters().peak() > 4,
+        "peak {}",
+        registry.counters().peak()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -132,13 +190,27 @@ async fn two_hosts_with_different_caps_are_enforced_independently() {
     a.set_latency(Some(Duration::from_millis(40)));
     b.set_latency(Some(Duration::from_millis(40)));
     let mut config = capped(&a.host(), 1, 30_000);
-    config.hosts.insert(b.host(), HostConfig { max_concurrent: 3, acquire_wait_ms: 30_000 });
+    config.hosts.insert(
+        b.host(),
+        HostConfig {
+            max_concurrent: 3,
+            acquire_wait_ms: 30_000,
+        },
+    );
     // One engine (one process), two schemas over two registries.
-    let engine = Engine::builder(config).costs(fanout_gateway::schema::costs()).build();
+    let engine = Engine::builder(config)
+        .costs(fanout_gateway::schema::costs())
+        .build();
     let ga = app::build_with(engine.clone(), a.url().parse().unwrap(), None);
     let gb = app::build_with(engine.clone(), b.url().parse().unwrap(), None);
-    let (ra, rb) = tokio::join!(concurrent(&ga.router, 3, TEN_ROWS), concurrent(&gb.router, 3, TEN_ROWS));
-    assert!(ra.iter().chain(&rb).all(|(_, body)| body.get("errors").is_none()));
+    let (ra, rb) = tokio::join!(
+        concurrent(&ga.router, 3, TEN_ROWS),
+        concurrent(&gb.router, 3, TEN_ROWS)
+    );
+    assert!(ra
+        .iter()
+        .chain(&rb)
+        .all(|(_, body)| body.get("errors").is_none()));
     assert_eq!(a.counters().peak(), 1);
     let peak_b = b.counters().peak();
     assert!((2..=3).contains(&peak_b), "host b peak {peak_b}, cap 3");
@@ -171,7 +243,11 @@ async fn ten_thousand_cancelled_requests_leak_no_slot() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(full, "the cap never filled: {} in flight", gateway.engine.hosts().in_flight(&host));
+    assert!(
+        full,
+        "the cap never filled: {} in flight",
+        gateway.engine.hosts().in_flight(&host)
+    );
     for t in &tasks {
         t.abort();
     }

@@ -34,7 +34,11 @@ impl Drop for TempDir {
 }
 
 async fn start_registry(binary: &std::path::Path) -> Registry {
-    let dir = std::env::temp_dir().join(format!("fanout-registry-{}-{}", std::process::id(), free_port()));
+    let dir = std::env::temp_dir().join(format!(
+        "fanout-registry-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
     std::fs::create_dir_all(dir.join("data")).unwrap();
     let port = free_port();
     let config = format!(
@@ -72,10 +76,18 @@ async fn push(base: &str, store: &Store) {
     let client = reqwest::Client::new();
     for (name, repo) in &store.repos {
         for (digest, blob) in &repo.blobs {
-            let start = client.post(format!("{base}/v2/{name}/blobs/uploads/")).send().await.unwrap();
+            let start = client
+                .post(format!("{base}/v2/{name}/blobs/uploads/"))
+                .send()
+                .await
+                .unwrap();
             assert_eq!(start.status(), 202, "upload start for {name}");
             let location = start.headers()["location"].to_str().unwrap().to_string();
-            let location = if location.starts_with("http") { location } else { format!("{base}{location}") };
+            let location = if location.starts_with("http") {
+                location
+            } else {
+                format!("{base}{location}")
+            };
             let sep = if location.contains('?') { '&' } else { '?' };
             let put = client
                 .put(format!("{location}{sep}digest={digest}"))
@@ -84,7 +96,12 @@ async fn push(base: &str, store: &Store) {
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(put.status(), 201, "blob {digest}: {}", put.text().await.unwrap());
+            assert_eq!(
+                put.status(),
+                201,
+                "blob {digest}: {}",
+                put.text().await.unwrap()
+            );
         }
         // Images before the indexes that reference them.
         let mut order: Vec<&String> = repo.manifests.keys().collect();
@@ -98,7 +115,12 @@ async fn push(base: &str, store: &Store) {
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(put.status(), 201, "manifest {digest}: {}", put.text().await.unwrap());
+            assert_eq!(
+                put.status(),
+                201,
+                "manifest {digest}: {}",
+                put.text().await.unwrap()
+            );
         }
         for (tag, digest) in &repo.tags {
             let manifest = &repo.manifests[digest];
@@ -116,19 +138,28 @@ async fn push(base: &str, store: &Store) {
 
 #[tokio::test]
 async fn pushed_images_and_index_come_back_through_the_gateway() {
-    let Some(binary) = require_binary("docker-registry", "docker-registry") else { return };
+    let Some(binary) = require_binary("docker-registry", "docker-registry") else {
+        return;
+    };
     let registry = start_registry(&binary).await;
 
     let mut store = Store::default();
-    let amd = Image { created: "2025-05-05T05:05:05Z".into(), ..Image::demo("linux", "amd64", "real") };
-    let arm = Image { variant: Some("v8".into()), ..Image::demo("linux", "arm64", "real") };
+    let amd = Image {
+        created: "2025-05-05T05:05:05Z".into(),
+        ..Image::demo("linux", "amd64", "real")
+    };
+    let arm = Image {
+        variant: Some("v8".into()),
+        ..Image::demo("linux", "arm64", "real")
+    };
     store.put_image("team/app", Some("v1"), &amd);
     store.put_image("team/app", Some("v2"), &arm);
     store.put_index("team/app", "multi", &[amd.clone(), arm.clone()]);
     store.put_image("solo", Some("latest"), &amd);
     push(&registry.url, &store).await;
 
-    let gateway = fanout_gateway::app::build(Config::default(), registry.url.parse().unwrap(), None);
+    let gateway =
+        fanout_gateway::app::build(Config::default(), registry.url.parse().unwrap(), None);
     let query = r#"{
       repositories(first: 10) { nodes { name } pageInfo { hasNextPage } }
       repository(name: "team/app") {
@@ -144,28 +175,45 @@ async fn pushed_images_and_index_come_back_through_the_gateway() {
     let (status, body) = post(&gateway.router, json!({ "query": query }).to_string(), &[]).await;
     assert_eq!(status, 200);
     assert!(body.get("errors").is_none(), "{body}");
-    assert_eq!(body["data"]["repositories"]["nodes"], json!([{"name": "solo"}, {"name": "team/app"}]));
+    assert_eq!(
+        body["data"]["repositories"]["nodes"],
+        json!([{"name": "solo"}, {"name": "team/app"}])
+    );
     assert!(body["data"]["missing"].is_null());
 
     let repo = &store.repos["team/app"];
-    let tags = body["data"]["repository"]["tags"]["nodes"].as_array().unwrap();
+    let tags = body["data"]["repository"]["tags"]["nodes"]
+        .as_array()
+        .unwrap();
     assert_eq!(body["data"]["repository"]["tags"]["totalCount"], 3);
     for tag in tags {
         let name = tag["name"].as_str().unwrap();
         let manifest = &tag["manifest"];
         let digest = &repo.tags[name];
         assert_eq!(manifest["digest"], json!(digest), "tag {name}");
-        let pushed: serde_json::Value = serde_json::from_slice(&repo.manifests[digest].body).unwrap();
+        let pushed: serde_json::Value =
+            serde_json::from_slice(&repo.manifests[digest].body).unwrap();
         assert_eq!(manifest["mediaType"], pushed["mediaType"]);
         if name == "multi" {
             assert!(manifest["config"].is_null());
             assert_eq!(manifest["layers"], json!([]));
             let entries = pushed["manifests"].as_array().unwrap();
-            assert_eq!(manifest["manifests"].as_array().unwrap().len(), entries.len());
-            for (got, want) in manifest["manifests"].as_array().unwrap().iter().zip(entries) {
+            assert_eq!(
+                manifest["manifests"].as_array().unwrap().len(),
+                entries.len()
+            );
+            for (got, want) in manifest["manifests"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(entries)
+            {
                 assert_eq!(got["digest"], want["digest"]);
                 assert_eq!(got["size"], want["size"]);
-                assert_eq!(got["platform"]["architecture"], want["platform"]["architecture"]);
+                assert_eq!(
+                    got["platform"]["architecture"],
+                    want["platform"]["architecture"]
+                );
             }
             assert_eq!(manifest["manifests"][1]["platform"]["variant"], "v8");
         } else {
@@ -177,7 +225,10 @@ async fn pushed_images_and_index_come_back_through_the_gateway() {
                 assert_eq!(got["mediaType"], want["mediaType"]);
             }
             let image = if name == "v1" { &amd } else { &arm };
-            assert_eq!(manifest["config"], json!({ "os": image.os, "architecture": image.architecture, "created": image.created }));
+            assert_eq!(
+                manifest["config"],
+                json!({ "os": image.os, "architecture": image.architecture, "created": image.created })
+            );
         }
     }
 }

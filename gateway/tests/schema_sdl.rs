@@ -10,7 +10,11 @@ fn the_sdl_file_matches_the_code() {
         std::fs::write(&path, &sdl).unwrap();
     }
     let file = std::fs::read_to_string(&path).expect("schema/registry.graphql exists");
-    assert_eq!(file.trim(), sdl.trim(), "schema/registry.graphql drifted from the code; rerun with UPDATE_SCHEMA=1");
+    assert_eq!(
+        file.trim(),
+        sdl.trim(),
+        "schema/registry.graphql drifted from the code; rerun with UPDATE_SCHEMA=1"
+    );
 }
 
 #[test]

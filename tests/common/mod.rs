@@ -176,12 +176,24 @@ pub struct Query;
 #[Object]
 impl Query {
     /// The first `first` items: one read of the list.
-    async fn items(&self, ctx: &Context<'_>, #[graphql(default = 10)] first: u64) -> async_graphql::Result<Vec<Item>> {
+    async fn items(
+        &self,
+        ctx: &Context<'_>,
+        #[graphql(default = 10)] first: u64,
+    ) -> async_graphql::Result<Vec<Item>> {
         let base = &ctx.data::<Base>()?.0;
-        let response = ctx.upstream()?.read(Read::get(format!("{base}/list").parse()?)).await?;
+        let response = ctx
+            .upstream()?
+            .read(Read::get(format!("{base}/list").parse()?))
+            .await?;
         let body: Value = response.json()?;
         let ids = body["ids"].as_array().cloned().unwrap_or_default();
-        Ok(ids.iter().take(first as usize).filter_map(|v| v.as_u64()).map(|id| Item { id }).collect())
+        Ok(ids
+            .iter()
+            .take(first as usize)
+            .filter_map(|v| v.as_u64())
+            .map(|id| Item { id })
+            .collect())
     }
     /// One item, without any read of its own.
     async fn item(&self, id: u64) -> Item {
@@ -208,7 +220,10 @@ pub fn schema(engine: &Engine, upstream: &Upstream) -> TestSchema {
 }
 
 pub fn app(engine: &Engine, upstream: &Upstream) -> Router {
-    Router::new().route_service("/graphql", FanoutGraphQL::new(schema(engine, upstream), engine.clone()))
+    Router::new().route_service(
+        "/graphql",
+        FanoutGraphQL::new(schema(engine, upstream), engine.clone()),
+    )
 }
 
 /// POSTs `body` to the app in-process; the status and the JSON answer.
@@ -216,8 +231,13 @@ pub async fn post(app: &Router, body: impl Into<String>) -> (StatusCode, Value) 
     post_with(app, body, &[]).await
 }
 
-pub async fn post_with(app: &Router, body: impl Into<String>, headers: &[(&str, &str)]) -> (StatusCode, Value) {
-    let mut request = axum::http::Request::post("/graphql").header("content-type", "application/json");
+pub async fn post_with(
+    app: &Router,
+    body: impl Into<String>,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let mut request =
+        axum::http::Request::post("/graphql").header("content-type", "application/json");
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
@@ -227,7 +247,9 @@ pub async fn post_with(app: &Router, body: impl Into<String>, headers: &[(&str, 
         .await
         .unwrap();
     let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
     let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     (status, value)
 }

@@ -68,7 +68,13 @@ impl Counters {
     }
     /// Requests whose path contains `part` (e.g. `/manifests/`, `/blobs/`).
     pub fn matching(&self, part: &str) -> u64 {
-        self.paths.lock().unwrap().iter().filter(|(p, _)| p.contains(part)).map(|(_, n)| n).sum()
+        self.paths
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p.contains(part))
+            .map(|(_, n)| n)
+            .sum()
     }
     /// Forgets everything seen so far (the peak restarts from what is in flight).
     pub fn reset(&self) {
@@ -219,7 +225,8 @@ fn route(rest: &str) -> Option<Route> {
 }
 
 fn registry_error(status: StatusCode, code: &str, message: &str) -> Response {
-    let body = serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": null }] });
+    let body =
+        serde_json::json!({ "errors": [{ "code": code, "message": message, "detail": null }] });
     (status, axum::Json(body)).into_response()
 }
 
@@ -239,15 +246,30 @@ async fn apply(fault: Option<Fault>) -> Option<Response> {
 }
 
 /// `(items after `last`, at most `n`)` and whether more follow.
-fn page<'a>(all: impl Iterator<Item = &'a String>, page: &Page, default_n: Option<usize>) -> (Vec<String>, bool) {
-    let after: Vec<&String> = all.filter(|item| page.last.as_ref().is_none_or(|last| *item > last)).collect();
+fn page<'a>(
+    all: impl Iterator<Item = &'a String>,
+    page: &Page,
+    default_n: Option<usize>,
+) -> (Vec<String>, bool) {
+    let after: Vec<&String> = all
+        .filter(|item| page.last.as_ref().is_none_or(|last| *item > last))
+        .collect();
     match page.n.or(default_n) {
-        Some(n) => (after.iter().take(n).map(|s| s.to_string()).collect(), after.len() > n),
+        Some(n) => (
+            after.iter().take(n).map(|s| s.to_string()).collect(),
+            after.len() > n,
+        ),
         None => (after.into_iter().cloned().collect(), false),
     }
 }
 
-fn with_link(mut response: Response, more: bool, path: &str, n: usize, last: Option<&String>) -> Response {
+fn with_link(
+    mut response: Response,
+    more: bool,
+    path: &str,
+    n: usize,
+    last: Option<&String>,
+) -> Response {
     if let (true, Some(last)) = (more, last) {
         let link = format!("<{path}?n={n}&last={last}>; rel=\"next\"");
         if let Ok(value) = HeaderValue::from_str(&link) {
@@ -257,11 +279,20 @@ fn with_link(mut response: Response, more: bool, path: &str, n: usize, last: Opt
     response
 }
 
-async fn serve(State(shared): State<Arc<Shared>>, Path(rest): Path<String>, Query(q): Query<Page>) -> Response {
+async fn serve(
+    State(shared): State<Arc<Shared>>,
+    Path(rest): Path<String>,
+    Query(q): Query<Page>,
+) -> Response {
     let counters = shared.counters.clone();
     let path = format!("/v2/{rest}");
     counters.requests.fetch_add(1, SeqCst);
-    *counters.paths.lock().unwrap().entry(path.clone()).or_default() += 1;
+    *counters
+        .paths
+        .lock()
+        .unwrap()
+        .entry(path.clone())
+        .or_default() += 1;
     let now = counters.in_flight.fetch_add(1, SeqCst) + 1;
     counters.peak.fetch_max(now, SeqCst);
     let _guard = InFlight(counters);
@@ -293,31 +324,56 @@ async fn serve(State(shared): State<Arc<Shared>>, Path(rest): Path<String>, Quer
             }
             let store = shared.store.read().unwrap();
             let Some(repo) = store.repos.get(&name) else {
-                return registry_error(StatusCode::NOT_FOUND, "NAME_UNKNOWN", "repository name not known to registry");
+                return registry_error(
+                    StatusCode::NOT_FOUND,
+                    "NAME_UNKNOWN",
+                    "repository name not known to registry",
+                );
             };
             let (tags, more) = page(repo.tags.keys(), &q, page_size);
             let n = q.n.or(page_size).unwrap_or(tags.len());
             let last = tags.last().cloned();
             drop(store);
-            let response = axum::Json(serde_json::json!({ "name": name, "tags": tags })).into_response();
+            let response =
+                axum::Json(serde_json::json!({ "name": name, "tags": tags })).into_response();
             with_link(response, more, &path, n, last.as_ref())
         }
         Route::Manifest(name, reference) => {
-            let fault = shared.faults.read().unwrap().tags.get(&(name.clone(), reference.clone())).copied();
+            let fault = shared
+                .faults
+                .read()
+                .unwrap()
+                .tags
+                .get(&(name.clone(), reference.clone()))
+                .copied();
             if let Some(response) = apply(fault).await {
                 return response;
             }
             let store = shared.store.read().unwrap();
             let Some(repo) = store.repos.get(&name) else {
-                return registry_error(StatusCode::NOT_FOUND, "NAME_UNKNOWN", "repository name not known to registry");
+                return registry_error(
+                    StatusCode::NOT_FOUND,
+                    "NAME_UNKNOWN",
+                    "repository name not known to registry",
+                );
             };
             let digest = repo.tags.get(&reference).cloned().unwrap_or(reference);
             let Some(manifest) = repo.manifests.get(&digest) else {
-                return registry_error(StatusCode::NOT_FOUND, "MANIFEST_UNKNOWN", "manifest unknown");
+                return registry_error(
+                    StatusCode::NOT_FOUND,
+                    "MANIFEST_UNKNOWN",
+                    "manifest unknown",
+                );
             };
             let mut headers = HeaderMap::new();
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(&manifest.media_type).unwrap());
-            headers.insert("docker-content-digest", HeaderValue::from_str(&digest).unwrap());
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(&manifest.media_type).unwrap(),
+            );
+            headers.insert(
+                "docker-content-digest",
+                HeaderValue::from_str(&digest).unwrap(),
+            );
             (StatusCode::OK, headers, manifest.body.clone()).into_response()
         }
         Route::Blob(name, digest) => {
@@ -325,11 +381,21 @@ async fn serve(State(shared): State<Arc<Shared>>, Path(rest): Path<String>, Quer
             match store.repos.get(&name).and_then(|r| r.blobs.get(&digest)) {
                 Some(blob) => {
                     let mut headers = HeaderMap::new();
-                    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-                    headers.insert("docker-content-digest", HeaderValue::from_str(&digest).unwrap());
+                    headers.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/octet-stream"),
+                    );
+                    headers.insert(
+                        "docker-content-digest",
+                        HeaderValue::from_str(&digest).unwrap(),
+                    );
                     (StatusCode::OK, headers, blob.clone()).into_response()
                 }
-                None => registry_error(StatusCode::NOT_FOUND, "BLOB_UNKNOWN", "blob unknown to registry"),
+                None => registry_error(
+                    StatusCode::NOT_FOUND,
+                    "BLOB_UNKNOWN",
+                    "blob unknown to registry",
+                ),
             }
         }
     }

@@ -64,7 +64,11 @@ impl Image {
     /// A small image for `os/architecture` whose layers are derived from `seed`.
     pub fn demo(os: &str, architecture: &str, seed: &str) -> Self {
         let layers = (0..2)
-            .map(|i| format!("layer {i} of {seed} for {os}/{architecture}").repeat(3 + i).into_bytes())
+            .map(|i| {
+                format!("layer {i} of {seed} for {os}/{architecture}")
+                    .repeat(3 + i)
+                    .into_bytes()
+            })
             .collect();
         Self {
             os: os.into(),
@@ -96,7 +100,13 @@ impl Store {
     }
 
     /// Stores a manifest and, if `tag` is given, points the tag at it; its digest.
-    pub fn put_manifest(&mut self, name: &str, tag: Option<&str>, media_type: &str, body: Vec<u8>) -> String {
+    pub fn put_manifest(
+        &mut self,
+        name: &str,
+        tag: Option<&str>,
+        media_type: &str,
+        body: Vec<u8>,
+    ) -> String {
         let d = digest(&body);
         let repo = self.repo(name);
         repo.manifests.insert(
@@ -170,11 +180,25 @@ impl Store {
     /// with config blobs, multi-arch indexes and namespaced names.
     pub fn demo() -> Self {
         let mut store = Store::default();
-        let arches = [("linux", "amd64", None), ("linux", "arm64", Some("v8")), ("linux", "arm", Some("v7"))];
-        for name in ["library/alpine", "library/busybox", "library/debian", "library/nginx", "library/redis"] {
+        let arches = [
+            ("linux", "amd64", None),
+            ("linux", "arm64", Some("v8")),
+            ("linux", "arm", Some("v7")),
+        ];
+        for name in [
+            "library/alpine",
+            "library/busybox",
+            "library/debian",
+            "library/nginx",
+            "library/redis",
+        ] {
             for (i, tag) in ["1.0", "1.1", "2.0", "latest"].iter().enumerate() {
                 if i % 2 == 0 {
-                    store.put_image(name, Some(tag), &Image::demo("linux", "amd64", &format!("{name}:{tag}")));
+                    store.put_image(
+                        name,
+                        Some(tag),
+                        &Image::demo("linux", "amd64", &format!("{name}:{tag}")),
+                    );
                 } else {
                     let images: Vec<Image> = arches
                         .iter()
@@ -192,13 +216,21 @@ impl Store {
                 let name = format!("{team}/service-{app}");
                 for v in 0..(3 + app % 4) {
                     let tag = format!("v{v}.{app}");
-                    store.put_image(&name, Some(&tag), &Image::demo("linux", "amd64", &format!("{name}:{tag}")));
+                    store.put_image(
+                        &name,
+                        Some(&tag),
+                        &Image::demo("linux", "amd64", &format!("{name}:{tag}")),
+                    );
                 }
             }
         }
         let deep = "org/team/tools/builder";
         for tag in ["stable", "edge"] {
-            store.put_image(deep, Some(tag), &Image::demo("linux", "amd64", &format!("{deep}:{tag}")));
+            store.put_image(
+                deep,
+                Some(tag),
+                &Image::demo("linux", "amd64", &format!("{deep}:{tag}")),
+            );
         }
         store
     }

@@ -17,12 +17,30 @@ pub fn store() -> Store {
         let tag = format!("t{i:02}");
         store.put_image("acme/app", Some(&tag), &Image::demo("linux", "amd64", &tag));
     }
-    let images = [Image::demo("linux", "amd64", "m"), Image { variant: Some("v8".into()), ..Image::demo("linux", "arm64", "m") }];
+    let images = [
+        Image::demo("linux", "amd64", "m"),
+        Image {
+            variant: Some("v8".into()),
+            ..Image::demo("linux", "arm64", "m")
+        },
+    ];
     store.put_index("acme/multi", "latest", &images);
-    store.put_image("acme/multi", Some("single"), &Image::demo("linux", "amd64", "single"));
-    store.put_image("org/team/deep", Some("v1"), &Image::demo("linux", "arm64", "deep"));
+    store.put_image(
+        "acme/multi",
+        Some("single"),
+        &Image::demo("linux", "amd64", "single"),
+    );
+    store.put_image(
+        "org/team/deep",
+        Some("v1"),
+        &Image::demo("linux", "arm64", "deep"),
+    );
     for i in 0..30 {
-        store.put_image(&format!("filler/r{i:02}"), Some("latest"), &Image::demo("linux", "amd64", "f"));
+        store.put_image(
+            &format!("filler/r{i:02}"),
+            Some("latest"),
+            &Image::demo("linux", "amd64", "f"),
+        );
     }
     store
 }
@@ -66,21 +84,33 @@ impl Fixture {
 }
 
 pub async fn post(router: &Router, body: String, headers: &[(&str, &str)]) -> (u16, Value) {
-    let mut request = axum::http::Request::post("/graphql").header("content-type", "application/json");
+    let mut request =
+        axum::http::Request::post("/graphql").header("content-type", "application/json");
     for (k, v) in headers {
         request = request.header(*k, *v);
     }
-    let response = router.clone().oneshot(request.body(axum::body::Body::from(body)).unwrap()).await.unwrap();
+    let response = router
+        .clone()
+        .oneshot(request.body(axum::body::Body::from(body)).unwrap())
+        .await
+        .unwrap();
     let status = response.status().as_u16();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 /// `SKIPPED: …` and `None` when `binary` is missing, unless
 /// `FANOUT_REQUIRE_EXTERNAL=1`, where a missing binary fails the test.
 pub fn require_binary(binary: &str, package: &str) -> Option<std::path::PathBuf> {
     let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths).map(|p| p.join(binary)).find(|p| p.is_file())
+        std::env::split_paths(&paths)
+            .map(|p| p.join(binary))
+            .find(|p| p.is_file())
     });
     if found.is_none() {
         let message = format!("SKIPPED: {binary} not on PATH (Debian package {package})");
@@ -94,5 +124,41 @@ pub fn require_binary(binary: &str, package: &str) -> Option<std::path::PathBuf>
 
 /// A free loopback port (bound and released).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// POSTs from a TCP peer (as `ConnectInfo`), with headers; status, headers, JSON.
+pub async fn post_from(
+    router: &Router,
+    body: &str,
+    peer: &str,
+    headers: &[(&str, &str)],
+) -> (u16, axum::http::HeaderMap, Value) {
+    let mut request =
+        axum::http::Request::post("/graphql").header("content-type", "application/json");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let mut request = request
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    let addr: std::net::SocketAddr = peer.parse().unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(addr));
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        headers,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }

@@ -1,0 +1,319 @@
+//! The inbound limiter: requests per minute per client IP, with identity.
+//!
+//! [`RateLimitLayer`] is a config-only `tower::Layer`; its [`RateLimitService`]
+//! does, per inbound request:
+//!
+//! 1. **Identity first.** A caller presenting the exact internal token
+//!    ([`crate::identity`]) is exempt: it is not counted, and it is marked
+//!    [`Caller::Internal`] in the request's extensions (the HTTP integration
+//!    then gives it `internal_max_reads`). A *wrong* token makes an ordinary
+//!    caller — counted and limited exactly like one without a token.
+//! 2. **The key** is the client IP: the TCP peer (axum's `ConnectInfo`), or,
+//!    behind a trusted proxy, the rightmost untrusted `X-Forwarded-For` entry.
+//! 3. **The check** is GCRA (the `governor` crate) with a burst of
+//!    `requests_per_minute`, refilled evenly over the minute. Idle keys are
+//!    evicted every [`SWEEP_EVERY`] checks (`retain_recent`), so a flood of
+//!    distinct addresses cannot grow memory without bound.
+//! 4. **The answer**: over the limit, 429 `RATE_LIMITED` with `Retry-After`
+//!    (whole seconds, at least 1) and the IETF `RateLimit-Policy` /
+//!    `RateLimit` fields; otherwise the inner service's answer, with
+//!    `RateLimit` added.
+//!
+//! A shared backend (Redis) plugs in through [`InboundLimiter`]; while it is
+//! down, `failure_mode` decides between the in-process limiter ("open") and
+//! 503 `UNAVAILABLE` ("closed").
+
+use crate::config::{FailureMode, RateLimitConfig};
+use crate::error::FanoutError;
+use crate::http::error_response;
+use crate::identity::{Caller, InternalToken, TokenCheck, TrustedProxies};
+use crate::metrics;
+use axum::extract::ConnectInfo;
+use futures::future::BoxFuture;
+use governor::clock::{Clock as GovernorClock, DefaultClock};
+use governor::middleware::StateInformationMiddleware;
+use governor::state::keyed::DashMapStateStore;
+use governor::{Quota, RateLimiter};
+use http::{HeaderValue, Request, Response};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Idle keys are swept once per this many checks.
+pub const SWEEP_EVERY: u64 = 4096;
+
+/// A limiter's verdict on one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted; `remaining` more would be admitted now, and the quota is
+    /// whole again after `reset`.
+    Allow {
+        /// Requests that would still be admitted right now.
+        remaining: u32,
+        /// Time until the full quota is available again.
+        reset: Duration,
+    },
+    /// Refused; the next request would be admitted after `retry_after`.
+    Deny {
+        /// Time until a request would be admitted.
+        retry_after: Duration,
+    },
+}
+
+/// A shared (cross-replica) per-key limiter.
+pub trait InboundLimiter: Send + Sync + 'static {
+    /// Checks and counts one request for `key`. `Err` means the backend is
+    /// unreachable (the caller applies `failure_mode`).
+    fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>>;
+}
+
+type Gcra<C> = RateLimiter<IpAddr, DashMapStateStore<IpAddr>, C, StateInformationMiddleware>;
+
+/// The in-process GCRA limiter (governor), keyed by client IP.
+pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
+    gcra: Gcra<C>,
+    clock: C,
+    limit: u32,
+    interval: Duration,
+    checks: AtomicU64,
+}
+
+impl LocalLimiter<DefaultClock> {
+    /// `requests_per_minute` per key, on the real clock.
+    pub fn per_minute(requests_per_minute: NonZeroU32) -> Self {
+        Self::with_clock(requests_per_minute, DefaultClock::default())
+    }
+}
+
+impl<C: GovernorClock + Clone> LocalLimiter<C> {
+    /// `requests_per_minute` per key, on `clock` (tests use governor's
+    /// `FakeRelativeClock`).
+    pub fn with_clock(requests_per_minute: NonZeroU32, clock: C) -> Self {
+        let quota = Quota::per_minute(requests_per_minute);
+        Self {
+            gcra: RateLimiter::<IpAddr, _, C, StateInformationMiddleware>::new(
+                quota,
+                DashMapStateStore::default(),
+                clock.clone(),
+            ),
+            clock,
+            limit: requests_per_minute.get(),
+            interval: quota.replenish_interval(),
+            checks: AtomicU64::new(0),
+        }
+    }
+
+    /// Checks and counts one request for `key`.
+    pub fn check(&self, key: IpAddr) -> Decision {
+        if self.checks.fetch_add(1, Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            self.sweep();
+        }
+        match self.gcra.check_key(&key) {
+            Ok(state) => {
+                let remaining = state.remaining_burst_capacity();
+                Decision::Allow {
+                    remaining,
+                    reset: self.interval * (self.limit - remaining.min(self.limit)),
+                }
+            }
+            Err(not_until) => Decision::Deny {
+                retry_after: not_until.wait_time_from(self.clock.now()),
+            },
+        }
+    }
+
+    /// Forgets every key whose state is indistinguishable from a fresh one.
+    pub fn sweep(&self) {
+        self.gcra.retain_recent();
+        self.gcra.shrink_to_fit();
+    }
+
+    /// Keys currently held.
+    pub fn len(&self) -> usize {
+        self.gcra.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.gcra.is_empty()
+    }
+}
+
+/// Which limiter checks public callers.
+#[derive(Clone)]
+enum Backend {
+    Local(Arc<LocalLimiter>),
+    Shared {
+        shared: Arc<dyn InboundLimiter>,
+        fallback: Arc<LocalLimiter>,
+        mode: FailureMode,
+    },
+}
+
+/// The inbound limiter as a `tower::Layer` (configuration only).
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    backend: Backend,
+    token: InternalToken,
+    proxies: Arc<TrustedProxies>,
+    limit: u32,
+}
+
+impl RateLimitLayer {
+    /// The in-process limiter for `[rate_limit]`.
+    pub fn new(config: &RateLimitConfig) -> Self {
+        let rpm = NonZeroU32::new(config.requests_per_minute).unwrap_or(NonZeroU32::MIN);
+        Self {
+            backend: Backend::Local(Arc::new(LocalLimiter::per_minute(rpm))),
+            token: InternalToken::new(&config.internal_token),
+            proxies: Arc::new(TrustedProxies::new(&config.trusted_proxies)),
+            limit: rpm.get(),
+        }
+    }
+
+    /// Checks public callers on `shared` (e.g. Redis); while it is down,
+    /// `mode` falls back to the in-process limiter or answers 503.
+    pub fn shared(mut self, shared: Arc<dyn InboundLimiter>, mode: FailureMode) -> Self {
+        let fallback = match self.backend {
+            Backend::Local(local) => local,
+            Backend::Shared { fallback, .. } => fallback,
+        };
+        self.backend = Backend::Shared {
+            shared,
+            fallback,
+            mode,
+        };
+        self
+    }
+
+    /// The IETF `RateLimit-Policy` value for this limit.
+    pub fn policy(&self) -> String {
+        format!("\"per-ip\";q={};w=60", self.limit)
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimitService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// The inbound limiter in front of a service.
+#[derive(Clone)]
+pub struct RateLimitService<S> {
+    inner: S,
+    layer: RateLimitLayer,
+}
+
+impl<S, B> tower::Service<Request<B>> for RateLimitService<S>
+where
+    S: tower::Service<Request<B>, Response = axum::response::Response> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = axum::response::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        // The clone is ready (`poll_ready` ran on `self.inner`); keep it.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            match layer.token.check(request.headers()) {
+                TokenCheck::Valid => {
+                    metrics::rate_limit_exempt();
+                    request.extensions_mut().insert(Caller::Internal);
+                    return inner.call(request).await;
+                }
+                TokenCheck::Wrong => metrics::wrong_internal_token(),
+                TokenCheck::Absent => {}
+            }
+            request.extensions_mut().insert(Caller::Public);
+            let peer = request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+            let client = layer.proxies.client_ip(peer, request.headers());
+            let decision = match layer.decide(client).await {
+                Ok(decision) => decision,
+                Err(unavailable) => return Ok(error_response(&unavailable)),
+            };
+            match decision {
+                Decision::Deny { retry_after } => {
+                    metrics::rate_limited();
+                    let secs = whole_seconds(retry_after);
+                    let mut response = error_response(&FanoutError::RateLimited {
+                        retry_after_secs: secs,
+                    });
+                    layer.headers(&mut response, 0, secs);
+                    Ok(response)
+                }
+                Decision::Allow { remaining, reset } => {
+                    let mut response = inner.call(request).await?;
+                    layer.headers(&mut response, remaining, ceil_seconds(reset));
+                    Ok(response)
+                }
+            }
+        })
+    }
+}
+
+impl RateLimitLayer {
+    async fn decide(&self, client: IpAddr) -> Result<Decision, FanoutError> {
+        match &self.backend {
+            Backend::Local(local) => Ok(local.check(client)),
+            Backend::Shared {
+                shared,
+                fallback,
+                mode,
+            } => match shared.check(client).await {
+                Ok(decision) => Ok(decision),
+                Err(err) => match mode {
+                    FailureMode::Open => {
+                        metrics::shared_state_fallback("rate_limit");
+                        tracing::warn!(error = %err, "shared rate limiter down; limiting in-process");
+                        Ok(fallback.check(client))
+                    }
+                    FailureMode::Closed => Err(FanoutError::Unavailable {
+                        message: "the shared rate limiter is unreachable".into(),
+                    }),
+                },
+            },
+        }
+    }
+
+    /// `RateLimit: "per-ip";r=<remaining>;t=<seconds>` and the policy.
+    fn headers<B>(&self, response: &mut Response<B>, remaining: u32, reset_secs: u64) {
+        let headers = response.headers_mut();
+        let value = format!("\"per-ip\";r={remaining};t={reset_secs}");
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert("ratelimit", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.policy()) {
+            headers.insert("ratelimit-policy", v);
+        }
+    }
+}
+
+fn ceil_seconds(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `Retry-After` is whole seconds, at least 1.
+fn whole_seconds(d: Duration) -> u64 {
+    ceil_seconds(d).max(1)
+}
