@@ -162,6 +162,13 @@ pub struct RedisConfig {
     pub url: String,
     /// What to do while Redis is unreachable.
     pub failure_mode: FailureMode,
+    /// Prefix of every key, so several deployments can share one Redis.
+    pub key_prefix: String,
+    /// Timeout of one Redis call, in milliseconds (then `failure_mode` applies).
+    pub timeout_ms: u64,
+    /// Lease of one cluster host slot, in milliseconds; renewed while the
+    /// read is in flight, so a crashed replica's slots free up after it.
+    pub lease_ms: u64,
 }
 
 impl Default for RedisConfig {
@@ -169,6 +176,9 @@ impl Default for RedisConfig {
         Self {
             url: String::new(),
             failure_mode: FailureMode::Open,
+            key_prefix: "fanout".into(),
+            timeout_ms: 100,
+            lease_ms: 5000,
         }
     }
 }
@@ -257,10 +267,15 @@ impl Config {
             }
         }
         let url = &self.redis.url;
-        if !url.is_empty() && !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-            return Err(ConfigError(format!(
-                "redis.url: \"{url}\" must start with redis:// or rediss://"
-            )));
+        if !url.is_empty() {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(ConfigError(format!(
+                    "redis.url: \"{url}\" must start with redis:// or rediss://"
+                )));
+            }
+            if let Err(e) = redis::Client::open(url.as_str()) {
+                return Err(ConfigError(format!("redis.url: \"{url}\": {e}")));
+            }
         }
         Ok(())
     }

@@ -4,7 +4,10 @@ use crate::oci::RegistryUrl;
 use crate::schema::{self, RegistrySchema};
 use axum::routing::get;
 use axum::Router;
+use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
 use fanout_budget::{Config, Engine, FanoutGraphQL, RateLimitLayer};
+use std::num::NonZeroU32;
+use std::sync::Arc;
 
 /// The assembled gateway.
 pub struct Gateway {
@@ -21,9 +24,38 @@ pub struct Gateway {
 pub type MetricsRender = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The gateway for `config`, reading the registry at `upstream`.
+///
+/// With `[redis] url` set, the per-host caps and the per-IP limit are shared
+/// on Redis (nothing connects until the first request, so a Redis that is
+/// down does not stop start-up).
 pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRender>) -> Gateway {
-    let engine = Engine::builder(config).costs(schema::costs()).build();
-    build_with(engine, upstream, metrics)
+    let mut engine = Engine::builder(config.clone()).costs(schema::costs());
+    if let Some(redis) = redis_backend(&config) {
+        engine = engine.host_limiter(Arc::new(RedisHostCaps::new(config.hosts.clone(), redis)));
+    }
+    build_with(engine.build(), upstream, metrics)
+}
+
+fn redis_backend(config: &Config) -> Option<RedisBackend> {
+    if config.redis.url.is_empty() {
+        return None;
+    }
+    // The URL was validated with the configuration.
+    RedisBackend::new(&config.redis).ok()
+}
+
+/// The inbound limiter for `config`: in-process, or shared on Redis.
+pub fn rate_limit_layer(config: &Config) -> RateLimitLayer {
+    let layer = RateLimitLayer::new(&config.rate_limit);
+    match redis_backend(config) {
+        None => layer,
+        Some(redis) => {
+            let rpm =
+                NonZeroU32::new(config.rate_limit.requests_per_minute).unwrap_or(NonZeroU32::MIN);
+            let mode = redis.failure_mode();
+            layer.shared(Arc::new(RedisRateLimiter::new(redis, rpm)), mode)
+        }
+    }
 }
 
 /// The gateway on an engine built by the caller (a custom host limiter or clock).
@@ -38,7 +70,7 @@ pub fn build_with(
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
     // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.
-    let limiter = RateLimitLayer::new(&engine.config().rate_limit);
+    let limiter = rate_limit_layer(engine.config());
     let router = Router::new()
         .route_service(
             "/graphql",

@@ -1,0 +1,321 @@
+//! Shared limits on a real `redis-server`: two replicas, one limit; a
+//! crashed replica's slots expire; Redis killed, paused and restarted.
+mod common;
+
+use common::*;
+use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
+use fanout_budget::config::{FailureMode, HostConfig};
+use fanout_budget::{Config, HostLimiter};
+use fanout_gateway::app::{self, Gateway};
+use fanout_gateway::embedded::EmbeddedRegistry;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+fn config(redis: &RedisServer, mode: FailureMode, rpm: u32) -> Config {
+    let mut config = Config::default();
+    config.redis.url = redis.url();
+    config.redis.failure_mode = mode;
+    config.rate_limit.requests_per_minute = rpm;
+    config
+}
+
+fn replica(config: &Config, registry: &EmbeddedRegistry) -> Gateway {
+    app::build(config.clone(), registry.url().parse().unwrap(), None)
+}
+
+const CHEAP: &str = r#"{"query":"{ fanoutBudget { limit } }"}"#;
+
+#[tokio::test]
+async fn two_replicas_share_one_per_ip_limit() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let config = config(&redis, FailureMode::Closed, 5);
+    let (a, b) = (replica(&config, &registry), replica(&config, &registry));
+    let mut admitted = 0;
+    for i in 0..10 {
+        let router = if i % 2 == 0 { &a.router } else { &b.router };
+        let (status, headers, _) = post_from(router, CHEAP, "192.0.2.10:1", &[]).await;
+        match status {
+            200 => admitted += 1,
+            429 => assert!(
+                headers["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+                    >= 1
+            ),
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!(admitted, 5, "5/min across both replicas");
+    assert_eq!(
+        redis.keys("fanout:ip:*").await,
+        vec!["fanout:ip:192.0.2.10".to_string()]
+    );
+
+    // Another deployment with its own prefix on the same Redis has its own limit.
+    let mut other = config.clone();
+    other.redis.key_prefix = "other".into();
+    let c = replica(&other, &registry);
+    assert_eq!(
+        post_from(&c.router, CHEAP, "192.0.2.10:1", &[]).await.0,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_cap_of_four_holds_across_two_replicas() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    registry.set_latency(Some(Duration::from_millis(40)));
+    let mut config = config(&redis, FailureMode::Closed, 10_000);
+    config.hosts.insert(
+        registry.host(),
+        HostConfig {
+            max_concurrent: 4,
+            acquire_wait_ms: 30_000,
+        },
+    );
+    let (a, b) = (replica(&config, &registry), replica(&config, &registry));
+    let query = json!({ "query": r#"{ repository(name: "acme/app") { tags(first: 10) { nodes { manifest { digest } } } } }"# }).to_string();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let router = if i % 2 == 0 {
+            a.router.clone()
+        } else {
+            b.router.clone()
+        };
+        let query = query.clone();
+        tasks.push(tokio::spawn(async move {
+            post_from(&router, &query, &format!("192.0.2.{i}:1"), &[]).await
+        }));
+    }
+    for t in tasks {
+        let (status, _, body) = t.await.unwrap();
+        assert_eq!(status, 200);
+        assert!(body.get("errors").is_none(), "{body}");
+    }
+    let peak = registry.counters().peak();
+    assert!(
+        peak <= 4,
+        "upstream saw {peak} in flight across two replicas with a cluster cap of 4"
+    );
+    assert!(peak >= 2, "peak {peak}");
+    // Every lease was released.
+    let key = format!("fanout:host:{}", registry.host());
+    for _ in 0..100 {
+        if redis.command(&["ZCARD", &key]).await == Some(redis::Value::Int(0)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        redis.command(&["ZCARD", &key]).await,
+        Some(redis::Value::Int(0))
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_replicas_slots_free_up_after_the_lease() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let mut config = config(&redis, FailureMode::Closed, 300);
+    config.redis.lease_ms = 600;
+    let host = "upstream.test:5000".to_string();
+    config.hosts.insert(
+        host.clone(),
+        HostConfig {
+            max_concurrent: 2,
+            acquire_wait_ms: 20,
+        },
+    );
+    // The crashed replica took both slots and never released or renewed them.
+    let crashed = RedisHostCaps::new(
+        config.hosts.clone(),
+        RedisBackend::new(&config.redis).unwrap(),
+    );
+    assert!(crashed.lease_once(&host, "dead-1", 2).await.unwrap());
+    assert!(crashed.lease_once(&host, "dead-2", 2).await.unwrap());
+    let taken_at = Instant::now();
+    let alive = RedisHostCaps::new(
+        config.hosts.clone(),
+        RedisBackend::new(&config.redis).unwrap(),
+    );
+    let err = alive
+        .acquire(&host, Duration::from_secs(10))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "HOST_SATURATED");
+    let mut freed = None;
+    for _ in 0..200 {
+        if let Ok(slot) = alive.acquire(&host, Duration::from_secs(10)).await {
+            freed = Some((taken_at.elapsed(), slot));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (after, _slot) = freed.expect("the dead replica's slots free up");
+    assert!(
+        after >= Duration::from_millis(500),
+        "freed after {after:?}, before the 600 ms lease"
+    );
+    assert!(after < Duration::from_secs(3), "freed only after {after:?}");
+}
+
+#[tokio::test]
+async fn a_held_slot_outlives_its_lease_while_renewed() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let mut config = config(&redis, FailureMode::Closed, 300);
+    config.redis.lease_ms = 300;
+    let host = "upstream.test:5001".to_string();
+    config.hosts.insert(
+        host.clone(),
+        HostConfig {
+            max_concurrent: 1,
+            acquire_wait_ms: 10,
+        },
+    );
+    let caps = RedisHostCaps::new(
+        config.hosts.clone(),
+        RedisBackend::new(&config.redis).unwrap(),
+    );
+    let other = RedisHostCaps::new(
+        config.hosts.clone(),
+        RedisBackend::new(&config.redis).unwrap(),
+    );
+    let slot = caps.acquire(&host, Duration::from_secs(5)).await.unwrap();
+    // Three lease lengths later, the renewed lease still holds the slot.
+    let until = Instant::now() + Duration::from_millis(900);
+    while Instant::now() < until {
+        assert!(other.acquire(&host, Duration::from_secs(5)).await.is_err());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(slot);
+    let mut got = false;
+    for _ in 0..100 {
+        if other.acquire(&host, Duration::from_secs(5)).await.is_ok() {
+            got = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(got, "a dropped slot is released");
+}
+
+/// Sends `n` requests, one after another; each one's status and duration.
+async fn load(gateway: &Gateway, n: usize) -> Vec<(u16, Duration)> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let started = Instant::now();
+        let (status, _, _) = post_from(
+            &gateway.router,
+            CHEAP,
+            &format!("198.51.100.{}:1", i % 200),
+            &[],
+        )
+        .await;
+        out.push((status, started.elapsed()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn redis_killed_with_open_keeps_serving_and_shared_limits_resume() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let gateway = replica(&config(&redis, FailureMode::Open, 10_000), &registry);
+    assert!(load(&gateway, 5).await.iter().all(|(s, _)| *s == 200));
+    redis.kill();
+    for (status, took) in load(&gateway, 30).await {
+        assert_eq!(status, 200, "open: served while Redis is down");
+        assert!(
+            took < Duration::from_secs(1),
+            "a request took {took:?} while Redis was down"
+        );
+    }
+    redis.restart().await;
+    let mut resumed = false;
+    for _ in 0..100 {
+        load(&gateway, 1).await;
+        if !redis.keys("fanout:ip:*").await.is_empty() {
+            resumed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        resumed,
+        "shared limits did not resume after Redis came back"
+    );
+}
+
+#[tokio::test]
+async fn redis_killed_with_closed_answers_503_and_recovers() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let gateway = replica(&config(&redis, FailureMode::Closed, 10_000), &registry);
+    assert!(load(&gateway, 3).await.iter().all(|(s, _)| *s == 200));
+    redis.kill();
+    for (status, took) in load(&gateway, 20).await {
+        assert_eq!(status, 503, "closed: refused while Redis is down");
+        assert!(
+            took < Duration::from_secs(1),
+            "a request took {took:?} while Redis was down"
+        );
+    }
+    let (_, _, body) = post_from(&gateway.router, CHEAP, "198.51.100.1:1", &[]).await;
+    assert_eq!(body["errors"][0]["extensions"]["code"], "UNAVAILABLE");
+    redis.restart().await;
+    let mut recovered = false;
+    for _ in 0..100 {
+        if load(&gateway, 1).await[0].0 == 200 {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(recovered, "requests are served again after Redis returns");
+}
+
+#[tokio::test]
+async fn a_paused_redis_is_bounded_by_the_call_timeout() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let gateway = replica(&config(&redis, FailureMode::Open, 10_000), &registry);
+    assert!(load(&gateway, 2).await.iter().all(|(s, _)| *s == 200));
+    redis.signal("STOP");
+    let answers = load(&gateway, 5).await;
+    redis.signal("CONT");
+    for (status, took) in answers {
+        assert_eq!(status, 200);
+        assert!(
+            took < Duration::from_secs(1),
+            "a request took {took:?} with Redis paused (timeout 100 ms)"
+        );
+    }
+}
+
+#[tokio::test]
+async fn redis_down_at_start_up_does_not_stop_start_up() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    redis.kill();
+    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let gateway = replica(&config(&redis, FailureMode::Open, 10_000), &registry);
+    assert_eq!(load(&gateway, 1).await[0].0, 200);
+}

@@ -1,0 +1,20 @@
+//! Shared-state backends behind the engine's two seams.
+//!
+//! The in-process backends live with their concept: [`LocalHostCaps`](crate::hosts::LocalHostCaps)
+//! behind [`HostLimiter`](crate::hosts::HostLimiter), and
+//! [`LocalLimiter`](crate::limiter::LocalLimiter) inside the
+//! [`RateLimitLayer`](crate::limiter::RateLimitLayer). When one replica is not
+//! enough, the same seams take the Redis backends here; resolvers and the HTTP
+//! integration do not change. The per-request fan-out budget always stays
+//! in-process: one HTTP request lands on one replica.
+//!
+//! Which to use:
+//!
+//! | situation | backend |
+//! |---|---|
+//! | one replica, or limits per replica are acceptable | in-process (default; `[redis] url = ""`) |
+//! | several replicas behind a load balancer, limits must hold for the fleet | Redis (`[redis] url = "redis://…"`) |
+//! | Redis may be unavailable and serving matters more than exact limits | Redis with `failure_mode = "open"` |
+//! | exceeding a limit is worse than refusing traffic | Redis with `failure_mode = "closed"` |
+
+pub mod redis;
