@@ -18,7 +18,8 @@
 //! are bounded by their declared multipliers. Nothing is executed.
 
 use async_graphql::parser::types::{
-    DocumentOperations, ExecutableDocument, OperationType, Selection, SelectionSet,
+    DocumentOperations, ExecutableDocument, OperationDefinition, OperationType, Selection,
+    SelectionSet,
 };
 use async_graphql::registry::{MetaTypeName, Registry};
 use async_graphql::{Name, Positioned, Value, Variables};
@@ -93,12 +94,6 @@ impl CostTable {
         doc: &ExecutableDocument,
         variables: &Variables,
     ) -> HashMap<Option<Name>, u64> {
-        let walk = Walk {
-            table: self,
-            registry,
-            doc,
-            variables,
-        };
         let root = |ty: OperationType| match ty {
             OperationType::Query => Some(registry.query_type.as_str()),
             OperationType::Mutation => registry.mutation_type.as_deref(),
@@ -107,19 +102,45 @@ impl CostTable {
         let mut out = HashMap::new();
         match &doc.operations {
             DocumentOperations::Single(op) => {
-                let cost = root(op.node.ty)
-                    .map_or(0, |ty| walk.selection(&op.node.selection_set, ty, 1, 0));
-                out.insert(None, cost);
+                out.insert(
+                    None,
+                    self.operation(registry, doc, variables, &op.node, root),
+                );
             }
             DocumentOperations::Multiple(ops) => {
                 for (name, op) in ops {
-                    let cost = root(op.node.ty)
-                        .map_or(0, |ty| walk.selection(&op.node.selection_set, ty, 1, 0));
+                    let cost = self.operation(registry, doc, variables, &op.node, root);
                     out.insert(Some(name.clone()), cost);
                 }
             }
         }
         out
+    }
+
+    fn operation<'r>(
+        &self,
+        registry: &Registry,
+        doc: &ExecutableDocument,
+        variables: &Variables,
+        op: &OperationDefinition,
+        root: impl Fn(OperationType) -> Option<&'r str>,
+    ) -> u64 {
+        // Variables the request left out take the operation's defaults.
+        let mut variables = variables.clone();
+        for def in &op.variable_definitions {
+            let name = &def.node.name.node;
+            if let (false, Some(default)) = (variables.contains_key(name), &def.node.default_value)
+            {
+                variables.insert(name.clone(), default.node.clone());
+            }
+        }
+        let walk = Walk {
+            table: self,
+            registry,
+            doc,
+            variables: &variables,
+        };
+        root(op.ty).map_or(0, |ty| walk.selection(&op.selection_set, ty, 1, 0))
     }
 
     /// The worst-case reads of the operation that would run: the one named

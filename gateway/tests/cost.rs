@@ -1,0 +1,247 @@
+//! The cost preview: `requested` before execution, `operationReads` after,
+//! and the up-front refusal.
+mod common;
+
+use common::*;
+use fanout_budget::Config;
+use proptest::prelude::*;
+use serde_json::json;
+
+async fn requested(f: &Fixture, query: &str, variables: serde_json::Value) -> u64 {
+    let (status, body) = f
+        .post(json!({ "query": query, "variables": variables }).to_string())
+        .await;
+    assert_eq!(status, 200);
+    body["extensions"]["fanout"]["requested"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn exact_requested_figures() {
+    let f = Fixture::default().await;
+    let cases: &[(&str, serde_json::Value, u64)] = &[
+        // A single field: one tag list.
+        (r#"{ repository(name: "acme/app") { name } }"#, json!({}), 1),
+        // Nothing that reads.
+        ("{ fanoutBudget { limit } }", json!({}), 0),
+        // A nested list, first: 20 (manifest + config per tag).
+        (
+            r#"{ repository(name: "acme/app") { tags(first: 20) { nodes { manifest { config { os } } } } } }"#,
+            json!({}),
+            1 + 1 + 20 * 2,
+        ),
+        // The default first (20) counts when first is absent.
+        (
+            r#"{ repository(name: "acme/app") { tags { nodes { manifest { digest } } } } }"#,
+            json!({}),
+            1 + 1 + 20,
+        ),
+        // Aliases count separately (the worst case ignores de-duplication).
+        (
+            r#"{ a: repository(name: "acme/app") { name } b: repository(name: "acme/app") { name } }"#,
+            json!({}),
+            2,
+        ),
+        // Fragments and inline fragments.
+        (
+            r#"query { repository(name: "acme/app") { ...T } } fragment T on Repository { tag(name: "t01") { ... on Tag { manifest { digest } } } }"#,
+            json!({}),
+            1 + 1 + 1,
+        ),
+        // Catalog pages multiply through repositories' own tag lists.
+        (
+            r#"{ repositories(first: 3) { nodes { tags(first: 2) { nodes { manifest { digest } } } } } }"#,
+            json!({}),
+            1 + 3 * (1 + 2),
+        ),
+        // Variables, given and defaulted.
+        (
+            r#"query($n: Int!) { repositories(first: $n) { nodes { tag(name: "x") { name } } } }"#,
+            json!({"n": 4}),
+            1 + 4,
+        ),
+        (
+            r#"query($n: Int! = 6) { repositories(first: $n) { nodes { tag(name: "x") { name } } } }"#,
+            json!({}),
+            1 + 6,
+        ),
+    ];
+    for (query, variables, expected) in cases {
+        assert_eq!(
+            requested(&f, query, variables.clone()).await,
+            *expected,
+            "{query}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_batch_sums_its_operations() {
+    let f = Fixture::default().await;
+    let ops = vec![
+        r#"{ repository(name: "acme/app") { tags(first: 2) { nodes { manifest { digest } } } } }"#.to_string(),
+        r#"{ repository(name: "acme/multi") { tag(name: "latest") { manifest { config { os } } } } }"#.to_string(),
+        "{ fanoutBudget { requested } }".to_string(),
+    ];
+    let responses = f.batch(&ops).await;
+    let each: Vec<u64> = responses
+        .iter()
+        .map(|r| r["extensions"]["fanout"]["requested"].as_u64().unwrap())
+        .collect();
+    assert_eq!(each, vec![4, 4, 0]);
+}
+
+fn refusing(max_reads: u64) -> Config {
+    let mut config = Config::default();
+    config.budget.max_reads = max_reads;
+    config.budget.refuse_over_estimate = true;
+    config
+}
+
+#[tokio::test]
+async fn over_budget_batch_is_refused_before_any_read() {
+    let f = Fixture::new(refusing(10)).await;
+    // 2 × (1 + 1 + 5) = 14 > 10, though de-duplication would make it 7.
+    let op =
+        r#"{ repository(name: "acme/app") { tags(first: 5) { nodes { manifest { digest } } } } }"#
+            .to_string();
+    let responses = f.batch(&[op.clone(), op]).await;
+    assert_eq!(f.reads(), 0);
+    for r in &responses {
+        assert!(r["data"].is_null());
+        let e = &r["errors"][0]["extensions"];
+        assert_eq!(e["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET");
+        assert_eq!(e["requested"], 14);
+        assert_eq!(e["limit"], 10);
+    }
+    // A single over-budget operation too.
+    let (status, body) = f
+        .post(
+            json!({ "query": r#"{ repositories(first: 50) { nodes { tags { totalCount } } } }"# })
+                .to_string(),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert!(body["data"].is_null());
+    assert_eq!(
+        body["errors"][0]["extensions"]["code"],
+        "FANOUT_ESTIMATE_EXCEEDS_BUDGET"
+    );
+    assert_eq!(body["errors"][0]["extensions"]["requested"], 51);
+    assert_eq!(f.reads(), 0);
+}
+
+#[tokio::test]
+async fn under_budget_batch_runs() {
+    let f = Fixture::new(refusing(10)).await;
+    let ops = vec![
+        r#"{ repository(name: "acme/app") { tags(first: 3) { nodes { manifest { digest } } } } }"#
+            .to_string(),
+        r#"{ repository(name: "acme/app") { tag(name: "t00") { manifest { digest } } } }"#
+            .to_string(),
+    ];
+    let responses = f.batch(&ops).await;
+    assert!(responses.iter().all(|r| r.get("errors").is_none()));
+    assert_eq!(f.reads(), 4);
+    assert_eq!(responses[1]["extensions"]["fanout"]["requested"], 3);
+}
+
+#[tokio::test]
+async fn refusal_is_off_by_default() {
+    let mut config = Config::default();
+    config.budget.max_reads = 3;
+    let f = Fixture::new(config).await;
+    let body = f.query(r#"{ repository(name: "acme/app") { tags(first: 5) { nodes { manifest { digest } } } } }"#).await;
+    assert_eq!(f.reads(), 3);
+    assert_eq!(body["extensions"]["fanout"]["requested"], 7);
+    assert_eq!(
+        body["errors"][0]["extensions"]["code"],
+        "FANOUT_BUDGET_EXHAUSTED"
+    );
+}
+
+// ---- actual ≤ requested, over random queries of the registry schema ----
+
+fn manifest_sel() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop_oneof![
+            Just("digest".to_string()),
+            Just("mediaType".to_string()),
+            Just("layers { size }".to_string()),
+            Just("manifests { digest platform { os } }".to_string()),
+            Just("config { os created }".to_string()),
+        ],
+        1..4,
+    )
+    .prop_map(|fields| aliased(&fields))
+}
+
+fn tag_sel() -> impl Strategy<Value = String> {
+    prop::collection::vec(
+        prop_oneof![
+            Just("name".to_string()),
+            manifest_sel().prop_map(|m| format!("manifest {{ {m} }}"))
+        ],
+        1..3,
+    )
+    .prop_map(|fields| aliased(&fields))
+}
+
+fn repo_sel() -> impl Strategy<Value = String> {
+    let tag_name = prop::sample::select(vec!["t00", "t01", "latest", "single", "v1", "zz"]);
+    prop::collection::vec(
+        prop_oneof![
+            Just("name".to_string()),
+            (1..4i32, tag_sel())
+                .prop_map(|(n, t)| format!("tags(first: {n}) {{ totalCount nodes {{ {t} }} }}")),
+            (tag_name, tag_sel()).prop_map(|(name, t)| format!(r#"tag(name: "{name}") {{ {t} }}"#)),
+        ],
+        1..3,
+    )
+    .prop_map(|fields| aliased(&fields))
+}
+
+fn query() -> impl Strategy<Value = String> {
+    let repo = prop::sample::select(vec!["acme/app", "acme/multi", "org/team/deep", "no/such"]);
+    prop::collection::vec(
+        prop_oneof![
+            (repo, repo_sel())
+                .prop_map(|(name, r)| format!(r#"repository(name: "{name}") {{ {r} }}"#)),
+            (1..4i32, repo_sel())
+                .prop_map(|(n, r)| format!("repositories(first: {n}) {{ nodes {{ {r} }} }}")),
+            Just("fanoutBudget { used }".to_string()),
+        ],
+        1..3,
+    )
+    .prop_map(|fields| format!("{{ {} }}", aliased(&fields)))
+}
+
+fn aliased(fields: &[String]) -> String {
+    fields
+        .iter()
+        .enumerate()
+        .map(|(i, f)| format!("a{i}: {f}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn actual_reads_never_exceed_requested(ops in prop::collection::vec(query(), 1..4)) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let mut config = Config::default();
+            config.budget.max_reads = 10_000;
+            let f = Fixture::new(config).await;
+            let responses = f.batch(&ops).await;
+            let mut requested_total = 0;
+            for (r, q) in responses.iter().zip(&ops) {
+                let fanout = &r["extensions"]["fanout"];
+                let (reads, requested) = (fanout["operationReads"].as_u64().unwrap(), fanout["requested"].as_u64().unwrap());
+                assert!(reads <= requested, "{q}: {reads} reads > {requested} requested");
+                requested_total += requested;
+            }
+            assert!(f.reads() <= requested_total, "{} reads > {requested_total} requested for {ops:?}", f.reads());
+        });
+    }
+}
