@@ -23,6 +23,25 @@ pub struct Config {
     pub rate_limit: RateLimitConfig,
     /// `[redis]`: shared state across replicas.
     pub redis: RedisConfig,
+    /// `[upstream]`: limits on what one upstream response may cost.
+    pub upstream: UpstreamConfig,
+}
+
+/// `[upstream]` (an addition to the contract's keys)
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// Bytes read from one upstream response at most; a larger body is an
+    /// `UPSTREAM_ERROR` (16 MiB by default).
+    pub max_response_bytes: usize,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            max_response_bytes: 16 << 20,
+        }
+    }
 }
 
 /// `[budget]`

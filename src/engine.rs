@@ -14,6 +14,7 @@ use crate::cost::CostTable;
 use crate::extension::FanoutExtension;
 use crate::hosts::{HostLimiter, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
+use crate::transport::{HttpTransport, Transport};
 use crate::upstream::FanoutRequest;
 use std::sync::Arc;
 
@@ -25,11 +26,10 @@ pub struct Engine {
 
 pub(crate) struct EngineInner {
     pub(crate) config: Config,
-    pub(crate) client: reqwest::Client,
+    pub(crate) transport: Arc<dyn Transport>,
     pub(crate) hosts: Arc<dyn HostLimiter>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) token: InternalToken,
-    pub(crate) max_response_bytes: usize,
     pub(crate) costs: Option<CostTable>,
 }
 
@@ -37,19 +37,23 @@ pub(crate) struct EngineInner {
 pub struct EngineBuilder {
     config: Config,
     client: Option<reqwest::Client>,
+    transport: Option<Arc<dyn Transport>>,
     hosts: Option<Arc<dyn HostLimiter>>,
     clock: Arc<dyn Clock>,
-    max_response_bytes: usize,
     costs: Option<CostTable>,
 }
-
-/// The default cap on the bytes read from one upstream response (16 MiB).
-pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 << 20;
 
 impl EngineBuilder {
     /// Uses this HTTP client (its pool, TLS and proxy settings) for every read.
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
+        self
+    }
+
+    /// Sends reads with this transport instead of reqwest (tests, benchmarks,
+    /// a custom client stack). `client` and `[upstream] max_response_bytes` then do not apply.
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
         self
     }
 
@@ -65,13 +69,6 @@ impl EngineBuilder {
         self
     }
 
-    /// Caps the bytes read from one upstream response; a larger body is an
-    /// `UPSTREAM_ERROR`.
-    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
-        self
-    }
-
     /// Prices every operation with `costs` before it runs (the cost preview:
     /// `extensions.fanout.requested`, and `refuse_over_estimate`).
     pub fn costs(mut self, costs: CostTable) -> Self {
@@ -81,11 +78,15 @@ impl EngineBuilder {
 
     /// The engine.
     pub fn build(self) -> Engine {
-        let client = self.client.unwrap_or_else(|| {
-            reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::limited(5))
-                .build()
-                .expect("a default reqwest client always builds")
+        let max_response_bytes = self.config.upstream.max_response_bytes;
+        let transport = self.transport.unwrap_or_else(|| {
+            let client = self.client.unwrap_or_else(|| {
+                reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::limited(5))
+                    .build()
+                    .expect("a default reqwest client always builds")
+            });
+            Arc::new(HttpTransport::new(client, max_response_bytes))
         });
         let hosts = self
             .hosts
@@ -94,11 +95,10 @@ impl EngineBuilder {
         Engine {
             inner: Arc::new(EngineInner {
                 config: self.config,
-                client,
+                transport,
                 hosts,
                 clock: self.clock,
                 token,
-                max_response_bytes: self.max_response_bytes,
                 costs: self.costs,
             }),
         }
@@ -116,9 +116,9 @@ impl Engine {
         EngineBuilder {
             config,
             client: None,
+            transport: None,
             hosts: None,
             clock: Arc::new(TokioClock),
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             costs: None,
         }
     }

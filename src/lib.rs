@@ -33,6 +33,7 @@ pub mod identity;
 pub mod limiter;
 mod metrics;
 pub mod row;
+pub mod transport;
 pub mod upstream;
 
 pub use budget::{BudgetSnapshot, RequestBudget};
@@ -48,4 +49,5 @@ pub use identity::Caller;
 pub use limiter::{Decision, InboundLimiter, LocalLimiter, RateLimitLayer};
 pub use metrics::shared_state_fallback;
 pub use row::OrNull;
+pub use transport::{HttpTransport, Transport};
 pub use upstream::{FanoutContext, FanoutRequest, Operation, Read, Upstream, UpstreamResponse};

@@ -28,7 +28,7 @@ use crate::error::FanoutError;
 use crate::identity::Caller;
 use crate::metrics::{self, HostMetrics};
 use async_graphql::Context;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -214,6 +214,16 @@ impl Read {
         self
     }
 
+    /// The URL.
+    pub fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+
+    /// The `Accept` header, if any.
+    pub fn accept_header(&self) -> Option<&HeaderValue> {
+        self.accept.as_ref()
+    }
+
     fn host(&self) -> String {
         let host = self.url.host_str().unwrap_or("");
         match self.url.port_or_known_default() {
@@ -365,7 +375,7 @@ impl Upstream<'_> {
         let m = HostMetrics::of(&host);
         m.in_flight.increment(1.0);
         let started = std::time::Instant::now();
-        let sent = tokio::time::timeout(limit, fetch(engine, &read, &host)).await;
+        let sent = tokio::time::timeout(limit, engine.transport.fetch(&read, &host)).await;
         m.in_flight.decrement(1.0);
         m.latency.record(started.elapsed().as_secs_f64());
         match sent {
@@ -393,69 +403,4 @@ impl Upstream<'_> {
             }
         }
     }
-}
-
-/// The GET itself: headers, then the body up to the engine's byte cap.
-async fn fetch(
-    engine: &crate::engine::EngineInner,
-    read: &Read,
-    host: &str,
-) -> Result<UpstreamResponse, FanoutError> {
-    let transport = |message: String| FanoutError::Upstream {
-        host: host.to_string(),
-        status: None,
-        message,
-    };
-    let mut request = engine.client.get(read.url.clone());
-    if let Some(accept) = &read.accept {
-        request = request.header(http::header::ACCEPT, accept.clone());
-    }
-    let mut response = request
-        .send()
-        .await
-        .map_err(|e| transport(error_chain(&e)))?;
-    let status = response.status();
-    let cap = engine.max_response_bytes;
-    if response
-        .content_length()
-        .is_some_and(|len| len > cap as u64)
-    {
-        return Err(FanoutError::Upstream {
-            host: host.to_string(),
-            status: Some(status.as_u16()),
-            message: format!("response body larger than {cap} bytes"),
-        });
-    }
-    let mut body = BytesMut::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| transport(error_chain(&e)))?
-    {
-        if body.len() + chunk.len() > cap {
-            return Err(FanoutError::Upstream {
-                host: host.to_string(),
-                status: Some(status.as_u16()),
-                message: format!("response body larger than {cap} bytes"),
-            });
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(UpstreamResponse {
-        host: host.to_string(),
-        status,
-        headers: std::mem::take(response.headers_mut()),
-        body: body.freeze(),
-    })
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

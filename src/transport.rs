@@ -1,0 +1,111 @@
+//! The transport: how a read that passed the acquisition point is sent.
+//!
+//! [`HttpTransport`] (the default) sends the GET with a shared, pooled
+//! `reqwest::Client` and reads the body up to a byte cap, so an oversized or
+//! endless upstream body becomes `UPSTREAM_ERROR` instead of memory. The
+//! [`Transport`] trait lets tests and benchmarks measure the engine without a
+//! network, and lets an application bring its own client stack.
+//! The acquisition point owns the timeout; a transport only sends.
+
+use crate::error::FanoutError;
+use crate::upstream::{Read, UpstreamResponse};
+use bytes::BytesMut;
+use futures::future::BoxFuture;
+
+/// Sends one read.
+pub trait Transport: Send + Sync + 'static {
+    /// The response to `read`, sent to `host` (`host:port`), whatever its status.
+    fn fetch<'a>(
+        &'a self,
+        read: &'a Read,
+        host: &'a str,
+    ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>>;
+}
+
+/// The default transport: reqwest, with a cap on the bytes read per response.
+pub struct HttpTransport {
+    client: reqwest::Client,
+    max_response_bytes: usize,
+}
+
+impl HttpTransport {
+    /// Sends with `client`; bodies over `max_response_bytes` are refused.
+    pub fn new(client: reqwest::Client, max_response_bytes: usize) -> Self {
+        Self {
+            client,
+            max_response_bytes,
+        }
+    }
+}
+
+impl Transport for HttpTransport {
+    fn fetch<'a>(
+        &'a self,
+        read: &'a Read,
+        host: &'a str,
+    ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
+        Box::pin(fetch(self, read, host))
+    }
+}
+
+/// The GET itself: headers, then the body up to the byte cap.
+async fn fetch(
+    transport: &HttpTransport,
+    read: &Read,
+    host: &str,
+) -> Result<UpstreamResponse, FanoutError> {
+    let transport_error = |message: String| FanoutError::Upstream {
+        host: host.to_string(),
+        status: None,
+        message,
+    };
+    let mut request = transport.client.get(read.url().clone());
+    if let Some(accept) = read.accept_header() {
+        request = request.header(http::header::ACCEPT, accept.clone());
+    }
+    let mut response = request
+        .send()
+        .await
+        .map_err(|e| transport_error(error_chain(&e)))?;
+    let status = response.status();
+    let cap = transport.max_response_bytes;
+    let too_large = || FanoutError::Upstream {
+        host: host.to_string(),
+        status: Some(status.as_u16()),
+        message: format!("response body larger than {cap} bytes"),
+    };
+    if response
+        .content_length()
+        .is_some_and(|len| len > cap as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = BytesMut::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| transport_error(error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > cap {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(UpstreamResponse {
+        host: host.to_string(),
+        status,
+        headers: std::mem::take(response.headers_mut()),
+        body: body.freeze(),
+    })
+}
+
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
