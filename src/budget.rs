@@ -19,6 +19,10 @@
 
 use crate::clock::Clock;
 use crate::error::FanoutError;
+#[cfg(feature = "loom")]
+use loom::sync::atomic::AtomicU64 as ChargeCounter;
+#[cfg(not(feature = "loom"))]
+use std::sync::atomic::AtomicU64 as ChargeCounter;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +32,7 @@ use tokio::time::Instant;
 /// The read budget, deadline and counters of one inbound HTTP request.
 pub struct RequestBudget {
     limit: u64,
-    used: AtomicU64,
+    used: ChargeCounter,
     requested: AtomicU64,
     deadline: Instant,
     clock: Arc<dyn Clock>,
@@ -81,7 +85,7 @@ impl RequestBudget {
     ) -> Self {
         Self {
             limit,
-            used: AtomicU64::new(0),
+            used: ChargeCounter::new(0),
             requested: AtomicU64::new(0),
             deadline,
             clock,

@@ -1,4 +1,5 @@
 //! Request-scoped single-flight de-duplication.
+mod common;
 use fanout_budget::dedup::{Dedup, Origin};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -58,4 +59,46 @@ async fn a_cancelled_read_does_not_poison_its_key() {
     }
     let (value, origin) = dedup.get_or_run("k", || async { 5 }).await;
     assert_eq!((value, origin), (5, Origin::Ran));
+}
+
+/// Two operations of one request share a read; the operation running it is
+/// cancelled; the other still gets its answer (it reads itself).
+#[tokio::test]
+async fn a_cancelled_operation_does_not_poison_the_batch() {
+    let upstream = common::Upstream::start().await;
+    upstream.seen.set(
+        1,
+        common::Behaviour::Delay(std::time::Duration::from_millis(300)),
+    );
+    let engine = fanout_budget::Engine::new(fanout_budget::Config::default());
+    let request = engine.begin_request(fanout_budget::Caller::Public);
+    let url: reqwest::Url = format!("{}/item/1", upstream.base()).parse().unwrap();
+
+    let (a, b) = (request.operation(), request.operation());
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            a.upstream()
+                .read(fanout_budget::Read::get(url))
+                .await
+                .map(|r| r.status)
+        })
+    };
+    while upstream.seen.in_flight() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let second = tokio::spawn(async move {
+        b.upstream()
+            .read(fanout_budget::Read::get(url))
+            .await
+            .map(|r| r.body.clone())
+    });
+    tokio::task::yield_now().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    let body = second
+        .await
+        .unwrap()
+        .expect("the surviving operation gets an answer");
+    assert!(String::from_utf8_lossy(&body).contains("item-1"));
 }

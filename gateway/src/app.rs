@@ -9,6 +9,13 @@ use fanout_budget::{Config, Engine, FanoutGraphQL, RateLimitLayer};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+/// Deepest selection accepted (the introspection query needs about 13).
+pub const MAX_DEPTH: usize = 20;
+/// Most fields (aliases included) one operation may select.
+pub const MAX_COMPLEXITY: usize = 2000;
+/// Deepest nesting the parser follows before refusing (stack protection).
+pub const MAX_RECURSIVE_DEPTH: usize = 64;
+
 /// The assembled gateway.
 pub struct Gateway {
     /// `/graphql`, `/metrics`, `/healthz`.
@@ -65,6 +72,10 @@ pub fn build_with(
     metrics: Option<MetricsRender>,
 ) -> Gateway {
     let schema = schema::builder()
+        // Protect the process itself: depth, size and parser recursion.
+        .limit_depth(MAX_DEPTH)
+        .limit_complexity(MAX_COMPLEXITY)
+        .limit_recursive_depth(MAX_RECURSIVE_DEPTH)
         .extension(engine.extension())
         .data(RegistryUrl(upstream))
         .finish();

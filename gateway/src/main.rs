@@ -90,15 +90,34 @@ async fn main() -> ExitCode {
         "registry"
     };
     println!("fanout-gateway listening on http://{addr}/graphql ({source} at {upstream})");
+    // On SIGTERM/SIGINT: stop accepting, let in-flight requests finish — but
+    // no longer than a request may run (its deadline) plus a grace second.
+    let drain = gateway.engine.config().budget.deadline() + std::time::Duration::from_secs(1);
+    let stopping = std::sync::Arc::new(tokio::sync::Notify::new());
+    let signal = {
+        let stopping = stopping.clone();
+        async move {
+            shutdown().await;
+            println!(
+                "fanout-gateway stopping: refusing new connections, finishing in-flight requests"
+            );
+            stopping.notify_one();
+        }
+    };
     let service = gateway
         .router
         .into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(e) = axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown())
-        .await
-    {
-        eprintln!("fanout-gateway: {e}");
-        return ExitCode::FAILURE;
+    let serve = axum::serve(listener, service).with_graceful_shutdown(signal);
+    tokio::select! {
+        served = serve => {
+            if let Err(e) = served {
+                eprintln!("fanout-gateway: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        _ = async { stopping.notified().await; tokio::time::sleep(drain).await } => {
+            eprintln!("fanout-gateway: requests still in flight after {drain:?}; stopping anyway");
+        }
     }
     println!("fanout-gateway stopped");
     ExitCode::SUCCESS

@@ -72,6 +72,17 @@ fn expect_success(response: &UpstreamResponse) -> Result<(), FanoutError> {
     }
 }
 
+/// A registry API answer (not a blob) must be JSON of some media type.
+fn expect_json(response: &UpstreamResponse) -> Result<(), FanoutError> {
+    expect_success(response)?;
+    match response.header("content-type") {
+        Some(ct) if !ct.contains("json") => {
+            Err(response.error(format!("unexpected content-type {ct}")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Every tag of `name` (each `Link` page one read); `None` on `NAME_UNKNOWN`.
 pub async fn tag_list(
     ctx: &Context<'_>,
@@ -90,7 +101,7 @@ pub async fn tag_list(
         if tags.is_empty() && is_name_unknown(&response) {
             return Ok(None);
         }
-        expect_success(&response)?;
+        expect_json(&response)?;
         tags.extend(response.json::<TagList>()?.tags.unwrap_or_default());
         next = next_link(&response, base);
     }
@@ -114,7 +125,7 @@ pub async fn catalog(
         page.query_pairs_mut().append_pair("last", last);
     }
     let response = ctx.upstream()?.read(Read::get(page)).await?;
-    expect_success(&response)?;
+    expect_json(&response)?;
     let names = response.json::<Catalog>()?.repositories;
     let more = next_link(&response, base).is_some();
     Ok((names, more))
@@ -180,7 +191,7 @@ pub async fn manifest(
     let read =
         Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?).accept(MANIFEST_ACCEPT);
     let response = ctx.upstream()?.read(read).await?;
-    expect_success(&response)?;
+    expect_json(&response)?;
     let body: Body = response.json()?;
     let media_type = body
         .media_type

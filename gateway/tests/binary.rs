@@ -170,3 +170,68 @@ fn a_bad_config_stops_start_up_naming_the_key() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_requests_and_refuses_new_ones() {
+    let registry = fanout_gateway::embedded::EmbeddedRegistry::demo()
+        .await
+        .unwrap();
+    registry.set_latency(Some(Duration::from_millis(1500)));
+    let upstream = registry.url();
+    let (mut gateway, addr) = start(&["--upstream", &upstream]);
+    let in_flight = {
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            let response = reqwest::Client::new()
+                .post(format!("http://{addr}/graphql"))
+                .json(&json!({ "query": r#"{ repository(name: "library/redis") { name } }"# }))
+                .send()
+                .await
+                .unwrap();
+            (
+                response.status(),
+                response.json::<serde_json::Value>().await.unwrap(),
+            )
+        })
+    };
+    for _ in 0..200 {
+        if registry.counters().in_flight() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        registry.counters().in_flight(),
+        1,
+        "the request never reached the registry"
+    );
+    let pid = gateway.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // New connections are refused once the signal is handled.
+    let mut refused = false;
+    for _ in 0..100 {
+        if tokio::net::TcpStream::connect(&addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "new connections were still accepted after SIGTERM");
+    // The in-flight request still gets its full answer.
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(body["data"]["repository"]["name"], "library/redis");
+    let mut exited = None;
+    for _ in 0..200 {
+        if let Some(s) = gateway.0.try_wait().unwrap() {
+            exited = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(exited.expect("the gateway exits after draining").success());
+}

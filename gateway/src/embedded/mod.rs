@@ -38,6 +38,18 @@ pub enum Fault {
     Status(u16),
     /// Answer 200 with a body that is not JSON.
     Garbage,
+    /// Announce a body, send part of it, then drop the connection.
+    ResetMidBody,
+    /// Send the body one byte every 100 ms, forever.
+    Slowloris,
+    /// Send a body of this many bytes (streamed, no `Content-Length`).
+    Oversized(usize),
+    /// Answer the right JSON with `Content-Type: text/html`.
+    WrongContentType,
+    /// Redirect to itself, forever.
+    RedirectLoop,
+    /// Answer 200 `application/json` with bytes that are not UTF-8.
+    InvalidUtf8,
 }
 
 /// What the registry has seen.
@@ -46,6 +58,8 @@ pub struct Counters {
     requests: AtomicU64,
     in_flight: AtomicU64,
     peak: AtomicU64,
+    working: AtomicU64,
+    working_peak: AtomicU64,
     paths: Mutex<HashMap<String, u64>>,
 }
 
@@ -76,10 +90,18 @@ impl Counters {
             .map(|(_, n)| n)
             .sum()
     }
+    /// The most requests ever being *worked on* at once: in flight and not
+    /// hanging forever on an injected [`Fault::Hang`]. A hung request the
+    /// client has abandoned stays "in flight" here until the registry notices
+    /// the closed connection; this figure leaves those out.
+    pub fn working_peak(&self) -> u64 {
+        self.working_peak.load(SeqCst)
+    }
     /// Forgets everything seen so far (the peak restarts from what is in flight).
     pub fn reset(&self) {
         self.requests.store(0, SeqCst);
         self.peak.store(self.in_flight(), SeqCst);
+        self.working_peak.store(self.working.load(SeqCst), SeqCst);
         self.paths.lock().unwrap().clear();
     }
 }
@@ -187,11 +209,35 @@ impl EmbeddedRegistry {
     }
 }
 
-struct InFlight(Arc<Counters>);
+struct InFlight {
+    counters: Arc<Counters>,
+    working: bool,
+}
+
+impl InFlight {
+    fn enter(counters: Arc<Counters>) -> Self {
+        let now = counters.in_flight.fetch_add(1, SeqCst) + 1;
+        counters.peak.fetch_max(now, SeqCst);
+        let working = counters.working.fetch_add(1, SeqCst) + 1;
+        counters.working_peak.fetch_max(working, SeqCst);
+        Self {
+            counters,
+            working: true,
+        }
+    }
+
+    /// This request will hang forever: it is no longer being worked on.
+    fn hang(&mut self) {
+        if std::mem::take(&mut self.working) {
+            self.counters.working.fetch_sub(1, SeqCst);
+        }
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, SeqCst);
+        self.hang();
+        self.counters.in_flight.fetch_sub(1, SeqCst);
     }
 }
 
@@ -230,7 +276,17 @@ fn registry_error(status: StatusCode, code: &str, message: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-async fn apply(fault: Option<Fault>) -> Option<Response> {
+/// The response a fault replaces the real one with (`None`: serve normally,
+/// possibly after a delay). `real` is the body that would have been served.
+async fn apply(fault: Option<Fault>, path: &str, real: &[u8]) -> Option<Response> {
+    use futures::StreamExt;
+    let json = |body: axum::body::Body| {
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .unwrap()
+    };
     match fault? {
         Fault::Delay(d) => {
             tokio::time::sleep(d).await;
@@ -242,6 +298,46 @@ async fn apply(fault: Option<Fault>) -> Option<Response> {
             Some(registry_error(status, "UNKNOWN", "injected failure"))
         }
         Fault::Garbage => Some((StatusCode::OK, "<html>this is not json").into_response()),
+        Fault::ResetMidBody => {
+            let part = bytes::Bytes::from_static(b"{\"tags\": [\"a\", ");
+            let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
+                vec![Ok(part), Err(std::io::Error::other("reset"))];
+            let mut response = json(axum::body::Body::from_stream(futures::stream::iter(chunks)));
+            response
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from_static("4096"));
+            Some(response)
+        }
+        Fault::Slowloris => {
+            let drip = futures::stream::unfold((), |()| async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Some((Ok::<_, std::io::Error>(bytes::Bytes::from_static(b" ")), ()))
+            });
+            Some(json(axum::body::Body::from_stream(drip.boxed())))
+        }
+        Fault::Oversized(n) => {
+            let chunk = bytes::Bytes::from(vec![b' '; 64 * 1024]);
+            let count = n.div_ceil(chunk.len());
+            let stream = futures::stream::iter(
+                (0..count).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+            );
+            Some(json(axum::body::Body::from_stream(stream)))
+        }
+        Fault::WrongContentType => Some(
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "text/html")
+                .body(axum::body::Body::from(real.to_vec()))
+                .unwrap(),
+        ),
+        Fault::RedirectLoop => Some(
+            Response::builder()
+                .status(StatusCode::FOUND)
+                .header(header::LOCATION, path)
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        ),
+        Fault::InvalidUtf8 => Some(json(axum::body::Body::from(vec![0xff, 0xfe, 0xfd, b'{']))),
     }
 }
 
@@ -279,6 +375,14 @@ fn with_link(
     response
 }
 
+fn name_unknown() -> Response {
+    registry_error(
+        StatusCode::NOT_FOUND,
+        "NAME_UNKNOWN",
+        "repository name not known to registry",
+    )
+}
+
 async fn serve(
     State(shared): State<Arc<Shared>>,
     Path(rest): Path<String>,
@@ -293,9 +397,7 @@ async fn serve(
         .unwrap()
         .entry(path.clone())
         .or_default() += 1;
-    let now = counters.in_flight.fetch_add(1, SeqCst) + 1;
-    counters.peak.fetch_max(now, SeqCst);
-    let _guard = InFlight(counters);
+    let mut guard = InFlight::enter(counters);
 
     let (latency, page_size) = {
         let f = shared.faults.read().unwrap();
@@ -319,16 +421,15 @@ async fn serve(
         }
         Route::Tags(name) => {
             let fault = shared.faults.read().unwrap().repos.get(&name).copied();
-            if let Some(response) = apply(fault).await {
+            if fault == Some(Fault::Hang) {
+                guard.hang();
+            }
+            if let Some(response) = apply(fault, &path, b"{\"tags\": []}").await {
                 return response;
             }
             let store = shared.store.read().unwrap();
             let Some(repo) = store.repos.get(&name) else {
-                return registry_error(
-                    StatusCode::NOT_FOUND,
-                    "NAME_UNKNOWN",
-                    "repository name not known to registry",
-                );
+                return name_unknown();
             };
             let (tags, more) = page(repo.tags.keys(), &q, page_size);
             let n = q.n.or(page_size).unwrap_or(tags.len());
@@ -346,16 +447,28 @@ async fn serve(
                 .tags
                 .get(&(name.clone(), reference.clone()))
                 .copied();
-            if let Some(response) = apply(fault).await {
-                return response;
+            if fault.is_some() {
+                let real = {
+                    let store = shared.store.read().unwrap();
+                    let repo = store.repos.get(&name);
+                    let digest = repo
+                        .and_then(|r| r.tags.get(&reference))
+                        .cloned()
+                        .unwrap_or_default();
+                    repo.and_then(|r| r.manifests.get(&digest))
+                        .map(|m| m.body.clone())
+                        .unwrap_or_default()
+                };
+                if fault == Some(Fault::Hang) {
+                    guard.hang();
+                }
+                if let Some(response) = apply(fault, &path, &real).await {
+                    return response;
+                }
             }
             let store = shared.store.read().unwrap();
             let Some(repo) = store.repos.get(&name) else {
-                return registry_error(
-                    StatusCode::NOT_FOUND,
-                    "NAME_UNKNOWN",
-                    "repository name not known to registry",
-                );
+                return name_unknown();
             };
             let digest = repo.tags.get(&reference).cloned().unwrap_or(reference);
             let Some(manifest) = repo.manifests.get(&digest) else {
