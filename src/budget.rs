@@ -41,7 +41,7 @@ pub struct RequestBudget {
 }
 
 /// What one request's reads did. Every read that was sent ends in exactly one
-/// of `succeeded`, `failed` or `timed_out`, so `issued` balances them.
+/// of `succeeded`, `failed`, `timed_out` or `cancelled`, so `issued` balances them.
 #[derive(Debug, Default)]
 pub struct ReadStats {
     /// Reads sent upstream (each one charged).
@@ -52,6 +52,8 @@ pub struct ReadStats {
     pub failed: AtomicU64,
     /// Sent reads cut by the read timeout or the deadline.
     pub timed_out: AtomicU64,
+    /// Sent reads dropped unfinished because their inbound request was cancelled.
+    pub cancelled: AtomicU64,
     /// Reads answered from the request's de-duplication cache.
     pub dedup_hits: AtomicU64,
     /// Reads refused because the budget was exhausted.
@@ -60,6 +62,19 @@ pub struct ReadStats {
     pub refused_host: AtomicU64,
     /// Reads refused because the deadline passed before they could be sent.
     pub refused_deadline: AtomicU64,
+}
+
+impl ReadStats {
+    /// `issued == succeeded + failed + timed_out + cancelled` (holds once no
+    /// read of the request is in flight).
+    pub fn balanced(&self) -> bool {
+        let get = |c: &AtomicU64| c.load(Relaxed);
+        get(&self.issued)
+            == get(&self.succeeded)
+                + get(&self.failed)
+                + get(&self.timed_out)
+                + get(&self.cancelled)
+    }
 }
 
 /// The budget as it stands at one moment.

@@ -8,7 +8,7 @@
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `fanout_upstream_in_flight` | gauge | `host` | reads in flight to the host |
-//! | `fanout_upstream_reads_total` | counter | `host`, `outcome` | reads sent, by outcome (`ok`, `error`, `timeout`, `deadline`) |
+//! | `fanout_upstream_reads_total` | counter | `host`, `outcome` | reads sent, by outcome (`ok`, `error`, `timeout`, `deadline`, `cancelled`) |
 //! | `fanout_upstream_read_seconds` | histogram | `host` | duration of sent reads |
 //! | `fanout_upstream_timeouts_total` | counter | `host` | reads cut by the read timeout or the deadline |
 //! | `fanout_host_rejections_total` | counter | `host` | reads refused `HOST_SATURATED` |
@@ -31,6 +31,7 @@ pub(crate) struct HostMetrics {
     pub(crate) error: Counter,
     pub(crate) timeout: Counter,
     pub(crate) deadline: Counter,
+    pub(crate) cancelled: Counter,
     pub(crate) timeouts: Counter,
     pub(crate) rejections: Counter,
     pub(crate) latency: Histogram,
@@ -46,6 +47,7 @@ impl HostMetrics {
             error: reads("error"),
             timeout: reads("timeout"),
             deadline: reads("deadline"),
+            cancelled: reads("cancelled"),
             timeouts: counter!("fanout_upstream_timeouts_total", "host" => h.clone()),
             rejections: counter!("fanout_host_rejections_total", "host" => h.clone()),
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),

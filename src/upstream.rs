@@ -363,6 +363,7 @@ impl Upstream<'_> {
         self.timed_send(read, host, left).await
     }
 
+    /// Sends the read under its time limit (the acquisition point's last step).
     async fn timed_send(&self, read: Read, host: String, left: Duration) -> ReadResult {
         let engine = &self.op.request.inner.engine.inner;
         let stats = self.op.request.budget().stats();
@@ -373,11 +374,11 @@ impl Upstream<'_> {
             (left, true)
         };
         let m = HostMetrics::of(&host);
-        m.in_flight.increment(1.0);
-        let started = std::time::Instant::now();
+        // Owned by this future: if the inbound request is cancelled mid-read,
+        // dropping it still balances the gauge and the counters.
+        let mut sending = Sending::start(&m, stats);
         let sent = tokio::time::timeout(limit, engine.transport.fetch(&read, &host)).await;
-        m.in_flight.decrement(1.0);
-        m.latency.record(started.elapsed().as_secs_f64());
+        sending.finish();
         match sent {
             Ok(Ok(response)) => {
                 bump(&stats.succeeded);
@@ -401,6 +402,45 @@ impl Upstream<'_> {
                     Err(FanoutError::UpstreamTimeout { host, timeout_ms })
                 }
             }
+        }
+    }
+}
+
+/// One read on the wire: the in-flight gauge is held while it exists, and a
+/// read dropped before it finished (its request was cancelled) counts as
+/// `cancelled`, so `issued = succeeded + failed + timed_out + cancelled`.
+struct Sending<'a> {
+    metrics: &'a HostMetrics,
+    stats: &'a crate::budget::ReadStats,
+    started: std::time::Instant,
+    finished: bool,
+}
+
+impl<'a> Sending<'a> {
+    fn start(metrics: &'a HostMetrics, stats: &'a crate::budget::ReadStats) -> Self {
+        metrics.in_flight.increment(1.0);
+        Self {
+            metrics,
+            stats,
+            started: std::time::Instant::now(),
+            finished: false,
+        }
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.decrement(1.0);
+        self.metrics
+            .latency
+            .record(self.started.elapsed().as_secs_f64());
+        if !self.finished {
+            bump(&self.stats.cancelled);
+            self.metrics.cancelled.increment(1);
         }
     }
 }

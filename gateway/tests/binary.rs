@@ -8,6 +8,29 @@ use std::time::Duration;
 
 struct Gateway(Child);
 
+impl Gateway {
+    /// Sends SIGTERM.
+    fn terminate(&self) {
+        let pid = self.0.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    /// Waits (at most 5 s) for the process to exit.
+    async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        for _ in 0..500 {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the gateway did not exit within 5 s");
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -122,21 +145,8 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
         .unwrap();
     assert!(graphiql.to_lowercase().contains("graphiql"));
 
-    let pid = gateway.0.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let mut status = None;
-    for _ in 0..100 {
-        if let Some(s) = gateway.0.try_wait().unwrap() {
-            status = Some(s);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let status = status.expect("the gateway stops within 5 s of SIGTERM");
+    gateway.terminate();
+    let status = gateway.wait_exit().await;
     assert!(status.success(), "exit status {status:?}");
 }
 
@@ -205,12 +215,7 @@ async fn sigterm_finishes_in_flight_requests_and_refuses_new_ones() {
         1,
         "the request never reached the registry"
     );
-    let pid = gateway.0.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    gateway.terminate();
     // New connections are refused once the signal is handled.
     let mut refused = false;
     for _ in 0..100 {
@@ -225,13 +230,5 @@ async fn sigterm_finishes_in_flight_requests_and_refuses_new_ones() {
     let (status, body) = in_flight.await.unwrap();
     assert_eq!(status, 200);
     assert_eq!(body["data"]["repository"]["name"], "library/redis");
-    let mut exited = None;
-    for _ in 0..200 {
-        if let Some(s) = gateway.0.try_wait().unwrap() {
-            exited = Some(s);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(exited.expect("the gateway exits after draining").success());
+    assert!(gateway.wait_exit().await.success());
 }
