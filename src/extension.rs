@@ -17,7 +17,9 @@
 //! 3. in `execute`, hands the resolvers an [`Operation`] — the request's
 //!    scope plus this operation's own read counter — through
 //!    `NextExecute::run_with_data`;
-//! 4. after execution, writes
+//! 4. after execution, gives every error its contract code, repairs null
+//!    propagation where async-graphql dropped a failed field's key
+//!    ([`crate::nulls`]), and writes
 //!    `extensions.fanout = {limit, used, remaining, operationReads, requested}`.
 //!
 //! A schema executed without the HTTP integration (`schema.execute(..)` in a
@@ -54,6 +56,7 @@ impl ExtensionFactory for FanoutExtension {
         Arc::new(PerOperation {
             engine: self.engine.clone(),
             operation_name: Mutex::new(None),
+            query: Mutex::new(String::new()),
             requested: AtomicU64::new(0),
         })
     }
@@ -62,6 +65,7 @@ impl ExtensionFactory for FanoutExtension {
 struct PerOperation {
     engine: Engine,
     operation_name: Mutex<Option<String>>,
+    query: Mutex<String>,
     requested: AtomicU64,
 }
 
@@ -84,6 +88,7 @@ impl Extension for PerOperation {
         variables: &Variables,
         next: NextParseQuery<'_>,
     ) -> ServerResult<ExecutableDocument> {
+        query.clone_into(&mut lock(&self.query));
         let parsed = next.run(ctx, query, variables).await;
         let requested = match (&parsed, self.engine.costs()) {
             (Ok(doc), Some(costs)) => {
@@ -135,6 +140,15 @@ impl Extension for PerOperation {
             }
         };
         crate::error::attach_codes(&mut response);
+        if !response.errors.is_empty() {
+            let query = lock(&self.query);
+            crate::nulls::propagate(
+                &mut response,
+                &ctx.schema_env.registry,
+                &query,
+                operation_name,
+            );
+        }
         response
             .extensions
             .insert("fanout".to_string(), report(&operation, requested));

@@ -32,6 +32,7 @@ pub mod http;
 pub mod identity;
 pub mod limiter;
 mod metrics;
+mod nulls;
 pub mod row;
 pub mod transport;
 pub mod upstream;

@@ -182,4 +182,6 @@ async fn a_fanout_error_returned_with_question_mark_keeps_its_code() {
         "FANOUT_BUDGET_EXHAUSTED"
     );
     assert_eq!(body["errors"][0]["extensions"]["limit"], 7);
+    // `exhausted` is non-null at the root: `data` is null, not `{}`.
+    assert!(body["data"].is_null(), "{body}");
 }

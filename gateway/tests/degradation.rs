@@ -122,3 +122,37 @@ async fn budget_exhaustion_nulls_the_rows_past_the_budget() {
     assert_eq!(body["extensions"]["fanout"]["used"], 5);
     assert_eq!(body["extensions"]["fanout"]["remaining"], 0);
 }
+
+/// A failed non-null field nulls its nearest nullable ancestor (the spec's
+/// rule; async-graphql 7.2 alone would drop the key and answer a shape the
+/// schema does not allow).
+#[tokio::test]
+async fn a_failed_non_null_field_propagates_null_to_its_nearest_nullable_ancestor() {
+    let f = Fixture::default().await;
+    // `tags` is non-null; `repository` is nullable: the repository is null.
+    let body = f.query(r#"{ ok: repository(name: "acme/multi") { name } repository(name: "acme/app") { name tags(first: 0) { totalCount } } }"#).await;
+    assert_eq!(body["data"]["ok"]["name"], "acme/multi");
+    assert!(body["data"]["repository"].is_null(), "{body}");
+    assert_eq!(
+        body["errors"][0]["path"],
+        serde_json::json!(["repository", "tags"])
+    );
+    assert_eq!(body["errors"][0]["extensions"]["code"], "BAD_USER_INPUT");
+
+    // Through an alias and a fragment.
+    let body = f
+        .query(r#"{ r: repository(name: "acme/app") { ...F } } fragment F on Repository { t: tags(first: 0) { totalCount } }"#)
+        .await;
+    assert!(body["data"]["r"].is_null(), "{body}");
+
+    // Everything up to the root is non-null: `data` itself is null.
+    f.registry
+        .set_repo_fault("acme/multi", Some(Fault::Status(500)));
+    let body = f.query("{ fanoutBudget { used } repositories(first: 3) { nodes { name tags { totalCount } } } }").await;
+    assert!(body["data"].is_null(), "{body}");
+    assert_eq!(
+        body["errors"][0]["path"],
+        serde_json::json!(["repositories", "nodes", 1, "tags"])
+    );
+    assert_eq!(body["errors"][0]["extensions"]["code"], "UPSTREAM_ERROR");
+}

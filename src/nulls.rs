@@ -1,0 +1,186 @@
+//! Null propagation: the GraphQL rule async-graphql 7.2 skips.
+//!
+//! The spec: when a field fails, it is `null`; if its type is non-null, the
+//! `null` propagates to the nearest nullable ancestor (possibly `data`
+//! itself). async-graphql 7.2 instead drops the failed field's key from its
+//! parent object, leaving an answer that does not match the schema (a client
+//! reading `tags.totalCount` finds no `tags` at all).
+//!
+//! [`OrNull::or_null`](crate::OrNull) avoids the trap for the nullable fields a
+//! resolver controls. This module repairs every other case after execution:
+//! for each error whose path leads to a missing key, it walks the operation
+//! and the schema's types along the path, finds the nearest nullable position
+//! at or above the failed field, and writes `null` there. It only runs when an
+//! error's key is missing, so a clean answer costs nothing.
+
+use async_graphql::parser::types::{
+    DocumentOperations, ExecutableDocument, Field, OperationType, Selection, SelectionSet,
+};
+use async_graphql::registry::{MetaTypeName, Registry};
+use async_graphql::{Name, PathSegment, Positioned, Response, Value};
+
+/// Repairs `response` (see the module docs). `query` is the operation's text.
+pub(crate) fn propagate(
+    response: &mut Response,
+    registry: &Registry,
+    query: &str,
+    operation_name: Option<&str>,
+) {
+    let paths: Vec<Vec<PathSegment>> = response
+        .errors
+        .iter()
+        .filter(|e| !e.path.is_empty() && lookup(&response.data, &e.path).is_none())
+        .map(|e| e.path.clone())
+        .collect();
+    if paths.is_empty() {
+        return;
+    }
+    let Ok(doc) = async_graphql::parser::parse_query(query) else {
+        return;
+    };
+    let Some((root, selection)) = operation(&doc, registry, operation_name) else {
+        return;
+    };
+    for path in paths {
+        let Some(nullable) = nullability(registry, &doc, root, selection, &path) else {
+            continue;
+        };
+        // The nearest nullable position at or above the failed field.
+        match nullable.iter().rposition(|n| *n) {
+            Some(at) => set_null(&mut response.data, &path[..=at]),
+            None => response.data = Value::Null,
+        }
+    }
+}
+
+fn operation<'d>(
+    doc: &'d ExecutableDocument,
+    registry: &'d Registry,
+    name: Option<&str>,
+) -> Option<(&'d str, &'d Positioned<SelectionSet>)> {
+    let op = match (&doc.operations, name) {
+        (DocumentOperations::Single(op), _) => &op.node,
+        (DocumentOperations::Multiple(ops), Some(name)) => &ops.get(&Name::new(name))?.node,
+        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => &ops.values().next()?.node,
+        _ => return None,
+    };
+    let root = match op.ty {
+        OperationType::Query => registry.query_type.as_str(),
+        OperationType::Mutation => registry.mutation_type.as_deref()?,
+        OperationType::Subscription => registry.subscription_type.as_deref()?,
+    };
+    Some((root, &op.selection_set))
+}
+
+/// For each position of `path`, whether the schema lets it be `null`.
+fn nullability(
+    registry: &Registry,
+    doc: &ExecutableDocument,
+    root: &str,
+    selection: &Positioned<SelectionSet>,
+    path: &[PathSegment],
+) -> Option<Vec<bool>> {
+    let mut out = Vec::with_capacity(path.len());
+    let mut ty = root.to_string();
+    let mut set = selection;
+    for segment in path {
+        match segment {
+            PathSegment::Field(key) => {
+                let named = MetaTypeName::concrete_typename(&ty).to_string();
+                let (field, on) = find_field(doc, set, key, &named, 0)?;
+                let meta = registry
+                    .concrete_type_by_name(&on)?
+                    .field_by_name(&field.name.node)?;
+                ty = meta.ty.clone();
+                set = &field.selection_set;
+            }
+            PathSegment::Index(_) => {
+                let list = ty.strip_suffix('!').unwrap_or(&ty);
+                ty = list.strip_prefix('[')?.strip_suffix(']')?.to_string();
+            }
+        }
+        out.push(!ty.ends_with('!'));
+    }
+    Some(out)
+}
+
+/// The field answering `key` in `set` (fragments included), and the type it
+/// is selected on.
+fn find_field<'d>(
+    doc: &'d ExecutableDocument,
+    set: &'d Positioned<SelectionSet>,
+    key: &str,
+    on: &str,
+    depth: usize,
+) -> Option<(&'d Field, String)> {
+    if depth > 32 {
+        return None;
+    }
+    for item in &set.node.items {
+        let found = match &item.node {
+            Selection::Field(field) if field.node.response_key().node.as_str() == key => {
+                Some((&field.node, on.to_string()))
+            }
+            Selection::Field(_) => None,
+            Selection::InlineFragment(fragment) => {
+                let on = fragment
+                    .node
+                    .type_condition
+                    .as_ref()
+                    .map_or(on, |c| c.node.on.node.as_str());
+                find_field(doc, &fragment.node.selection_set, key, on, depth + 1)
+            }
+            Selection::FragmentSpread(spread) => {
+                let def = doc.fragments.get(&spread.node.fragment_name.node)?;
+                let on = def.node.type_condition.node.on.node.as_str();
+                find_field(doc, &def.node.selection_set, key, on, depth + 1)
+            }
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
+}
+
+fn lookup<'v>(value: &'v Value, path: &[PathSegment]) -> Option<&'v Value> {
+    path.iter()
+        .try_fold(value, |value, segment| match (value, segment) {
+            (Value::Object(map), PathSegment::Field(key)) => map.get(key.as_str()),
+            (Value::List(items), PathSegment::Index(i)) => items.get(*i),
+            // Already nulled above this point: nothing is missing below.
+            (Value::Null, _) => Some(value),
+            _ => None,
+        })
+}
+
+fn set_null(data: &mut Value, path: &[PathSegment]) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let mut value = data;
+    for segment in parents {
+        value = match (value, segment) {
+            (Value::Object(map), PathSegment::Field(key)) => match map.get_mut(key.as_str()) {
+                Some(v) => v,
+                None => return,
+            },
+            (Value::List(items), PathSegment::Index(i)) => match items.get_mut(*i) {
+                Some(v) => v,
+                None => return,
+            },
+            _ => return, // an ancestor is already null
+        };
+    }
+    match (value, last) {
+        (Value::Object(map), PathSegment::Field(key)) => {
+            map.insert(Name::new(key), Value::Null);
+        }
+        (Value::List(items), PathSegment::Index(i)) => {
+            if let Some(item) = items.get_mut(*i) {
+                *item = Value::Null;
+            }
+        }
+        _ => {}
+    }
+}
