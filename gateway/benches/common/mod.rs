@@ -1,0 +1,371 @@
+//! What the gateway benches share: the registry's data, the gateway served
+//! over loopback, and the "engine off" baseline — the same queries answered by
+//! a minimal schema that reads the registry with plain reqwest (no budget, no
+//! caps, no de-duplication, no per-read timeout, no rate limit; the request
+//! deadline is its only bound).
+#![allow(dead_code)]
+
+use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use fanout_budget::{Caller, Engine, FanoutGraphQL};
+use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
+use fanout_gateway::oci::{RegistryUrl, MANIFEST_ACCEPT};
+use fanout_gateway::schema::{self, RegistrySchema};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The repository every bench query reads.
+pub const REPO: &str = "bench/app";
+
+/// `bench/app` with tags t00..t59 (single images), and 20 filler repositories.
+pub fn store() -> Store {
+    let mut store = Store::default();
+    for i in 0..60 {
+        let tag = format!("t{i:02}");
+        store.put_image(REPO, Some(&tag), &Image::demo("linux", "amd64", &tag));
+    }
+    for i in 0..20 {
+        store.put_image(
+            &format!("filler/r{i:02}"),
+            Some("latest"),
+            &Image::demo("linux", "amd64", "f"),
+        );
+    }
+    store
+}
+
+/// The embedded registry on a free loopback port, with a fixed latency.
+pub async fn registry(latency: Option<Duration>) -> EmbeddedRegistry {
+    let registry = EmbeddedRegistry::start(store())
+        .await
+        .expect("the embedded registry starts");
+    registry.set_latency(latency);
+    registry
+}
+
+/// Serves `router` on a free loopback port (with the TCP peer as
+/// `ConnectInfo`, as the gateway binary does); its `/graphql` URL.
+pub async fn serve(router: Router) -> (String, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let addr = listener.local_addr().expect("an address");
+    let task = tokio::spawn(async move {
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        let _ = axum::serve(listener, service).await;
+    });
+    (format!("http://{addr}/graphql"), task)
+}
+
+/// POSTs `body`; status, body, and how long it took.
+pub async fn post(client: &reqwest::Client, url: &str, body: &str) -> (u16, String, Duration) {
+    let started = std::time::Instant::now();
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the gateway answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    (status, text, started.elapsed())
+}
+
+/// A GraphQL request body for `query`.
+pub fn single(query: &str) -> String {
+    serde_json::json!({ "query": query }).to_string()
+}
+
+/// A batch body, one operation per query.
+pub fn batch(queries: &[String]) -> String {
+    serde_json::Value::Array(
+        queries
+            .iter()
+            .map(|q| serde_json::json!({ "query": q }))
+            .collect(),
+    )
+    .to_string()
+}
+
+/// The median of `values` (sorted in place).
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len();
+    if n == 0 {
+        f64::NAN
+    } else if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// The `q` quantile (0..=1) of sorted `values`, nearest rank.
+pub fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// `rustc -V`, `nproc` and the CPU model, for the report.
+pub fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}")
+}
+
+// ---------------------------------------------------------------------------
+// The baseline: engine off.
+
+/// How the baseline reaches the registry.
+struct Registry {
+    client: reqwest::Client,
+    base: reqwest::Url,
+}
+
+impl Registry {
+    async fn get(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+    ) -> async_graphql::Result<reqwest::Response> {
+        let mut request = self.client.get(self.base.join(path)?);
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
+        let response = request.send().await?;
+        if !response.status().is_success() {
+            return Err(format!("registry answered {}", response.status()).into());
+        }
+        Ok(response)
+    }
+}
+
+/// The baseline's schema: the load and fan-out queries' fields, each read
+/// done where it is needed, every time it is needed.
+pub type BaselineSchema = Schema<Query, EmptyMutation, EmptySubscription>;
+
+/// The baseline root.
+pub struct Query;
+
+#[Object]
+impl Query {
+    async fn repository(
+        &self,
+        ctx: &Context<'_>,
+        name: String,
+    ) -> async_graphql::Result<Option<Repository>> {
+        #[derive(Deserialize)]
+        struct TagList {
+            tags: Option<Vec<String>>,
+        }
+        let registry = ctx.data::<Registry>()?;
+        let response = registry.get(&format!("/v2/{name}/tags/list"), None).await?;
+        let list: TagList = serde_json::from_slice(&response.bytes().await?)?;
+        Ok(Some(Repository {
+            name,
+            tags: list.tags.unwrap_or_default(),
+        }))
+    }
+}
+
+/// A repository and its tags.
+pub struct Repository {
+    name: String,
+    tags: Vec<String>,
+}
+
+#[Object]
+impl Repository {
+    async fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn tags(&self, #[graphql(default = 20)] first: i32) -> TagConnection {
+        TagConnection {
+            nodes: self
+                .tags
+                .iter()
+                .take(first.max(0) as usize)
+                .map(|t| Tag {
+                    repository: self.name.clone(),
+                    name: t.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    async fn tag(&self, name: String) -> Option<Tag> {
+        self.tags.contains(&name).then(|| Tag {
+            repository: self.name.clone(),
+            name,
+        })
+    }
+}
+
+/// A page of tags.
+#[derive(SimpleObject)]
+pub struct TagConnection {
+    nodes: Vec<Tag>,
+}
+
+/// A tag.
+pub struct Tag {
+    repository: String,
+    name: String,
+}
+
+#[Object]
+impl Tag {
+    async fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn manifest(&self, ctx: &Context<'_>) -> async_graphql::Result<Option<Manifest>> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        #[allow(dead_code)]
+        struct Body {
+            media_type: Option<String>,
+            config: Option<serde_json::Value>,
+            #[serde(default)]
+            layers: Vec<serde_json::Value>,
+            manifests: Option<Vec<serde_json::Value>>,
+        }
+        let registry = ctx.data::<Registry>()?;
+        let path = format!("/v2/{}/manifests/{}", self.repository, self.name);
+        let response = registry.get(&path, Some(MANIFEST_ACCEPT)).await?;
+        let digest = response
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let _body: Body = serde_json::from_slice(&response.bytes().await?)?;
+        Ok(Some(Manifest { digest }))
+    }
+}
+
+/// A manifest.
+pub struct Manifest {
+    digest: String,
+}
+
+#[Object]
+impl Manifest {
+    async fn digest(&self) -> &str {
+        &self.digest
+    }
+}
+
+struct Baseline {
+    schema: BaselineSchema,
+    deadline: Duration,
+}
+
+/// The baseline's `/graphql`: one operation or a batch, bounded only by the
+/// request `deadline` (past it the whole answer is a 504 with no data).
+pub fn baseline_router(registry: reqwest::Url, deadline: Duration) -> Router {
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .data(Registry {
+            client: reqwest::Client::new(),
+            base: registry,
+        })
+        .finish();
+    Router::new()
+        .route("/graphql", axum::routing::post(baseline_graphql))
+        .with_state(Arc::new(Baseline { schema, deadline }))
+}
+
+async fn baseline_graphql(State(state): State<Arc<Baseline>>, body: axum::body::Bytes) -> Response {
+    let batch: async_graphql::BatchRequest = match serde_json::from_slice(&body) {
+        Ok(batch) => batch,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    match tokio::time::timeout(state.deadline, state.schema.execute_batch(batch)).await {
+        Ok(response) => axum::Json(response).into_response(),
+        Err(_) => (
+            StatusCode::GATEWAY_TIMEOUT,
+            axum::Json(
+                serde_json::json!({ "errors": [{ "message": "request deadline exceeded" }] }),
+            ),
+        )
+            .into_response(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Ablations: the engine with parts taken away (to see what costs).
+
+/// The gateway's schema and `FanoutGraphQL` on `engine`, without the
+/// rate-limit layer (`app::build_with` minus `route_layer`).
+pub fn engine_router(engine: Engine, upstream: &reqwest::Url) -> Router {
+    let schema = schema::builder()
+        .extension(engine.extension())
+        .data(RegistryUrl(upstream.clone()))
+        .finish();
+    Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
+}
+
+/// An async-graphql extension that overrides nothing: what merely having an
+/// extension costs (async-graphql then routes every field through its
+/// extension chain).
+pub struct NoopExtension;
+
+impl async_graphql::extensions::ExtensionFactory for NoopExtension {
+    fn create(&self) -> Arc<dyn async_graphql::extensions::Extension> {
+        Arc::new(NoopExtension)
+    }
+}
+
+impl async_graphql::extensions::Extension for NoopExtension {}
+
+struct ReadPathOnly {
+    engine: Engine,
+    schema: RegistrySchema,
+}
+
+/// The gateway's schema with no fan-out extension: a plain handler opens the
+/// request's scope and hands its `Operation` to the resolvers, so every read
+/// still walks the engine's acquisition point, and nothing else of the
+/// engine runs (no `FanoutGraphQL`, no per-field extension hooks, no cost
+/// preview, no `extensions.fanout`, no rate limit). Single operations only.
+pub fn read_path_router(engine: Engine, upstream: &reqwest::Url, noop_extension: bool) -> Router {
+    let mut schema = schema::builder().data(RegistryUrl(upstream.clone()));
+    if noop_extension {
+        schema = schema.extension(NoopExtension);
+    }
+    let schema = schema.finish();
+    Router::new()
+        .route("/graphql", axum::routing::post(read_path_graphql))
+        .with_state(Arc::new(ReadPathOnly { engine, schema }))
+}
+
+async fn read_path_graphql(
+    State(state): State<Arc<ReadPathOnly>>,
+    body: axum::body::Bytes,
+) -> Response {
+    let request: async_graphql::Request = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    let operation = state.engine.begin_request(Caller::Public).operation();
+    let response = state.schema.execute(request.data(operation)).await;
+    axum::Json(response).into_response()
+}

@@ -1,0 +1,340 @@
+//! End-to-end load (issue 8, part 2): the gateway with the engine vs the same
+//! queries with the engine off, both over loopback against the embedded
+//! registry with a fixed latency, driven by many concurrent reqwest clients.
+//!
+//! `cargo bench --bench load` (or `cargo bench -p fanout-gateway --bench load`).
+//! Environment: `LOAD_SECS` (seconds per round, default 3), `LOAD_CLIENTS`
+//! (concurrent clients, default 32), `LOAD_ROUNDS` (rounds per side,
+//! default 5), `LOAD_ONLY=on|off` (load one side only, e.g. under a
+//! profiler), `LOAD_RECORDER=0` (no Prometheus recorder), `LOAD_ABLATION=1`
+//! (add sides with parts of the engine taken away, to see what costs;
+//! `LOAD_ABLATION=2`: only the "read path only" side).
+//!
+//! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
+//!   `FanoutGraphQL`, the extension (cost preview, `extensions.fanout`), the
+//!   rate-limit layer (quota raised so that the load is never refused; every
+//!   request is still checked), a `[hosts]` cap on the registry, and a
+//!   Prometheus recorder installed (the engine's metrics are recorded);
+//! - **engine off**: `common::baseline_router`, plain reqwest reads.
+//!
+//! Rounds alternate on/off/off/on/on/off… so drift hits both sides alike;
+//! the throughput is the median of the rounds, the latencies are pooled.
+
+mod common;
+
+use axum::Router;
+use common::*;
+use fanout_budget::config::HostConfig;
+use fanout_budget::{Config, Engine};
+use fanout_gateway::app;
+use fanout_gateway::schema;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One repository, its first 4 tags and their manifests: 5 reads, 2 in a row.
+const QUERY: &str = r#"{ repository(name: "bench/app") { tags(first: 4) { nodes { name manifest { digest } } } } }"#;
+const LATENCY: Duration = Duration::from_millis(1);
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Default)]
+struct Round {
+    ok: u64,
+    failed: u64,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+/// `clients` concurrent clients posting `body` to `url` for `secs`.
+async fn round(
+    client: &reqwest::Client,
+    url: &str,
+    body: &str,
+    clients: usize,
+    secs: Duration,
+) -> Round {
+    let failed = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let until = started + secs;
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, url, body, failed) = (
+                client.clone(),
+                url.to_string(),
+                body.to_string(),
+                failed.clone(),
+            );
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(8192);
+                while Instant::now() < until {
+                    let t = Instant::now();
+                    let response = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await;
+                    let good = match response {
+                        Ok(r) if r.status().is_success() => match r.text().await {
+                            Ok(text) => {
+                                !text.contains("\"errors\"") && text.matches("sha256:").count() == 4
+                            }
+                            Err(_) => false,
+                        },
+                        _ => false,
+                    };
+                    if good {
+                        latencies.push(t.elapsed());
+                    } else {
+                        failed.fetch_add(1, Relaxed);
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("a client task"));
+    }
+    Round {
+        ok: latencies.len() as u64,
+        failed: failed.load(Relaxed),
+        elapsed: started.elapsed(),
+        latencies,
+    }
+}
+
+struct Side {
+    name: &'static str,
+    url: String,
+    rps: Vec<f64>,
+    cpu_us: Vec<f64>,
+    latencies: Vec<Duration>,
+    failed: u64,
+}
+
+impl Side {
+    fn new(name: &'static str, url: String) -> Self {
+        Self {
+            name,
+            url,
+            rps: Vec::new(),
+            cpu_us: Vec::new(),
+            latencies: Vec::new(),
+            failed: 0,
+        }
+    }
+}
+
+/// The process's CPU time (user + system, all threads), from /proc.
+fn cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// The engine for the ablation sides: the gateway's, with or without its cost table.
+fn engine(config: &Config, costs: bool) -> Engine {
+    let engine = Engine::builder(config.clone());
+    if costs {
+        engine.costs(schema::costs()).build()
+    } else {
+        engine.build()
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let secs = Duration::from_secs(env("LOAD_SECS", 3));
+    let clients = env("LOAD_CLIENTS", 32) as usize;
+    let rounds = env("LOAD_ROUNDS", 5) as usize;
+    let ablation = env("LOAD_ABLATION", 0);
+
+    let registry = registry(Some(LATENCY)).await;
+    let upstream: reqwest::Url = registry.url().parse().expect("a URL");
+
+    let mut config = Config::default();
+    // Every client is 127.0.0.1: a quota no load here reaches, still checked.
+    config.rate_limit.requests_per_minute = u32::MAX;
+    config.hosts.insert(registry.host(), HostConfig::default());
+    let render: Option<app::MetricsRender> = if env("LOAD_RECORDER", 1) == 1 {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .ok()
+            .map(|handle| Arc::new(move || handle.render()) as app::MetricsRender)
+    } else {
+        None
+    };
+    let recorder = render.is_some();
+    let mut servers = Vec::new();
+    let mut sides = Vec::new();
+    let gateway = app::build(config.clone(), upstream.clone(), render);
+    let mut routers: Vec<(&'static str, Router)> = vec![("engine on", gateway.router)];
+    if ablation == 1 {
+        routers.push((
+            "engine, no rate-limit layer",
+            engine_router(engine(&config, true), &upstream),
+        ));
+        routers.push((
+            "engine, no rate-limit layer, no cost table",
+            engine_router(engine(&config, false), &upstream),
+        ));
+        routers.push((
+            "engine read path + a no-op extension",
+            read_path_router(engine(&config, false), &upstream, true),
+        ));
+        routers.push((
+            "engine read path only (no extension)",
+            read_path_router(engine(&config, false), &upstream, false),
+        ));
+    } else if ablation == 2 {
+        routers.push((
+            "engine read path only (no extension)",
+            read_path_router(engine(&config, false), &upstream, false),
+        ));
+    }
+    routers.push((
+        "engine off",
+        baseline_router(upstream.clone(), config.budget.deadline()),
+    ));
+    for (name, router) in routers {
+        let (url, task) = serve(router).await;
+        servers.push(task);
+        sides.push(Side::new(name, url));
+    }
+
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients)
+        .build()
+        .expect("a client");
+    let body = single(QUERY);
+
+    // Every side answers the same data, with the same reads.
+    let mut reads = Vec::new();
+    for side in &sides {
+        registry.counters().reset();
+        let (status, text, _) = post(&client, &side.url, &body).await;
+        assert_eq!(status, 200, "{}: {text}", side.name);
+        assert!(!text.contains("\"errors\""), "{}: {text}", side.name);
+        assert_eq!(text.matches("sha256:").count(), 4, "{}: {text}", side.name);
+        reads.push(registry.counters().requests());
+    }
+
+    // Warm-up: connections, pools, allocator.
+    for side in &sides {
+        round(&client, &side.url, &body, clients, Duration::from_secs(1)).await;
+    }
+    println!(
+        "load: {clients} clients, {rounds} rounds × {secs:?} per side, registry latency {LATENCY:?}"
+    );
+    println!("| round | side | requests/s | p50 | p99 | CPU per request | failed |");
+    println!("|---|---|---|---|---|---|---|");
+    let only = std::env::var("LOAD_ONLY").ok();
+    let k = sides.len();
+    for r in 0..rounds * k {
+        // Forward, then backward: on, off, off, on, … so drift hits every side alike.
+        let i = if (r / k) % 2 == 0 {
+            r % k
+        } else {
+            k - 1 - r % k
+        };
+        match only.as_deref() {
+            Some("on") if i != 0 => continue,
+            Some("off") if i != k - 1 => continue,
+            _ => {}
+        }
+        let side = &mut sides[i];
+        let cpu_before = cpu_time();
+        let mut result = round(&client, &side.url, &body, clients, secs).await;
+        let cpu = cpu_time()
+            .zip(cpu_before)
+            .map(|(after, before)| (after - before).as_secs_f64() * 1e6 / result.ok.max(1) as f64);
+        let rps = result.ok as f64 / result.elapsed.as_secs_f64();
+        result.latencies.sort();
+        println!(
+            "| {} | {} | {:.0} | {:.2} ms | {:.2} ms | {} | {} |",
+            r + 1,
+            side.name,
+            rps,
+            ms(quantile(&result.latencies, 0.50)),
+            ms(quantile(&result.latencies, 0.99)),
+            cpu.map_or("n/a".into(), |c| format!("{c:.0} µs")),
+            result.failed,
+        );
+        side.rps.push(rps);
+        side.cpu_us.extend(cpu);
+        side.latencies.extend(result.latencies);
+        side.failed += result.failed;
+    }
+
+    println!();
+    println!("## load summary");
+    println!();
+    println!("machine: {}", machine());
+    println!(
+        "query: 5 upstream reads per request (measured: {reads:?}); Prometheus recorder installed: {recorder}"
+    );
+    println!(
+        "CPU per request: the whole process (gateway, registry and clients) per answered request."
+    );
+    println!();
+    println!("Paired: each block of rounds runs every side once; the ratio to engine off is taken per block, then the median over blocks.");
+    println!();
+    println!("| side | requests/s (median of {rounds} rounds) | p50 | p99 | CPU per request (median) | throughput / engine off (paired) | CPU per request / engine off (paired) | failed |");
+    println!("|---|---|---|---|---|---|---|---|");
+    // Per block `j`, every side ran once: pair each side's round with engine off's.
+    let paired = |a: &[f64], b: &[f64]| {
+        let mut r: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+        median(&mut r)
+    };
+    let (off_rps, off_cpu) = (sides[k - 1].rps.clone(), sides[k - 1].cpu_us.clone());
+    let mut ratios = Vec::new();
+    for side in &mut sides {
+        side.latencies.sort();
+        let rps = median(&mut side.rps.clone());
+        let cpu = median(&mut side.cpu_us.clone());
+        let (r, c) = (paired(&side.rps, &off_rps), paired(&side.cpu_us, &off_cpu));
+        ratios.push((r, c));
+        println!(
+            "| {} | {:.0} | {:.2} ms | {:.2} ms | {:.0} µs | {:.3}× | {:.3}× | {} |",
+            side.name,
+            rps,
+            ms(quantile(&side.latencies, 0.50)),
+            ms(quantile(&side.latencies, 0.99)),
+            cpu,
+            r,
+            c,
+            side.failed
+        );
+    }
+    let (on, off) = (&sides[0], &sides[k - 1]);
+    let (ratio, cpu) = ratios[0];
+    let p50 = ms(quantile(&on.latencies, 0.5)) / ms(quantile(&off.latencies, 0.5));
+    let p99 = ms(quantile(&on.latencies, 0.99)) / ms(quantile(&off.latencies, 0.99));
+    println!();
+    println!(
+        "ratio engine on / engine off: throughput {ratio:.3}× (paired), p50 {p50:.3}×, p99 {p99:.3}×, CPU per request {cpu:.3}× (paired)"
+    );
+    println!(
+        "target: throughput engine-on / engine-off ≥ 0.97: {ratio:.3} — {}",
+        if ratio >= 0.97 { "met" } else { "MISSED" }
+    );
+    for task in servers {
+        task.abort();
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
