@@ -15,7 +15,8 @@ use std::net::IpAddr;
 use subtle::ConstantTimeEq;
 
 /// The header internal callers present their token in.
-pub const INTERNAL_TOKEN_HEADER: &str = "x-internal-token";
+pub const INTERNAL_TOKEN_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-internal-token");
 
 /// Who is calling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -54,7 +55,7 @@ impl InternalToken {
 
     /// Compares the request's token header in constant time.
     pub fn check(&self, headers: &http::HeaderMap) -> TokenCheck {
-        let Some(presented) = headers.get(INTERNAL_TOKEN_HEADER) else {
+        let Some(presented) = headers.get(&INTERNAL_TOKEN_HEADER) else {
             return TokenCheck::Absent;
         };
         let Some(expected) = &self.digest else {

@@ -12,8 +12,10 @@
 //!    behind a trusted proxy, the rightmost untrusted `X-Forwarded-For` entry.
 //! 3. **The check** is GCRA (the `governor` crate) with a burst of
 //!    `requests_per_minute`, refilled evenly over the minute. Idle keys are
-//!    evicted every [`SWEEP_EVERY`] checks (`retain_recent`), so a flood of
-//!    distinct addresses cannot grow memory without bound.
+//!    evicted (`retain_recent`) every `max(SWEEP_EVERY, 2 × keys left)`
+//!    checks, so a flood of distinct addresses cannot grow memory without
+//!    bound and the sweep's cost stays constant per check however many keys
+//!    are held.
 //! 4. **The answer**: over the limit, 429 `RATE_LIMITED` with `Retry-After`
 //!    (whole seconds, at least 1) and the IETF `RateLimit-Policy` /
 //!    `RateLimit` fields; otherwise the inner service's answer, with
@@ -42,7 +44,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// Idle keys are swept once per this many checks.
+/// Idle keys are swept at least this many checks apart (more when many keys
+/// stay live, so the sweep costs O(1) per check).
 pub const SWEEP_EVERY: u64 = 4096;
 
 /// A limiter's verdict on one request.
@@ -79,6 +82,7 @@ pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
     limit: u32,
     interval: Duration,
     checks: AtomicU64,
+    next_sweep: AtomicU64,
 }
 
 impl LocalLimiter<DefaultClock> {
@@ -103,13 +107,24 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
             limit: requests_per_minute.get(),
             interval: quota.replenish_interval(),
             checks: AtomicU64::new(0),
+            next_sweep: AtomicU64::new(SWEEP_EVERY),
         }
     }
 
     /// Checks and counts one request for `key`.
     pub fn check(&self, key: IpAddr) -> Decision {
-        if self.checks.fetch_add(1, Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+        let n = self.checks.fetch_add(1, Relaxed) + 1;
+        let due = self.next_sweep.load(Relaxed);
+        if n >= due
+            && self
+                .next_sweep
+                .compare_exchange(due, u64::MAX, Relaxed, Relaxed)
+                .is_ok()
+        {
+            // One caller sweeps; the next sweep is paced by what is left.
             self.sweep();
+            let gap = SWEEP_EVERY.max(2 * self.len() as u64);
+            self.next_sweep.store(n + gap, Relaxed);
         }
         match self.gcra.check_key(&key) {
             Ok(state) => {
@@ -160,6 +175,7 @@ pub struct RateLimitLayer {
     token: InternalToken,
     proxies: Arc<TrustedProxies>,
     limit: u32,
+    policy_header: HeaderValue,
 }
 
 impl RateLimitLayer {
@@ -171,6 +187,7 @@ impl RateLimitLayer {
             token: InternalToken::new(&config.internal_token),
             proxies: Arc::new(TrustedProxies::new(&config.trusted_proxies)),
             limit: rpm.get(),
+            policy_header: HeaderValue::from_str(&policy(rpm.get())).expect("the policy is ASCII"),
         }
     }
 
@@ -191,7 +208,7 @@ impl RateLimitLayer {
 
     /// The IETF `RateLimit-Policy` value for this limit.
     pub fn policy(&self) -> String {
-        format!("\"per-ip\";q={};w=60", self.limit)
+        policy(self.limit)
     }
 }
 
@@ -303,10 +320,12 @@ impl RateLimitLayer {
         if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert("ratelimit", v);
         }
-        if let Ok(v) = HeaderValue::from_str(&self.policy()) {
-            headers.insert("ratelimit-policy", v);
-        }
+        headers.insert("ratelimit-policy", self.policy_header.clone());
     }
+}
+
+fn policy(limit: u32) -> String {
+    format!("\"per-ip\";q={limit};w=60")
 }
 
 fn ceil_seconds(d: Duration) -> u64 {
