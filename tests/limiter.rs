@@ -59,7 +59,10 @@ fn a_million_distinct_clients_do_not_grow_memory_without_bound() {
     // A key is idle 200 ms (one emission interval at 300/min) after its
     // request, so about 2,000 keys are live at 10,000/s. Sweeps run every
     // max(4096, 2 × keys left) checks, so at most ~3 × live + 4096 are held.
-    assert!(peak_keys < 16_000, "peak {peak_keys} keys held for 1,000,000 clients");
+    assert!(
+        peak_keys < 16_000,
+        "peak {peak_keys} keys held for 1,000,000 clients"
+    );
     clock.advance(Duration::from_secs(60));
     limiter.sweep();
     assert_eq!(limiter.len(), 0, "idle keys are evicted");
