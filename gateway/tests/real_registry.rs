@@ -107,33 +107,36 @@ async fn push(base: &str, store: &Store) {
         let mut order: Vec<&String> = repo.manifests.keys().collect();
         order.sort_by_key(|d| repo.manifests[*d].media_type.contains("index"));
         for digest in order {
-            let manifest = &repo.manifests[digest];
-            let put = client
-                .put(format!("{base}/v2/{name}/manifests/{digest}"))
-                .header("content-type", &manifest.media_type)
-                .body(manifest.body.clone())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(
-                put.status(),
-                201,
-                "manifest {digest}: {}",
-                put.text().await.unwrap()
-            );
+            put_manifest(&client, base, name, digest, &repo.manifests[digest]).await;
         }
         for (tag, digest) in &repo.tags {
-            let manifest = &repo.manifests[digest];
-            let put = client
-                .put(format!("{base}/v2/{name}/manifests/{tag}"))
-                .header("content-type", &manifest.media_type)
-                .body(manifest.body.clone())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(put.status(), 201, "tag {tag}");
+            put_manifest(&client, base, name, tag, &repo.manifests[digest]).await;
         }
     }
+}
+
+/// `PUT /v2/<name>/manifests/<reference>` with the manifest's own media type.
+async fn put_manifest(
+    client: &reqwest::Client,
+    base: &str,
+    name: &str,
+    reference: &str,
+    manifest: &fanout_gateway::embedded::store::StoredManifest,
+) {
+    let put = client
+        .put(format!("{base}/v2/{name}/manifests/{reference}"))
+        .header("content-type", &manifest.media_type)
+        .body(manifest.body.clone())
+        .send()
+        .await
+        .unwrap();
+    let status = put.status();
+    assert_eq!(
+        status,
+        201,
+        "manifest {reference}: {}",
+        put.text().await.unwrap()
+    );
 }
 
 #[tokio::test]
