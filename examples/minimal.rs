@@ -32,8 +32,7 @@ async fn main() {
         .nth(1)
         .unwrap_or_else(|| "http://127.0.0.1:5000".into());
     let engine = Engine::new(Config::default()); // one per process
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension()) // per-operation scope + extensions.fanout
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription) // no extension needed
         .data(Upstream(upstream.parse().expect("an upstream URL")))
         .finish();
     let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));

@@ -17,11 +17,10 @@
 //! pessimistic by design, so `actual ≤ requested` for every query whose lists
 //! are bounded by their declared multipliers. Nothing is executed.
 
+use crate::types::{FieldInfo, SchemaTypes};
 use async_graphql::parser::types::{
-    DocumentOperations, ExecutableDocument, OperationDefinition, OperationType, Selection,
-    SelectionSet,
+    DocumentOperations, ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
 };
-use async_graphql::registry::{MetaTypeName, Registry};
 use async_graphql::{Name, Positioned, Value, Variables};
 use std::collections::HashMap;
 
@@ -86,88 +85,49 @@ impl CostTable {
         self
     }
 
-    /// The worst-case reads of each operation in `doc`, by operation name
-    /// (`None` for the anonymous operation).
-    pub fn estimate_operations(
-        &self,
-        registry: &Registry,
-        doc: &ExecutableDocument,
-        variables: &Variables,
-    ) -> HashMap<Option<Name>, u64> {
-        let root = |ty: OperationType| match ty {
-            OperationType::Query => Some(registry.query_type.as_str()),
-            OperationType::Mutation => registry.mutation_type.as_deref(),
-            OperationType::Subscription => registry.subscription_type.as_deref(),
-        };
-        let mut out = HashMap::new();
-        match &doc.operations {
-            DocumentOperations::Single(op) => {
-                out.insert(
-                    None,
-                    self.operation(registry, doc, variables, &op.node, root),
-                );
-            }
-            DocumentOperations::Multiple(ops) => {
-                for (name, op) in ops {
-                    let cost = self.operation(registry, doc, variables, &op.node, root);
-                    out.insert(Some(name.clone()), cost);
-                }
-            }
-        }
-        out
-    }
-
-    fn operation<'r>(
-        &self,
-        registry: &Registry,
-        doc: &ExecutableDocument,
-        variables: &Variables,
-        op: &OperationDefinition,
-        root: impl Fn(OperationType) -> Option<&'r str>,
-    ) -> u64 {
-        // Variables the request left out take the operation's defaults.
-        let mut variables = variables.clone();
-        for def in &op.variable_definitions {
-            let name = &def.node.name.node;
-            if let (false, Some(default)) = (variables.contains_key(name), &def.node.default_value)
-            {
-                variables.insert(name.clone(), default.node.clone());
-            }
-        }
-        let walk = Walk {
-            table: self,
-            registry,
-            doc,
-            variables: &variables,
-        };
-        root(op.ty).map_or(0, |ty| walk.selection(&op.selection_set, ty, 1, 0))
-    }
-
-    /// The worst-case reads of the operation that would run: the one named
-    /// `operation_name`, or the only one.
-    pub fn estimate(
-        &self,
-        registry: &Registry,
-        doc: &ExecutableDocument,
-        variables: &Variables,
-        operation_name: Option<&str>,
-    ) -> u64 {
-        let all = self.estimate_operations(registry, doc, variables);
-        match operation_name {
-            Some(name) => all.get(&Some(Name::new(name))).copied(),
-            None => (all.len() == 1)
-                .then(|| all.values().copied().next())
-                .flatten(),
-        }
-        .unwrap_or(0)
+    /// The declared cost of `type_name.field`, if any.
+    pub fn get(&self, type_name: &str, field: &str) -> Option<&FieldCost> {
+        self.fields.get(&(type_name.to_string(), field.to_string()))
     }
 }
 
+/// The worst-case reads of the operation that would run in `doc` — the one
+/// named `operation_name`, or the only one — with the costs compiled into
+/// `types`. 0 when there is no such operation (validation then refuses it).
+pub(crate) fn estimate(
+    types: &SchemaTypes,
+    doc: &ExecutableDocument,
+    variables: &Variables,
+    operation_name: Option<&str>,
+) -> u64 {
+    let op = match (&doc.operations, operation_name) {
+        (DocumentOperations::Single(op), _) => &op.node,
+        (DocumentOperations::Multiple(ops), Some(name)) => match ops.get(name) {
+            Some(op) => &op.node,
+            None => return 0,
+        },
+        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => match ops.values().next() {
+            Some(op) => &op.node,
+            None => return 0,
+        },
+        _ => return 0,
+    };
+    let walk = Walk {
+        types,
+        doc,
+        variables,
+        op,
+    };
+    types
+        .root(op.ty)
+        .map_or(0, |root| walk.selection(&op.selection_set, root, 1, 0))
+}
+
 struct Walk<'a> {
-    table: &'a CostTable,
-    registry: &'a Registry,
+    types: &'a SchemaTypes,
     doc: &'a ExecutableDocument,
     variables: &'a Variables,
+    op: &'a OperationDefinition,
 }
 
 impl Walk<'_> {
@@ -180,25 +140,24 @@ impl Walk<'_> {
             let cost = match &item.node {
                 Selection::Field(field) => {
                     let field = &field.node;
-                    let Some(meta) = self
-                        .registry
-                        .concrete_type_by_name(ty)
-                        .and_then(|t| t.field_by_name(&field.name.node))
-                    else {
+                    let Some(info) = self.types.field(ty, &field.name.node) else {
                         continue;
                     };
-                    let declared = self.table.fields.get(&(ty.to_string(), meta.name.clone()));
-                    let (reads, times) = match declared {
+                    let (reads, times) = match &info.cost {
                         None => (0, 1),
-                        Some(cost) => (cost.reads, self.times(&cost.times, field, meta)),
+                        Some(cost) => (cost.reads, self.times(&cost.times, field, info)),
                     };
-                    let child_ty = MetaTypeName::concrete_typename(&meta.ty);
-                    m.saturating_mul(reads).saturating_add(self.selection(
-                        &field.selection_set,
-                        child_ty,
-                        m.saturating_mul(times),
-                        depth + 1,
-                    ))
+                    let nested = if field.selection_set.node.items.is_empty() {
+                        0
+                    } else {
+                        self.selection(
+                            &field.selection_set,
+                            &info.named,
+                            m.saturating_mul(times),
+                            depth + 1,
+                        )
+                    };
+                    m.saturating_mul(reads).saturating_add(nested)
                 }
                 Selection::InlineFragment(fragment) => {
                     let fragment = &fragment.node;
@@ -223,31 +182,40 @@ impl Walk<'_> {
         total
     }
 
-    fn times(
-        &self,
-        times: &Multiplier,
-        field: &async_graphql::parser::types::Field,
-        meta: &async_graphql::registry::MetaField,
-    ) -> u64 {
-        match times {
-            Multiplier::One => 1,
-            Multiplier::Fixed(n) => *n,
-            Multiplier::Arg(arg) => {
-                let given = field.get_argument(arg).and_then(|v| {
-                    v.node
-                        .clone()
-                        .into_const_with(|name| self.variables.get(&name).cloned().ok_or(()))
-                        .ok()
-                });
-                let value = given.or_else(|| {
-                    let default = meta.args.get(arg)?.default_value.as_deref()?;
-                    default.parse::<u64>().ok().map(Value::from)
-                });
-                match value {
-                    Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
-                    _ => 0,
-                }
-            }
+    /// How many times a field's sub-selection may be resolved.
+    fn times(&self, times: &Multiplier, field: &Field, info: &FieldInfo) -> u64 {
+        let arg = match times {
+            Multiplier::One => return 1,
+            Multiplier::Fixed(n) => return *n,
+            Multiplier::Arg(arg) => arg,
+        };
+        let given = field.get_argument(arg).map(|v| {
+            v.node
+                .clone()
+                .into_const_with(|name| self.variable(&name).ok_or(()))
+                .ok()
+        });
+        let value = match given {
+            Some(value) => value,
+            // Absent: the argument's default in the schema.
+            None => return info.default_of(arg).unwrap_or(0),
+        };
+        match value {
+            Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+            _ => 0,
         }
+    }
+
+    /// A variable's value: the request's, else the operation's default.
+    fn variable(&self, name: &Name) -> Option<Value> {
+        if let Some(value) = self.variables.get(name) {
+            return Some(value.clone());
+        }
+        self.op
+            .variable_definitions
+            .iter()
+            .find(|def| def.node.name.node == *name)
+            .and_then(|def| def.node.default_value.as_ref())
+            .map(|default| default.node.clone())
     }
 }

@@ -1,60 +1,73 @@
-//! The async-graphql extension: attaches the request's fan-out scope to each
-//! operation and reports it in `extensions.fanout`.
+//! The async-graphql extension: the per-operation scope for schemas served
+//! without [`FanoutGraphQL`](crate::FanoutGraphQL).
 //!
-//! async-graphql runs each operation of a batch as its own `Request`, and
-//! creates one extension instance per operation. The HTTP integration has
-//! already put one [`FanoutRequest`] — one budget, one de-duplication cache —
-//! into every operation's data (`BatchRequest::data` clones the `Arc`). For
-//! each operation this extension:
+//! **When to use it.** [`FanoutGraphQL`](crate::FanoutGraphQL) attaches each
+//! operation's scope itself and needs no extension; prefer it. Mount this
+//! extension (`Schema::build(..).extension(engine.extension())`) when the
+//! schema is executed some other way — async-graphql-axum's `GraphQL`
+//! service, `schema.execute(..)` in a test, a custom handler. It costs what
+//! any async-graphql extension costs: once one is registered, async-graphql
+//! builds a `ResolveInfo` and runs the extension chain for every field and
+//! list item (≈ 7.5 µs per request of the reference query, BENCHMARKS.md).
+//! Mounted together with `FanoutGraphQL`, it sees the operation already
+//! attached and stands aside, so nothing is counted twice.
 //!
-//! 1. in `parse_query`, computes the operation's worst-case reads from the
-//!    engine's [`CostTable`](crate::CostTable) (if one is set) and adds them
-//!    to the request's `requested`;
-//! 2. in `execute`, when `refuse_over_estimate` is on, waits until every
-//!    operation of the batch has been priced and refuses all of them with
-//!    `FANOUT_ESTIMATE_EXCEEDS_BUDGET` if the sum exceeds the budget — before
-//!    any of them reads;
-//! 3. in `execute`, hands the resolvers an [`Operation`] — the request's
-//!    scope plus this operation's own read counter — through
-//!    `NextExecute::run_with_data`;
-//! 4. after execution, gives every error its contract code, repairs null
-//!    propagation where async-graphql dropped a failed field's key
-//!    ([`crate::nulls`]), and writes
-//!    `extensions.fanout = {limit, used, remaining, operationReads, requested}`.
+//! async-graphql runs each operation of a batch as its own `Request` and
+//! creates one extension instance per operation. For each operation this
+//! extension:
 //!
-//! A schema executed without the HTTP integration (`schema.execute(..)` in a
-//! test) still works: the extension opens a scope per operation.
+//! 1. in `parse_query`, prices the operation with the engine's
+//!    [`CostTable`](crate::CostTable) (if one is set) and adds it to the
+//!    request's `requested`;
+//! 2. in `execute`, takes the request's scope — the [`FanoutRequest`] the
+//!    integrator put into the batch's data (`BatchRequest::data`), else a new
+//!    one for this operation alone — and, when `refuse_over_estimate` is on
+//!    and the integrator announced the batch
+//!    ([`FanoutRequest::expect_operations`]), waits until every operation is
+//!    priced and refuses all of them if the sum exceeds the budget;
+//! 3. hands the resolvers an [`Operation`] through `run_with_data`;
+//! 4. after execution, [`finish`]es the response exactly as `FanoutGraphQL`
+//!    does: contract codes, null propagation, `extensions.fanout`.
 
 use crate::engine::Engine;
+use crate::error::FanoutError;
 use crate::identity::Caller;
+use crate::types::SchemaTypes;
 use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
 };
 use async_graphql::parser::types::ExecutableDocument;
 use async_graphql::{Data, Pos, Request, Response, ServerResult, Value, Variables};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::any::TypeId;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
 use tracing::Instrument;
 
 /// The extension factory; mount it with `Schema::build(..).extension(engine.extension())`.
 #[derive(Clone)]
 pub struct FanoutExtension {
     engine: Engine,
+    /// The schema's types, read from its registry on first use.
+    types: Arc<OnceLock<Arc<SchemaTypes>>>,
 }
 
 impl FanoutExtension {
     /// The extension for `engine` (whose [`CostTable`](crate::CostTable), if
     /// any, prices each operation).
     pub fn new(engine: Engine) -> Self {
-        Self { engine }
+        Self {
+            engine,
+            types: Arc::default(),
+        }
     }
 }
 
 impl ExtensionFactory for FanoutExtension {
     fn create(&self) -> Arc<dyn Extension> {
         Arc::new(PerOperation {
-            engine: self.engine.clone(),
+            factory: self.clone(),
+            aside: AtomicBool::new(false),
             operation_name: Mutex::new(None),
             query: Mutex::new(String::new()),
             requested: AtomicU64::new(0),
@@ -63,10 +76,27 @@ impl ExtensionFactory for FanoutExtension {
 }
 
 struct PerOperation {
-    engine: Engine,
+    factory: FanoutExtension,
+    /// `FanoutGraphQL` already attached this operation's scope.
+    aside: AtomicBool,
     operation_name: Mutex<Option<String>>,
     query: Mutex<String>,
     requested: AtomicU64,
+}
+
+impl PerOperation {
+    fn types(&self, ctx: &ExtensionContext<'_>) -> Arc<SchemaTypes> {
+        let engine = &self.factory.engine;
+        self.factory
+            .types
+            .get_or_init(|| {
+                Arc::new(SchemaTypes::from_registry(
+                    &ctx.schema_env.registry,
+                    engine.costs(),
+                ))
+            })
+            .clone()
+    }
 }
 
 #[async_trait::async_trait]
@@ -77,7 +107,11 @@ impl Extension for PerOperation {
         request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
-        *lock(&self.operation_name) = request.operation_name.clone();
+        if request.data.contains_key(&TypeId::of::<Arc<Operation>>()) {
+            self.aside.store(true, Relaxed);
+        } else {
+            *lock(&self.operation_name) = request.operation_name.clone();
+        }
         next.run(ctx, request).await
     }
 
@@ -88,12 +122,15 @@ impl Extension for PerOperation {
         variables: &Variables,
         next: NextParseQuery<'_>,
     ) -> ServerResult<ExecutableDocument> {
+        if self.aside.load(Relaxed) {
+            return next.run(ctx, query, variables).await;
+        }
         query.clone_into(&mut lock(&self.query));
         let parsed = next.run(ctx, query, variables).await;
-        let requested = match (&parsed, self.engine.costs()) {
-            (Ok(doc), Some(costs)) => {
+        let requested = match (&parsed, self.factory.engine.costs()) {
+            (Ok(doc), Some(_)) => {
                 let name = lock(&self.operation_name).clone();
-                costs.estimate(&ctx.schema_env.registry, doc, variables, name.as_deref())
+                crate::cost::estimate(&self.types(ctx), doc, variables, name.as_deref())
             }
             _ => 0,
         };
@@ -111,24 +148,21 @@ impl Extension for PerOperation {
         operation_name: Option<&str>,
         next: NextExecute<'_>,
     ) -> Response {
+        if self.aside.load(Relaxed) {
+            return next.run(ctx, operation_name).await;
+        }
+        let requested = self.requested.load(Relaxed);
         let request = match ctx.data_opt::<FanoutRequest>() {
             Some(request) => request.clone(),
             None => {
-                let request = self.engine.begin_request(Caller::Public);
-                request.budget().add_requested(self.requested.load(Relaxed));
+                let request = self.factory.engine.begin_request(Caller::Public);
+                request.budget().add_requested(requested);
                 request
             }
         };
-        let requested = self.requested.load(Relaxed);
         let operation = request.operation();
         let mut response = match request.refusal().await {
-            Some(refusal) => {
-                let mut response = Response::from_errors(vec![refusal
-                    .to_graphql_error()
-                    .into_server_error(Pos::default())]);
-                response.data = Value::Null;
-                response
-            }
+            Some(refusal) => refused(&refusal),
             None => {
                 let mut data = Data::default();
                 data.insert(operation.clone());
@@ -139,21 +173,48 @@ impl Extension for PerOperation {
                     .await
             }
         };
-        crate::error::attach_codes(&mut response);
-        if !response.errors.is_empty() {
-            let query = lock(&self.query);
-            crate::nulls::propagate(
-                &mut response,
-                &ctx.schema_env.registry,
-                &query,
-                operation_name,
-            );
-        }
-        response
-            .extensions
-            .insert("fanout".to_string(), report(&operation, requested));
+        let query = std::mem::take(&mut *lock(&self.query));
+        let types = self.types(ctx);
+        finish(
+            &mut response,
+            &operation,
+            requested,
+            &types,
+            &query,
+            operation_name,
+        );
         response
     }
+}
+
+/// An operation refused before it ran: `data: null` and the refusal's error.
+pub(crate) fn refused(err: &FanoutError) -> Response {
+    let mut response = Response::from_errors(vec![err
+        .to_graphql_error()
+        .into_server_error(Pos::default())]);
+    response.data = Value::Null;
+    response
+}
+
+/// What every operation's response gets once it has run (or been refused),
+/// whichever integration ran it: each error its contract code, `null`s where
+/// async-graphql dropped a failed field's key ([`crate::nulls`]), and
+/// `extensions.fanout = {limit, used, remaining, operationReads, requested}`.
+pub(crate) fn finish(
+    response: &mut Response,
+    operation: &Operation,
+    requested: u64,
+    types: &SchemaTypes,
+    query: &str,
+    operation_name: Option<&str>,
+) {
+    if !response.errors.is_empty() {
+        crate::error::attach_codes(response);
+        crate::nulls::propagate(response, types, query, operation_name);
+    }
+    response
+        .extensions
+        .insert("fanout".to_string(), report(operation, requested));
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -11,23 +11,40 @@
 //!    empty batch or something that is not a GraphQL request is 400
 //!    `BAD_REQUEST`, more than `max_batch_operations` is 400
 //!    `BATCH_TOO_LARGE` — in every such case nothing runs and nothing is read;
-//! 4. attaches the one `FanoutRequest` to every operation
-//!    (`BatchRequest::data`) and runs the batch on the schema.
+//! 4. with a [`CostTable`](crate::CostTable): parses each operation's query
+//!    once (async-graphql then reuses the parsed document), prices it, and —
+//!    with `refuse_over_estimate` — refuses the whole batch before anything
+//!    runs when the sum exceeds the budget;
+//! 5. gives each operation its own [`Operation`] handle on the one
+//!    `FanoutRequest` (`Request::data`) and runs the operations concurrently
+//!    on the schema, as async-graphql's `execute_batch` does;
+//! 6. finishes each response: contract codes, null propagation,
+//!    `extensions.fanout`.
 //!
-//! Stock async-graphql-axum has neither a batch limit nor a body limit; this
-//! service has both, and answers its own refusals in the GraphQL error shape
-//! with the contract's codes. `GET` answers the GraphiQL page.
+//! It needs no async-graphql extension on the schema, so async-graphql keeps
+//! its fast path for every field (see [`crate::extension`] for when the
+//! extension is the right tool). Stock async-graphql-axum has neither a
+//! batch limit nor a body limit; this service has both, and answers its own
+//! refusals in the GraphQL error shape with the contract's codes. `GET`
+//! answers the GraphiQL page.
 
 use crate::engine::Engine;
 use crate::error::FanoutError;
+use crate::extension::{finish, refused};
 use crate::identity::Caller;
+use crate::types::SchemaTypes;
+use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::http::GraphiQLSource;
-use async_graphql::{BatchRequest, BatchResponse, Executor, Request};
+use async_graphql::{
+    BatchRequest, BatchResponse, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
+};
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
+use axum::response::{IntoResponse, Response as HttpResponse};
 use futures::future::BoxFuture;
+use futures::stream::{FuturesOrdered, StreamExt};
 use http::{header, Method, StatusCode};
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tracing::Instrument;
 
@@ -36,15 +53,36 @@ use tracing::Instrument;
 pub struct FanoutGraphQL<E> {
     executor: E,
     engine: Engine,
+    types: Arc<SchemaTypes>,
+}
+
+impl<Q, M, S> FanoutGraphQL<Schema<Q, M, S>>
+where
+    Q: ObjectType + 'static,
+    M: ObjectType + 'static,
+    S: SubscriptionType + 'static,
+{
+    /// Serves `schema` under `engine`'s limits. The schema needs no
+    /// extension; its types are read once, from its SDL.
+    pub fn new(schema: Schema<Q, M, S>, engine: Engine) -> Self {
+        let sdl = schema.sdl();
+        Self::with_sdl(schema, engine, &sdl)
+    }
 }
 
 impl<E: Executor> FanoutGraphQL<E> {
-    /// Serves `executor` (an async-graphql `Schema`) under `engine`'s limits.
-    pub fn new(executor: E, engine: Engine) -> Self {
-        Self { executor, engine }
+    /// Serves any async-graphql `executor` whose schema `sdl` describes (the
+    /// cost preview and null propagation walk operations with its types).
+    pub fn with_sdl(executor: E, engine: Engine, sdl: &str) -> Self {
+        let types = Arc::new(SchemaTypes::from_sdl(sdl, engine.costs()));
+        Self {
+            executor,
+            engine,
+            types,
+        }
     }
 
-    async fn handle(self, request: http::Request<Body>) -> Response {
+    async fn handle(self, request: http::Request<Body>) -> HttpResponse {
         if request.method() == Method::GET {
             let page = GraphiQLSource::build()
                 .endpoint(request.uri().path())
@@ -70,28 +108,124 @@ impl<E: Executor> FanoutGraphQL<E> {
             Ok(batch) => batch,
             Err(err) => return error_response(&err),
         };
-        let operations = batch.iter().count();
-        fanout.expect_operations(operations);
+        let (single, requests) = match batch {
+            BatchRequest::Single(request) => (true, vec![request]),
+            BatchRequest::Batch(requests) => (false, requests),
+        };
         let span = tracing::info_span!(
             "graphql.request",
             caller = ?caller,
-            operations,
+            operations = requests.len(),
             reads = tracing::field::Empty,
         );
-        let response = self
-            .executor
-            .execute_batch(batch.data(fanout.clone()))
-            .instrument(span.clone())
-            .await;
+        let mut responses: Vec<Response> =
+            self.run(&fanout, requests).instrument(span.clone()).await;
         span.record("reads", fanout.budget().used());
-        graphql_response(response)
+        let batch = match (single, responses.pop()) {
+            (true, Some(response)) => BatchResponse::Single(response),
+            (_, last) => BatchResponse::Batch(responses.into_iter().chain(last).collect()),
+        };
+        graphql_response(batch)
+    }
+
+    /// Prices, then runs (or refuses) every operation of the request.
+    async fn run(&self, fanout: &FanoutRequest, requests: Vec<Request>) -> Vec<Response> {
+        let mut ops: Vec<Op> = requests
+            .into_iter()
+            .map(|request| self.prepare(fanout, request))
+            .collect();
+        let budget = fanout.budget();
+        let requested: u64 = ops.iter().map(|op| op.requested).sum();
+        budget.add_requested(requested);
+        let costs = &self.engine.config().budget;
+        if costs.refuse_over_estimate && self.engine.costs().is_some() && requested > budget.limit()
+        {
+            let refusal = FanoutError::EstimateExceedsBudget {
+                requested,
+                limit: budget.limit(),
+            };
+            return ops
+                .iter_mut()
+                .map(|op| {
+                    let mut response = refused(&refusal);
+                    op.finish(&mut response, &self.types);
+                    response
+                })
+                .collect();
+        }
+        ops.into_iter()
+            .map(|mut op| {
+                let request = op.request.take().expect("each operation runs once");
+                let span = tracing::debug_span!(
+                    "graphql.operation",
+                    name = op.name.as_deref(),
+                    requested = op.requested
+                );
+                async move {
+                    let mut response = self.executor.execute(request).await;
+                    op.finish(&mut response, &self.types);
+                    response
+                }
+                .instrument(span)
+            })
+            .collect::<FuturesOrdered<_>>()
+            .collect()
+            .await
+    }
+
+    /// One operation before it runs: its handle attached, its cost priced.
+    fn prepare(&self, fanout: &FanoutRequest, mut request: Request) -> Op {
+        let operation = fanout.operation();
+        request.data.insert(operation.clone());
+        let mut requested = 0;
+        if self.engine.costs().is_some() {
+            // Parsed once: async-graphql runs the document it is given.
+            if let Ok(doc) = async_graphql::parser::parse_query(&request.query) {
+                requested = crate::cost::estimate(
+                    &self.types,
+                    &doc,
+                    &request.variables,
+                    request.operation_name.as_deref(),
+                );
+                request.set_parsed_query(doc);
+            }
+        }
+        Op {
+            query: request.query.clone(),
+            name: request.operation_name.clone(),
+            request: Some(request),
+            operation,
+            requested,
+        }
+    }
+}
+
+/// One operation of the batch, with what its response needs afterwards.
+struct Op {
+    request: Option<Request>,
+    operation: Arc<Operation>,
+    requested: u64,
+    query: String,
+    name: Option<String>,
+}
+
+impl Op {
+    fn finish(&self, response: &mut Response, types: &SchemaTypes) {
+        finish(
+            response,
+            &self.operation,
+            self.requested,
+            types,
+            &self.query,
+            self.name.as_deref(),
+        );
     }
 }
 
 impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
-    type Response = Response;
+    type Response = HttpResponse;
     type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+    type Future = BoxFuture<'static, Result<HttpResponse, Infallible>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -152,7 +286,7 @@ pub fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, FanoutError>
 }
 
 /// A whole-request refusal, in the GraphQL error shape, with its status.
-pub fn error_response(err: &FanoutError) -> Response {
+pub fn error_response(err: &FanoutError) -> HttpResponse {
     let mut response = (err.http_status(), axum::Json(err.to_response_body())).into_response();
     if let FanoutError::RateLimited { retry_after_secs } = err {
         response
@@ -162,7 +296,7 @@ pub fn error_response(err: &FanoutError) -> Response {
     response
 }
 
-fn graphql_response(batch: BatchResponse) -> Response {
+fn graphql_response(batch: BatchResponse) -> HttpResponse {
     let mut headers = http::HeaderMap::new();
     for (name, value) in batch.http_headers_iter() {
         headers.append(name, value);

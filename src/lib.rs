@@ -8,9 +8,7 @@
 //!
 //! ```ignore
 //! let engine = Engine::new(Config::default());
-//! let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-//!     .extension(engine.extension())
-//!     .finish();
+//! let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
 //! let app = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
 //! // in a resolver:
 //! let page = ctx.upstream()?.read(Read::get(url)).await.or_null(ctx);
@@ -35,6 +33,7 @@ mod metrics;
 mod nulls;
 pub mod row;
 pub mod transport;
+mod types;
 pub mod upstream;
 
 pub use budget::{BudgetSnapshot, RequestBudget};

@@ -13,16 +13,16 @@
 //! at or above the failed field, and writes `null` there. It only runs when an
 //! error's key is missing, so a clean answer costs nothing.
 
+use crate::types::SchemaTypes;
 use async_graphql::parser::types::{
-    DocumentOperations, ExecutableDocument, Field, OperationType, Selection, SelectionSet,
+    DocumentOperations, ExecutableDocument, Field, Selection, SelectionSet,
 };
-use async_graphql::registry::{MetaTypeName, Registry};
 use async_graphql::{Name, PathSegment, Positioned, Response, Value};
 
 /// Repairs `response` (see the module docs). `query` is the operation's text.
 pub(crate) fn propagate(
     response: &mut Response,
-    registry: &Registry,
+    types: &SchemaTypes,
     query: &str,
     operation_name: Option<&str>,
 ) {
@@ -38,11 +38,11 @@ pub(crate) fn propagate(
     let Ok(doc) = async_graphql::parser::parse_query(query) else {
         return;
     };
-    let Some((root, selection)) = operation(&doc, registry, operation_name) else {
+    let Some((root, selection)) = operation(&doc, types, operation_name) else {
         return;
     };
     for path in paths {
-        let Some(nullable) = nullability(registry, &doc, root, selection, &path) else {
+        let Some(nullable) = nullability(types, &doc, root, selection, &path) else {
             continue;
         };
         // The nearest nullable position at or above the failed field.
@@ -55,7 +55,7 @@ pub(crate) fn propagate(
 
 fn operation<'d>(
     doc: &'d ExecutableDocument,
-    registry: &'d Registry,
+    types: &'d SchemaTypes,
     name: Option<&str>,
 ) -> Option<(&'d str, &'d Positioned<SelectionSet>)> {
     let op = match (&doc.operations, name) {
@@ -64,39 +64,34 @@ fn operation<'d>(
         (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => &ops.values().next()?.node,
         _ => return None,
     };
-    let root = match op.ty {
-        OperationType::Query => registry.query_type.as_str(),
-        OperationType::Mutation => registry.mutation_type.as_deref()?,
-        OperationType::Subscription => registry.subscription_type.as_deref()?,
-    };
-    Some((root, &op.selection_set))
+    Some((types.root(op.ty)?, &op.selection_set))
 }
 
 /// For each position of `path`, whether the schema lets it be `null`.
-fn nullability(
-    registry: &Registry,
-    doc: &ExecutableDocument,
-    root: &str,
-    selection: &Positioned<SelectionSet>,
+fn nullability<'a>(
+    types: &'a SchemaTypes,
+    doc: &'a ExecutableDocument,
+    root: &'a str,
+    selection: &'a Positioned<SelectionSet>,
     path: &[PathSegment],
 ) -> Option<Vec<bool>> {
     let mut out = Vec::with_capacity(path.len());
-    let mut ty = root.to_string();
+    // The current position's declared type, and the named type under it.
+    let mut ty = root;
+    let mut named = root;
     let mut set = selection;
     for segment in path {
         match segment {
             PathSegment::Field(key) => {
-                let named = MetaTypeName::concrete_typename(&ty).to_string();
-                let (field, on) = find_field(doc, set, key, &named, 0)?;
-                let meta = registry
-                    .concrete_type_by_name(&on)?
-                    .field_by_name(&field.name.node)?;
-                ty = meta.ty.clone();
+                let (field, on) = find_field(doc, set, key, named, 0)?;
+                let info = types.field(on, &field.name.node)?;
+                ty = &info.ty;
+                named = &info.named;
                 set = &field.selection_set;
             }
             PathSegment::Index(_) => {
-                let list = ty.strip_suffix('!').unwrap_or(&ty);
-                ty = list.strip_prefix('[')?.strip_suffix(']')?.to_string();
+                let list = ty.strip_suffix('!').unwrap_or(ty);
+                ty = list.strip_prefix('[')?.strip_suffix(']')?;
             }
         }
         out.push(!ty.ends_with('!'));
@@ -110,16 +105,16 @@ fn find_field<'d>(
     doc: &'d ExecutableDocument,
     set: &'d Positioned<SelectionSet>,
     key: &str,
-    on: &str,
+    on: &'d str,
     depth: usize,
-) -> Option<(&'d Field, String)> {
+) -> Option<(&'d Field, &'d str)> {
     if depth > 32 {
         return None;
     }
     for item in &set.node.items {
         let found = match &item.node {
             Selection::Field(field) if field.node.response_key().node.as_str() == key => {
-                Some((&field.node, on.to_string()))
+                Some((&field.node, on))
             }
             Selection::Field(_) => None,
             Selection::InlineFragment(fragment) => {

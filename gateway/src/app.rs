@@ -76,7 +76,6 @@ pub fn build_with(
         .limit_depth(MAX_DEPTH)
         .limit_complexity(MAX_COMPLEXITY)
         .limit_recursive_depth(MAX_RECURSIVE_DEPTH)
-        .extension(engine.extension())
         .data(RegistryUrl(upstream))
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));

@@ -107,7 +107,7 @@ async fn deep_nesting_is_refused_without_overflowing() {
     assert_refused(&f, json!({ "query": deep_query }).to_string().into_bytes()).await;
     let nested = format!(
         r#"{{ repositories {{ nodes {{ {} }} }} }}"#,
-        "tags { nodes { name } } ".repeat(1)
+        "tags { nodes { name } } ".to_string()
     );
     let (status, _) = f.post(json!({ "query": nested }).to_string()).await;
     assert_eq!(status, 200);

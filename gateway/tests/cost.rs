@@ -18,57 +18,10 @@ async fn requested(f: &Fixture, query: &str, variables: serde_json::Value) -> u6
 #[tokio::test]
 async fn exact_requested_figures() {
     let f = Fixture::default().await;
-    let cases: &[(&str, serde_json::Value, u64)] = &[
-        // A single field: one tag list.
-        (r#"{ repository(name: "acme/app") { name } }"#, json!({}), 1),
-        // Nothing that reads.
-        ("{ fanoutBudget { limit } }", json!({}), 0),
-        // A nested list, first: 20 (manifest + config per tag).
-        (
-            r#"{ repository(name: "acme/app") { tags(first: 20) { nodes { manifest { config { os } } } } } }"#,
-            json!({}),
-            1 + 1 + 20 * 2,
-        ),
-        // The default first (20) counts when first is absent.
-        (
-            r#"{ repository(name: "acme/app") { tags { nodes { manifest { digest } } } } }"#,
-            json!({}),
-            1 + 1 + 20,
-        ),
-        // Aliases count separately (the worst case ignores de-duplication).
-        (
-            r#"{ a: repository(name: "acme/app") { name } b: repository(name: "acme/app") { name } }"#,
-            json!({}),
-            2,
-        ),
-        // Fragments and inline fragments.
-        (
-            r#"query { repository(name: "acme/app") { ...T } } fragment T on Repository { tag(name: "t01") { ... on Tag { manifest { digest } } } }"#,
-            json!({}),
-            1 + 1 + 1,
-        ),
-        // Catalog pages multiply through repositories' own tag lists.
-        (
-            r#"{ repositories(first: 3) { nodes { tags(first: 2) { nodes { manifest { digest } } } } } }"#,
-            json!({}),
-            1 + 3 * (1 + 2),
-        ),
-        // Variables, given and defaulted.
-        (
-            r#"query($n: Int!) { repositories(first: $n) { nodes { tag(name: "x") { name } } } }"#,
-            json!({"n": 4}),
-            1 + 4,
-        ),
-        (
-            r#"query($n: Int! = 6) { repositories(first: $n) { nodes { tag(name: "x") { name } } } }"#,
-            json!({}),
-            1 + 6,
-        ),
-    ];
-    for (query, variables, expected) in cases {
+    for (query, variables, expected) in cost_cases() {
         assert_eq!(
             requested(&f, query, variables.clone()).await,
-            *expected,
+            expected,
             "{query}"
         );
     }

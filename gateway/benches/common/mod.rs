@@ -317,7 +317,6 @@ async fn baseline_graphql(State(state): State<Arc<Baseline>>, body: axum::body::
 /// rate-limit layer (`app::build_with` minus `route_layer`).
 pub fn engine_router(engine: Engine, upstream: &reqwest::Url) -> Router {
     let schema = schema::builder()
-        .extension(engine.extension())
         .data(RegistryUrl(upstream.clone()))
         .finish();
     Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
