@@ -11,11 +11,16 @@
 //! `LOAD_ABLATION=2`: only the "read path only" side).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
-//!   `FanoutGraphQL`, the extension (cost preview, `extensions.fanout`), the
-//!   rate-limit layer (quota raised so that the load is never refused; every
-//!   request is still checked), a `[hosts]` cap on the registry, and a
-//!   Prometheus recorder installed (the engine's metrics are recorded);
-//! - **engine off**: `common::baseline_router`, plain reqwest reads.
+//!   `FanoutGraphQL` (cost preview, `extensions.fanout`), the rate-limit
+//!   layer (quota raised so that the load is never refused; every request is
+//!   still checked), a `[hosts]` cap on the registry, and a Prometheus
+//!   recorder installed (the engine's metrics are recorded);
+//! - **engine off**: `common::engine_off_router` — the same schema and
+//!   resolvers with the engine switched off (`oci::EngineOff`: plain reqwest
+//!   reads, no budget, no caps, no de-duplication, no per-read timeout, no
+//!   rate limit, no `FanoutGraphQL`), bounded by the request deadline only.
+//!   `LOAD_ABLATION=1` adds the hand-written minimal schema of
+//!   `common::baseline_router` as a second engine-off side.
 //!
 //! Rounds alternate on/off/off/on/on/off… so drift hits both sides alike;
 //! the throughput is the median of the rounds, the latencies are pooled.
@@ -204,9 +209,15 @@ async fn main() {
             read_path_router(engine(&config, false), &upstream, false),
         ));
     }
+    if ablation == 1 {
+        routers.push((
+            "engine off, hand-written minimal schema",
+            baseline_router(upstream.clone(), config.budget.deadline()),
+        ));
+    }
     routers.push((
         "engine off",
-        baseline_router(upstream.clone(), config.budget.deadline()),
+        engine_off_router(upstream.clone(), config.budget.deadline()),
     ));
     for (name, router) in routers {
         let (url, task) = serve(router).await;

@@ -1,5 +1,6 @@
 //! The OCI Distribution client: every read goes through the engine's
-//! acquisition point (`ctx.upstream()`), exactly as any user's resolver would.
+//! acquisition point (`ctx.upstream()`), exactly as any user's resolver would
+//! (one function, `read`, sends them all).
 //!
 //! Each function here is one kind of read from the CONTRACT §5 table. Status
 //! handling follows the registry protocol: `NAME_UNKNOWN` on a tag list means
@@ -21,6 +22,47 @@ application/vnd.docker.distribution.manifest.list.v2+json";
 /// The upstream registry's base URL (schema data).
 #[derive(Clone, Debug)]
 pub struct RegistryUrl(pub reqwest::Url);
+
+/// **Benchmarks only: the engine switched off.** With this in the schema's
+/// data, every read below bypasses the engine's acquisition point and is a
+/// plain reqwest GET — no budget, no de-duplication, no caps, no per-read
+/// timeout — so the load benchmark can run the gateway's own schema and
+/// resolvers with the engine off (BENCHMARKS.md §4). The gateway never sets it.
+#[derive(Clone, Debug)]
+pub struct EngineOff(pub reqwest::Client);
+
+impl EngineOff {
+    async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
+        let upstream = |e: reqwest::Error| FanoutError::Upstream {
+            host: read.url().host_str().unwrap_or_default().to_string(),
+            status: None,
+            message: e.to_string(),
+        };
+        let mut request = self.0.get(read.url().clone());
+        if let Some(accept) = read.accept_header() {
+            request = request.header(reqwest::header::ACCEPT, accept.clone());
+        }
+        let response = request.send().await.map_err(upstream)?;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.map_err(upstream)?;
+        Ok(Arc::new(UpstreamResponse {
+            host: read.url().host_str().unwrap_or_default().into(),
+            status,
+            headers,
+            body,
+        }))
+    }
+}
+
+/// One read: through the engine's acquisition point (always, unless a
+/// benchmark switched the engine off with [`EngineOff`]).
+async fn read(ctx: &Context<'_>, read: Read) -> async_graphql::Result<Arc<UpstreamResponse>> {
+    if let Some(off) = ctx.data_opt::<EngineOff>() {
+        return Ok(off.read(read).await?);
+    }
+    Ok(ctx.upstream()?.read(read).await?)
+}
 
 fn registry<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a reqwest::Url> {
     Ok(&ctx.data::<RegistryUrl>()?.0)
@@ -93,11 +135,10 @@ pub async fn tag_list(
         tags: Option<Vec<String>>,
     }
     let base = registry(ctx)?;
-    let upstream = ctx.upstream()?;
     let mut next = Some(url(base, &format!("/v2/{name}/tags/list"))?);
     let mut tags = Vec::new();
     while let Some(page) = next.take() {
-        let response = upstream.read(Read::get(page)).await?;
+        let response = read(ctx, Read::get(page)).await?;
         if tags.is_empty() && is_name_unknown(&response) {
             return Ok(None);
         }
@@ -124,7 +165,7 @@ pub async fn catalog(
     if let Some(last) = last {
         page.query_pairs_mut().append_pair("last", last);
     }
-    let response = ctx.upstream()?.read(Read::get(page)).await?;
+    let response = read(ctx, Read::get(page)).await?;
     expect_json(&response)?;
     let names = response.json::<Catalog>()?.repositories;
     let more = next_link(&response, base).is_some();
@@ -188,9 +229,9 @@ pub async fn manifest(
         manifests: Option<Vec<DescriptorDoc>>,
     }
     let base = registry(ctx)?;
-    let read =
+    let manifest =
         Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?).accept(MANIFEST_ACCEPT);
-    let response = ctx.upstream()?.read(read).await?;
+    let response = read(ctx, manifest).await?;
     expect_json(&response)?;
     let body: Body = response.json()?;
     let media_type = body
@@ -240,10 +281,8 @@ pub async fn config_blob(
     digest: &str,
 ) -> async_graphql::Result<ImageConfigDoc> {
     let base = registry(ctx)?;
-    let response = ctx
-        .upstream()?
-        .read(Read::get(url(base, &format!("/v2/{name}/blobs/{digest}"))?))
-        .await?;
+    let blob = Read::get(url(base, &format!("/v2/{name}/blobs/{digest}"))?);
+    let response = read(ctx, blob).await?;
     expect_success(&response)?;
     Ok(response.json()?)
 }

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use fanout_budget::{Caller, Engine, FanoutGraphQL};
 use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
-use fanout_gateway::oci::{RegistryUrl, MANIFEST_ACCEPT};
+use fanout_gateway::oci::{EngineOff, RegistryUrl, MANIFEST_ACCEPT};
 use fanout_gateway::schema::{self, RegistrySchema};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -274,8 +274,8 @@ impl Manifest {
     }
 }
 
-struct Baseline {
-    schema: BaselineSchema,
+struct Baseline<E> {
+    schema: E,
     deadline: Duration,
 }
 
@@ -288,12 +288,33 @@ pub fn baseline_router(registry: reqwest::Url, deadline: Duration) -> Router {
             base: registry,
         })
         .finish();
+    deadline_router(schema, deadline)
+}
+
+/// The gateway's own schema and resolvers with the engine switched off
+/// ([`EngineOff`]: every read a plain reqwest GET — no budget, no
+/// de-duplication, no caps, no per-read timeout, no rate limit), bounded
+/// only by the request `deadline`: the load benchmark's "engine off".
+pub fn engine_off_router(registry: reqwest::Url, deadline: Duration) -> Router {
+    let schema = schema::builder()
+        .data(RegistryUrl(registry))
+        .data(EngineOff(reqwest::Client::new()))
+        .finish();
+    deadline_router(schema, deadline)
+}
+
+/// `/graphql` for `schema`: one operation or a batch, bounded only by the
+/// request `deadline` (past it the whole answer is a 504 with no data).
+fn deadline_router<E: async_graphql::Executor>(schema: E, deadline: Duration) -> Router {
     Router::new()
-        .route("/graphql", axum::routing::post(baseline_graphql))
+        .route("/graphql", axum::routing::post(baseline_graphql::<E>))
         .with_state(Arc::new(Baseline { schema, deadline }))
 }
 
-async fn baseline_graphql(State(state): State<Arc<Baseline>>, body: axum::body::Bytes) -> Response {
+async fn baseline_graphql<E: async_graphql::Executor>(
+    State(state): State<Arc<Baseline<E>>>,
+    body: axum::body::Bytes,
+) -> Response {
     let batch: async_graphql::BatchRequest = match serde_json::from_slice(&body) {
         Ok(batch) => batch,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
