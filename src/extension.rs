@@ -38,10 +38,10 @@ use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
 };
 use async_graphql::parser::types::ExecutableDocument;
-use async_graphql::{Data, Pos, Request, Response, ServerResult, Value, Variables};
+use async_graphql::{Data, Name, Pos, Request, Response, ServerResult, Value, Variables};
 use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use tracing::Instrument;
 
 /// The extension factory; mount it with `Schema::build(..).extension(engine.extension())`.
@@ -222,16 +222,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn report(operation: &Operation, requested: u64) -> Value {
+    // The keys are built once (a `Name` is a shared string).
+    static KEYS: LazyLock<[Name; 5]> = LazyLock::new(|| {
+        ["limit", "used", "remaining", "operationReads", "requested"].map(Name::new)
+    });
     let budget = operation.request().budget().snapshot();
-    let mut map = async_graphql::indexmap::IndexMap::new();
-    for (key, value) in [
-        ("limit", budget.limit),
-        ("used", budget.used),
-        ("remaining", budget.remaining),
-        ("operationReads", operation.reads()),
-        ("requested", requested),
-    ] {
-        map.insert(async_graphql::Name::new(key), Value::from(value));
-    }
+    let values = [
+        budget.limit,
+        budget.used,
+        budget.remaining,
+        operation.reads(),
+        requested,
+    ];
+    let map = KEYS
+        .iter()
+        .cloned()
+        .zip(values.map(Value::from))
+        .collect();
     Value::Object(map)
 }

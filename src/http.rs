@@ -153,24 +153,28 @@ impl<E: Executor> FanoutGraphQL<E> {
                 })
                 .collect();
         }
+        if ops.len() == 1 {
+            let op = ops.pop().expect("one operation");
+            return vec![self.execute(op).await];
+        }
         ops.into_iter()
-            .map(|mut op| {
-                let request = op.request.take().expect("each operation runs once");
-                let span = tracing::debug_span!(
-                    "graphql.operation",
-                    name = op.name.as_deref(),
-                    requested = op.requested
-                );
-                async move {
-                    let mut response = self.executor.execute(request).await;
-                    op.finish(&mut response, &self.types);
-                    response
-                }
-                .instrument(span)
-            })
+            .map(|op| self.execute(op))
             .collect::<FuturesOrdered<_>>()
             .collect()
             .await
+    }
+
+    /// Runs one operation and finishes its response.
+    async fn execute(&self, mut op: Op) -> Response {
+        let request = op.request.take().expect("each operation runs once");
+        let span = tracing::debug_span!(
+            "graphql.operation",
+            name = op.name.as_deref(),
+            requested = op.requested
+        );
+        let mut response = self.executor.execute(request).instrument(span).await;
+        op.finish(&mut response, &self.types);
+        response
     }
 
     /// One operation before it runs: its handle attached, its cost priced.
