@@ -25,6 +25,7 @@ use crate::budget::{bump, RequestBudget};
 use crate::dedup::{Dedup, Origin};
 use crate::engine::Engine;
 use crate::error::FanoutError;
+use crate::hosts::HostEntry;
 use crate::identity::Caller;
 use crate::metrics::{self, HostMetrics};
 use async_graphql::Context;
@@ -34,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::Instrument;
 
 /// The fan-out scope of one inbound HTTP request: its budget and its
@@ -54,9 +56,10 @@ struct RequestScope {
 
 type ReadResult = Result<Arc<UpstreamResponse>, FanoutError>;
 
+/// What makes two reads the same read: the URL and the `Accept` header.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct ReadKey {
-    url: String,
+    url: Box<str>,
     accept: Option<HeaderValue>,
 }
 
@@ -223,12 +226,17 @@ impl Read {
     pub fn accept_header(&self) -> Option<&HeaderValue> {
         self.accept.as_ref()
     }
+}
 
-    fn host(&self) -> String {
-        let host = self.url.host_str().unwrap_or("");
-        match self.url.port_or_known_default() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_string(),
+/// A URL's `host:port`, written out only if it is displayed (a span field).
+struct HostName<'a>(&'a reqwest::Url);
+
+impl std::fmt::Display for HostName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.host_str().unwrap_or(""))?;
+        match self.0.port_or_known_default() {
+            Some(port) => write!(f, ":{port}"),
+            None => Ok(()),
         }
     }
 }
@@ -283,44 +291,49 @@ impl Upstream<'_> {
     /// Reads `read` through the acquisition point (see the module docs).
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
         let scope = &*self.op.request.inner;
-        let host = read.host();
         let span = tracing::debug_span!(
             "upstream.read",
-            host = %host,
+            host = %HostName(&read.url),
             path = %read.url.path(),
             dedup = tracing::field::Empty,
             outcome = tracing::field::Empty,
             duration_ms = tracing::field::Empty,
         );
         let key = ReadKey {
-            url: read.url.as_str().to_owned(),
+            url: read.url.as_str().into(),
             accept: read.accept.clone(),
         };
-        let started = std::time::Instant::now();
-        let (result, origin) = scope
-            .dedup
-            .get_or_run(key, || self.send(read, host))
-            .instrument(span.clone())
-            .await;
-        let shared = origin == Origin::Shared;
-        if shared {
+        let shared_read = scope.dedup.get_or_run(key, || self.send(read));
+        // A disabled span (no subscriber wants it) is neither entered nor timed.
+        let (result, origin) = if span.is_disabled() {
+            shared_read.await
+        } else {
+            let started = std::time::Instant::now();
+            let (result, origin) = shared_read.instrument(span.clone()).await;
+            let outcome = match &result {
+                Ok(_) => "ok",
+                Err(err) => err.code(),
+            };
+            span.record("dedup", origin == Origin::Shared);
+            span.record("outcome", outcome);
+            span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
+            (result, origin)
+        };
+        if origin == Origin::Shared {
             bump(&scope.budget.stats().dedup_hits);
             metrics::dedup_hit();
         }
-        let outcome = match &result {
-            Ok(_) => "ok",
-            Err(err) => err.code(),
-        };
-        span.record("dedup", shared);
-        span.record("outcome", outcome);
-        span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
         result
     }
 
-    async fn send(&self, read: Read, host: String) -> ReadResult {
+    /// Steps 2–6 for a read no other caller answers. The request's clock is
+    /// read once here (and again only after waiting for a host slot).
+    async fn send(&self, read: Read) -> ReadResult {
         let scope = &*self.op.request.inner;
+        let engine = &*scope.engine.inner;
         let budget = &scope.budget;
         let stats = budget.stats();
+        let host = engine.host_table.resolve(&read.url, &*engine.hosts);
         let refused = |err: FanoutError| {
             match &err {
                 FanoutError::BudgetExhausted { .. } => {
@@ -329,7 +342,7 @@ impl Upstream<'_> {
                 }
                 FanoutError::HostSaturated { .. } => {
                     bump(&stats.refused_host);
-                    HostMetrics::of(&host).rejections.increment(1);
+                    host.metrics.rejections.increment(1);
                 }
                 _ => bump(&stats.refused_deadline),
             }
@@ -340,44 +353,78 @@ impl Upstream<'_> {
                 limit: budget.limit(),
             });
         }
-        let _request_slot = match budget.in_flight_slot().await {
-            Ok(slot) => slot,
-            Err(err) => return refused(err),
+        let _request_slot = match budget.try_in_flight_slot() {
+            Some(slot) => slot,
+            None => match budget.in_flight_slot().await {
+                Ok(slot) => slot,
+                Err(err) => return refused(err),
+            },
         };
-        let Some(left) = budget.time_left() else {
+        let now = budget.now();
+        let Some(left) = budget.time_left_at(now) else {
             return refused(FanoutError::DeadlineExceeded);
         };
-        let _host_slot = match scope.engine.hosts().acquire(&host, left).await {
-            Ok(slot) => slot,
+        let free = match &host.cap {
+            Some(cap) => cap.try_acquire(),
+            None => Ok(None),
+        };
+        let (_host_slot, now, left) = match free {
+            Ok(Some(slot)) => (slot, now, left),
             Err(err) => return refused(err),
+            Ok(None) => {
+                let slot = match &host.cap {
+                    Some(cap) => cap.acquire(left).await,
+                    None => engine.hosts.acquire(&host.name, left).await,
+                };
+                let slot = match slot {
+                    Ok(slot) => slot,
+                    Err(err) => return refused(err),
+                };
+                // Waiting may have used up the time; check it again.
+                let now = budget.now();
+                let Some(left) = budget.time_left_at(now) else {
+                    return refused(FanoutError::DeadlineExceeded);
+                };
+                (slot, now, left)
+            }
         };
-        // Waiting may have used up the budget or the time; check both last.
-        let Some(left) = budget.time_left() else {
-            return refused(FanoutError::DeadlineExceeded);
-        };
+        // Waiting may have used up the budget; charge last.
         if let Err(err) = budget.try_charge() {
             return refused(err);
         }
         self.op.reads.fetch_add(1, Relaxed);
         bump(&stats.issued);
-        self.timed_send(read, host, left).await
+        self.timed_send(read, &host, now, left).await
     }
 
-    /// Sends the read under its time limit (the acquisition point's last step).
-    async fn timed_send(&self, read: Read, host: String, left: Duration) -> ReadResult {
+    /// Sends the read under its time limit (the acquisition point's last
+    /// step); `now` is the request clock's, `left` the time left at `now`.
+    async fn timed_send(
+        &self,
+        read: Read,
+        host: &HostEntry,
+        now: Instant,
+        left: Duration,
+    ) -> ReadResult {
         let engine = &self.op.request.inner.engine.inner;
-        let stats = self.op.request.budget().stats();
+        let budget = self.op.request.budget();
+        let stats = budget.stats();
         let read_timeout = engine.config.budget.read_timeout();
-        let (limit, by_deadline) = if read_timeout <= left {
-            (read_timeout, false)
+        let by_deadline = read_timeout > left;
+        let limit = read_timeout.min(left);
+        let m = &host.metrics;
+        let fetch = engine.transport.fetch(&read, &host.name);
+        // The timer runs on tokio's clock: when the request's clock is tokio's,
+        // `now + limit` is `min(now + read_timeout, deadline)`, no new reading.
+        let (started, sent) = if budget.on_tokio_clock() {
+            (now, tokio::time::timeout_at(now + limit, fetch))
         } else {
-            (left, true)
+            (Instant::now(), tokio::time::timeout(limit, fetch))
         };
-        let m = HostMetrics::of(&host);
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the gauge and the counters.
-        let mut sending = Sending::start(&m, stats);
-        let sent = tokio::time::timeout(limit, engine.transport.fetch(&read, &host)).await;
+        let mut sending = Sending::start(m, stats, started);
+        let sent = sent.await;
         sending.finish();
         match sent {
             Ok(Ok(response)) => {
@@ -399,7 +446,10 @@ impl Upstream<'_> {
                 } else {
                     m.timeout.increment(1);
                     let timeout_ms = read_timeout.as_millis() as u64;
-                    Err(FanoutError::UpstreamTimeout { host, timeout_ms })
+                    Err(FanoutError::UpstreamTimeout {
+                        host: host.name.to_string(),
+                        timeout_ms,
+                    })
                 }
             }
         }
@@ -412,17 +462,22 @@ impl Upstream<'_> {
 struct Sending<'a> {
     metrics: &'a HostMetrics,
     stats: &'a crate::budget::ReadStats,
-    started: std::time::Instant,
+    started: Instant,
     finished: bool,
 }
 
 impl<'a> Sending<'a> {
-    fn start(metrics: &'a HostMetrics, stats: &'a crate::budget::ReadStats) -> Self {
+    /// A read sent at `started` (tokio's clock).
+    fn start(
+        metrics: &'a HostMetrics,
+        stats: &'a crate::budget::ReadStats,
+        started: Instant,
+    ) -> Self {
         metrics.in_flight.increment(1.0);
         Self {
             metrics,
             stats,
-            started: std::time::Instant::now(),
+            started,
             finished: false,
         }
     }
