@@ -1,7 +1,9 @@
 //! Request-scoped de-duplication: identical reads anywhere in one inbound
 //! HTTP request are one read.
 //!
-//! Each distinct key owns one single-flight cell in a `DashMap`. The first
+//! Each distinct key owns one single-flight cell in a map (one
+//! `std::sync::Mutex<HashMap>`: a request's reads are few and the lock is
+//! held for one lookup, so one table beats a sharded map's many small ones). The first
 //! caller for a key creates the cell already *running* and runs the read;
 //! concurrent callers for the same key wait on the same cell and get the same
 //! result (single-flight), and later callers find it completed (a cache for
@@ -19,15 +21,14 @@
 //! waiters are woken; the first of them runs the read itself, the others wait
 //! for it. The map lives exactly as long as the request.
 
-use dashmap::mapref::entry::Entry;
-use dashmap::DashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 /// A single-flight cache for one request.
 pub struct Dedup<K, V> {
-    cells: DashMap<K, Arc<Cell<V>>>,
+    cells: Mutex<HashMap<K, Arc<Cell<V>>>>,
 }
 
 /// Whether a value came from a read this caller ran or from one it shared.
@@ -92,8 +93,13 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
     /// An empty cache.
     pub fn new() -> Self {
         Self {
-            cells: DashMap::new(),
+            cells: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn cells(&self) -> MutexGuard<'_, HashMap<K, Arc<Cell<V>>>> {
+        // Each section is one map operation: a poisoned map is still whole.
+        self.cells.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The value for `key`: shared when a read for it exists, else `read()`'s.
@@ -105,16 +111,20 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = V>,
     {
-        let cell = match self.cells.entry(key) {
-            Entry::Occupied(cell) => cell.get().clone(),
+        let found = match self.cells().entry(key) {
+            Entry::Occupied(cell) => Ok(cell.get().clone()),
             Entry::Vacant(vacant) => {
                 let cell = Arc::new(Cell {
                     state: Mutex::new(State::Running { waited: false }),
                     done: Notify::new(),
                 });
                 vacant.insert(cell.clone());
-                return (run(&cell, read).await, Origin::Ran);
+                Err(cell)
             }
+        };
+        let cell = match found {
+            Ok(cell) => cell,
+            Err(created) => return (run(&created, read).await, Origin::Ran),
         };
         loop {
             let done = {
@@ -140,12 +150,12 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
 
     /// Distinct keys seen so far.
     pub fn len(&self) -> usize {
-        self.cells.len()
+        self.cells().len()
     }
 
     /// Whether no key was seen yet.
     pub fn is_empty(&self) -> bool {
-        self.cells.is_empty()
+        self.cells().is_empty()
     }
 }
 

@@ -26,12 +26,21 @@ mod table;
 
 pub(crate) use table::{HostEntry, HostTable};
 
+/// The host slot a read holds: borrowed from the host's cap when one was
+/// free at once, else whatever the limiter handed out.
+pub(crate) enum HeldSlot<'a> {
+    /// Taken synchronously from the cap the engine resolved.
+    Borrowed { _permit: CapPermit<'a> },
+    /// From [`HostCap::acquire`] or [`HostLimiter::acquire`].
+    Owned { _slot: HostSlot },
+}
+
 use crate::config::HostConfig;
 use crate::error::FanoutError;
 use dashmap::DashMap;
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -108,44 +117,60 @@ impl std::fmt::Debug for HostSlot {
     }
 }
 
-/// One host's in-process cap: `max_concurrent` permits (none for a host
-/// without a `[hosts]` table: unlimited) and the count of reads in flight.
+/// One host's in-process cap: `max_concurrent` permits, or none for a host
+/// without a `[hosts]` table (unlimited: its slots are only counted).
 pub struct HostCap {
     host: Box<str>,
-    limit: Option<(Semaphore, HostConfig)>,
-    in_flight: AtomicI64,
+    limit: Option<Limit>,
+    /// Slots held, for an unlimited host (a capped one counts its permits).
+    unlimited_in_flight: AtomicU64,
 }
 
-/// A held slot of a [`HostCap`]: gives its permit back and uncounts the read
-/// when dropped.
+struct Limit {
+    permits: Semaphore,
+    config: HostConfig,
+}
+
+/// A held slot of a [`HostCap`] inside a [`HostSlot`] (owns the cap).
 struct CapSlot {
     cap: Arc<HostCap>,
-    permit: bool,
 }
 
 impl Drop for CapSlot {
     fn drop(&mut self) {
-        if self.permit {
-            if let Some((permits, _)) = &self.cap.limit {
-                permits.add_permits(1);
-            }
-        }
-        self.cap.in_flight.fetch_sub(1, Relaxed);
+        self.cap.release();
+    }
+}
+
+/// A held slot of a [`HostCap`], borrowing it: what the engine holds when a
+/// slot was free at once (no reference count to touch).
+#[must_use = "the slot is released as soon as it is dropped"]
+pub(crate) struct CapPermit<'a> {
+    cap: &'a HostCap,
+}
+
+impl Drop for CapPermit<'_> {
+    fn drop(&mut self) {
+        self.cap.release();
     }
 }
 
 impl HostCap {
     /// The cap for `host`: `config`'s, or unlimited without one.
     pub fn new(host: &str, config: Option<&HostConfig>) -> Self {
-        let limit = config.map(|config| {
-            let permits = (config.max_concurrent as usize).min(Semaphore::MAX_PERMITS);
-            (Semaphore::new(permits), config.clone())
+        let limit = config.map(|config| Limit {
+            permits: Semaphore::new(Self::permits(config)),
+            config: config.clone(),
         });
         Self {
             host: host.into(),
             limit,
-            in_flight: AtomicI64::new(0),
+            unlimited_in_flight: AtomicU64::new(0),
         }
+    }
+
+    fn permits(config: &HostConfig) -> usize {
+        (config.max_concurrent as usize).min(Semaphore::MAX_PERMITS)
     }
 
     /// The host (`host:port`) this cap is for.
@@ -155,16 +180,12 @@ impl HostCap {
 
     /// Reads holding a slot of this cap, right now.
     pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(Relaxed).max(0) as u64
-    }
-
-    fn slot(self: &Arc<Self>, permit: bool) -> HostSlot {
-        self.in_flight.fetch_add(1, Relaxed);
-        HostSlot {
-            held: Held::Cap(CapSlot {
-                cap: self.clone(),
-                permit,
-            }),
+        match &self.limit {
+            Some(limit) => {
+                let free = limit.permits.available_permits();
+                Self::permits(&limit.config).saturating_sub(free) as u64
+            }
+            None => self.unlimited_in_flight.load(Relaxed),
         }
     }
 
@@ -175,23 +196,52 @@ impl HostCap {
         }
     }
 
+    /// Takes a slot if one is free: `Ok(true)` taken, `Ok(false)` at the cap.
+    fn take(&self) -> Result<bool, FanoutError> {
+        let Some(limit) = &self.limit else {
+            self.unlimited_in_flight.fetch_add(1, Relaxed);
+            return Ok(true);
+        };
+        if limit.config.max_concurrent == 0 {
+            return Err(self.saturated(&limit.config));
+        }
+        match limit.permits.try_acquire() {
+            Ok(permit) => {
+                permit.forget(); // given back by `release`
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Gives back a slot taken by `take` or `acquire`.
+    fn release(&self) {
+        match &self.limit {
+            Some(limit) => limit.permits.add_permits(1),
+            None => {
+                self.unlimited_in_flight.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+
+    fn slot(self: &Arc<Self>) -> HostSlot {
+        HostSlot {
+            held: Held::Cap(CapSlot { cap: self.clone() }),
+        }
+    }
+
     /// A slot without waiting: `Ok(Some(slot))` when one is free (always, for
     /// an unlimited host), `Ok(None)` when the host is at its cap (then wait
     /// with [`acquire`](Self::acquire)), `HOST_SATURATED` when the cap is 0.
     pub fn try_acquire(self: &Arc<Self>) -> Result<Option<HostSlot>, FanoutError> {
-        let Some((permits, config)) = &self.limit else {
-            return Ok(Some(self.slot(false)));
-        };
-        if config.max_concurrent == 0 {
-            return Err(self.saturated(config));
-        }
-        match permits.try_acquire() {
-            Ok(permit) => {
-                permit.forget();
-                Ok(Some(self.slot(true)))
-            }
-            Err(_) => Ok(None),
-        }
+        Ok(self.take()?.then(|| self.slot()))
+    }
+
+    /// [`try_acquire`](Self::try_acquire), for a caller that holds the cap
+    /// for longer than the slot.
+    pub(crate) fn try_borrow(&self) -> Result<Option<CapPermit<'_>>, FanoutError> {
+        // Lazily: a `CapPermit` gives a slot back when dropped.
+        Ok(self.take()?.then(|| CapPermit { cap: self }))
     }
 
     /// A slot, waiting at most the host's `acquire_wait` and at most
@@ -200,16 +250,18 @@ impl HostCap {
         if let Some(slot) = self.try_acquire()? {
             return Ok(slot);
         }
-        let Some((permits, config)) = &self.limit else {
-            return Ok(self.slot(false)); // unlimited: `try_acquire` never says wait
+        let Some(limit) = &self.limit else {
+            // Not reached (an unlimited host is never full); kept balanced.
+            self.unlimited_in_flight.fetch_add(1, Relaxed);
+            return Ok(self.slot());
         };
-        let wait = config.acquire_wait().min(time_left);
-        match tokio::time::timeout(wait, permits.acquire()).await {
+        let wait = limit.config.acquire_wait().min(time_left);
+        match tokio::time::timeout(wait, limit.permits.acquire()).await {
             Ok(Ok(permit)) => {
-                permit.forget();
-                Ok(self.slot(true))
+                permit.forget(); // given back by `release`
+                Ok(self.slot())
             }
-            _ => Err(self.saturated(config)),
+            _ => Err(self.saturated(&limit.config)),
         }
     }
 }
@@ -256,5 +308,36 @@ impl HostLimiter for LocalHostCaps {
 
     fn local_cap(&self, host: &str) -> Option<Arc<HostCap>> {
         Some(self.cap(host))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_borrowed_permit_is_a_slot_like_any_other() {
+        let config = HostConfig {
+            max_concurrent: 1,
+            acquire_wait_ms: 10,
+        };
+        let cap = Arc::new(HostCap::new("h:1", Some(&config)));
+        let permit = cap.try_borrow().unwrap().expect("a free slot");
+        assert!(cap.try_borrow().unwrap().is_none(), "at the cap");
+        assert!(cap.try_acquire().unwrap().is_none(), "at the cap");
+        assert_eq!(cap.in_flight(), 1, "a refusal gives nothing back");
+        drop(permit);
+        assert_eq!(cap.in_flight(), 0);
+        let slot = cap.try_acquire().unwrap().expect("the slot came back");
+        assert!(cap.try_borrow().unwrap().is_none(), "and only one");
+        drop(slot);
+
+        let unlimited = HostCap::new("u:1", None);
+        let permits: Vec<_> = (0..3)
+            .map(|_| unlimited.try_borrow().unwrap().expect("unlimited"))
+            .collect();
+        assert_eq!(unlimited.in_flight(), 3);
+        drop(permits);
+        assert_eq!(unlimited.in_flight(), 0);
     }
 }

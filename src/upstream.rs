@@ -25,7 +25,7 @@ use crate::budget::{bump, RequestBudget};
 use crate::dedup::{Dedup, Origin};
 use crate::engine::Engine;
 use crate::error::FanoutError;
-use crate::hosts::HostEntry;
+use crate::hosts::{HeldSlot, HostEntry};
 use crate::identity::Caller;
 use crate::metrics::{self, HostMetrics};
 use async_graphql::Context;
@@ -365,11 +365,11 @@ impl Upstream<'_> {
             return refused(FanoutError::DeadlineExceeded);
         };
         let free = match &host.cap {
-            Some(cap) => cap.try_acquire(),
+            Some(cap) => cap.try_borrow(),
             None => Ok(None),
         };
         let (_host_slot, now, left) = match free {
-            Ok(Some(slot)) => (slot, now, left),
+            Ok(Some(permit)) => (HeldSlot::Borrowed { _permit: permit }, now, left),
             Err(err) => return refused(err),
             Ok(None) => {
                 let slot = match &host.cap {
@@ -385,7 +385,7 @@ impl Upstream<'_> {
                 let Some(left) = budget.time_left_at(now) else {
                     return refused(FanoutError::DeadlineExceeded);
                 };
-                (slot, now, left)
+                (HeldSlot::Owned { _slot: slot }, now, left)
             }
         };
         // Waiting may have used up the budget; charge last.
