@@ -57,10 +57,18 @@ struct RequestScope {
 type ReadResult = Result<Arc<UpstreamResponse>, FanoutError>;
 
 /// What makes two reads the same read: the URL and the `Accept` header.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq)]
 struct ReadKey {
     url: Box<str>,
     accept: Option<HeaderValue>,
+}
+
+/// Hashes the URL's bytes alone, in one write: reads that differ only in
+/// `Accept` are rare, and equality still tells them apart.
+impl std::hash::Hash for ReadKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write(self.url.as_bytes());
+    }
 }
 
 impl FanoutRequest {
@@ -303,13 +311,18 @@ impl Upstream<'_> {
             url: read.url.as_str().into(),
             accept: read.accept.clone(),
         };
-        let shared_read = scope.dedup.get_or_run(key, || self.send(read));
-        // A disabled span (no subscriber wants it) is neither entered nor timed.
+        let send = || self.send(read);
+        // A disabled span (no subscriber wants it) is neither entered nor
+        // timed. (The read's future is built in place in each branch.)
         let (result, origin) = if span.is_disabled() {
-            shared_read.await
+            scope.dedup.get_or_run(key, send).await
         } else {
             let started = std::time::Instant::now();
-            let (result, origin) = shared_read.instrument(span.clone()).await;
+            let (result, origin) = scope
+                .dedup
+                .get_or_run(key, send)
+                .instrument(span.clone())
+                .await;
             let outcome = match &result {
                 Ok(_) => "ok",
                 Err(err) => err.code(),

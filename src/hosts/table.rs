@@ -92,9 +92,13 @@ impl HostParts for HostRef<'_> {
     }
 }
 
+/// Two writes: the host's bytes, then the port as a fixed-width word
+/// (`u32::MAX` for none), so distinct keys stay distinct streams.
 impl Hash for dyn HostParts + '_ {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.parts().hash(state);
+        let (host, port) = self.parts();
+        state.write(host.as_bytes());
+        state.write_u32(port.map_or(u32::MAX, u32::from));
     }
 }
 
