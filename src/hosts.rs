@@ -7,16 +7,18 @@
 //!
 //! The in-process limiter, [`LocalHostCaps`], gives each host one [`HostCap`]:
 //! for a configured host a `tokio::sync::Semaphore` of `max_concurrent`
-//! permits, and for every host the count of its reads in flight:
+//! permits (its reads in flight are the permits taken), for any other host a
+//! count of its reads in flight:
 //!
 //! - a host with no `[hosts]` table is unlimited (its slot only counts);
 //! - `max_concurrent = 0` refuses every read at once;
 //! - at the cap a read waits up to `acquire_wait_ms`, never past the
 //!   request's deadline, then fails with `HOST_SATURATED`.
 //!
-//! The engine resolves each host once ([`HostLimiter::local_cap`]) and then
-//! takes its slots from the [`HostCap`] directly: synchronously when a permit
-//! is free, with no boxed future, no map lookup and no allocation per read.
+//! The engine resolves each host once ([`HostLimiter::local_cap`]), keeps
+//! the answer in its host table, and then takes the host's slots from the
+//! [`HostCap`] directly: synchronously when a permit is free, with no boxed
+//! future, no lookup by name and no allocation per read.
 //!
 //! A slot is released when it is dropped — on success, error, timeout, or when
 //! the inbound request is cancelled and its futures are dropped — so a slot
@@ -25,15 +27,6 @@
 mod table;
 
 pub(crate) use table::{HostEntry, HostTable};
-
-/// The host slot a read holds: borrowed from the host's cap when one was
-/// free at once, else whatever the limiter handed out.
-pub(crate) enum HeldSlot<'a> {
-    /// Taken synchronously from the cap the engine resolved.
-    Borrowed { _permit: CapPermit<'a> },
-    /// From [`HostCap::acquire`] or [`HostLimiter::acquire`].
-    Owned { _slot: HostSlot },
-}
 
 use crate::config::HostConfig;
 use crate::error::FanoutError;
@@ -44,6 +37,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
+
+/// The host slot a read holds: borrowed from the host's cap when one was
+/// free at once, else whatever the limiter handed out.
+pub(crate) enum HeldSlot<'a> {
+    /// Taken synchronously from the cap the engine resolved.
+    Borrowed { _permit: CapPermit<'a> },
+    /// From [`HostCap::acquire`] or [`HostLimiter::acquire`].
+    Owned { _slot: HostSlot },
+}
 
 /// Hands out per-host slots. Implementations must release a slot when the
 /// returned [`HostSlot`] is dropped.
