@@ -169,9 +169,24 @@ impl RequestBudget {
 
     /// Time left before the deadline; `None` once it has passed.
     pub fn time_left(&self) -> Option<Duration> {
+        self.time_left_at(self.clock.now())
+    }
+
+    /// Time left before the deadline at `now` (read from [`now`](Self::now)).
+    pub(crate) fn time_left_at(&self, now: Instant) -> Option<Duration> {
         self.deadline
-            .checked_duration_since(self.clock.now())
+            .checked_duration_since(now)
             .filter(|left| !left.is_zero())
+    }
+
+    /// "Now" on the request's clock.
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// Whether the request's clock is tokio's (see [`Clock::is_tokio_clock`]).
+    pub(crate) fn on_tokio_clock(&self) -> bool {
+        self.clock.is_tokio_clock()
     }
 
     /// The request's counters.
@@ -179,9 +194,14 @@ impl RequestBudget {
         &self.stats
     }
 
+    /// One of the request's in-flight slots if one is free now.
+    pub(crate) fn try_in_flight_slot(&self) -> Option<SemaphorePermit<'_>> {
+        self.concurrency.try_acquire().ok()
+    }
+
     /// Waits for one of the request's in-flight slots, never past the deadline.
     pub(crate) async fn in_flight_slot(&self) -> Result<SemaphorePermit<'_>, FanoutError> {
-        if let Ok(permit) = self.concurrency.try_acquire() {
+        if let Some(permit) = self.try_in_flight_slot() {
             return Ok(permit);
         }
         let left = self.time_left().ok_or(FanoutError::DeadlineExceeded)?;

@@ -3,6 +3,8 @@
 //! Production uses [`TokioClock`] (`tokio::time::Instant::now()`, which also
 //! honours `tokio::time::pause()`); tests inject a [`ManualClock`] and move
 //! time by hand, so deadline behaviour is deterministic without sleeping.
+//! The read path reads the clock once per read sent (see
+//! [`crate::upstream`]).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -12,6 +14,14 @@ use tokio::time::Instant;
 pub trait Clock: Send + Sync + 'static {
     /// The current instant.
     fn now(&self) -> Instant;
+
+    /// Whether [`now`](Self::now) is tokio's own clock
+    /// (`tokio::time::Instant::now()`). Then the engine arms a read's timer at
+    /// an instant it read from this clock instead of reading tokio's clock
+    /// again. The default, `false`, is always correct.
+    fn is_tokio_clock(&self) -> bool {
+        false
+    }
 }
 
 /// The real clock (tokio's, so a paused tokio runtime pauses it too).
@@ -21,6 +31,10 @@ pub struct TokioClock;
 impl Clock for TokioClock {
     fn now(&self) -> Instant {
         Instant::now()
+    }
+
+    fn is_tokio_clock(&self) -> bool {
+        true
     }
 }
 

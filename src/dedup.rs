@@ -1,26 +1,34 @@
 //! Request-scoped de-duplication: identical reads anywhere in one inbound
 //! HTTP request are one read.
 //!
-//! Each distinct key owns one `tokio::sync::OnceCell` in a `DashMap`. The first
-//! caller for a key runs the read inside `OnceCell::get_or_init`; concurrent
-//! callers for the same key wait on the same cell and get the same result
-//! (single-flight), and later callers find it completed (a cache for the rest
-//! of the request). The outcome — success or error — is the read's outcome for
-//! the whole request: a second identical selection costs nothing and sees the
-//! same answer.
+//! Each distinct key owns one single-flight cell in a map (one
+//! `std::sync::Mutex<HashMap>`: a request's reads are few and the lock is
+//! held for one lookup, so one table beats a sharded map's many small ones). The first
+//! caller for a key creates the cell already *running* and runs the read;
+//! concurrent callers for the same key wait on the same cell and get the same
+//! result (single-flight), and later callers find it completed (a cache for
+//! the rest of the request). The outcome — success or error — is the read's
+//! outcome for the whole request: a second identical selection costs nothing
+//! and sees the same answer.
+//!
+//! A cell is a `std::sync::Mutex` around its state (idle, running, done) and a
+//! `tokio::sync::Notify` for its waiters. The caller that runs the read takes
+//! the lock once more, to store the value; the `Notify` is only touched when
+//! someone actually waited.
 //!
 //! Cancellation never poisons a key: if the caller running the read is dropped
-//! (its operation was cancelled), the cell stays empty and the next waiter runs
-//! the read itself. The map lives exactly as long as the request.
+//! (its operation was cancelled) or panics, the cell goes back to idle and its
+//! waiters are woken; the first of them runs the read itself, the others wait
+//! for it. The map lives exactly as long as the request.
 
-use dashmap::DashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::hash::Hash;
-use std::sync::Arc;
-use tokio::sync::OnceCell;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
 
 /// A single-flight cache for one request.
 pub struct Dedup<K, V> {
-    cells: DashMap<K, Arc<OnceCell<V>>>,
+    cells: Mutex<HashMap<K, Arc<Cell<V>>>>,
 }
 
 /// Whether a value came from a read this caller ran or from one it shared.
@@ -32,43 +40,147 @@ pub enum Origin {
     Shared,
 }
 
+/// One key's single-flight cell.
+struct Cell<V> {
+    state: Mutex<State<V>>,
+    /// Wakes the waiters when the read finishes or its runner goes away.
+    done: Notify,
+}
+
+enum State<V> {
+    /// Nobody runs the read (its runner was cancelled): the next caller runs it.
+    Idle,
+    /// A caller runs the read; `waited`: someone waits on `done`.
+    Running { waited: bool },
+    /// The read's outcome, for everyone from now on.
+    Done(V),
+}
+
+impl<V> Cell<V> {
+    fn lock(&self) -> MutexGuard<'_, State<V>> {
+        // A panic never leaves the state half-written (each section is one
+        // assignment), so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Held by the caller running a read: if it is dropped before the read
+/// finished (cancelled, or a panic), the cell goes back to idle and the
+/// waiters are woken, so one of them runs the read instead.
+struct Runner<'a, V> {
+    cell: &'a Cell<V>,
+    finished: bool,
+}
+
+impl<V> Drop for Runner<'_, V> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let waited = {
+            let mut state = self.cell.lock();
+            let waited = matches!(*state, State::Running { waited: true });
+            *state = State::Idle;
+            waited
+        };
+        if waited {
+            self.cell.done.notify_waiters();
+        }
+    }
+}
+
 impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
     /// An empty cache.
     pub fn new() -> Self {
         Self {
-            cells: DashMap::new(),
+            cells: Mutex::new(HashMap::new()),
         }
     }
 
+    fn cells(&self) -> MutexGuard<'_, HashMap<K, Arc<Cell<V>>>> {
+        // Each section is one map operation: a poisoned map is still whole.
+        self.cells.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The value for `key`: shared when a read for it exists, else `read()`'s.
+    ///
+    /// Cancellation-safe: dropping the returned future while it runs the read
+    /// hands the read over to a waiting caller (or the next one).
     pub async fn get_or_run<F, Fut>(&self, key: K, read: F) -> (V, Origin)
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = V>,
     {
-        let cell = self.cells.entry(key).or_default().clone();
-        if let Some(done) = cell.get() {
-            return (done.clone(), Origin::Shared);
+        let found = match self.cells().entry(key) {
+            Entry::Occupied(cell) => Ok(cell.get().clone()),
+            Entry::Vacant(vacant) => {
+                let cell = Arc::new(Cell {
+                    state: Mutex::new(State::Running { waited: false }),
+                    done: Notify::new(),
+                });
+                vacant.insert(cell.clone());
+                Err(cell)
+            }
+        };
+        let cell = match found {
+            Ok(cell) => cell,
+            Err(created) => return (run(&created, read).await, Origin::Ran),
+        };
+        loop {
+            let done = {
+                let mut state = cell.lock();
+                match &mut *state {
+                    State::Done(value) => return (value.clone(), Origin::Shared),
+                    State::Idle => {
+                        *state = State::Running { waited: false };
+                        break;
+                    }
+                    State::Running { waited } => {
+                        *waited = true;
+                        // Registered before the lock is released: the runner
+                        // can only finish (and notify) after this.
+                        cell.done.notified()
+                    }
+                }
+            };
+            done.await;
         }
-        let mut origin = Origin::Shared;
-        let value = cell
-            .get_or_init(|| {
-                origin = Origin::Ran;
-                read()
-            })
-            .await;
-        (value.clone(), origin)
+        (run(&cell, read).await, Origin::Ran)
     }
 
     /// Distinct keys seen so far.
     pub fn len(&self) -> usize {
-        self.cells.len()
+        self.cells().len()
     }
 
     /// Whether no key was seen yet.
     pub fn is_empty(&self) -> bool {
-        self.cells.is_empty()
+        self.cells().is_empty()
     }
+}
+
+/// Runs the read for `cell`, which the caller has marked running.
+async fn run<V: Clone, F, Fut>(cell: &Cell<V>, read: F) -> V
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = V>,
+{
+    let mut runner = Runner {
+        cell,
+        finished: false,
+    };
+    let value = read().await;
+    let waited = {
+        let mut state = cell.lock();
+        let waited = matches!(*state, State::Running { waited: true });
+        *state = State::Done(value.clone());
+        waited
+    };
+    runner.finished = true;
+    if waited {
+        cell.done.notify_waiters();
+    }
+    value
 }
 
 impl<K: Eq + Hash, V: Clone> Default for Dedup<K, V> {

@@ -12,7 +12,7 @@ use crate::clock::{Clock, TokioClock};
 use crate::config::Config;
 use crate::cost::CostTable;
 use crate::extension::FanoutExtension;
-use crate::hosts::{HostLimiter, LocalHostCaps};
+use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
 use crate::transport::{HttpTransport, Transport};
 use crate::upstream::FanoutRequest;
@@ -28,6 +28,8 @@ pub(crate) struct EngineInner {
     pub(crate) config: Config,
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) hosts: Arc<dyn HostLimiter>,
+    /// Each upstream host resolved once (its name, metrics and cap).
+    pub(crate) host_table: HostTable,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) token: InternalToken,
     pub(crate) costs: Option<CostTable>,
@@ -97,6 +99,7 @@ impl EngineBuilder {
                 config: self.config,
                 transport,
                 hosts,
+                host_table: HostTable::default(),
                 clock: self.clock,
                 token,
                 costs: self.costs,

@@ -2,8 +2,9 @@
 //!
 //! The engine records; the application installs a recorder (the gateway
 //! exports Prometheus text at `/metrics`). Without a recorder every call is a
-//! no-op. Per-host handles are registered once per host and cached, so the
-//! read path does one map lookup, not a registration, per read.
+//! no-op. Per-host handles are registered once per host and engine (when the
+//! engine first reads from the host) and kept in the engine's host table, so
+//! the read path registers nothing.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -20,9 +21,7 @@
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
 
-use dashmap::DashMap;
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
-use std::sync::{Arc, OnceLock};
 
 /// Cached metric handles for one upstream host.
 pub(crate) struct HostMetrics {
@@ -38,7 +37,8 @@ pub(crate) struct HostMetrics {
 }
 
 impl HostMetrics {
-    fn register(host: &str) -> Self {
+    /// Registers the handles for `host`.
+    pub(crate) fn new(host: &str) -> Self {
         let h = host.to_string();
         let reads = |outcome: &'static str| counter!("fanout_upstream_reads_total", "host" => h.clone(), "outcome" => outcome);
         Self {
@@ -52,19 +52,6 @@ impl HostMetrics {
             rejections: counter!("fanout_host_rejections_total", "host" => h.clone()),
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),
         }
-    }
-
-    /// The handles for `host`, registered on first use.
-    pub(crate) fn of(host: &str) -> Arc<HostMetrics> {
-        static HOSTS: OnceLock<DashMap<String, Arc<HostMetrics>>> = OnceLock::new();
-        let hosts = HOSTS.get_or_init(DashMap::new);
-        if let Some(m) = hosts.get(host) {
-            return m.clone();
-        }
-        hosts
-            .entry(host.to_string())
-            .or_insert_with(|| Arc::new(HostMetrics::register(host)))
-            .clone()
     }
 }
 

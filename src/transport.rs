@@ -9,7 +9,7 @@
 
 use crate::error::FanoutError;
 use crate::upstream::{Read, UpstreamResponse};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
 
 /// Sends one read.
@@ -80,22 +80,38 @@ async fn fetch(
     {
         return Err(too_large());
     }
-    let mut body = BytesMut::new();
+    // The common answer is one chunk: kept as it is, not copied. Only a
+    // body in several chunks is gathered into one buffer.
+    let mut first = Bytes::new();
+    let mut gathered: Option<BytesMut> = None;
     while let Some(chunk) = response
         .chunk()
         .await
         .map_err(|e| transport_error(error_chain(&e)))?
     {
-        if body.len() + chunk.len() > cap {
+        let so_far = gathered.as_ref().map_or(first.len(), BytesMut::len);
+        if so_far + chunk.len() > cap {
             return Err(too_large());
         }
-        body.extend_from_slice(&chunk);
+        match &mut gathered {
+            Some(buffer) => buffer.extend_from_slice(&chunk),
+            None if first.is_empty() => first = chunk,
+            None => {
+                let expected = response.content_length().unwrap_or(0) as usize;
+                let needed = so_far + chunk.len();
+                let mut buffer = BytesMut::with_capacity(expected.max(needed).min(cap));
+                buffer.extend_from_slice(&first);
+                buffer.extend_from_slice(&chunk);
+                gathered = Some(buffer);
+            }
+        }
     }
+    let body = gathered.map_or(first, BytesMut::freeze);
     Ok(UpstreamResponse {
         host: host.to_string(),
         status,
         headers: std::mem::take(response.headers_mut()),
-        body: body.freeze(),
+        body,
     })
 }
 

@@ -20,21 +20,29 @@
 //!
 //! The slots are guards held by the read's future, so they are released on
 //! every outcome, including the inbound request being cancelled.
+//!
+//! What a read costs the engine: a de-duplicated read stops at step 1 (one
+//! map lookup). A read that is sent resolves its host in the engine's host
+//! table (one lookup, no string built), takes its host slot synchronously
+//! when one is free, reads the request's clock once (again only after
+//! waiting for a slot) and arms one timer at
+//! `min(now + read_timeout, deadline)`.
 
-use crate::budget::{bump, RequestBudget};
-use crate::dedup::{Dedup, Origin};
+mod read;
+mod send;
+
+pub use read::{Read, UpstreamResponse};
+
+use crate::budget::RequestBudget;
+use crate::dedup::Dedup;
 use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::identity::Caller;
-use crate::metrics::{self, HostMetrics};
 use async_graphql::Context;
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use send::ReadKey;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 use tokio::sync::watch;
-use tracing::Instrument;
 
 /// The fan-out scope of one inbound HTTP request: its budget and its
 /// de-duplication cache, shared (`Arc`) by every operation of a batch.
@@ -53,12 +61,6 @@ struct RequestScope {
 }
 
 type ReadResult = Result<Arc<UpstreamResponse>, FanoutError>;
-
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct ReadKey {
-    url: String,
-    accept: Option<HeaderValue>,
-}
 
 impl FanoutRequest {
     pub(crate) fn new(engine: Engine, budget: RequestBudget, caller: Caller) -> Self {
@@ -194,80 +196,6 @@ fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
         .map(|op| &**op)
         .ok_or_else(|| "the fanout-budget extension is not mounted on this schema".into())
 }
-
-/// One upstream GET: a URL and, optionally, an `Accept` header.
-#[derive(Clone, Debug)]
-pub struct Read {
-    url: reqwest::Url,
-    accept: Option<HeaderValue>,
-}
-
-impl Read {
-    /// A GET of `url`.
-    pub fn get(url: reqwest::Url) -> Self {
-        Self { url, accept: None }
-    }
-
-    /// Sends `Accept: accept` (part of the read's identity for de-duplication).
-    pub fn accept(mut self, accept: &'static str) -> Self {
-        self.accept = Some(HeaderValue::from_static(accept));
-        self
-    }
-
-    /// The URL.
-    pub fn url(&self) -> &reqwest::Url {
-        &self.url
-    }
-
-    /// The `Accept` header, if any.
-    pub fn accept_header(&self) -> Option<&HeaderValue> {
-        self.accept.as_ref()
-    }
-
-    fn host(&self) -> String {
-        let host = self.url.host_str().unwrap_or("");
-        match self.url.port_or_known_default() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_string(),
-        }
-    }
-}
-
-/// What the upstream answered (any status): status, headers, and the body.
-#[derive(Debug)]
-pub struct UpstreamResponse {
-    /// `host:port` that answered.
-    pub host: String,
-    /// The HTTP status.
-    pub status: StatusCode,
-    /// The response headers.
-    pub headers: HeaderMap,
-    /// The whole body.
-    pub body: Bytes,
-}
-
-impl UpstreamResponse {
-    /// An `UPSTREAM_ERROR` for this response, with its status.
-    pub fn error(&self, message: impl Into<String>) -> FanoutError {
-        FanoutError::Upstream {
-            host: self.host.clone(),
-            status: Some(self.status.as_u16()),
-            message: message.into(),
-        }
-    }
-
-    /// The body as JSON, or `UPSTREAM_ERROR` if it is not the expected JSON.
-    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, FanoutError> {
-        serde_json::from_slice(&self.body)
-            .map_err(|e| self.error(format!("unexpected response body: {e}")))
-    }
-
-    /// A header as text.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
 /// The upstream, as seen by one operation of one inbound HTTP request.
 #[derive(Clone, Copy)]
 pub struct Upstream<'a> {
@@ -278,169 +206,5 @@ impl Upstream<'_> {
     /// The request's budget.
     pub fn budget(&self) -> &RequestBudget {
         self.op.request.budget()
-    }
-
-    /// Reads `read` through the acquisition point (see the module docs).
-    pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
-        let scope = &*self.op.request.inner;
-        let host = read.host();
-        let span = tracing::debug_span!(
-            "upstream.read",
-            host = %host,
-            path = %read.url.path(),
-            dedup = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-            duration_ms = tracing::field::Empty,
-        );
-        let key = ReadKey {
-            url: read.url.as_str().to_owned(),
-            accept: read.accept.clone(),
-        };
-        let started = std::time::Instant::now();
-        let (result, origin) = scope
-            .dedup
-            .get_or_run(key, || self.send(read, host))
-            .instrument(span.clone())
-            .await;
-        let shared = origin == Origin::Shared;
-        if shared {
-            bump(&scope.budget.stats().dedup_hits);
-            metrics::dedup_hit();
-        }
-        let outcome = match &result {
-            Ok(_) => "ok",
-            Err(err) => err.code(),
-        };
-        span.record("dedup", shared);
-        span.record("outcome", outcome);
-        span.record("duration_ms", started.elapsed().as_secs_f64() * 1e3);
-        result
-    }
-
-    async fn send(&self, read: Read, host: String) -> ReadResult {
-        let scope = &*self.op.request.inner;
-        let budget = &scope.budget;
-        let stats = budget.stats();
-        let refused = |err: FanoutError| {
-            match &err {
-                FanoutError::BudgetExhausted { .. } => {
-                    bump(&stats.refused_budget);
-                    metrics::budget_exhausted();
-                }
-                FanoutError::HostSaturated { .. } => {
-                    bump(&stats.refused_host);
-                    HostMetrics::of(&host).rejections.increment(1);
-                }
-                _ => bump(&stats.refused_deadline),
-            }
-            Err(err)
-        };
-        if budget.is_exhausted() {
-            return refused(FanoutError::BudgetExhausted {
-                limit: budget.limit(),
-            });
-        }
-        let _request_slot = match budget.in_flight_slot().await {
-            Ok(slot) => slot,
-            Err(err) => return refused(err),
-        };
-        let Some(left) = budget.time_left() else {
-            return refused(FanoutError::DeadlineExceeded);
-        };
-        let _host_slot = match scope.engine.hosts().acquire(&host, left).await {
-            Ok(slot) => slot,
-            Err(err) => return refused(err),
-        };
-        // Waiting may have used up the budget or the time; check both last.
-        let Some(left) = budget.time_left() else {
-            return refused(FanoutError::DeadlineExceeded);
-        };
-        if let Err(err) = budget.try_charge() {
-            return refused(err);
-        }
-        self.op.reads.fetch_add(1, Relaxed);
-        bump(&stats.issued);
-        self.timed_send(read, host, left).await
-    }
-
-    /// Sends the read under its time limit (the acquisition point's last step).
-    async fn timed_send(&self, read: Read, host: String, left: Duration) -> ReadResult {
-        let engine = &self.op.request.inner.engine.inner;
-        let stats = self.op.request.budget().stats();
-        let read_timeout = engine.config.budget.read_timeout();
-        let (limit, by_deadline) = if read_timeout <= left {
-            (read_timeout, false)
-        } else {
-            (left, true)
-        };
-        let m = HostMetrics::of(&host);
-        // Owned by this future: if the inbound request is cancelled mid-read,
-        // dropping it still balances the gauge and the counters.
-        let mut sending = Sending::start(&m, stats);
-        let sent = tokio::time::timeout(limit, engine.transport.fetch(&read, &host)).await;
-        sending.finish();
-        match sent {
-            Ok(Ok(response)) => {
-                bump(&stats.succeeded);
-                m.ok.increment(1);
-                Ok(Arc::new(response))
-            }
-            Ok(Err(err)) => {
-                bump(&stats.failed);
-                m.error.increment(1);
-                Err(err)
-            }
-            Err(_elapsed) => {
-                bump(&stats.timed_out);
-                m.timeouts.increment(1);
-                if by_deadline {
-                    m.deadline.increment(1);
-                    Err(FanoutError::DeadlineExceeded)
-                } else {
-                    m.timeout.increment(1);
-                    let timeout_ms = read_timeout.as_millis() as u64;
-                    Err(FanoutError::UpstreamTimeout { host, timeout_ms })
-                }
-            }
-        }
-    }
-}
-
-/// One read on the wire: the in-flight gauge is held while it exists, and a
-/// read dropped before it finished (its request was cancelled) counts as
-/// `cancelled`, so `issued = succeeded + failed + timed_out + cancelled`.
-struct Sending<'a> {
-    metrics: &'a HostMetrics,
-    stats: &'a crate::budget::ReadStats,
-    started: std::time::Instant,
-    finished: bool,
-}
-
-impl<'a> Sending<'a> {
-    fn start(metrics: &'a HostMetrics, stats: &'a crate::budget::ReadStats) -> Self {
-        metrics.in_flight.increment(1.0);
-        Self {
-            metrics,
-            stats,
-            started: std::time::Instant::now(),
-            finished: false,
-        }
-    }
-
-    fn finish(&mut self) {
-        self.finished = true;
-    }
-}
-
-impl Drop for Sending<'_> {
-    fn drop(&mut self) {
-        self.metrics.in_flight.decrement(1.0);
-        self.metrics
-            .latency
-            .record(self.started.elapsed().as_secs_f64());
-        if !self.finished {
-            bump(&self.stats.cancelled);
-            self.metrics.cancelled.increment(1);
-        }
     }
 }

@@ -27,7 +27,7 @@
 
 use crate::config::{FailureMode, HostConfig, RedisConfig};
 use crate::error::FanoutError;
-use crate::hosts::{HostLimiter, HostSlot, LocalHostCaps};
+use crate::hosts::{HostCap, HostLimiter, HostSlot, LocalHostCaps};
 use crate::limiter::{Decision, InboundLimiter};
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -425,5 +425,15 @@ impl HostLimiter for RedisHostCaps {
 
     fn in_flight(&self, host: &str) -> u64 {
         self.local.in_flight(host)
+    }
+
+    /// A host without a `[hosts]` table has no cluster cap: its slots are the
+    /// local limiter's alone. A capped host always needs a cluster lease.
+    fn local_cap(&self, host: &str) -> Option<Arc<HostCap>> {
+        if self.configured.contains_key(host) {
+            None
+        } else {
+            self.local.local_cap(host)
+        }
     }
 }

@@ -1,0 +1,165 @@
+//! The in-memory upstream, the engine on it, and the timed loops.
+
+use crate::{CHUNK, HOST};
+use criterion::black_box;
+use fanout_budget::config::HostConfig;
+use fanout_budget::{
+    Caller, Config, Engine, FanoutError, FanoutRequest, Read, Transport, UpstreamResponse,
+};
+use futures::future::BoxFuture;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+
+/// Pends once, waking itself at once: what a read on a real socket does at
+/// least, and what makes `tokio::time::timeout` arm its timer.
+pub(crate) struct YieldOnce(pub(crate) bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            Poll::Ready(())
+        } else {
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+}
+
+/// An upstream in memory: answers 200 with a fixed body, at once or after
+/// pending once.
+pub(crate) struct MemTransport {
+    yields: bool,
+    body: bytes::Bytes,
+}
+
+impl Transport for MemTransport {
+    fn fetch<'a>(
+        &'a self,
+        _read: &'a Read,
+        host: &'a str,
+    ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
+        Box::pin(async move {
+            if self.yields {
+                YieldOnce(false).await;
+            }
+            Ok(UpstreamResponse {
+                host: host.to_string(),
+                status: http::StatusCode::OK,
+                headers: http::HeaderMap::new(),
+                body: self.body.clone(),
+            })
+        })
+    }
+}
+
+pub(crate) fn mem_transport(yields: bool) -> Arc<MemTransport> {
+    Arc::new(MemTransport {
+        yields,
+        body: bytes::Bytes::from_static(br#"{"schemaVersion":2}"#),
+    })
+}
+
+/// The engine on the in-memory transport, with a cap on `HOST`.
+pub(crate) fn mem_engine(yields: bool) -> Engine {
+    let mut config = Config::default();
+    config.budget.max_reads = 1_000;
+    config.hosts.insert(
+        HOST.into(),
+        HostConfig {
+            max_concurrent: 256,
+            acquire_wait_ms: 50,
+        },
+    );
+    Engine::builder(config)
+        .transport(mem_transport(yields))
+        .build()
+}
+
+/// `n` distinct URLs on `HOST` (thread `t` gets its own).
+pub(crate) fn urls(t: usize, n: usize) -> Arc<Vec<reqwest::Url>> {
+    Arc::new(
+        (0..n)
+            .map(|i| {
+                format!("http://{HOST}/v2/bench/app/manifests/t{t}-{i}")
+                    .parse()
+                    .expect("a URL")
+            })
+            .collect(),
+    )
+}
+
+pub(crate) fn current_thread() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Runs `f` as a spawned task (so a pending future is rescheduled by the
+/// scheduler, not by `block_on`'s park) and returns what it timed.
+pub(crate) fn in_task<F>(rt: &Runtime, f: F) -> Duration
+where
+    F: Future<Output = Duration> + Send + 'static,
+{
+    rt.block_on(async move { tokio::spawn(f).await.expect("the bench task") })
+}
+
+/// The budget's charge, hand-rolled: one compare-and-swap loop.
+pub(crate) fn charge(used: &AtomicU64, limit: u64) -> bool {
+    used.fetch_update(Relaxed, Relaxed, |n| (n < limit).then_some(n + 1))
+        .is_ok()
+}
+
+/// Sends `reads` through one operation of `request`; the time they took.
+pub(crate) async fn timed_reads(request: &FanoutRequest, reads: Vec<Read>) -> Duration {
+    let op = request.operation();
+    let upstream = op.upstream();
+    let started = Instant::now();
+    for read in reads {
+        black_box(upstream.read(read).await.expect("an in-memory read"));
+    }
+    started.elapsed()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+pub(crate) enum Dedup {
+    Miss,
+    Hit,
+}
+
+/// `iters` reads through `engine`, `CHUNK` per inbound request; only the
+/// reads are timed (building the `Read`s and opening the request are not).
+pub(crate) async fn engine_reads(
+    engine: Engine,
+    urls: Arc<Vec<reqwest::Url>>,
+    iters: u64,
+    mode: Dedup,
+) -> Duration {
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let n = left.min(CHUNK as u64) as usize;
+        left -= n as u64;
+        let request = engine.begin_request(Caller::Public);
+        let reads = match mode {
+            Dedup::Miss => urls[..n].iter().cloned().map(Read::get).collect(),
+            Dedup::Hit => {
+                let warm = request.operation();
+                warm.upstream()
+                    .read(Read::get(urls[0].clone()))
+                    .await
+                    .expect("an in-memory read");
+                vec![Read::get(urls[0].clone()); n]
+            }
+        };
+        total += timed_reads(&request, reads).await;
+    }
+    total
+}

@@ -1,0 +1,150 @@
+//! Floors, the transport alone and the engine, on one thread.
+
+use crate::fixtures::{
+    charge, engine_reads, in_task, mem_engine, mem_transport, urls, Dedup, YieldOnce,
+};
+use crate::support::{paired, Paired};
+use crate::{CHUNK, HOST, LONG, ROUNDS};
+use criterion::{black_box, BenchmarkGroup};
+use fanout_budget::{Caller, Engine, Read, Transport};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+use tokio::sync::Semaphore;
+
+pub(crate) fn floors(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, rt: &Runtime) {
+    let used = Arc::new(AtomicU64::new(0));
+    g.bench_function("atomic_charge", |b| {
+        b.iter(|| black_box(charge(&used, u64::MAX)))
+    });
+
+    let sem = Arc::new(Semaphore::new(256));
+    g.bench_function("semaphore_acquire_release", |b| {
+        b.iter_custom(|iters| {
+            let sem = sem.clone();
+            in_task(rt, async move {
+                let started = Instant::now();
+                for _ in 0..iters {
+                    drop(black_box(sem.acquire().await.expect("open")));
+                }
+                started.elapsed()
+            })
+        })
+    });
+
+    let hosts: dashmap::DashMap<String, Arc<Semaphore>> = dashmap::DashMap::new();
+    hosts.insert(HOST.into(), Arc::new(Semaphore::new(256)));
+    g.bench_function("dashmap_semaphore_slot", |b| {
+        b.iter(|| {
+            let sem = hosts.get(black_box(HOST)).expect("a host").clone();
+            black_box(sem.try_acquire_owned().expect("a slot"))
+        })
+    });
+
+    g.bench_function("timeout_ready", |b| {
+        b.iter_custom(|iters| {
+            in_task(rt, async move {
+                let started = Instant::now();
+                for _ in 0..iters {
+                    let _ = black_box(tokio::time::timeout(LONG, std::future::ready(())).await);
+                }
+                started.elapsed()
+            })
+        })
+    });
+
+    let mut yield_once = yield_routine(rt, false);
+    g.bench_function("yield_once", |b| b.iter_custom(&mut yield_once));
+    let mut armed = yield_routine(rt, true);
+    g.bench_function("timeout_armed", |b| b.iter_custom(&mut armed));
+}
+
+/// `YieldOnce`, bare or inside `tokio::time::timeout` (the timer armed).
+pub(crate) fn yield_routine(rt: &Runtime, timeout: bool) -> impl FnMut(u64) -> Duration + '_ {
+    move |iters| {
+        in_task(rt, async move {
+            let started = Instant::now();
+            for _ in 0..iters {
+                if timeout {
+                    let _ = black_box(tokio::time::timeout(LONG, YieldOnce(false)).await);
+                } else {
+                    YieldOnce(false).await;
+                }
+            }
+            started.elapsed()
+        })
+    }
+}
+
+/// The in-memory transport called directly.
+pub(crate) fn transport_routine(rt: &Runtime, yields: bool) -> impl FnMut(u64) -> Duration + '_ {
+    let transport = mem_transport(yields);
+    let read = Read::get(urls(0, 1)[0].clone());
+    move |iters| {
+        let (transport, read) = (transport.clone(), read.clone());
+        in_task(rt, async move {
+            let started = Instant::now();
+            for _ in 0..iters {
+                black_box(transport.fetch(&read, HOST).await.expect("a response"));
+            }
+            started.elapsed()
+        })
+    }
+}
+
+/// Reads through `engine` (see `engine_reads`).
+pub(crate) fn engine_routine(
+    rt: &Runtime,
+    engine: Engine,
+    pool: Arc<Vec<reqwest::Url>>,
+    mode: Dedup,
+) -> impl FnMut(u64) -> Duration + '_ {
+    move |iters| in_task(rt, engine_reads(engine.clone(), pool.clone(), iters, mode))
+}
+
+pub(crate) fn transports(
+    g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &Runtime,
+) {
+    for (id, yields) in [("transport_ready", false), ("transport_yield", true)] {
+        let mut routine = transport_routine(rt, yields);
+        g.bench_function(id, |b| b.iter_custom(&mut routine));
+    }
+}
+
+pub(crate) fn engine_uncontended(
+    g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &Runtime,
+) {
+    let pool = urls(0, CHUNK);
+    let cases = [
+        ("engine_miss_ready", false, Dedup::Miss),
+        ("engine_miss", true, Dedup::Miss),
+        ("engine_hit", true, Dedup::Hit),
+    ];
+    for (id, yields, mode) in cases {
+        let mut routine = engine_routine(rt, mem_engine(yields), pool.clone(), mode);
+        g.bench_function(id, |b| b.iter_custom(&mut routine));
+    }
+    let engine = mem_engine(true);
+    g.bench_function("begin_request", |b| {
+        b.iter(|| black_box(engine.begin_request(Caller::Public).operation()))
+    });
+}
+
+pub(crate) fn paired_read_path(rt: &Runtime) -> (Paired, Paired) {
+    let path = paired(
+        ROUNDS,
+        20_000,
+        engine_routine(rt, mem_engine(true), urls(0, CHUNK), Dedup::Miss),
+        transport_routine(rt, true),
+    );
+    let timer = paired(
+        ROUNDS,
+        100_000,
+        yield_routine(rt, true),
+        yield_routine(rt, false),
+    );
+    (path, timer)
+}
