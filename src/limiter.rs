@@ -15,7 +15,10 @@
 //!    evicted (`retain_recent`) every `max(SWEEP_EVERY, 2 × keys left)`
 //!    checks, so a flood of distinct addresses cannot grow memory without
 //!    bound and the sweep's cost stays constant per check however many keys
-//!    are held.
+//!    are held. A check that creates a key counts at once; the others are
+//!    counted in per-thread batches of [`CHECK_BATCH`], so an ordinary check
+//!    writes no shared memory besides its key's state. The keys live in a
+//!    `DashMap` hashed by a keyed folded multiply (`store`), not SipHash.
 //! 4. **The answer**: over the limit, 429 `RATE_LIMITED` with `Retry-After`
 //!    (whole seconds, at least 1) and the IETF `RateLimit-Policy` /
 //!    `RateLimit` fields; otherwise the inner service's answer, with
@@ -34,19 +37,25 @@ use axum::extract::ConnectInfo;
 use futures::future::BoxFuture;
 use governor::clock::{Clock as GovernorClock, DefaultClock};
 use governor::middleware::StateInformationMiddleware;
-use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use http::{HeaderValue, Request, Response};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use store::{IpStore, SweepPacer};
+
+mod store;
 
 /// Idle keys are swept at least this many checks apart (more when many keys
 /// stay live, so the sweep costs O(1) per check).
 pub const SWEEP_EVERY: u64 = 4096;
+
+/// Checks that find their key already held are counted towards the next
+/// sweep in batches of this many per thread (a check that creates a key
+/// counts at once).
+pub const CHECK_BATCH: u32 = 256;
 
 /// A limiter's verdict on one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +82,7 @@ pub trait InboundLimiter: Send + Sync + 'static {
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>>;
 }
 
-type Gcra<C> = RateLimiter<IpAddr, DashMapStateStore<IpAddr>, C, StateInformationMiddleware>;
+type Gcra<C> = RateLimiter<IpAddr, IpStore, C, StateInformationMiddleware>;
 
 /// The in-process GCRA limiter (governor), keyed by client IP.
 pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
@@ -81,8 +90,7 @@ pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
     clock: C,
     limit: u32,
     interval: Duration,
-    checks: AtomicU64,
-    next_sweep: AtomicU64,
+    pacer: Arc<SweepPacer>,
 }
 
 impl LocalLimiter<DefaultClock> {
@@ -97,36 +105,29 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
     /// `FakeRelativeClock`).
     pub fn with_clock(requests_per_minute: NonZeroU32, clock: C) -> Self {
         let quota = Quota::per_minute(requests_per_minute);
+        let pacer = Arc::new(SweepPacer::new(SWEEP_EVERY));
         Self {
             gcra: RateLimiter::<IpAddr, _, C, StateInformationMiddleware>::new(
                 quota,
-                DashMapStateStore::default(),
+                IpStore::new(pacer.clone()),
                 clock.clone(),
             ),
             clock,
             limit: requests_per_minute.get(),
             interval: quota.replenish_interval(),
-            checks: AtomicU64::new(0),
-            next_sweep: AtomicU64::new(SWEEP_EVERY),
+            pacer,
         }
     }
 
     /// Checks and counts one request for `key`.
     pub fn check(&self, key: IpAddr) -> Decision {
-        let n = self.checks.fetch_add(1, Relaxed) + 1;
-        let due = self.next_sweep.load(Relaxed);
-        if n >= due
-            && self
-                .next_sweep
-                .compare_exchange(due, u64::MAX, Relaxed, Relaxed)
-                .is_ok()
-        {
-            // One caller sweeps; the next sweep is paced by what is left.
+        let outcome = self.gcra.check_key(&key);
+        if self.pacer.count_check() {
+            // One caller sweeps; the next sweep is paced by the keys left.
             self.sweep();
-            let gap = SWEEP_EVERY.max(2 * self.len() as u64);
-            self.next_sweep.store(n + gap, Relaxed);
+            self.pacer.swept(SWEEP_EVERY.max(2 * self.len() as u64));
         }
-        match self.gcra.check_key(&key) {
+        match outcome {
             Ok(state) => {
                 let remaining = state.remaining_burst_capacity();
                 Decision::Allow {

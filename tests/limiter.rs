@@ -1,4 +1,5 @@
 //! The in-process inbound limiter (GCRA via governor) on a fake clock.
+use fanout_budget::limiter::{CHECK_BATCH, SWEEP_EVERY};
 use fanout_budget::{Decision, LocalLimiter};
 use governor::clock::FakeRelativeClock;
 use std::net::{IpAddr, Ipv4Addr};
@@ -69,4 +70,64 @@ fn a_million_distinct_clients_do_not_grow_memory_without_bound() {
     if let (Some(before), Some(after)) = (rss_before, rss_kib()) {
         println!("1,000,000 distinct clients: peak {peak_keys} keys held, RSS {before} KiB -> {after} KiB");
     }
+}
+
+#[test]
+fn idle_keys_are_swept_by_traffic_from_known_clients_alone() {
+    let clock = FakeRelativeClock::default();
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(300).unwrap(), clock.clone());
+    let clients = 10_000u32;
+    for n in 0..clients {
+        limiter.check(ip(n));
+    }
+    assert_eq!(limiter.len(), clients as usize, "no key is idle yet");
+    // Everyone but client 0 leaves. Client 0's checks are counted in
+    // per-thread batches, and the sweep they bring evicts the rest: at the
+    // latest after max(SWEEP_EVERY, 2 × keys left at the last sweep) checks,
+    // plus one batch.
+    clock.advance(Duration::from_secs(60));
+    let due_within = SWEEP_EVERY.max(2 * u64::from(clients)) + u64::from(CHECK_BATCH);
+    for _ in 0..due_within {
+        limiter.check(ip(0));
+    }
+    assert_eq!(limiter.len(), 1, "only the client still calling is held");
+}
+
+#[test]
+fn a_flood_from_two_threads_stays_bounded() {
+    let clock = FakeRelativeClock::default();
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(300).unwrap(), clock.clone());
+    let per_thread = 300_000u32;
+    let peaks: Vec<usize> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2u32)
+            .map(|t| {
+                let (limiter, clock) = (&limiter, &clock);
+                s.spawn(move || {
+                    let mut peak = 0;
+                    for n in 0..per_thread {
+                        let key = ip((t << 24) | n);
+                        assert!(matches!(limiter.check(key), Decision::Allow { .. }));
+                        clock.advance(Duration::from_micros(100));
+                        peak = peak.max(limiter.len());
+                    }
+                    peak
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let peak = peaks.into_iter().max().unwrap();
+    // 600,000 distinct clients with ~4,000 live at a time (each is idle 400 ms
+    // after its request; the shared clock moves 100 µs per request). Sweeps
+    // are due every max(4096, 2 × keys left) new keys, so ~12,000 are held
+    // at the peak; the rest of the bound is what the other thread inserts
+    // while one sweeps.
+    assert!(
+        peak < 32_000,
+        "peak {peak} keys held for {} clients",
+        2 * per_thread
+    );
+    clock.advance(Duration::from_secs(60));
+    limiter.sweep();
+    assert!(limiter.is_empty(), "idle keys are evicted");
 }
