@@ -89,7 +89,8 @@ pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
     gcra: Gcra<C>,
     clock: C,
     limit: u32,
-    interval: Duration,
+    /// The replenish interval in ns (`limit` of them make at most a minute).
+    interval_ns: u64,
     pacer: Arc<SweepPacer>,
 }
 
@@ -114,7 +115,7 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
             ),
             clock,
             limit: requests_per_minute.get(),
-            interval: quota.replenish_interval(),
+            interval_ns: quota.replenish_interval().as_nanos() as u64,
             pacer,
         }
     }
@@ -132,7 +133,10 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
                 let remaining = state.remaining_burst_capacity();
                 Decision::Allow {
                     remaining,
-                    reset: self.interval * (self.limit - remaining.min(self.limit)),
+                    // At most `limit` intervals: a minute, no overflow.
+                    reset: Duration::from_nanos(
+                        self.interval_ns * u64::from(self.limit - remaining.min(self.limit)),
+                    ),
                 }
             }
             Err(not_until) => Decision::Deny {
