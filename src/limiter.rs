@@ -38,7 +38,7 @@ use futures::future::BoxFuture;
 use governor::clock::{Clock as GovernorClock, DefaultClock};
 use governor::middleware::StateInformationMiddleware;
 use governor::{Quota, RateLimiter};
-use http::{HeaderValue, Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -223,7 +223,7 @@ impl<S> tower::Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimitService {
             inner,
-            layer: self.clone(),
+            layer: Arc::new(self.clone()),
         }
     }
 }
@@ -232,7 +232,8 @@ impl<S> tower::Layer<S> for RateLimitLayer {
 #[derive(Clone)]
 pub struct RateLimitService<S> {
     inner: S,
-    layer: RateLimitLayer,
+    // Shared: each request's future holds it, for one reference count.
+    layer: Arc<RateLimitLayer>,
 }
 
 impl<S, B> tower::Service<Request<B>> for RateLimitService<S>
@@ -321,11 +322,65 @@ impl RateLimitLayer {
     /// `RateLimit: "per-ip";r=<remaining>;t=<seconds>` and the policy.
     fn headers<B>(&self, response: &mut Response<B>, remaining: u32, reset_secs: u64) {
         let headers = response.headers_mut();
-        let value = format!("\"per-ip\";r={remaining};t={reset_secs}");
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert("ratelimit", v);
+        if let Ok(v) =
+            HeaderValue::from_bytes(RateLimitValue::new(remaining, reset_secs).as_bytes())
+        {
+            headers.insert(RATELIMIT, v);
         }
-        headers.insert("ratelimit-policy", self.policy_header.clone());
+        headers.insert(RATELIMIT_POLICY, self.policy_header.clone());
+    }
+}
+
+/// The IETF `RateLimit` field.
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// The IETF `RateLimit-Policy` field.
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// A `RateLimit` value, `"per-ip";r=<remaining>;t=<seconds>`, written into a
+/// buffer on the stack (no `format!`, no `String`).
+struct RateLimitValue {
+    buf: [u8; Self::CAPACITY],
+    len: usize,
+}
+
+impl RateLimitValue {
+    const PREFIX: &'static [u8] = b"\"per-ip\";r=";
+    /// The prefix, `u32::MAX`, `;t=` and `u64::MAX`.
+    const CAPACITY: usize = Self::PREFIX.len() + 10 + 3 + 20;
+
+    fn new(remaining: u32, reset_secs: u64) -> Self {
+        let mut value = Self {
+            buf: [0; Self::CAPACITY],
+            len: 0,
+        };
+        value.push(Self::PREFIX);
+        value.push_decimal(u64::from(remaining));
+        value.push(b";t=");
+        value.push_decimal(reset_secs);
+        value
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn push_decimal(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
 }
 
@@ -340,4 +395,27 @@ fn ceil_seconds(d: Duration) -> u64 {
 /// `Retry-After` is whole seconds, at least 1.
 fn whole_seconds(d: Duration) -> u64 {
     ceil_seconds(d).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateLimitValue;
+
+    #[test]
+    fn ratelimit_value_is_what_format_wrote() {
+        for (remaining, reset) in [
+            (0, 0),
+            (1, 9),
+            (10, 10),
+            (299, 60),
+            (u32::MAX, u64::MAX),
+            (1_000_000, 12_345_678_901),
+        ] {
+            let value = RateLimitValue::new(remaining, reset);
+            assert_eq!(
+                std::str::from_utf8(value.as_bytes()).unwrap(),
+                format!("\"per-ip\";r={remaining};t={reset}")
+            );
+        }
+    }
 }
