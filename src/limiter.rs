@@ -35,8 +35,9 @@ use crate::identity::{Caller, InternalToken, TokenCheck, TrustedProxies};
 use crate::metrics;
 use axum::extract::ConnectInfo;
 use futures::future::BoxFuture;
-use governor::clock::{Clock as GovernorClock, DefaultClock};
+use governor::clock::Clock as GovernorClock;
 use governor::middleware::StateInformationMiddleware;
+use governor::nanos::Nanos;
 use governor::{Quota, RateLimiter};
 use http::{HeaderName, HeaderValue, Request, Response};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -44,7 +45,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use store::{IpStore, SweepPacer};
+use store::{ClientKey, IpStore, SweepPacer};
 
 mod store;
 
@@ -82,10 +83,45 @@ pub trait InboundLimiter: Send + Sync + 'static {
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>>;
 }
 
-type Gcra<C> = RateLimiter<IpAddr, IpStore, C, StateInformationMiddleware>;
+type Gcra<C> = RateLimiter<ClientKey, IpStore, C, StateInformationMiddleware>;
+
+/// [`LocalLimiter`]'s real clock: `std`'s monotonic clock (what governor's
+/// `DefaultClock` reads), as governor's `Nanos` since this clock was made.
+/// A check then subtracts two integers where governor's own clock compares
+/// and subtracts two `Instant`s, out of line.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicNanos {
+    origin: std::time::Instant,
+}
+
+impl MonotonicNanos {
+    /// A clock whose zero is now.
+    pub fn new() -> Self {
+        Self {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicNanos {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GovernorClock for MonotonicNanos {
+    type Instant = Nanos;
+
+    #[inline]
+    fn now(&self) -> Nanos {
+        let elapsed = self.origin.elapsed();
+        // Integer ns (governor's `From<Duration>` goes through `u128`).
+        Nanos::from(elapsed.as_secs() * 1_000_000_000 + u64::from(elapsed.subsec_nanos()))
+    }
+}
 
 /// The in-process GCRA limiter (governor), keyed by client IP.
-pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
+pub struct LocalLimiter<C: GovernorClock = MonotonicNanos> {
     gcra: Gcra<C>,
     clock: C,
     limit: u32,
@@ -94,10 +130,10 @@ pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
     pacer: Arc<SweepPacer>,
 }
 
-impl LocalLimiter<DefaultClock> {
+impl LocalLimiter<MonotonicNanos> {
     /// `requests_per_minute` per key, on the real clock.
     pub fn per_minute(requests_per_minute: NonZeroU32) -> Self {
-        Self::with_clock(requests_per_minute, DefaultClock::default())
+        Self::with_clock(requests_per_minute, MonotonicNanos::new())
     }
 }
 
@@ -108,7 +144,7 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
         let quota = Quota::per_minute(requests_per_minute);
         let pacer = Arc::new(SweepPacer::new(SWEEP_EVERY));
         Self {
-            gcra: RateLimiter::<IpAddr, _, C, StateInformationMiddleware>::new(
+            gcra: RateLimiter::<ClientKey, _, C, StateInformationMiddleware>::new(
                 quota,
                 IpStore::new(pacer.clone()),
                 clock.clone(),
@@ -122,7 +158,7 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
 
     /// Checks and counts one request for `key`.
     pub fn check(&self, key: IpAddr) -> Decision {
-        let outcome = self.gcra.check_key(&key);
+        let outcome = self.gcra.check_key(&ClientKey(key));
         if self.pacer.count_check() {
             // One caller sweeps; the next sweep is paced by the keys left.
             self.sweep();

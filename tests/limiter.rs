@@ -1,6 +1,7 @@
 //! The in-process inbound limiter (GCRA via governor) on a fake clock.
-use fanout_budget::limiter::{CHECK_BATCH, SWEEP_EVERY};
+use fanout_budget::limiter::{MonotonicNanos, CHECK_BATCH, SWEEP_EVERY};
 use fanout_budget::{Decision, LocalLimiter};
+use governor::clock::Clock;
 use governor::clock::FakeRelativeClock;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
@@ -130,4 +131,70 @@ fn a_flood_from_two_threads_stays_bounded() {
     clock.advance(Duration::from_secs(60));
     limiter.sweep();
     assert!(limiter.is_empty(), "idle keys are evicted");
+}
+
+#[test]
+fn reset_is_the_intervals_used_up() {
+    let clock = FakeRelativeClock::default();
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(5).unwrap(), clock.clone());
+    for used in 1..=5u64 {
+        assert_eq!(
+            limiter.check(ip(1)),
+            Decision::Allow {
+                remaining: 5 - used as u32,
+                reset: Duration::from_secs(12 * used)
+            }
+        );
+    }
+    clock.advance(Duration::from_millis(12_500));
+    assert_eq!(
+        limiter.check(ip(1)),
+        Decision::Allow {
+            remaining: 0,
+            reset: Duration::from_secs(60)
+        }
+    );
+    // 300 a minute: 200 ms intervals, not whole seconds.
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(300).unwrap(), clock.clone());
+    for used in 1..=7u64 {
+        let Decision::Allow { reset, .. } = limiter.check(ip(2)) else {
+            panic!("admitted")
+        };
+        assert_eq!(reset, Duration::from_millis(200 * used));
+    }
+}
+
+#[test]
+fn the_real_clock_limits_like_the_fake_one() {
+    let limiter = LocalLimiter::per_minute(NonZeroU32::new(5).unwrap());
+    for remaining in (0..5).rev() {
+        assert!(
+            matches!(limiter.check(ip(1)), Decision::Allow { remaining: r, .. } if r == remaining)
+        );
+    }
+    // The six checks take far less than a second of the twelve.
+    match limiter.check(ip(1)) {
+        Decision::Deny { retry_after } => assert!(
+            retry_after > Duration::from_secs(11) && retry_after <= Duration::from_secs(12),
+            "retry after {retry_after:?}"
+        ),
+        allowed => panic!("the sixth check in a minute was {allowed:?}"),
+    }
+}
+
+#[test]
+fn the_monotonic_clock_never_goes_back() {
+    let clock = MonotonicNanos::new();
+    let start = clock.now();
+    let mut last = start;
+    for _ in 0..10_000 {
+        let now = clock.now();
+        assert!(now >= last, "{now:?} after {last:?}");
+        last = now;
+    }
+    assert!(last > start, "10,000 readings took some time");
+    assert!(
+        last.as_u64() < 60_000_000_000,
+        "ns since the clock was made"
+    );
 }

@@ -17,7 +17,7 @@ use governor::nanos::Nanos;
 use governor::state::keyed::ShrinkableKeyedStateStore;
 use governor::state::StateStore;
 use std::cell::Cell;
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::net::IpAddr;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -96,9 +96,25 @@ fn clamp(checks: u64) -> i64 {
     checks.min(i64::MAX as u64 / 2) as i64
 }
 
+/// A client IP as the store's key. It hashes as one word for IPv4 (the
+/// address, tagged above its 32 bits) and two for IPv6, where `IpAddr`'s own
+/// `Hash` writes the variant first (one more multiply per hash).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ClientKey(pub(super) IpAddr);
+
+impl Hash for ClientKey {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self.0 {
+            IpAddr::V4(v4) => state.write_u64(u64::from(v4.to_bits()) | 1 << 32),
+            IpAddr::V6(v6) => state.write_u128(v6.to_bits()),
+        }
+    }
+}
+
 /// governor's state per client IP, hashed with [`IpHashBuilder`].
 pub(super) struct IpStore {
-    map: DashMap<IpAddr, AtomicU64, IpHashBuilder>,
+    map: DashMap<ClientKey, AtomicU64, IpHashBuilder>,
     pacer: Arc<SweepPacer>,
 }
 
@@ -113,9 +129,9 @@ impl IpStore {
 }
 
 impl StateStore for IpStore {
-    type Key = IpAddr;
+    type Key = ClientKey;
 
-    fn measure_and_replace<T, F, E>(&self, key: &IpAddr, f: F) -> Result<T, E>
+    fn measure_and_replace<T, F, E>(&self, key: &ClientKey, f: F) -> Result<T, E>
     where
         F: Fn(Option<Nanos>) -> Result<(T, Nanos), E>,
     {
@@ -135,7 +151,7 @@ impl StateStore for IpStore {
     }
 }
 
-impl ShrinkableKeyedStateStore<IpAddr> for IpStore {
+impl ShrinkableKeyedStateStore<ClientKey> for IpStore {
     fn retain_recent(&self, drop_below: Nanos) {
         // governor's rule: a state at or below `drop_below` is
         // indistinguishable from a fresh one.
@@ -211,7 +227,7 @@ impl BuildHasher for IpHashBuilder {
 /// starts at the seed, each word written is mixed in as
 /// `fold(state ^ word, multiplier)`, where `fold` XORs the two halves of the
 /// 128-bit product, and `finish` folds once more. An `IpAddr` is two words
-/// (the variant and an IPv4 address) or three (IPv6).
+/// (a [`ClientKey`]: one for IPv4, two for IPv6).
 #[derive(Clone, Debug)]
 pub(super) struct IpHasher {
     acc: u64,
@@ -294,12 +310,12 @@ mod tests {
     use super::*;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
-    fn v4(n: u32) -> IpAddr {
-        IpAddr::V4(Ipv4Addr::from(n))
+    fn v4(n: u32) -> ClientKey {
+        ClientKey(IpAddr::V4(Ipv4Addr::from(n)))
     }
 
-    fn v6(n: u128) -> IpAddr {
-        IpAddr::V6(Ipv6Addr::from(n))
+    fn v6(n: u128) -> ClientKey {
+        ClientKey(IpAddr::V6(Ipv6Addr::from(n)))
     }
 
     /// Counts of `hashes` in `buckets` buckets chosen by `bucket`, against
@@ -377,11 +393,19 @@ mod tests {
     #[test]
     fn every_builder_has_its_own_seed_and_each_is_deterministic() {
         let (a, b) = (IpHashBuilder::new(), IpHashBuilder::new());
-        let ips: Vec<IpAddr> = (0..256u32).map(v4).chain((0..256u128).map(v6)).collect();
+        let ips: Vec<ClientKey> = (0..256u32).map(v4).chain((0..256u128).map(v6)).collect();
         for ip in &ips {
             assert_eq!(a.hash_one(ip), a.hash_one(ip), "same builder, same hash");
-            assert_ne!(a.hash_one(ip), b.hash_one(ip), "{ip}: two seeds, one hash");
+            assert_ne!(
+                a.hash_one(ip),
+                b.hash_one(ip),
+                "{ip:?}: two seeds, one hash"
+            );
         }
+        // `IpAddr`'s own `Hash` (variant, then address) works too.
+        let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
+        assert_eq!(a.hash_one(ip), a.hash_one(ip));
+        assert_ne!(a.hash_one(ip), b.hash_one(ip));
         assert_ne!((a.seed, a.multiplier), (b.seed, b.multiplier));
         assert_eq!(a.multiplier & 1, 1, "the multiplier is odd");
     }
@@ -408,7 +432,9 @@ mod tests {
             IpAddr::V4(ip),
             IpAddr::V6(ip.to_ipv6_mapped()),
             IpAddr::V4(ip),
-        ] {
+        ]
+        .map(ClientKey)
+        {
             let _: Result<(), ()> =
                 store.measure_and_replace(&key, |_| Ok(((), Nanos::from(1_000u64))));
         }
