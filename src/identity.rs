@@ -156,7 +156,6 @@ impl Cidr {
     }
 }
 
-#[inline]
 fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
