@@ -4,8 +4,9 @@
 //! `cargo bench --bench limiter` measures, on the same keys:
 //!
 //! - `governor`: a keyed GCRA limiter (DashMap store), nothing else;
-//! - `local`: [`LocalLimiter::check`] (governor with state information, the
-//!   idle-key sweep every 4096 checks, the `Decision`);
+//! - `local`: [`LocalLimiter::check`] (governor with state information over
+//!   the limiter's own key store — a `DashMap` with a keyed folded-multiply
+//!   hash —, the idle-key sweep's pacing, the `Decision`);
 //! - `inbound`: what the rate-limit layer decides per request — the internal
 //!   token check (no token header: an ordinary caller), the client IP, then
 //!   `LocalLimiter::check` — and the same with a wrong token (a SHA-256);
@@ -320,9 +321,7 @@ impl Drop for RedisServer {
 }
 
 fn redis(c: &mut Criterion, denied: &Arc<AtomicU64>, run_paired: bool) -> Option<Paired> {
-    let Some(binary) = support::require_binary("redis-server", "redis-server") else {
-        return None;
-    };
+    let binary = support::require_binary("redis-server", "redis-server")?;
     let server = RedisServer::start(&binary);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -15,7 +15,10 @@
 //!    evicted (`retain_recent`) every `max(SWEEP_EVERY, 2 × keys left)`
 //!    checks, so a flood of distinct addresses cannot grow memory without
 //!    bound and the sweep's cost stays constant per check however many keys
-//!    are held.
+//!    are held. A check that creates a key counts at once; the others are
+//!    counted in per-thread batches of [`CHECK_BATCH`], so an ordinary check
+//!    writes no shared memory besides its key's state. The keys live in a
+//!    `DashMap` hashed by a keyed folded multiply (`store`), not SipHash.
 //! 4. **The answer**: over the limit, 429 `RATE_LIMITED` with `Retry-After`
 //!    (whole seconds, at least 1) and the IETF `RateLimit-Policy` /
 //!    `RateLimit` fields; otherwise the inner service's answer, with
@@ -32,21 +35,28 @@ use crate::identity::{Caller, InternalToken, TokenCheck, TrustedProxies};
 use crate::metrics;
 use axum::extract::ConnectInfo;
 use futures::future::BoxFuture;
-use governor::clock::{Clock as GovernorClock, DefaultClock};
+use governor::clock::Clock as GovernorClock;
 use governor::middleware::StateInformationMiddleware;
-use governor::state::keyed::DashMapStateStore;
+use governor::nanos::Nanos;
 use governor::{Quota, RateLimiter};
-use http::{HeaderValue, Request, Response};
+use http::{HeaderName, HeaderValue, Request, Response};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use store::{ClientKey, IpStore, SweepPacer};
+
+mod store;
 
 /// Idle keys are swept at least this many checks apart (more when many keys
 /// stay live, so the sweep costs O(1) per check).
 pub const SWEEP_EVERY: u64 = 4096;
+
+/// Checks that find their key already held are counted towards the next
+/// sweep in batches of this many per thread (a check that creates a key
+/// counts at once).
+pub const CHECK_BATCH: u32 = 256;
 
 /// A limiter's verdict on one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,22 +83,57 @@ pub trait InboundLimiter: Send + Sync + 'static {
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>>;
 }
 
-type Gcra<C> = RateLimiter<IpAddr, DashMapStateStore<IpAddr>, C, StateInformationMiddleware>;
+type Gcra<C> = RateLimiter<ClientKey, IpStore, C, StateInformationMiddleware>;
+
+/// [`LocalLimiter`]'s real clock: `std`'s monotonic clock (what governor's
+/// `DefaultClock` reads), as governor's `Nanos` since this clock was made.
+/// A check then subtracts two integers where governor's own clock compares
+/// and subtracts two `Instant`s, out of line.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicNanos {
+    origin: std::time::Instant,
+}
+
+impl MonotonicNanos {
+    /// A clock whose zero is now.
+    pub fn new() -> Self {
+        Self {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicNanos {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl GovernorClock for MonotonicNanos {
+    type Instant = Nanos;
+
+    #[inline]
+    fn now(&self) -> Nanos {
+        let elapsed = self.origin.elapsed();
+        // Integer ns (governor's `From<Duration>` goes through `u128`).
+        Nanos::from(elapsed.as_secs() * 1_000_000_000 + u64::from(elapsed.subsec_nanos()))
+    }
+}
 
 /// The in-process GCRA limiter (governor), keyed by client IP.
-pub struct LocalLimiter<C: GovernorClock = DefaultClock> {
+pub struct LocalLimiter<C: GovernorClock = MonotonicNanos> {
     gcra: Gcra<C>,
     clock: C,
     limit: u32,
-    interval: Duration,
-    checks: AtomicU64,
-    next_sweep: AtomicU64,
+    /// The replenish interval in ns (`limit` of them make at most a minute).
+    interval_ns: u64,
+    pacer: Arc<SweepPacer>,
 }
 
-impl LocalLimiter<DefaultClock> {
+impl LocalLimiter<MonotonicNanos> {
     /// `requests_per_minute` per key, on the real clock.
     pub fn per_minute(requests_per_minute: NonZeroU32) -> Self {
-        Self::with_clock(requests_per_minute, DefaultClock::default())
+        Self::with_clock(requests_per_minute, MonotonicNanos::new())
     }
 }
 
@@ -97,41 +142,37 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
     /// `FakeRelativeClock`).
     pub fn with_clock(requests_per_minute: NonZeroU32, clock: C) -> Self {
         let quota = Quota::per_minute(requests_per_minute);
+        let pacer = Arc::new(SweepPacer::new(SWEEP_EVERY));
         Self {
-            gcra: RateLimiter::<IpAddr, _, C, StateInformationMiddleware>::new(
+            gcra: RateLimiter::<ClientKey, _, C, StateInformationMiddleware>::new(
                 quota,
-                DashMapStateStore::default(),
+                IpStore::new(pacer.clone()),
                 clock.clone(),
             ),
             clock,
             limit: requests_per_minute.get(),
-            interval: quota.replenish_interval(),
-            checks: AtomicU64::new(0),
-            next_sweep: AtomicU64::new(SWEEP_EVERY),
+            interval_ns: quota.replenish_interval().as_nanos() as u64,
+            pacer,
         }
     }
 
     /// Checks and counts one request for `key`.
     pub fn check(&self, key: IpAddr) -> Decision {
-        let n = self.checks.fetch_add(1, Relaxed) + 1;
-        let due = self.next_sweep.load(Relaxed);
-        if n >= due
-            && self
-                .next_sweep
-                .compare_exchange(due, u64::MAX, Relaxed, Relaxed)
-                .is_ok()
-        {
-            // One caller sweeps; the next sweep is paced by what is left.
+        let outcome = self.gcra.check_key(&ClientKey(key));
+        if self.pacer.count_check() {
+            // One caller sweeps; the next sweep is paced by the keys left.
             self.sweep();
-            let gap = SWEEP_EVERY.max(2 * self.len() as u64);
-            self.next_sweep.store(n + gap, Relaxed);
+            self.pacer.swept(SWEEP_EVERY.max(2 * self.len() as u64));
         }
-        match self.gcra.check_key(&key) {
+        match outcome {
             Ok(state) => {
                 let remaining = state.remaining_burst_capacity();
                 Decision::Allow {
                     remaining,
-                    reset: self.interval * (self.limit - remaining.min(self.limit)),
+                    // At most `limit` intervals: a minute, no overflow.
+                    reset: Duration::from_nanos(
+                        self.interval_ns * u64::from(self.limit - remaining.min(self.limit)),
+                    ),
                 }
             }
             Err(not_until) => Decision::Deny {
@@ -218,7 +259,7 @@ impl<S> tower::Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> Self::Service {
         RateLimitService {
             inner,
-            layer: self.clone(),
+            layer: Arc::new(self.clone()),
         }
     }
 }
@@ -227,7 +268,8 @@ impl<S> tower::Layer<S> for RateLimitLayer {
 #[derive(Clone)]
 pub struct RateLimitService<S> {
     inner: S,
-    layer: RateLimitLayer,
+    // Shared: each request's future holds it, for one reference count.
+    layer: Arc<RateLimitLayer>,
 }
 
 impl<S, B> tower::Service<Request<B>> for RateLimitService<S>
@@ -316,11 +358,65 @@ impl RateLimitLayer {
     /// `RateLimit: "per-ip";r=<remaining>;t=<seconds>` and the policy.
     fn headers<B>(&self, response: &mut Response<B>, remaining: u32, reset_secs: u64) {
         let headers = response.headers_mut();
-        let value = format!("\"per-ip\";r={remaining};t={reset_secs}");
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert("ratelimit", v);
+        if let Ok(v) =
+            HeaderValue::from_bytes(RateLimitValue::new(remaining, reset_secs).as_bytes())
+        {
+            headers.insert(RATELIMIT, v);
         }
-        headers.insert("ratelimit-policy", self.policy_header.clone());
+        headers.insert(RATELIMIT_POLICY, self.policy_header.clone());
+    }
+}
+
+/// The IETF `RateLimit` field.
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// The IETF `RateLimit-Policy` field.
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// A `RateLimit` value, `"per-ip";r=<remaining>;t=<seconds>`, written into a
+/// buffer on the stack (no `format!`, no `String`).
+struct RateLimitValue {
+    buf: [u8; Self::CAPACITY],
+    len: usize,
+}
+
+impl RateLimitValue {
+    const PREFIX: &'static [u8] = b"\"per-ip\";r=";
+    /// The prefix, `u32::MAX`, `;t=` and `u64::MAX`.
+    const CAPACITY: usize = Self::PREFIX.len() + 10 + 3 + 20;
+
+    fn new(remaining: u32, reset_secs: u64) -> Self {
+        let mut value = Self {
+            buf: [0; Self::CAPACITY],
+            len: 0,
+        };
+        value.push(Self::PREFIX);
+        value.push_decimal(u64::from(remaining));
+        value.push(b";t=");
+        value.push_decimal(reset_secs);
+        value
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    fn push_decimal(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[start..]);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
     }
 }
 
@@ -335,4 +431,27 @@ fn ceil_seconds(d: Duration) -> u64 {
 /// `Retry-After` is whole seconds, at least 1.
 fn whole_seconds(d: Duration) -> u64 {
     ceil_seconds(d).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RateLimitValue;
+
+    #[test]
+    fn ratelimit_value_is_what_format_wrote() {
+        for (remaining, reset) in [
+            (0, 0),
+            (1, 9),
+            (10, 10),
+            (299, 60),
+            (u32::MAX, u64::MAX),
+            (1_000_000, 12_345_678_901),
+        ] {
+            let value = RateLimitValue::new(remaining, reset);
+            assert_eq!(
+                std::str::from_utf8(value.as_bytes()).unwrap(),
+                format!("\"per-ip\";r={remaining};t={reset}")
+            );
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! The in-process inbound limiter (GCRA via governor) on a fake clock.
+use fanout_budget::limiter::{MonotonicNanos, CHECK_BATCH, SWEEP_EVERY};
 use fanout_budget::{Decision, LocalLimiter};
+use governor::clock::Clock;
 use governor::clock::FakeRelativeClock;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
@@ -69,4 +71,130 @@ fn a_million_distinct_clients_do_not_grow_memory_without_bound() {
     if let (Some(before), Some(after)) = (rss_before, rss_kib()) {
         println!("1,000,000 distinct clients: peak {peak_keys} keys held, RSS {before} KiB -> {after} KiB");
     }
+}
+
+#[test]
+fn idle_keys_are_swept_by_traffic_from_known_clients_alone() {
+    let clock = FakeRelativeClock::default();
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(300).unwrap(), clock.clone());
+    let clients = 10_000u32;
+    for n in 0..clients {
+        limiter.check(ip(n));
+    }
+    assert_eq!(limiter.len(), clients as usize, "no key is idle yet");
+    // Everyone but client 0 leaves. Client 0's checks are counted in
+    // per-thread batches, and the sweep they bring evicts the rest: at the
+    // latest after max(SWEEP_EVERY, 2 × keys left at the last sweep) checks,
+    // plus one batch.
+    clock.advance(Duration::from_secs(60));
+    let due_within = SWEEP_EVERY.max(2 * u64::from(clients)) + u64::from(CHECK_BATCH);
+    for _ in 0..due_within {
+        limiter.check(ip(0));
+    }
+    assert_eq!(limiter.len(), 1, "only the client still calling is held");
+}
+
+#[test]
+fn a_flood_from_two_threads_stays_bounded() {
+    let clock = FakeRelativeClock::default();
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(300).unwrap(), clock.clone());
+    let per_thread = 300_000u32;
+    let peaks: Vec<usize> = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2u32)
+            .map(|t| {
+                let (limiter, clock) = (&limiter, &clock);
+                s.spawn(move || {
+                    let mut peak = 0;
+                    for n in 0..per_thread {
+                        let key = ip((t << 24) | n);
+                        assert!(matches!(limiter.check(key), Decision::Allow { .. }));
+                        clock.advance(Duration::from_micros(100));
+                        peak = peak.max(limiter.len());
+                    }
+                    peak
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let peak = peaks.into_iter().max().unwrap();
+    // 600,000 distinct clients with ~4,000 live at a time (each is idle 400 ms
+    // after its request; the shared clock moves 100 µs per request). Sweeps
+    // are due every max(4096, 2 × keys left) new keys, so ~12,000 are held
+    // at the peak; the rest of the bound is what the other thread inserts
+    // while one sweeps.
+    assert!(
+        peak < 32_000,
+        "peak {peak} keys held for {} clients",
+        2 * per_thread
+    );
+    clock.advance(Duration::from_secs(60));
+    limiter.sweep();
+    assert!(limiter.is_empty(), "idle keys are evicted");
+}
+
+#[test]
+fn reset_is_the_intervals_used_up() {
+    let clock = FakeRelativeClock::default();
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(5).unwrap(), clock.clone());
+    for used in 1..=5u64 {
+        assert_eq!(
+            limiter.check(ip(1)),
+            Decision::Allow {
+                remaining: 5 - used as u32,
+                reset: Duration::from_secs(12 * used)
+            }
+        );
+    }
+    clock.advance(Duration::from_millis(12_500));
+    assert_eq!(
+        limiter.check(ip(1)),
+        Decision::Allow {
+            remaining: 0,
+            reset: Duration::from_secs(60)
+        }
+    );
+    // 300 a minute: 200 ms intervals, not whole seconds.
+    let limiter = LocalLimiter::with_clock(NonZeroU32::new(300).unwrap(), clock.clone());
+    for used in 1..=7u64 {
+        let Decision::Allow { reset, .. } = limiter.check(ip(2)) else {
+            panic!("admitted")
+        };
+        assert_eq!(reset, Duration::from_millis(200 * used));
+    }
+}
+
+#[test]
+fn the_real_clock_limits_like_the_fake_one() {
+    let limiter = LocalLimiter::per_minute(NonZeroU32::new(5).unwrap());
+    for remaining in (0..5).rev() {
+        assert!(
+            matches!(limiter.check(ip(1)), Decision::Allow { remaining: r, .. } if r == remaining)
+        );
+    }
+    // The six checks take far less than a second of the twelve.
+    match limiter.check(ip(1)) {
+        Decision::Deny { retry_after } => assert!(
+            retry_after > Duration::from_secs(11) && retry_after <= Duration::from_secs(12),
+            "retry after {retry_after:?}"
+        ),
+        allowed => panic!("the sixth check in a minute was {allowed:?}"),
+    }
+}
+
+#[test]
+fn the_monotonic_clock_never_goes_back() {
+    let clock = MonotonicNanos::new();
+    let start = clock.now();
+    let mut last = start;
+    for _ in 0..10_000 {
+        let now = clock.now();
+        assert!(now >= last, "{now:?} after {last:?}");
+        last = now;
+    }
+    assert!(last > start, "10,000 readings took some time");
+    assert!(
+        last.as_u64() < 60_000_000_000,
+        "ns since the clock was made"
+    );
 }
