@@ -246,8 +246,9 @@ impl std::error::Error for FanoutError {}
 /// contract's `extensions` (code included).
 ///
 /// async-graphql converts any `Display` error with `?` and keeps it only as
-/// the error's `source`; the [`FanoutExtension`](crate::FanoutExtension) calls
-/// this on every operation's response, so a resolver can use `?` on a
+/// the error's `source`; [`FanoutGraphQL`](crate::FanoutGraphQL) and the
+/// [`FanoutExtension`](crate::FanoutExtension) call this on every operation's
+/// response, so a resolver can use `?` on a
 /// `FanoutError` and still answer with its code.
 pub fn attach_codes(response: &mut async_graphql::Response) {
     for error in &mut response.errors {

@@ -234,10 +234,6 @@ fn report(operation: &Operation, requested: u64) -> Value {
         operation.reads(),
         requested,
     ];
-    let map = KEYS
-        .iter()
-        .cloned()
-        .zip(values.map(Value::from))
-        .collect();
+    let map = KEYS.iter().cloned().zip(values.map(Value::from)).collect();
     Value::Object(map)
 }

@@ -173,8 +173,9 @@ impl Operation {
 pub trait FanoutContext {
     /// The upstream handle for the current request and operation.
     ///
-    /// Fails only when the [`FanoutExtension`](crate::FanoutExtension) is not
-    /// mounted on the schema.
+    /// Fails only when the operation runs outside the engine: served neither
+    /// by [`FanoutGraphQL`](crate::FanoutGraphQL) nor with the
+    /// [`FanoutExtension`](crate::FanoutExtension) mounted.
     fn upstream(&self) -> async_graphql::Result<Upstream<'_>>;
 
     /// The current inbound HTTP request's fan-out scope.
@@ -194,7 +195,7 @@ impl FanoutContext for Context<'_> {
 fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
     ctx.data_opt::<Arc<Operation>>()
         .map(|op| &**op)
-        .ok_or_else(|| "the fanout-budget extension is not mounted on this schema".into())
+        .ok_or_else(|| "no fanout-budget scope: serve the schema with FanoutGraphQL or mount engine.extension()".into())
 }
 /// The upstream, as seen by one operation of one inbound HTTP request.
 #[derive(Clone, Copy)]
