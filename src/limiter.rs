@@ -37,7 +37,6 @@ use axum::extract::ConnectInfo;
 use futures::future::BoxFuture;
 use governor::clock::Clock as GovernorClock;
 use governor::middleware::StateInformationMiddleware;
-use governor::nanos::Nanos;
 use governor::{Quota, RateLimiter};
 use http::{HeaderName, HeaderValue, Request, Response};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -46,8 +45,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use store::{ClientKey, IpStore, SweepPacer};
+use value::RateLimitValue;
 
+mod clock;
 mod store;
+mod value;
+
+pub use clock::MonotonicNanos;
 
 /// Idle keys are swept at least this many checks apart (more when many keys
 /// stay live, so the sweep costs O(1) per check).
@@ -84,41 +88,6 @@ pub trait InboundLimiter: Send + Sync + 'static {
 }
 
 type Gcra<C> = RateLimiter<ClientKey, IpStore, C, StateInformationMiddleware>;
-
-/// [`LocalLimiter`]'s real clock: `std`'s monotonic clock (what governor's
-/// `DefaultClock` reads), as governor's `Nanos` since this clock was made.
-/// A check then subtracts two integers where governor's own clock compares
-/// and subtracts two `Instant`s, out of line.
-#[derive(Clone, Copy, Debug)]
-pub struct MonotonicNanos {
-    origin: std::time::Instant,
-}
-
-impl MonotonicNanos {
-    /// A clock whose zero is now.
-    pub fn new() -> Self {
-        Self {
-            origin: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Default for MonotonicNanos {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl GovernorClock for MonotonicNanos {
-    type Instant = Nanos;
-
-    #[inline]
-    fn now(&self) -> Nanos {
-        let elapsed = self.origin.elapsed();
-        // Integer ns (governor's `From<Duration>` goes through `u128`).
-        Nanos::from(elapsed.as_secs() * 1_000_000_000 + u64::from(elapsed.subsec_nanos()))
-    }
-}
 
 /// The in-process GCRA limiter (governor), keyed by client IP.
 pub struct LocalLimiter<C: GovernorClock = MonotonicNanos> {
@@ -372,54 +341,6 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// The IETF `RateLimit-Policy` field.
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
-/// A `RateLimit` value, `"per-ip";r=<remaining>;t=<seconds>`, written into a
-/// buffer on the stack (no `format!`, no `String`).
-struct RateLimitValue {
-    buf: [u8; Self::CAPACITY],
-    len: usize,
-}
-
-impl RateLimitValue {
-    const PREFIX: &'static [u8] = b"\"per-ip\";r=";
-    /// The prefix, `u32::MAX`, `;t=` and `u64::MAX`.
-    const CAPACITY: usize = Self::PREFIX.len() + 10 + 3 + 20;
-
-    fn new(remaining: u32, reset_secs: u64) -> Self {
-        let mut value = Self {
-            buf: [0; Self::CAPACITY],
-            len: 0,
-        };
-        value.push(Self::PREFIX);
-        value.push_decimal(u64::from(remaining));
-        value.push(b";t=");
-        value.push_decimal(reset_secs);
-        value
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-        self.len += bytes.len();
-    }
-
-    fn push_decimal(&mut self, mut n: u64) {
-        let mut digits = [0u8; 20];
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            digits[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(&digits[start..]);
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
 fn policy(limit: u32) -> String {
     format!("\"per-ip\";q={limit};w=60")
 }
@@ -431,27 +352,4 @@ fn ceil_seconds(d: Duration) -> u64 {
 /// `Retry-After` is whole seconds, at least 1.
 fn whole_seconds(d: Duration) -> u64 {
     ceil_seconds(d).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RateLimitValue;
-
-    #[test]
-    fn ratelimit_value_is_what_format_wrote() {
-        for (remaining, reset) in [
-            (0, 0),
-            (1, 9),
-            (10, 10),
-            (299, 60),
-            (u32::MAX, u64::MAX),
-            (1_000_000, 12_345_678_901),
-        ] {
-            let value = RateLimitValue::new(remaining, reset);
-            assert_eq!(
-                std::str::from_utf8(value.as_bytes()).unwrap(),
-                format!("\"per-ip\";r={remaining};t={reset}")
-            );
-        }
-    }
 }
