@@ -21,6 +21,7 @@
 //! waiters are woken; the first of them runs the read itself, the others wait
 //! for it. The map lives exactly as long as the request.
 
+use crate::hash::KeyedHashBuilder;
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,8 +29,10 @@ use tokio::sync::Notify;
 
 /// A single-flight cache for one request.
 pub struct Dedup<K, V> {
-    cells: Mutex<HashMap<K, Arc<Cell<V>>>>,
+    cells: Mutex<Cells<K, V>>,
 }
+
+type Cells<K, V> = HashMap<K, Arc<Cell<V>>, KeyedHashBuilder>;
 
 /// Whether a value came from a read this caller ran or from one it shared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -93,11 +96,11 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
     /// An empty cache.
     pub fn new() -> Self {
         Self {
-            cells: Mutex::new(HashMap::new()),
+            cells: Mutex::new(HashMap::with_hasher(KeyedHashBuilder::new())),
         }
     }
 
-    fn cells(&self) -> MutexGuard<'_, HashMap<K, Arc<Cell<V>>>> {
+    fn cells(&self) -> MutexGuard<'_, Cells<K, V>> {
         // Each section is one map operation: a poisoned map is still whole.
         self.cells.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -25,6 +25,7 @@ pub mod dedup;
 pub mod engine;
 pub mod error;
 pub mod extension;
+mod hash;
 pub mod hosts;
 pub mod http;
 pub mod identity;

@@ -7,6 +7,7 @@
 //! allocation, one hash.
 
 use super::{HostCap, HostLimiter};
+use crate::hash::KeyedHashBuilder;
 use crate::metrics::HostMetrics;
 use dashmap::DashMap;
 use std::borrow::Borrow;
@@ -26,7 +27,7 @@ pub(crate) struct HostEntry {
 /// The hosts one engine has read from.
 #[derive(Default)]
 pub(crate) struct HostTable {
-    entries: DashMap<HostKey, Arc<HostEntry>>,
+    entries: DashMap<HostKey, Arc<HostEntry>, KeyedHashBuilder>,
 }
 
 impl HostTable {

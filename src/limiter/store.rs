@@ -3,7 +3,7 @@
 //! governor's own `DashMapStateStore` hashes keys with SipHash-1-3
 //! (`std`'s `RandomState`). Client IPs are short, fixed-width keys, so this
 //! store keeps the same `DashMap` of atomic states but hashes with
-//! [`IpHashBuilder`]: a folded multiply keyed by 128 random bits per store.
+//! [`KeyedHashBuilder`]: a folded multiply keyed by 128 random bits per store.
 //! Client IPs are chosen by the client, so the hash stays keyed (an attacker
 //! who does not know the seed cannot aim many addresses at one bucket).
 //!
@@ -11,13 +11,14 @@
 //! [`SweepPacer`]: memory grows only by new keys, and every new key brings
 //! the next idle-key sweep nearer at once.
 
+use crate::hash::KeyedHashBuilder;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use governor::nanos::Nanos;
 use governor::state::keyed::ShrinkableKeyedStateStore;
 use governor::state::StateStore;
 use std::cell::Cell;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -112,9 +113,9 @@ impl Hash for ClientKey {
     }
 }
 
-/// governor's state per client IP, hashed with [`IpHashBuilder`].
+/// governor's state per client IP, hashed with [`KeyedHashBuilder`].
 pub(super) struct IpStore {
-    map: DashMap<ClientKey, AtomicU64, IpHashBuilder>,
+    map: DashMap<ClientKey, AtomicU64, KeyedHashBuilder>,
     pacer: Arc<SweepPacer>,
 }
 
@@ -122,7 +123,7 @@ impl IpStore {
     /// An empty store with a fresh random seed; new keys count into `pacer`.
     pub(super) fn new(pacer: Arc<SweepPacer>) -> Self {
         Self {
-            map: DashMap::with_hasher(IpHashBuilder::new()),
+            map: DashMap::with_hasher(KeyedHashBuilder::new()),
             pacer,
         }
     }
@@ -191,123 +192,11 @@ where
     decision.map(|(result, _)| result)
 }
 
-/// Builds [`IpHasher`]s keyed by 128 bits drawn from `std`'s `RandomState`
-/// (a fresh seed per builder).
-#[derive(Clone, Debug)]
-pub(super) struct IpHashBuilder {
-    seed: u64,
-    multiplier: u64,
-}
-
-impl IpHashBuilder {
-    /// A builder with a fresh random seed.
-    pub(super) fn new() -> Self {
-        // `RandomState` is SipHash under random keys: its hashes of two fixed
-        // words are two secret, independent-looking 64-bit values.
-        let random = RandomState::new();
-        Self {
-            seed: random.hash_one(0x243f_6a88_85a3_08d3_u64),
-            multiplier: random.hash_one(0x1319_8a2e_0370_7344_u64) | 1,
-        }
-    }
-}
-
-impl BuildHasher for IpHashBuilder {
-    type Hasher = IpHasher;
-
-    fn build_hasher(&self) -> IpHasher {
-        IpHasher {
-            acc: self.seed,
-            multiplier: self.multiplier,
-        }
-    }
-}
-
-/// A keyed folded-multiply hasher for short fixed-width keys: the state
-/// starts at the seed, each word written is mixed in as
-/// `fold(state ^ word, multiplier)`, where `fold` XORs the two halves of the
-/// 128-bit product, and `finish` folds once more. An `IpAddr` is two words
-/// (a [`ClientKey`]: one for IPv4, two for IPv6).
-#[derive(Clone, Debug)]
-pub(super) struct IpHasher {
-    acc: u64,
-    multiplier: u64,
-}
-
-/// `finish` folds the state once more by this (odd) constant: one fold
-/// spreads a small difference in the last word poorly over the low bits.
-const FINISH: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// The 128-bit product of `a` and `b`, its halves XORed.
-#[inline]
-fn fold(a: u64, b: u64) -> u64 {
-    let product = u128::from(a) * u128::from(b);
-    (product as u64) ^ ((product >> 64) as u64)
-}
-
-impl IpHasher {
-    #[inline]
-    fn mix(&mut self, word: u64) {
-        self.acc = fold(self.acc ^ word, self.multiplier);
-    }
-}
-
-impl Hasher for IpHasher {
-    #[inline]
-    fn finish(&self) -> u64 {
-        fold(self.acc, FINISH)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            self.mix(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.mix(u64::from_le_bytes(word));
-        }
-        // The length keeps `b"a"` and `b"a\0"` apart.
-        self.mix(bytes.len() as u64);
-    }
-
-    #[inline]
-    fn write_u8(&mut self, i: u8) {
-        self.mix(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u16(&mut self, i: u16) {
-        self.mix(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u32(&mut self, i: u32) {
-        self.mix(u64::from(i));
-    }
-
-    #[inline]
-    fn write_u64(&mut self, i: u64) {
-        self.mix(i);
-    }
-
-    #[inline]
-    fn write_u128(&mut self, i: u128) {
-        self.mix(i as u64);
-        self.mix((i >> 64) as u64);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, i: usize) {
-        self.mix(i as u64);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hash::testing::assert_spread;
+    use std::hash::BuildHasher;
     use std::net::{Ipv4Addr, Ipv6Addr};
 
     fn v4(n: u32) -> ClientKey {
@@ -318,61 +207,9 @@ mod tests {
         ClientKey(IpAddr::V6(Ipv6Addr::from(n)))
     }
 
-    /// Counts of `hashes` in `buckets` buckets chosen by `bucket`, against
-    /// a uniform spread: the chi-square statistic and every single count must
-    /// stay within bounds a fair hash crosses with a chance below 1e-6.
-    fn assert_even(hashes: &[u64], buckets: usize, bucket: impl Fn(u64) -> usize, what: &str) {
-        let mut counts = vec![0usize; buckets];
-        for &h in hashes {
-            counts[bucket(h)] += 1;
-        }
-        let mean = hashes.len() as f64 / buckets as f64;
-        let dof = (buckets - 1) as f64;
-        let chi2: f64 = counts
-            .iter()
-            .map(|&c| (c as f64 - mean).powi(2) / mean)
-            .sum();
-        assert!(
-            chi2 < dof + 8.0 * (2.0 * dof).sqrt(),
-            "{what}: chi-square {chi2:.0} over {buckets} buckets (counts {:?}…)",
-            &counts[..8]
-        );
-        let worst = counts
-            .iter()
-            .map(|&c| (c as f64 - mean).abs())
-            .fold(0.0, f64::max);
-        assert!(
-            worst < 6.0 * mean.sqrt(),
-            "{what}: a bucket {worst} away from the mean {mean}"
-        );
-    }
-
-    /// The bits hashbrown and DashMap use: the low bits pick the bucket, the
-    /// top 7 the control byte, the 3 below those the shard (8 shards).
-    fn assert_spread(hashes: &[u64], what: &str) {
-        assert_even(
-            hashes,
-            1024,
-            |h| (h & 1023) as usize,
-            &format!("{what}, low 10 bits"),
-        );
-        assert_even(
-            hashes,
-            128,
-            |h| (h >> 57) as usize,
-            &format!("{what}, top 7 bits"),
-        );
-        assert_even(
-            hashes,
-            8,
-            |h| ((h << 7) >> 61) as usize,
-            &format!("{what}, shard bits"),
-        );
-    }
-
     #[test]
     fn sequential_addresses_spread_over_buckets_control_bytes_and_shards() {
-        let builder = IpHashBuilder::new();
+        let builder = KeyedHashBuilder::new();
         // What an attacker without the seed would try first: consecutive
         // addresses, a /16 of IPv4 and the bottom of one IPv6 /64, and
         // addresses differing only in their high bits.
@@ -391,8 +228,8 @@ mod tests {
     }
 
     #[test]
-    fn every_builder_has_its_own_seed_and_each_is_deterministic() {
-        let (a, b) = (IpHashBuilder::new(), IpHashBuilder::new());
+    fn every_store_hashes_an_address_its_own_way() {
+        let (a, b) = (KeyedHashBuilder::new(), KeyedHashBuilder::new());
         let ips: Vec<ClientKey> = (0..256u32).map(v4).chain((0..256u128).map(v6)).collect();
         for ip in &ips {
             assert_eq!(a.hash_one(ip), a.hash_one(ip), "same builder, same hash");
@@ -402,25 +239,6 @@ mod tests {
                 "{ip:?}: two seeds, one hash"
             );
         }
-        // `IpAddr`'s own `Hash` (variant, then address) works too.
-        let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
-        assert_eq!(a.hash_one(ip), a.hash_one(ip));
-        assert_ne!(a.hash_one(ip), b.hash_one(ip));
-        assert_ne!((a.seed, a.multiplier), (b.seed, b.multiplier));
-        assert_eq!(a.multiplier & 1, 1, "the multiplier is odd");
-    }
-
-    #[test]
-    fn byte_strings_of_different_lengths_hash_apart() {
-        let builder = IpHashBuilder::new();
-        let hash = |bytes: &[u8]| {
-            let mut h = builder.build_hasher();
-            h.write(bytes);
-            h.finish()
-        };
-        assert_ne!(hash(b"a"), hash(b"a\0"));
-        assert_ne!(hash(b""), hash(&[0u8; 8]));
-        assert_eq!(hash(b"0123456789"), hash(b"0123456789"));
     }
 
     #[test]
