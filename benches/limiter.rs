@@ -32,6 +32,7 @@ use fanout_budget::backends::redis::{RedisBackend, RedisRateLimiter};
 use fanout_budget::config::{RateLimitConfig, RedisConfig};
 use fanout_budget::identity::{InternalToken, TokenCheck, TrustedProxies};
 use fanout_budget::{Decision, InboundLimiter, LocalLimiter, RateLimitLayer};
+use fanout_testkit::RedisServer;
 use governor::{Quota, RateLimiter};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
@@ -289,44 +290,12 @@ fn layer(c: &mut Criterion, denied: &Arc<AtomicU64>) {
     g.finish();
 }
 
-/// A `redis-server` on a free loopback port, no persistence; killed on drop.
-struct RedisServer {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl RedisServer {
-    fn start(binary: &std::path::Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = std::process::Command::new(binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        Self { child, port }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn redis(c: &mut Criterion, denied: &Arc<AtomicU64>, run_paired: bool) -> Option<Paired> {
-    let binary = support::require_binary("redis-server", "redis-server")?;
-    let server = RedisServer::start(&binary);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    let server = rt.block_on(RedisServer::start())?;
     let config = RedisConfig {
         url: format!("redis://127.0.0.1:{}", server.port),
         timeout_ms: 1_000,

@@ -8,29 +8,12 @@ use fanout_budget::{
 };
 use futures::future::BoxFuture;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
-/// Pends once, waking itself at once: what a read on a real socket does at
-/// least, and what makes `tokio::time::timeout` arm its timer.
-pub(crate) struct YieldOnce(pub(crate) bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    }
-}
+pub(crate) use fanout_testkit::YieldOnce;
 
 /// An upstream in memory: answers 200 with a fixed body, at once or after
 /// pending once.

@@ -97,23 +97,7 @@ pub fn verdict(ok: Option<bool>) -> &'static str {
     }
 }
 
-/// Whether `binary` is on `PATH`; prints the contract's `SKIPPED:` line when
-/// it is not (and panics instead with `FANOUT_REQUIRE_EXTERNAL=1`).
-pub fn require_binary(binary: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(binary))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let message = format!("SKIPPED: {binary} not on PATH (Debian package {package})");
-        if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
-            panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
-        }
-        println!("{message}");
-    }
-    found
-}
+pub use fanout_testkit::median;
 
 /// Two routines measured turn about, so that what the shared machine does
 /// meanwhile hits both alike.
@@ -162,19 +146,6 @@ pub fn paired(
         ratio: median(&mut ratios),
         diff_ns: median(&mut diffs),
         rounds,
-    }
-}
-
-/// The median of `values`.
-pub fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|x, y| x.total_cmp(y));
-    let n = values.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
     }
 }
 

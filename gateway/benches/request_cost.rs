@@ -23,11 +23,8 @@ use fanout_gateway::oci::MANIFEST_ACCEPT;
 use fanout_gateway::schema;
 use futures::future::BoxFuture;
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 
@@ -35,21 +32,7 @@ const QUERY: &str = r#"{ repository(name: "bench/app") { tags(first: 4) { nodes 
 const ROUNDS: usize = 31;
 const ITERS: u64 = 300;
 
-/// Pends once, waking itself at once (the timer of `timeout` is then armed).
-struct YieldOnce(bool);
-
-impl Future for YieldOnce {
-    type Output = ();
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if self.0 {
-            Poll::Ready(())
-        } else {
-            self.0 = true;
-            cx.waker().wake_by_ref();
-            Poll::Pending
-        }
-    }
-}
+use fanout_testkit::YieldOnce;
 
 /// The registry's answers, copied once over HTTP, served from memory.
 struct MemRegistry {

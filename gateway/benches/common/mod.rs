@@ -93,18 +93,7 @@ pub fn batch(queries: &[String]) -> String {
     .to_string()
 }
 
-/// The median of `values` (sorted in place).
-pub fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    let n = values.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        values[n / 2]
-    } else {
-        (values[n / 2 - 1] + values[n / 2]) / 2.0
-    }
-}
+pub use fanout_testkit::median;
 
 /// The `q` quantile (0..=1) of sorted `values`, nearest rank.
 pub fn quantile(sorted: &[Duration], q: f64) -> Duration {

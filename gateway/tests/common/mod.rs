@@ -1,6 +1,6 @@
 //! Shared fixtures: the embedded registry with known data, the gateway on it,
 //! and request helpers.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each test uses a part
 
 use axum::Router;
 use fanout_budget::Config;
@@ -8,6 +8,8 @@ use fanout_gateway::app::{self, Gateway};
 use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
 use serde_json::{json, Value};
 use tower::ServiceExt;
+
+pub use fanout_testkit::{free_port, require_binary, RedisServer};
 
 /// `acme/app` with tags t00..t59 (images), `acme/multi` with an index tag,
 /// `org/team/deep` (a namespaced name), and 30 filler repositories.
@@ -104,33 +106,6 @@ pub async fn post(router: &Router, body: String, headers: &[(&str, &str)]) -> (u
     )
 }
 
-/// `SKIPPED: …` and `None` when `binary` is missing, unless
-/// `FANOUT_REQUIRE_EXTERNAL=1`, where a missing binary fails the test.
-pub fn require_binary(binary: &str, package: &str) -> Option<std::path::PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(binary))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let message = format!("SKIPPED: {binary} not on PATH (Debian package {package})");
-        if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
-            panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
-        }
-        println!("{message}");
-    }
-    found
-}
-
-/// A free loopback port (bound and released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// POSTs from a TCP peer (as `ConnectInfo`), with headers; status, headers, JSON.
 pub async fn post_from(
     router: &Router,
@@ -161,123 +136,6 @@ pub async fn post_from(
         headers,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
-}
-
-/// A `redis-server` on a free loopback port, with no persistence; killed on drop.
-pub struct RedisServer {
-    binary: std::path::PathBuf,
-    pub port: u16,
-    child: Option<std::process::Child>,
-}
-
-impl RedisServer {
-    pub async fn start() -> Option<Self> {
-        let binary = require_binary("redis-server", "redis-server")?;
-        let mut server = Self {
-            binary,
-            port: free_port(),
-            child: None,
-        };
-        server.restart().await;
-        Some(server)
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts (again) on the same port, and waits until it answers.
-    pub async fn restart(&mut self) {
-        let child = std::process::Command::new(&self.binary)
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("redis-server starts");
-        self.child = Some(child);
-        for _ in 0..200 {
-            if self.command(&["PING"]).await.is_some() {
-                return;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-        }
-        panic!("redis-server did not answer on port {}", self.port);
-    }
-
-    /// Kills it hard (SIGKILL), as a crash would.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Sends a signal (e.g. STOP / CONT) to the server process.
-    pub fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().unwrap().id().to_string();
-        assert!(std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &pid])
-            .status()
-            .unwrap()
-            .success());
-    }
-
-    /// Runs one command on a fresh connection; `None` when unreachable.
-    pub async fn command(&self, args: &[&str]) -> Option<redis::Value> {
-        let client = redis::Client::open(self.url()).ok()?;
-        let mut conn = tokio::time::timeout(
-            std::time::Duration::from_millis(500),
-            client.get_multiplexed_async_connection(),
-        )
-        .await
-        .ok()?
-        .ok()?;
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        tokio::time::timeout(
-            std::time::Duration::from_millis(500),
-            cmd.query_async(&mut conn),
-        )
-        .await
-        .ok()?
-        .ok()
-    }
-
-    /// The keys matching `pattern`.
-    pub async fn keys(&self, pattern: &str) -> Vec<String> {
-        match self.command(&["KEYS", pattern]).await {
-            Some(redis::Value::Array(items)) => items
-                .into_iter()
-                .filter_map(|v| match v {
-                    redis::Value::BulkString(b) => String::from_utf8(b).ok(),
-                    _ => None,
-                })
-                .collect(),
-            _ => Vec::new(),
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        if let Some(child) = &self.child {
-            let _ = std::process::Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
-        }
-        self.kill();
-    }
 }
 
 /// Queries with their exact worst-case reads under the gateway's cost table
