@@ -26,7 +26,7 @@
 //!    ([`FanoutRequest::expect_operations`]), waits until every operation is
 //!    priced and refuses all of them if the sum exceeds the budget;
 //! 3. hands the resolvers an [`Operation`] through `run_with_data`;
-//! 4. after execution, [`finish`]es the response exactly as `FanoutGraphQL`
+//! 4. after execution, finishes the response exactly as `FanoutGraphQL`
 //!    does: contract codes, null propagation, `extensions.fanout`.
 
 use crate::engine::Engine;
