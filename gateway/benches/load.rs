@@ -8,7 +8,8 @@
 //! default 5), `LOAD_ONLY=on|off` (load one side only, e.g. under a
 //! profiler), `LOAD_RECORDER=0` (no Prometheus recorder), `LOAD_ABLATION=1`
 //! (add sides with parts of the engine taken away, to see what costs;
-//! `LOAD_ABLATION=2`: only the "read path only" side).
+//! `LOAD_ABLATION=2`: only the "read path only" side), `LOAD_ALLOCS=1` (count
+//! heap allocations per request on every side first).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
 //!   `FanoutGraphQL` (cost preview, `extensions.fanout`), the rate-limit
@@ -40,6 +41,52 @@ use std::time::{Duration, Instant};
 /// One repository, its first 4 tags and their manifests: 5 reads, 2 in a row.
 const QUERY: &str = r#"{ repository(name: "bench/app") { tags(first: 4) { nodes { name manifest { digest } } } } }"#;
 const LATENCY: Duration = Duration::from_millis(1);
+const ALLOC_REQUESTS: u64 = 200;
+
+/// Counts heap allocations when `LOAD_ALLOCS=1` (one relaxed increment per
+/// allocation then; otherwise one relaxed load of a flag never written
+/// during the rounds), to report allocations per request.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+    static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+    static ON: AtomicBool = AtomicBool::new(false);
+
+    /// Starts or stops counting.
+    pub fn count(on: bool) {
+        ON.store(on, Relaxed);
+    }
+
+    /// Allocations (and reallocations) so far.
+    pub fn allocations() -> u64 {
+        ALLOCATIONS.load(Relaxed)
+    }
+
+    struct Counting;
+
+    // SAFETY: every call is forwarded unchanged to the system allocator.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            if ON.load(Relaxed) {
+                ALLOCATIONS.fetch_add(1, Relaxed);
+            }
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { System.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            if ON.load(Relaxed) {
+                ALLOCATIONS.fetch_add(1, Relaxed);
+            }
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: Counting = Counting;
+}
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -242,6 +289,22 @@ async fn main() {
         reads.push(registry.counters().requests());
     }
 
+    // Heap allocations per request, whole process (clients and registry
+    // included, the same on every side): sequential requests, counted.
+    let mut allocations = Vec::new();
+    counting::count(env("LOAD_ALLOCS", 0) == 1);
+    for side in sides.iter().filter(|_| env("LOAD_ALLOCS", 0) == 1) {
+        for _ in 0..50 {
+            post(&client, &side.url, &body).await;
+        }
+        let before = counting::allocations();
+        for _ in 0..ALLOC_REQUESTS {
+            post(&client, &side.url, &body).await;
+        }
+        allocations.push((counting::allocations() - before) as f64 / ALLOC_REQUESTS as f64);
+    }
+    counting::count(false);
+
     // Warm-up: connections, pools, allocator.
     for side in &sides {
         round(&client, &side.url, &body, clients, Duration::from_secs(1)).await;
@@ -299,6 +362,17 @@ async fn main() {
     println!(
         "CPU per request: the whole process (gateway, registry and clients) per answered request."
     );
+    if !allocations.is_empty() {
+        let names: Vec<String> = sides
+            .iter()
+            .zip(&allocations)
+            .map(|(side, n)| format!("{}: {n:.0}", side.name))
+            .collect();
+        println!(
+            "heap allocations per request, whole process, {ALLOC_REQUESTS} sequential requests: {}",
+            names.join(", ")
+        );
+    }
     println!();
     println!("Paired: each block of rounds runs every side once; the ratio to engine off is taken per block, then the median over blocks.");
     println!();
