@@ -95,8 +95,14 @@ impl<V> Drop for Runner<'_, V> {
 impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
     /// An empty cache.
     pub fn new() -> Self {
+        Self::with_hasher(KeyedHashBuilder::new())
+    }
+
+    /// An empty cache hashing with `hasher` (the engine's, so opening a
+    /// request draws no new seed).
+    pub(crate) fn with_hasher(hasher: KeyedHashBuilder) -> Self {
         Self {
-            cells: Mutex::new(HashMap::with_hasher(KeyedHashBuilder::new())),
+            cells: Mutex::new(HashMap::with_hasher(hasher)),
         }
     }
 

@@ -12,6 +12,7 @@ use crate::clock::{Clock, TokioClock};
 use crate::config::Config;
 use crate::cost::CostTable;
 use crate::extension::FanoutExtension;
+use crate::hash::KeyedHashBuilder;
 use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
 use crate::transport::{HttpTransport, Transport};
@@ -30,6 +31,8 @@ pub(crate) struct EngineInner {
     pub(crate) hosts: Arc<dyn HostLimiter>,
     /// Each upstream host resolved once (its name, metrics and cap).
     pub(crate) host_table: HostTable,
+    /// Seeds every request's de-duplication table.
+    pub(crate) dedup_hasher: KeyedHashBuilder,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) token: InternalToken,
     pub(crate) costs: Option<CostTable>,
@@ -100,6 +103,7 @@ impl EngineBuilder {
                 transport,
                 hosts,
                 host_table: HostTable::default(),
+                dedup_hasher: KeyedHashBuilder::new(),
                 clock: self.clock,
                 token,
                 costs: self.costs,

@@ -64,11 +64,12 @@ type ReadResult = Result<Arc<UpstreamResponse>, FanoutError>;
 
 impl FanoutRequest {
     pub(crate) fn new(engine: Engine, budget: RequestBudget, caller: Caller) -> Self {
+        let dedup = Dedup::with_hasher(engine.inner.dedup_hasher.clone());
         Self {
             inner: Arc::new(RequestScope {
                 engine,
                 budget,
-                dedup: Dedup::new(),
+                dedup,
                 caller,
                 unpriced: OnceLock::new(),
             }),

@@ -49,14 +49,7 @@ async fn n_artifacts_spread_over_a_batch_cost_one_plus_n() {
     assert_eq!(upstream.seen.count("/list"), 1);
     // Every operation reports the one shared budget; the reads each operation
     // itself sent add up to what the upstream saw.
-    let op_reads: u64 = responses
-        .iter()
-        .map(|r| {
-            r["extensions"]["fanout"]["operationReads"]
-                .as_u64()
-                .unwrap()
-        })
-        .sum();
+    let op_reads: u64 = fanout_testkit::operation_reads(responses);
     assert_eq!(op_reads, 1 + n);
     for (i, r) in responses.iter().enumerate() {
         assert_eq!(r["data"]["item"]["detail"]["value"], format!("item-{i}"));
@@ -116,14 +109,7 @@ async fn a_64_operation_batch_is_held_to_one_budget() {
         used, seen,
         "reported used equals the reads the upstream saw"
     );
-    let op_reads: u64 = responses
-        .iter()
-        .map(|r| {
-            r["extensions"]["fanout"]["operationReads"]
-                .as_u64()
-                .unwrap()
-        })
-        .sum();
+    let op_reads: u64 = fanout_testkit::operation_reads(responses);
     assert_eq!(op_reads, seen);
 }
 

@@ -98,14 +98,7 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
         }
     }
     // tag list + 2 manifests + 1 config blob, shared across the batch.
-    let total: u64 = ops
-        .iter()
-        .map(|o| {
-            o["extensions"]["fanout"]["operationReads"]
-                .as_u64()
-                .unwrap()
-        })
-        .sum();
+    let total: u64 = fanout_testkit::operation_reads(ops);
     assert_eq!(total, 4);
 
     let health = client
@@ -115,14 +108,11 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
         .unwrap();
     assert_eq!(health.status(), 200);
     assert_eq!(health.text().await.unwrap(), "ok");
-    let metrics = client
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = |path: &'static str| {
+        let request = client.get(format!("http://{addr}{path}")).send();
+        async move { request.await.unwrap().text().await.unwrap() }
+    };
+    let metrics = text("/metrics").await;
     for name in [
         "fanout_upstream_reads_total",
         "fanout_upstream_in_flight",
@@ -135,14 +125,7 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
             "{name} missing from /metrics:\n{metrics}"
         );
     }
-    let graphiql = client
-        .get(format!("http://{addr}/graphql"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let graphiql = text("/graphql").await;
     assert!(graphiql.to_lowercase().contains("graphiql"));
 
     gateway.terminate();

@@ -82,14 +82,7 @@ async fn a_batch_shares_the_request_the_integrator_attaches() {
     // Five identical operations: one tag list and one manifest in all.
     assert_eq!(f.reads(), 2);
     assert_eq!(fanout.budget().used(), 2);
-    let own: u64 = responses
-        .iter()
-        .map(|r| {
-            r["extensions"]["fanout"]["operationReads"]
-                .as_u64()
-                .unwrap()
-        })
-        .sum();
+    let own: u64 = fanout_testkit::operation_reads(&responses);
     assert_eq!(own, 2);
     for r in &responses {
         assert_eq!(r["extensions"]["fanout"]["used"], 2);

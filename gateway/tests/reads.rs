@@ -63,14 +63,7 @@ async fn n_artifacts_cost_one_plus_n_across_a_batch() {
         .collect();
     let responses = f.batch(&ops).await;
     assert_eq!(f.reads(), 21);
-    let issued: u64 = responses
-        .iter()
-        .map(|r| {
-            r["extensions"]["fanout"]["operationReads"]
-                .as_u64()
-                .unwrap()
-        })
-        .sum();
+    let issued: u64 = fanout_testkit::operation_reads(&responses);
     assert_eq!(issued, 21);
     for r in &responses {
         assert!(r["data"]["repository"]["tag"]["manifest"]["digest"]

@@ -1,7 +1,8 @@
 //! Fixtures shared by the test suites and benchmarks of `fanout-budget` and
 //! the gateway (a workspace-only crate, never published): external binaries
 //! found or skipped by the contract's rule, a throwaway `redis-server`, a
-//! future that pends once, and a median.
+//! future that pends once, a median, and the sum of a batch's
+//! `operationReads`.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -184,6 +185,19 @@ impl Future for YieldOnce {
             Poll::Pending
         }
     }
+}
+
+/// The reads each operation of a batch answer sent itself
+/// (`extensions.fanout.operationReads`), summed: what the upstream saw.
+pub fn operation_reads(responses: &[serde_json::Value]) -> u64 {
+    responses
+        .iter()
+        .map(|r| {
+            r["extensions"]["fanout"]["operationReads"]
+                .as_u64()
+                .expect("every operation reports operationReads")
+        })
+        .sum()
 }
 
 /// The median of `values` (sorted in place; NaN when empty).
