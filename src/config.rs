@@ -95,6 +95,9 @@ pub struct HttpConfig {
     pub max_batch_operations: usize,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Bytes of query text whose parsed documents are kept, so a text seen
+    /// before is not parsed again; `0`: every query is parsed.
+    pub document_cache_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -102,6 +105,7 @@ impl Default for HttpConfig {
         Self {
             max_batch_operations: 20,
             max_body_bytes: 65_536,
+            document_cache_bytes: 262_144,
         }
     }
 }

@@ -11,8 +11,10 @@
 //!    empty batch or something that is not a GraphQL request is 400
 //!    `BAD_REQUEST`, more than `max_batch_operations` is 400
 //!    `BATCH_TOO_LARGE` — in every such case nothing runs and nothing is read;
-//! 4. with a [`CostTable`](crate::CostTable): parses each operation's query
-//!    once (async-graphql then reuses the parsed document), prices it, and —
+//! 4. parses each operation's query once, or takes a copy of its parsed
+//!    document when the same text was seen before ([`crate::documents`];
+//!    async-graphql then validates and runs that document); with a
+//!    [`CostTable`](crate::CostTable) prices it, and —
 //!    with `refuse_over_estimate` — refuses the whole batch before anything
 //!    runs when the sum exceeds the budget;
 //! 5. gives each operation its own [`Operation`] handle on the one
@@ -28,6 +30,7 @@
 //! refusals in the GraphQL error shape with the contract's codes. `GET`
 //! answers the GraphiQL page.
 
+use crate::documents::Documents;
 use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::extension::{finish, refused};
@@ -54,6 +57,7 @@ pub struct FanoutGraphQL<E> {
     executor: E,
     engine: Engine,
     types: Arc<SchemaTypes>,
+    documents: Arc<Documents>,
 }
 
 impl<Q, M, S> FanoutGraphQL<Schema<Q, M, S>>
@@ -75,10 +79,15 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// cost preview and null propagation walk operations with its types).
     pub fn with_sdl(executor: E, engine: Engine, sdl: &str) -> Self {
         let types = Arc::new(SchemaTypes::from_sdl(sdl, engine.costs()));
+        let documents = Documents::new(
+            engine.config().http.document_cache_bytes,
+            engine.inner.dedup_hasher.clone(),
+        );
         Self {
             executor,
             engine,
             types,
+            documents: Arc::new(documents),
         }
     }
 
@@ -182,15 +191,19 @@ impl<E: Executor> FanoutGraphQL<E> {
         let operation = fanout.operation();
         request.data.insert(operation.clone());
         let mut requested = 0;
-        if self.engine.costs().is_some() {
-            // Parsed once: async-graphql runs the document it is given.
-            if let Ok(doc) = async_graphql::parser::parse_query(&request.query) {
-                requested = crate::cost::estimate(
-                    &self.types,
-                    &doc,
-                    &request.variables,
-                    request.operation_name.as_deref(),
-                );
+        let priced = self.engine.costs().is_some();
+        if priced || self.documents.enabled() {
+            // Parsed once (or copied from the documents kept): async-graphql
+            // runs the document it is given.
+            if let Some(doc) = self.documents.parse(&request.query) {
+                if priced {
+                    requested = crate::cost::estimate(
+                        &self.types,
+                        &doc,
+                        &request.variables,
+                        request.operation_name.as_deref(),
+                    );
+                }
                 request.set_parsed_query(doc);
             }
         }

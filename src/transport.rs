@@ -14,10 +14,12 @@ use futures::future::BoxFuture;
 
 /// Sends one read.
 pub trait Transport: Send + Sync + 'static {
-    /// The response to `read`, sent to `host` (`host:port`), whatever its status.
+    /// The response to `read`, sent to `host` (`host:port`), whatever its
+    /// status. The read is the transport's to consume (its URL moves into
+    /// the request, not copied).
     fn fetch<'a>(
         &'a self,
-        read: &'a Read,
+        read: Read,
         host: &'a str,
     ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>>;
 }
@@ -41,7 +43,7 @@ impl HttpTransport {
 impl Transport for HttpTransport {
     fn fetch<'a>(
         &'a self,
-        read: &'a Read,
+        read: Read,
         host: &'a str,
     ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
         Box::pin(fetch(self, read, host))
@@ -51,7 +53,7 @@ impl Transport for HttpTransport {
 /// The GET itself: headers, then the body up to the byte cap.
 async fn fetch(
     transport: &HttpTransport,
-    read: &Read,
+    read: Read,
     host: &str,
 ) -> Result<UpstreamResponse, FanoutError> {
     let transport_error = |message: String| FanoutError::Upstream {
@@ -59,9 +61,10 @@ async fn fetch(
         status: None,
         message,
     };
-    let mut request = transport.client.get(read.url().clone());
-    if let Some(accept) = read.accept_header() {
-        request = request.header(http::header::ACCEPT, accept.clone());
+    let (url, accept) = read.into_parts();
+    let mut request = transport.client.get(url);
+    if let Some(accept) = accept {
+        request = request.header(http::header::ACCEPT, accept);
     }
     let mut response = request
         .send()

@@ -228,7 +228,7 @@ struct Scripted {
 impl Transport for Scripted {
     fn fetch<'a>(
         &'a self,
-        read: &'a Read,
+        read: Read,
         host: &'a str,
     ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
         Box::pin(async move {

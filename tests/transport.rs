@@ -25,7 +25,7 @@ async fn fetch(base: &str, path: &str, cap: usize) -> Result<bytes::Bytes, Fanou
     let transport = HttpTransport::new(reqwest::Client::new(), cap);
     let read = Read::get(format!("{base}{path}").parse().unwrap());
     let host = read.url().authority().to_string();
-    let response = transport.fetch(&read, &host).await?;
+    let response = transport.fetch(read, &host).await?;
     assert_eq!(response.host, host);
     Ok(response.body)
 }

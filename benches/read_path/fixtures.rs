@@ -25,7 +25,7 @@ pub(crate) struct MemTransport {
 impl Transport for MemTransport {
     fn fetch<'a>(
         &'a self,
-        _read: &'a Read,
+        _read: Read,
         host: &'a str,
     ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
         Box::pin(async move {

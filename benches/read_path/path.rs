@@ -86,7 +86,13 @@ pub(crate) fn transport_routine(rt: &Runtime, yields: bool) -> impl FnMut(u64) -
         in_task(rt, async move {
             let started = Instant::now();
             for _ in 0..iters {
-                black_box(transport.fetch(&read, HOST).await.expect("a response"));
+                // A read is consumed, as on the engine path (which builds one per read).
+                black_box(
+                    transport
+                        .fetch(read.clone(), HOST)
+                        .await
+                        .expect("a response"),
+                );
             }
             started.elapsed()
         })

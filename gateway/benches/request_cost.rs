@@ -42,7 +42,7 @@ struct MemRegistry {
 impl Transport for MemRegistry {
     fn fetch<'a>(
         &'a self,
-        read: &'a Read,
+        read: Read,
         host: &'a str,
     ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
         Box::pin(async move {

@@ -19,6 +19,10 @@ application/vnd.oci.image.index.v1+json, \
 application/vnd.docker.distribution.manifest.v2+json, \
 application/vnd.docker.distribution.manifest.list.v2+json";
 
+/// [`MANIFEST_ACCEPT`] as a header value, checked once at compile time.
+pub static MANIFEST_ACCEPT_HEADER: reqwest::header::HeaderValue =
+    reqwest::header::HeaderValue::from_static(MANIFEST_ACCEPT);
+
 /// The upstream registry's base URL (schema data).
 #[derive(Clone, Debug)]
 pub struct RegistryUrl(pub reqwest::Url);
@@ -229,8 +233,8 @@ pub async fn manifest(
         manifests: Option<Vec<DescriptorDoc>>,
     }
     let base = registry(ctx)?;
-    let manifest =
-        Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?).accept(MANIFEST_ACCEPT);
+    let manifest = Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?)
+        .accept(MANIFEST_ACCEPT_HEADER.clone());
     let response = read(ctx, manifest).await?;
     expect_json(&response)?;
     let body: Body = response.json()?;

@@ -19,8 +19,21 @@ impl Read {
     }
 
     /// Sends `Accept: accept` (part of the read's identity for de-duplication).
-    pub fn accept(mut self, accept: &'static str) -> Self {
-        self.accept = Some(HeaderValue::from_static(accept));
+    ///
+    /// Build a fixed value once, not per read (checking a long media-type
+    /// list costs more than the engine's whole read path):
+    ///
+    /// ```
+    /// use fanout_budget::Read;
+    /// use http::HeaderValue;
+    ///
+    /// static MANIFEST: HeaderValue = HeaderValue::from_static("application/vnd.oci.image.manifest.v1+json");
+    /// let url = "http://registry.local:5000/v2/acme/app/manifests/latest".parse().unwrap();
+    /// let read = Read::get(url).accept(MANIFEST.clone());
+    /// assert_eq!(read.accept_header(), Some(&MANIFEST));
+    /// ```
+    pub fn accept(mut self, accept: HeaderValue) -> Self {
+        self.accept = Some(accept);
         self
     }
 
@@ -32,6 +45,11 @@ impl Read {
     /// The `Accept` header, if any.
     pub fn accept_header(&self) -> Option<&HeaderValue> {
         self.accept.as_ref()
+    }
+
+    /// The URL and the `Accept` header, for a transport sending the read.
+    pub fn into_parts(self) -> (reqwest::Url, Option<HeaderValue>) {
+        (self.url, self.accept)
     }
 }
 

@@ -162,7 +162,7 @@ impl Upstream<'_> {
         let by_deadline = read_timeout > left;
         let limit = read_timeout.min(left);
         let m = &host.metrics;
-        let fetch = engine.transport.fetch(&read, &host.name);
+        let fetch = engine.transport.fetch(read, &host.name);
         // The timer runs on tokio's clock: when the request's clock is tokio's,
         // `now + limit` is `min(now + read_timeout, deadline)`, no new reading.
         let (started, sent) = if budget.on_tokio_clock() {
