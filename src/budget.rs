@@ -10,8 +10,13 @@
 //!   changes nothing;
 //! - the **deadline** of the whole request, read from an injectable
 //!   [`Clock`];
-//! - the **concurrency** bound: a semaphore of `max_concurrent_reads` permits
-//!   that every read of the request holds while it is in flight;
+//! - the **concurrency** bound: `max_concurrent_reads` slots that every read
+//!   of the request holds while it is in flight — a counter moved by
+//!   compare-and-swap, and a `tokio::sync::Notify` for the reads waiting for
+//!   a slot. A release is one atomic subtraction, plus a wake-up only when a
+//!   read is waiting; waiting reads are not served in FIFO order (they are
+//!   the same request's reads), and a waiter that gives up (its deadline)
+//!   passes a wake-up it received on to the next;
 //! - per-request [`ReadStats`] counters.
 //!
 //! The budget never sends anything; the acquisition point
@@ -23,10 +28,10 @@ use crate::error::FanoutError;
 use loom::sync::atomic::AtomicU64 as ChargeCounter;
 #[cfg(not(feature = "loom"))]
 use std::sync::atomic::AtomicU64 as ChargeCounter;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The read budget, deadline and counters of one inbound HTTP request.
@@ -36,7 +41,7 @@ pub struct RequestBudget {
     requested: AtomicU64,
     deadline: Instant,
     clock: Arc<dyn Clock>,
-    concurrency: Semaphore,
+    slots: Slots,
     stats: ReadStats,
 }
 
@@ -104,7 +109,12 @@ impl RequestBudget {
             requested: AtomicU64::new(0),
             deadline,
             clock,
-            concurrency: Semaphore::new(max_concurrent.clamp(1, Semaphore::MAX_PERMITS)),
+            slots: Slots {
+                max: max_concurrent.max(1),
+                held: AtomicUsize::new(0),
+                waiting: AtomicUsize::new(0),
+                freed: Notify::new(),
+            },
             stats: ReadStats::default(),
         }
     }
@@ -194,20 +204,94 @@ impl RequestBudget {
         &self.stats
     }
 
-    /// One of the request's in-flight slots if one is free now.
-    pub(crate) fn try_in_flight_slot(&self) -> Option<SemaphorePermit<'_>> {
-        self.concurrency.try_acquire().ok()
+    /// Reads of this request holding an in-flight slot right now.
+    pub fn in_flight(&self) -> usize {
+        self.slots.held.load(Relaxed)
     }
 
-    /// Waits for one of the request's in-flight slots, never past the deadline.
-    pub(crate) async fn in_flight_slot(&self) -> Result<SemaphorePermit<'_>, FanoutError> {
-        if let Some(permit) = self.try_in_flight_slot() {
-            return Ok(permit);
+    /// One of the request's in-flight slots if one is free now.
+    pub fn try_in_flight_slot(&self) -> Option<InFlightSlot<'_>> {
+        self.slots.try_acquire()
+    }
+
+    /// Waits for one of the request's in-flight slots, never past the
+    /// deadline (`DEADLINE_EXCEEDED`).
+    pub async fn in_flight_slot(&self) -> Result<InFlightSlot<'_>, FanoutError> {
+        if let Some(slot) = self.try_in_flight_slot() {
+            return Ok(slot);
         }
         let left = self.time_left().ok_or(FanoutError::DeadlineExceeded)?;
-        match tokio::time::timeout(left, self.concurrency.acquire()).await {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => Err(FanoutError::DeadlineExceeded),
+        tokio::time::timeout(left, self.slots.acquire())
+            .await
+            .map_err(|_| FanoutError::DeadlineExceeded)
+    }
+}
+
+/// The request's in-flight slots (see the module docs).
+struct Slots {
+    max: usize,
+    held: AtomicUsize,
+    /// Reads registered on `freed`: a release wakes one only if this is not 0.
+    waiting: AtomicUsize,
+    freed: Notify,
+}
+
+/// One of a request's in-flight slots, released when dropped.
+#[must_use = "the slot is released as soon as it is dropped"]
+pub struct InFlightSlot<'a> {
+    slots: &'a Slots,
+}
+
+impl Drop for InFlightSlot<'_> {
+    fn drop(&mut self) {
+        // SeqCst on both sides (here and in `acquire`): either the waiter's
+        // retry sees this slot free, or this load sees the waiter.
+        self.slots.held.fetch_sub(1, SeqCst);
+        if self.slots.waiting.load(SeqCst) > 0 {
+            self.slots.freed.notify_one();
+        }
+    }
+}
+
+/// A read registered as waiting, until it stops waiting (slot or cancelled).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
+impl Slots {
+    fn try_acquire(&self) -> Option<InFlightSlot<'_>> {
+        let mut held = self.held.load(SeqCst);
+        while held < self.max {
+            match self
+                .held
+                .compare_exchange_weak(held, held + 1, SeqCst, SeqCst)
+            {
+                Ok(_) => return Some(InFlightSlot { slots: self }),
+                Err(now) => held = now,
+            }
+        }
+        None
+    }
+
+    async fn acquire(&self) -> InFlightSlot<'_> {
+        loop {
+            // Registered before the retry, so a release after the retry's
+            // check wakes this read (or leaves the wake-up for it).
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let _waiting = {
+                self.waiting.fetch_add(1, SeqCst);
+                Waiting(&self.waiting)
+            };
+            if let Some(slot) = self.try_acquire() {
+                return slot;
+            }
+            freed.await;
         }
     }
 }

@@ -38,7 +38,7 @@ pub mod transport;
 mod types;
 pub mod upstream;
 
-pub use budget::{BudgetSnapshot, RequestBudget};
+pub use budget::{BudgetSnapshot, InFlightSlot, RequestBudget};
 pub use clock::{Clock, ManualClock, TokioClock};
 pub use config::Config;
 pub use cost::{CostTable, FieldCost};

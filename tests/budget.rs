@@ -115,3 +115,87 @@ async fn internal_callers_get_the_internal_budget() {
     assert_eq!(engine.identify(&headers), Caller::Public);
     assert_eq!(engine.identify(&http::HeaderMap::new()), Caller::Public);
 }
+
+// ---------------------------------------------------------------------------
+// The request's in-flight slots (`max_concurrent_reads`).
+
+fn slots(max: usize) -> Arc<RequestBudget> {
+    let clock = Arc::new(ManualClock::new());
+    let deadline = fanout_budget::Clock::now(&*clock) + Duration::from_secs(60);
+    Arc::new(RequestBudget::new(1000, max, deadline, clock))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_flight_slots_never_exceed_the_bound_and_every_waiter_gets_one() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let budget = slots(3);
+    let peak = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let (budget, peak) = (budget.clone(), peak.clone());
+            tokio::spawn(async move {
+                for _ in 0..200 {
+                    let slot = budget
+                        .in_flight_slot()
+                        .await
+                        .expect("a slot before the deadline");
+                    let held = budget.in_flight();
+                    assert!(held <= 3, "{held} slots held, bound 3");
+                    peak.fetch_max(held, SeqCst);
+                    tokio::task::yield_now().await;
+                    drop(slot);
+                }
+            })
+        })
+        .collect();
+    // Every task finishes: no waiter is left asleep with a slot free.
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("a waiter was never woken")
+            .unwrap();
+    }
+    assert_eq!(budget.in_flight(), 0);
+    assert!(peak.load(SeqCst) >= 1);
+}
+
+#[tokio::test]
+async fn a_waiter_that_gives_up_passes_its_wake_up_on() {
+    use futures::FutureExt;
+    let budget = slots(1);
+    let held = budget.try_in_flight_slot().expect("a free slot");
+    assert!(budget.try_in_flight_slot().is_none(), "one slot only");
+    // Boxed, so that dropping `first` drops the future itself.
+    let mut first = Box::pin(budget.in_flight_slot());
+    let mut second = Box::pin(budget.in_flight_slot());
+    // Both wait (registered in this order).
+    assert!(first.as_mut().now_or_never().is_none());
+    assert!(second.as_mut().now_or_never().is_none());
+    // The release wakes the first waiter, which is then cancelled unpolled
+    // (its deadline, its request): the second must get the slot.
+    drop(held);
+    drop(first);
+    let slot = second
+        .as_mut()
+        .now_or_never()
+        .expect("the wake-up was passed on")
+        .expect("a slot");
+    assert_eq!(budget.in_flight(), 1);
+    drop(slot);
+    assert_eq!(budget.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_a_slot_ends_at_the_deadline() {
+    let budget = Arc::new(RequestBudget::new(
+        10,
+        1,
+        tokio::time::Instant::now() + Duration::from_millis(200),
+        Arc::new(fanout_budget::TokioClock),
+    ));
+    let _held = budget.try_in_flight_slot().expect("a free slot");
+    let started = tokio::time::Instant::now();
+    let waited = budget.in_flight_slot().await;
+    assert!(matches!(waited, Err(FanoutError::DeadlineExceeded)));
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
+}

@@ -244,30 +244,31 @@ async fn main() {
         ("engine on", gateway.router),
         (
             "engine on, no document cache",
-            app::build(uncached, upstream.clone(), None).router,
+            app::build(uncached.clone(), upstream.clone(), None).router,
         ),
     ];
+    // The ablation sides parse every query too (like for like with engine off).
     if ablation == 1 {
         routers.push((
             "engine, no rate-limit layer",
-            engine_router(engine(&config, true), &upstream),
+            engine_router(engine(&uncached, true), &upstream),
         ));
         routers.push((
             "engine, no rate-limit layer, no cost table",
-            engine_router(engine(&config, false), &upstream),
+            engine_router(engine(&uncached, false), &upstream),
         ));
         routers.push((
             "engine read path + a no-op extension",
-            read_path_router(engine(&config, false), &upstream, true),
+            read_path_router(engine(&uncached, false), &upstream, true),
         ));
         routers.push((
             "engine read path only (no extension)",
-            read_path_router(engine(&config, false), &upstream, false),
+            read_path_router(engine(&uncached, false), &upstream, false),
         ));
     } else if ablation == 2 {
         routers.push((
             "engine read path only (no extension)",
-            read_path_router(engine(&config, false), &upstream, false),
+            read_path_router(engine(&uncached, false), &upstream, false),
         ));
     }
     if ablation == 1 {
