@@ -95,8 +95,10 @@ pub struct HttpConfig {
     pub max_batch_operations: usize,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
-    /// Bytes of query text whose parsed documents are kept, so a text seen
-    /// before is not parsed again; `0`: every query is parsed.
+    /// Memory for parsed documents kept by query text, so a text seen
+    /// before is not parsed again (each entry weighed as its text plus its
+    /// document's estimated heap, `documents::weight`); `0`: every query is
+    /// parsed.
     pub document_cache_bytes: usize,
 }
 
@@ -105,7 +107,7 @@ impl Default for HttpConfig {
         Self {
             max_batch_operations: 20,
             max_body_bytes: 65_536,
-            document_cache_bytes: 262_144,
+            document_cache_bytes: 8 << 20,
         }
     }
 }

@@ -18,17 +18,27 @@
 //! Lookups hash with the engine's keyed hash, so texts chosen to collide
 //! cannot slow the map.
 //!
-//! Bounded by the bytes of query text kept (`http.document_cache_bytes`;
-//! `0` turns the cache off). A text longer than a sixteenth of that is never
-//! kept. When a new text would go over the bound, the whole map is emptied
-//! and refills with what is sent next: a client cycling through many
-//! distinct texts costs parsing, as it would without the cache, never
-//! memory. A text that does not parse is not kept (async-graphql parses it
-//! again and reports the error).
+//! Bounded by memory (`http.document_cache_bytes`; `0` turns the cache
+//! off): each kept entry is weighed as its text plus its document's heap,
+//! estimated by [`weight`] from the document's shape (a parsed document
+//! takes 60–200 times its text). A document heavier than a sixteenth of the
+//! bound is never kept.
+//! When a new entry would go over the bound, the whole map is emptied (and
+//! freed outside the lock) and refills with what is sent next: a client
+//! cycling through many distinct texts costs parsing, as it would without
+//! the cache, never memory. A text that does not parse is not kept
+//! (async-graphql parses it again and reports the error).
 
 use crate::hash::KeyedHashBuilder;
-use async_graphql::parser::{parse_query, types::ExecutableDocument};
+use async_graphql::parser::types::{
+    BaseType, Directive, DocumentOperations, ExecutableDocument, OperationDefinition, Selection,
+    SelectionSet, Type,
+};
+use async_graphql::parser::{parse_query, Positioned};
+use async_graphql::Name;
+use async_graphql_value::{ConstValue, Value};
 use std::collections::HashMap;
+use std::mem::size_of;
 use std::sync::{Arc, RwLock};
 
 /// The parsed documents of the query texts seen so far (bounded).
@@ -39,9 +49,14 @@ pub(crate) struct Documents {
 
 struct Table {
     docs: HashMap<Box<str>, Arc<ExecutableDocument>, KeyedHashBuilder>,
-    /// Bytes of query text kept.
+    /// The kept entries' weight: their texts and documents, estimated.
     bytes: usize,
 }
+
+/// The walk of [`weight`] stops this deep. async-graphql's parser refuses
+/// selections nested past 64 levels, so only a document built by hand can
+/// reach it; such a document is not weighed (and not kept).
+const MAX_KEPT_DEPTH: usize = 256;
 
 impl Documents {
     /// Keeps at most `max_bytes` of query text; `0`: keeps nothing.
@@ -69,22 +84,39 @@ impl Documents {
         }
         let doc = parse_query(query).ok()?;
         if self.enabled() && query.len() <= self.max_bytes / 16 {
-            self.keep(query, &doc);
+            if let Some(weight) = weight(&doc) {
+                let entry = query.len() + weight;
+                if entry <= self.max_bytes / 16 {
+                    self.keep(query, Arc::new(doc.clone()), entry);
+                }
+            }
         }
         Some(doc)
     }
 
-    fn keep(&self, query: &str, doc: &ExecutableDocument) {
-        let mut table = self.write();
-        if table.docs.contains_key(query) {
-            return;
-        }
-        if table.bytes + query.len() > self.max_bytes {
-            table.docs.clear();
-            table.bytes = 0;
-        }
-        table.docs.insert(query.into(), Arc::new(doc.clone()));
-        table.bytes += query.len();
+    /// Keeps `doc` for `query`; its copy is made, and an emptied map freed,
+    /// outside the write lock.
+    fn keep(&self, query: &str, doc: Arc<ExecutableDocument>, entry: usize) {
+        let emptied = {
+            let mut table = self.write();
+            if table.docs.contains_key(query) {
+                return;
+            }
+            let emptied = if table.bytes + entry > self.max_bytes {
+                table.bytes = 0;
+                let hasher = table.docs.hasher().clone();
+                Some(std::mem::replace(
+                    &mut table.docs,
+                    HashMap::with_hasher(hasher),
+                ))
+            } else {
+                None
+            };
+            table.docs.insert(query.into(), doc);
+            table.bytes += entry;
+            emptied
+        };
+        drop(emptied);
     }
 
     /// Texts kept now.
@@ -93,7 +125,7 @@ impl Documents {
         self.read().docs.len()
     }
 
-    /// Bytes of query text kept now.
+    /// The kept entries' weight now.
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         self.read().bytes
@@ -109,6 +141,181 @@ impl Documents {
     }
 }
 
+/// The heap bytes a parsed document holds, estimated from its shape: the
+/// elements of every vector and map (at their capacity), and every name's
+/// and string's bytes. `None` when its selections nest deeper than
+/// [`MAX_KEPT_DEPTH`] (the walk is bounded; such a document is not kept).
+///
+/// Public so that operators can size `http.document_cache_bytes` for their
+/// queries: `weight(&parse_query(text)?)`.
+pub fn weight(doc: &ExecutableDocument) -> Option<usize> {
+    let mut w = Weigher { bytes: 0 };
+    match &doc.operations {
+        DocumentOperations::Single(op) => w.operation(&op.node)?,
+        DocumentOperations::Multiple(ops) => {
+            w.map::<Name, Positioned<OperationDefinition>>(ops.capacity());
+            for (name, op) in ops {
+                w.name(name);
+                w.operation(&op.node)?;
+            }
+        }
+    }
+    w.map::<Name, Positioned<async_graphql::parser::types::FragmentDefinition>>(
+        doc.fragments.capacity(),
+    );
+    for (name, fragment) in &doc.fragments {
+        w.name(name);
+        w.name(&fragment.node.type_condition.node.on.node);
+        w.directives(&fragment.node.directives);
+        w.selection_set(&fragment.node.selection_set.node, 0)?;
+    }
+    Some(w.bytes)
+}
+
+struct Weigher {
+    bytes: usize,
+}
+
+// `&Vec` throughout: a vector's capacity is what it holds on the heap.
+#[allow(clippy::ptr_arg)]
+impl Weigher {
+    fn vec<T>(&mut self, v: &Vec<T>) {
+        self.bytes += v.capacity() * size_of::<T>();
+    }
+
+    /// A hash map's buckets (≥ its capacity) and one control byte each.
+    fn map<K, V>(&mut self, capacity: usize) {
+        self.bytes += capacity * (size_of::<(K, V)>() + 1);
+    }
+
+    /// A `Name` is an `Arc<str>`: two counters and the bytes.
+    fn name(&mut self, name: &Name) {
+        self.bytes += 2 * size_of::<usize>() + name.len();
+    }
+
+    fn operation(&mut self, op: &OperationDefinition) -> Option<()> {
+        let vars = &op.variable_definitions;
+        self.vec(vars);
+        for var in vars {
+            self.name(&var.node.name.node);
+            self.ty(&var.node.var_type.node);
+            self.directives(&var.node.directives);
+            if let Some(value) = &var.node.default_value {
+                self.const_value(&value.node);
+            }
+        }
+        self.directives(&op.directives);
+        self.selection_set(&op.selection_set.node, 0)
+    }
+
+    fn selection_set(&mut self, set: &SelectionSet, depth: usize) -> Option<()> {
+        if depth > MAX_KEPT_DEPTH {
+            return None;
+        }
+        self.vec(&set.items);
+        for item in &set.items {
+            match &item.node {
+                Selection::Field(field) => {
+                    let field = &field.node;
+                    if let Some(alias) = &field.alias {
+                        self.name(&alias.node);
+                    }
+                    self.name(&field.name.node);
+                    self.arguments(&field.arguments);
+                    self.directives(&field.directives);
+                    self.selection_set(&field.selection_set.node, depth + 1)?;
+                }
+                Selection::FragmentSpread(spread) => {
+                    self.name(&spread.node.fragment_name.node);
+                    self.directives(&spread.node.directives);
+                }
+                Selection::InlineFragment(inline) => {
+                    if let Some(on) = &inline.node.type_condition {
+                        self.name(&on.node.on.node);
+                    }
+                    self.directives(&inline.node.directives);
+                    self.selection_set(&inline.node.selection_set.node, depth + 1)?;
+                }
+            }
+        }
+        Some(())
+    }
+
+    fn arguments(&mut self, args: &Vec<(Positioned<Name>, Positioned<Value>)>) {
+        self.vec(args);
+        for (name, value) in args {
+            self.name(&name.node);
+            self.value(&value.node);
+        }
+    }
+
+    fn directives(&mut self, directives: &Vec<Positioned<Directive>>) {
+        self.vec(directives);
+        for directive in directives {
+            self.name(&directive.node.name.node);
+            let args = &directive.node.arguments;
+            self.arguments(args);
+        }
+    }
+
+    fn ty(&mut self, ty: &Type) {
+        match &ty.base {
+            BaseType::Named(name) => self.name(name),
+            BaseType::List(inner) => {
+                self.bytes += size_of::<Type>();
+                self.ty(inner);
+            }
+        }
+    }
+
+    /// An `IndexMap` entry: the pair, its hash, and an index in the table.
+    fn object<V>(&mut self, capacity: usize) {
+        self.bytes += capacity * (size_of::<(Name, V)>() + 2 * size_of::<usize>() + 1);
+    }
+
+    // Values nest only as deep as their text (bounded by the kept text's
+    // size), and the parser itself recursed as deep to build them.
+    fn value(&mut self, value: &Value) {
+        match value {
+            Value::Variable(name) | Value::Enum(name) => self.name(name),
+            Value::String(s) => self.bytes += s.capacity(),
+            Value::Binary(b) => self.bytes += b.len(),
+            Value::List(items) => {
+                self.vec(items);
+                items.iter().for_each(|v| self.value(v));
+            }
+            Value::Object(map) => {
+                self.object::<Value>(map.capacity());
+                for (k, v) in map {
+                    self.name(k);
+                    self.value(v);
+                }
+            }
+            Value::Null | Value::Number(_) | Value::Boolean(_) => {}
+        }
+    }
+
+    fn const_value(&mut self, value: &ConstValue) {
+        match value {
+            ConstValue::Enum(name) => self.name(name),
+            ConstValue::String(s) => self.bytes += s.capacity(),
+            ConstValue::Binary(b) => self.bytes += b.len(),
+            ConstValue::List(items) => {
+                self.vec(items);
+                items.iter().for_each(|v| self.const_value(v));
+            }
+            ConstValue::Object(map) => {
+                self.object::<ConstValue>(map.capacity());
+                for (k, v) in map {
+                    self.name(k);
+                    self.const_value(v);
+                }
+            }
+            ConstValue::Null | ConstValue::Number(_) | ConstValue::Boolean(_) => {}
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,21 +328,28 @@ mod tests {
         format!("{a:?}") == format!("{b:?}")
     }
 
+    /// An entry's weight, as the cache counts it.
+    fn entry(query: &str) -> usize {
+        query.len() + weight(&parse_query(query).unwrap()).unwrap()
+    }
+
     #[test]
     fn a_kept_document_is_the_parse_of_its_text() {
-        let docs = documents(1 << 16);
         let query = "query Q($n: Int) { a(first: $n) { b ...F } } fragment F on T { c }";
+        let docs = documents(16 * entry(query));
         let first = docs.parse(query).expect("parses");
         assert_eq!(docs.len(), 1);
+        assert_eq!(docs.bytes(), entry(query));
         let again = docs.parse(query).expect("kept");
         assert_eq!(docs.len(), 1, "the same text is kept once");
+        assert_eq!(docs.bytes(), entry(query));
         assert!(same(&first, &again));
         assert!(same(&again, &parse_query(query).unwrap()));
     }
 
     #[test]
     fn texts_that_do_not_parse_are_not_kept() {
-        let docs = documents(1 << 16);
+        let docs = documents(1 << 20);
         assert!(docs.parse("{ a { ").is_none());
         assert_eq!(docs.len(), 0);
     }
@@ -149,28 +363,40 @@ mod tests {
     }
 
     #[test]
-    fn long_texts_are_never_kept() {
-        let docs = documents(1600);
-        let long = format!("{{ a {} }}", "b ".repeat(60)); // > 1600 / 16 bytes
-        assert!(docs.parse(&long).is_some());
+    fn an_entry_over_a_sixteenth_of_the_bound_is_never_kept() {
+        let small = "{ a }";
+        let large = format!("{{ a {} }}", "b ".repeat(60));
+        let docs = documents(16 * entry(small));
+        assert!(entry(&large) > 16 * entry(small) / 16);
+        assert!(docs.parse(&large).is_some());
         assert_eq!(docs.len(), 0);
-        assert!(docs.parse("{ a }").is_some());
+        assert!(docs.parse(small).is_some());
         assert_eq!(docs.len(), 1);
     }
 
     #[test]
-    fn the_kept_bytes_never_pass_the_bound() {
-        let max = 1600;
+    fn the_kept_weight_never_passes_the_bound() {
+        let max = 40 * entry("{ field0 }");
         let docs = documents(max);
+        let mut emptied = 0;
         for i in 0..1000 {
             let query = format!("{{ field{i} }}");
+            let before = docs.len();
             assert!(docs.parse(&query).is_some());
-            assert!(docs.bytes() <= max, "{} bytes kept", docs.bytes());
-            assert!(docs.len() >= 1, "the newest text is kept");
+            assert!(
+                docs.bytes() <= max,
+                "{} bytes kept, bound {max}",
+                docs.bytes()
+            );
+            if docs.len() <= before {
+                emptied += 1;
+                assert_eq!(docs.len(), 1, "emptied, then the newest text kept");
+            }
         }
-        // Emptied and refilled: the newest texts are there.
-        let before = docs.len();
+        assert!(emptied >= 20, "the table was emptied {emptied} times");
+        // The newest text is a hit: nothing changes.
+        let (len, bytes) = (docs.len(), docs.bytes());
         docs.parse("{ field999 }");
-        assert_eq!(docs.len(), before, "the newest text is a hit");
+        assert_eq!((docs.len(), docs.bytes()), (len, bytes));
     }
 }

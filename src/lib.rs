@@ -22,7 +22,7 @@ pub mod clock;
 pub mod config;
 pub mod cost;
 pub mod dedup;
-mod documents;
+pub mod documents;
 pub mod engine;
 pub mod error;
 pub mod extension;

@@ -129,20 +129,24 @@ fn slots(max: usize) -> Arc<RequestBudget> {
 async fn in_flight_slots_never_exceed_the_bound_and_every_waiter_gets_one() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
     let budget = slots(3);
+    // Counted apart from the slots' own counter: holders between acquiring
+    // and releasing.
+    let active = Arc::new(AtomicUsize::new(0));
     let peak = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..32)
         .map(|_| {
-            let (budget, peak) = (budget.clone(), peak.clone());
+            let (budget, active, peak) = (budget.clone(), active.clone(), peak.clone());
             tokio::spawn(async move {
                 for _ in 0..200 {
                     let slot = budget
                         .in_flight_slot()
                         .await
                         .expect("a slot before the deadline");
-                    let held = budget.in_flight();
-                    assert!(held <= 3, "{held} slots held, bound 3");
-                    peak.fetch_max(held, SeqCst);
+                    let now = active.fetch_add(1, SeqCst) + 1;
+                    assert!(now <= 3, "{now} reads hold a slot, bound 3");
+                    peak.fetch_max(now, SeqCst);
                     tokio::task::yield_now().await;
+                    active.fetch_sub(1, SeqCst);
                     drop(slot);
                 }
             })
@@ -156,7 +160,40 @@ async fn in_flight_slots_never_exceed_the_bound_and_every_waiter_gets_one() {
             .unwrap();
     }
     assert_eq!(budget.in_flight(), 0);
-    assert!(peak.load(SeqCst) >= 1);
+    assert_eq!(peak.load(SeqCst), 3, "32 readers never filled the 3 slots");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_racing_a_waiters_registration_always_wakes_it() {
+    // One slot, held; a waiter starts on another thread while the holder
+    // releases: whichever comes first, the waiter must get the slot. Every
+    // other round, a second waiter is cancelled during the release.
+    for round in 0..20_000u32 {
+        let budget = slots(1);
+        let held = budget.try_in_flight_slot().expect("a free slot");
+        let b = budget.clone();
+        let waiter = tokio::spawn(async move { b.in_flight_slot().await.map(drop) });
+        let cancelled = (round % 2 == 1).then(|| {
+            let b = budget.clone();
+            tokio::spawn(async move { b.in_flight_slot().await.map(drop) })
+        });
+        if round % 3 == 0 {
+            tokio::task::yield_now().await;
+        }
+        if let Some(cancelled) = &cancelled {
+            cancelled.abort();
+        }
+        drop(held);
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the waiter was never woken"))
+            .unwrap()
+            .expect("a slot");
+        if let Some(cancelled) = cancelled {
+            let _ = cancelled.await;
+        }
+        assert_eq!(budget.in_flight(), 0);
+    }
 }
 
 #[tokio::test]
@@ -195,7 +232,9 @@ async fn waiting_for_a_slot_ends_at_the_deadline() {
     ));
     let _held = budget.try_in_flight_slot().expect("a free slot");
     let started = tokio::time::Instant::now();
-    let waited = budget.in_flight_slot().await;
+    let waited = tokio::time::timeout(Duration::from_secs(10), budget.in_flight_slot())
+        .await
+        .expect("the deadline ended the wait");
     assert!(matches!(waited, Err(FanoutError::DeadlineExceeded)));
     assert_eq!(started.elapsed(), Duration::from_millis(200));
 }

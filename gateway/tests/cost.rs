@@ -18,8 +18,7 @@ async fn requested(f: &Fixture, query: &str, variables: serde_json::Value) -> u6
 #[tokio::test]
 async fn exact_requested_figures() {
     let f = Fixture::default().await;
-    // The second pass prices the documents kept from the first (the same
-    // texts, some with other variables).
+    // The second pass prices the documents kept from the first.
     for pass in 0..2 {
         for (query, variables, expected) in cost_cases() {
             assert_eq!(
@@ -28,6 +27,25 @@ async fn exact_requested_figures() {
                 "pass {pass}: {query}"
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn one_kept_text_is_priced_with_each_requests_variables() {
+    let f = Fixture::default().await;
+    let query =
+        r#"query($n: Int! = 6) { repositories(first: $n) { nodes { tag(name: "x") { name } } } }"#;
+    for (variables, expected) in [
+        (json!({"n": 4}), 1 + 4),
+        (json!({"n": 9}), 1 + 9),
+        (json!({}), 1 + 6),
+        (json!({"n": 2}), 1 + 2),
+    ] {
+        assert_eq!(
+            requested(&f, query, variables.clone()).await,
+            expected,
+            "{variables}"
+        );
     }
 }
 
