@@ -9,7 +9,8 @@
 //! profiler), `LOAD_RECORDER=0` (no Prometheus recorder), `LOAD_ABLATION=1`
 //! (add sides with parts of the engine taken away, to see what costs;
 //! `LOAD_ABLATION=2`: only the "read path only" side), `LOAD_ALLOCS=1` (count
-//! heap allocations per request on every side first).
+//! heap allocations per request on every side first), `LOAD_NOCAP=1` (no
+//! `[hosts]` cap on the registry: what the process-wide host slot costs).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
 //!   `FanoutGraphQL` (parsed-document cache, cost preview,
@@ -223,7 +224,9 @@ async fn main() {
     let mut config = Config::default();
     // Every client is 127.0.0.1: a quota no load here reaches, still checked.
     config.rate_limit.requests_per_minute = u32::MAX;
-    config.hosts.insert(registry.host(), HostConfig::default());
+    if env("LOAD_NOCAP", 0) == 0 {
+        config.hosts.insert(registry.host(), HostConfig::default());
+    }
     let render: Option<app::MetricsRender> = if env("LOAD_RECORDER", 1) == 1 {
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .install_recorder()
