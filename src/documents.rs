@@ -30,6 +30,7 @@
 //! (async-graphql parses it again and reports the error).
 
 use crate::hash::KeyedHashBuilder;
+use crate::metrics::DocumentMetrics;
 use async_graphql::parser::types::{
     BaseType, Directive, DocumentOperations, ExecutableDocument, OperationDefinition, Selection,
     SelectionSet, Type,
@@ -45,6 +46,7 @@ use std::sync::{Arc, RwLock};
 pub(crate) struct Documents {
     table: RwLock<Table>,
     max_bytes: usize,
+    metrics: DocumentMetrics,
 }
 
 struct Table {
@@ -67,6 +69,7 @@ impl Documents {
                 bytes: 0,
             }),
             max_bytes,
+            metrics: DocumentMetrics::new(),
         }
     }
 
@@ -80,9 +83,11 @@ impl Documents {
     pub(crate) fn parse(&self, query: &str) -> Option<ExecutableDocument> {
         let kept = self.read().docs.get(query).cloned();
         if let Some(doc) = kept {
+            self.metrics.from_cache.increment(1);
             return Some((*doc).clone());
         }
         let doc = parse_query(query).ok()?;
+        self.metrics.parsed.increment(1);
         if self.enabled() && query.len() <= self.max_bytes / 16 {
             if let Some(weight) = weight(&doc) {
                 let entry = query.len() + weight;
@@ -114,6 +119,7 @@ impl Documents {
             };
             table.docs.insert(query.into(), doc);
             table.bytes += entry;
+            self.metrics.kept_bytes.set(table.bytes as f64);
             emptied
         };
         drop(emptied);

@@ -20,6 +20,8 @@
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
+//! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
+//! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
@@ -51,6 +53,24 @@ impl HostMetrics {
             timeouts: counter!("fanout_upstream_timeouts_total", "host" => h.clone()),
             rejections: counter!("fanout_host_rejections_total", "host" => h.clone()),
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),
+        }
+    }
+}
+
+/// Cached handles for the parsed-document cache (registered when a
+/// `FanoutGraphQL` is built).
+pub(crate) struct DocumentMetrics {
+    pub(crate) from_cache: Counter,
+    pub(crate) parsed: Counter,
+    pub(crate) kept_bytes: Gauge,
+}
+
+impl DocumentMetrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            from_cache: counter!("fanout_parsed_documents_total", "source" => "cache"),
+            parsed: counter!("fanout_parsed_documents_total", "source" => "parser"),
+            kept_bytes: gauge!("fanout_document_cache_bytes"),
         }
     }
 }

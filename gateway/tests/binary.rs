@@ -119,6 +119,8 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
         "fanout_upstream_read_seconds",
         "fanout_dedup_hits_total",
         "fanout_requests_total",
+        "fanout_parsed_documents_total{source=\"parser\"}",
+        "fanout_document_cache_bytes",
     ] {
         assert!(
             metrics.contains(name),
