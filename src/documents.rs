@@ -149,8 +149,9 @@ impl Documents {
 
 /// The heap bytes a parsed document holds, estimated from its shape: the
 /// elements of every vector and map (at their capacity), and every name's
-/// and string's bytes. `None` when its selections nest deeper than
-/// [`MAX_KEPT_DEPTH`] (the walk is bounded; such a document is not kept).
+/// and string's bytes. `None` when its selections nest deeper than 256
+/// levels (the walk is bounded; the parser stops at 64, so only a document
+/// built by hand goes deeper; such a document is not kept).
 ///
 /// Public so that operators can size `http.document_cache_bytes` for their
 /// queries: `weight(&parse_query(text)?)`.
