@@ -61,7 +61,7 @@ struct Table {
 const MAX_KEPT_DEPTH: usize = 256;
 
 impl Documents {
-    /// Keeps at most `max_bytes` of query text; `0`: keeps nothing.
+    /// Keeps entries weighing at most `max_bytes` in all; `0`: keeps nothing.
     pub(crate) fn new(max_bytes: usize, hasher: KeyedHashBuilder) -> Self {
         Self {
             table: RwLock::new(Table {
@@ -90,7 +90,8 @@ impl Documents {
         self.metrics.parsed.increment(1);
         if self.enabled() && query.len() <= self.max_bytes / 16 {
             if let Some(weight) = weight(&doc) {
-                let entry = query.len() + weight;
+                // The text, its document, and the entry's place in the map.
+                let entry = query.len() + weight + size_of::<(Box<str>, Arc<()>)>() + 1;
                 if entry <= self.max_bytes / 16 {
                     self.keep(query, Arc::new(doc.clone()), entry);
                 }
@@ -337,7 +338,10 @@ mod tests {
 
     /// An entry's weight, as the cache counts it.
     fn entry(query: &str) -> usize {
-        query.len() + weight(&parse_query(query).unwrap()).unwrap()
+        query.len()
+            + weight(&parse_query(query).unwrap()).unwrap()
+            + size_of::<(Box<str>, Arc<()>)>()
+            + 1
     }
 
     #[test]
