@@ -16,19 +16,24 @@
 //! creates one extension instance per operation. For each operation this
 //! extension:
 //!
-//! 1. in `parse_query`, prices the operation with the engine's
+//! 1. in `prepare_request`, hands async-graphql the parsed document kept
+//!    for the operation's text, if any ([`crate::documents`], shared by the
+//!    extension's operations; the text is parsed and kept otherwise), so a
+//!    text seen before is not parsed again;
+//! 2. in `parse_query`, prices the operation with the engine's
 //!    [`CostTable`](crate::CostTable) (if one is set) and adds it to the
 //!    request's `requested`;
-//! 2. in `execute`, takes the request's scope — the [`FanoutRequest`] the
+//! 3. in `execute`, takes the request's scope — the [`FanoutRequest`] the
 //!    integrator put into the batch's data (`BatchRequest::data`), else a new
 //!    one for this operation alone — and, when `refuse_over_estimate` is on
 //!    and the integrator announced the batch
 //!    ([`FanoutRequest::expect_operations`]), waits until every operation is
 //!    priced and refuses all of them if the sum exceeds the budget;
-//! 3. hands the resolvers an [`Operation`] through `run_with_data`;
-//! 4. after execution, finishes the response exactly as `FanoutGraphQL`
+//! 4. hands the resolvers an [`Operation`] through `run_with_data`;
+//! 5. after execution, finishes the response exactly as `FanoutGraphQL`
 //!    does: contract codes, null propagation, `extensions.fanout`.
 
+use crate::documents::Documents;
 use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::identity::Caller;
@@ -50,15 +55,22 @@ pub struct FanoutExtension {
     engine: Engine,
     /// The schema's types, read from its registry on first use.
     types: Arc<OnceLock<Arc<SchemaTypes>>>,
+    /// Parsed documents kept by text (`http.document_cache_bytes`).
+    documents: Arc<Documents>,
 }
 
 impl FanoutExtension {
     /// The extension for `engine` (whose [`CostTable`](crate::CostTable), if
     /// any, prices each operation).
     pub fn new(engine: Engine) -> Self {
+        let documents = Documents::new(
+            engine.config().http.document_cache_bytes,
+            engine.inner.dedup_hasher.clone(),
+        );
         Self {
             engine,
             types: Arc::default(),
+            documents: Arc::new(documents),
         }
     }
 }
@@ -104,13 +116,20 @@ impl Extension for PerOperation {
     async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
-        request: Request,
+        mut request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
         if request.data.contains_key(&TypeId::of::<Arc<Operation>>()) {
             self.aside.store(true, Relaxed);
         } else {
             *lock(&self.operation_name) = request.operation_name.clone();
+            let documents = &self.factory.documents;
+            if documents.enabled() {
+                // Not parsable: async-graphql parses it again and reports why.
+                if let Some(doc) = documents.parse(&request.query) {
+                    request.set_parsed_query(doc);
+                }
+            }
         }
         next.run(ctx, request).await
     }

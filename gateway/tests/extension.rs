@@ -33,13 +33,62 @@ const PAGE: &str =
 async fn the_extension_prices_like_the_service() {
     let f = Fixture::default().await;
     let schema = with_extension(&f);
-    for (query, variables, expected) in cost_cases() {
-        let request = Request::new(query).variables(Variables::from_json(variables));
-        let response = json_of(&schema.execute(request).await);
-        assert_eq!(
-            response["extensions"]["fanout"]["requested"], expected,
-            "{query}: {response}"
-        );
+    // The second pass runs the parsed documents kept from the first.
+    for pass in 0..2 {
+        for (query, variables, expected) in cost_cases() {
+            let request = Request::new(query).variables(Variables::from_json(variables));
+            let response = json_of(&schema.execute(request).await);
+            assert_eq!(
+                response["extensions"]["fanout"]["requested"], expected,
+                "pass {pass}, {query}: {response}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_kept_document_answers_under_the_extension_as_a_fresh_parse() {
+    let f = Fixture::default().await;
+    let schema = with_extension(&f);
+    // The same extension on an engine that keeps no documents.
+    let mut config = f.gateway.engine.config().clone();
+    config.http.document_cache_bytes = 0;
+    let parsing = fanout_budget::Engine::builder(config)
+        .costs(schema::costs())
+        .build();
+    let plain = schema::builder()
+        .extension(parsing.extension())
+        .data(RegistryUrl(f.registry.url().parse().unwrap()))
+        .finish();
+    for query in [
+        PAGE,
+        "{ repository(name: \"acme/app\") { nope } }",
+        "{ repository(name: \"acme/app\") { tags(first: 1) { ",
+    ] {
+        let fresh = json_of(&plain.execute(query).await);
+        for send in 0..3 {
+            let response = json_of(&schema.execute(query).await);
+            assert_eq!(response["data"], fresh["data"], "send {send}: {query}");
+            assert_eq!(
+                response["extensions"]["fanout"]["requested"],
+                fresh["extensions"]["fanout"]["requested"],
+                "send {send}: {query}"
+            );
+            assert_eq!(
+                response["errors"].as_array().map(Vec::len),
+                fresh["errors"].as_array().map(Vec::len),
+                "send {send}: {query}"
+            );
+            for (a, b) in response["errors"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .zip(fresh["errors"].as_array().into_iter().flatten())
+            {
+                assert_eq!(a["message"], b["message"], "send {send}: {query}");
+                assert_eq!(a["locations"], b["locations"], "send {send}: {query}");
+            }
+        }
     }
 }
 
