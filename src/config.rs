@@ -272,11 +272,6 @@ impl Config {
                 return Err(ConfigError(format!("{key} must be at least 1")));
             }
         }
-        if b.max_concurrent_reads > tokio::sync::Semaphore::MAX_PERMITS {
-            return Err(ConfigError(
-                "budget.max_concurrent_reads is too large".into(),
-            ));
-        }
         for host in self.hosts.keys() {
             if !is_host_port(host) {
                 return Err(ConfigError(format!(

@@ -5,9 +5,11 @@
 //! is the largest single step of serving it — for the benchmark's five-read
 //! query, about 165,000 instructions, more than async-graphql's validation
 //! and the engine's whole read path put together — and its result depends on
-//! the text alone. So [`FanoutGraphQL`](crate::FanoutGraphQL) keeps the
-//! parsed document of each text it has seen and hands async-graphql a copy
-//! (`Request::set_parsed_query`); async-graphql then checks its depth,
+//! the text alone. So the engine keeps the parsed document of each text it
+//! has seen — one table per engine, used by
+//! [`FanoutGraphQL`](crate::FanoutGraphQL) and by the
+//! [`FanoutExtension`](crate::FanoutExtension) — and hands async-graphql a
+//! copy (`Request::set_parsed_query`); async-graphql then checks its depth,
 //! validates it against the schema and runs it exactly as if it had parsed
 //! the text itself. Pricing (the cost preview) walks the same copy.
 //!
@@ -18,10 +20,11 @@
 //! Lookups hash with the engine's keyed hash, so texts chosen to collide
 //! cannot slow the map.
 //!
-//! Bounded by memory (`http.document_cache_bytes`; `0` turns the cache
-//! off): each kept entry is weighed as its text plus its document's heap,
-//! estimated by [`weight`] from the document's shape (a parsed document
-//! takes 60–200 times its text). A document heavier than a sixteenth of the
+//! Bounded by memory (`http.document_cache_bytes` per engine; `0` turns the
+//! cache off): each kept entry is weighed as its text, its document's heap
+//! (estimated by [`weight`] from the document's shape; a parsed document
+//! takes about 50–130 times its text), the `Arc` around it and its slot in the
+//! map. A document heavier than a sixteenth of the
 //! bound is never kept.
 //! When a new entry would go over the bound, the whole map is emptied (and
 //! freed outside the lock) and refills with what is sent next: a client
@@ -40,20 +43,30 @@ use async_graphql::Name;
 use async_graphql_value::{ConstValue, Value};
 use std::collections::HashMap;
 use std::mem::size_of;
+use std::sync::OnceLock;
 use std::sync::{Arc, RwLock};
 
 /// The parsed documents of the query texts seen so far (bounded).
 pub(crate) struct Documents {
     table: RwLock<Table>,
     max_bytes: usize,
-    metrics: DocumentMetrics,
+    /// Registered on first use (after the application's recorder is up).
+    metrics: OnceLock<DocumentMetrics>,
 }
 
 struct Table {
     docs: HashMap<Box<str>, Arc<ExecutableDocument>, KeyedHashBuilder>,
-    /// The kept entries' weight: their texts and documents, estimated.
+    /// The kept entries' weight (see the module docs).
     bytes: usize,
 }
+
+/// What an entry weighs besides its text and its document's heap: the
+/// `Arc` around the document (two counters and the document itself) and the
+/// entry's slot in the map (key, value, control byte).
+const ENTRY_OVERHEAD: usize = 2 * size_of::<usize>()
+    + size_of::<ExecutableDocument>()
+    + size_of::<(Box<str>, Arc<ExecutableDocument>)>()
+    + 1;
 
 /// The walk of [`weight`] stops this deep. async-graphql's parser refuses
 /// selections nested past 64 levels, so only a document built by hand can
@@ -69,8 +82,12 @@ impl Documents {
                 bytes: 0,
             }),
             max_bytes,
-            metrics: DocumentMetrics::new(),
+            metrics: OnceLock::new(),
         }
+    }
+
+    fn metrics(&self) -> &DocumentMetrics {
+        self.metrics.get_or_init(DocumentMetrics::new)
     }
 
     /// Whether anything is ever kept.
@@ -83,15 +100,14 @@ impl Documents {
     pub(crate) fn parse(&self, query: &str) -> Option<ExecutableDocument> {
         let kept = self.read().docs.get(query).cloned();
         if let Some(doc) = kept {
-            self.metrics.from_cache.increment(1);
+            self.metrics().from_cache.increment(1);
             return Some((*doc).clone());
         }
         let doc = parse_query(query).ok()?;
-        self.metrics.parsed.increment(1);
+        self.metrics().parsed.increment(1);
         if self.enabled() && query.len() <= self.max_bytes / 16 {
             if let Some(weight) = weight(&doc) {
-                // The text, its document, and the entry's place in the map.
-                let entry = query.len() + weight + size_of::<(Box<str>, Arc<()>)>() + 1;
+                let entry = query.len() + weight + ENTRY_OVERHEAD;
                 if entry <= self.max_bytes / 16 {
                     self.keep(query, Arc::new(doc.clone()), entry);
                 }
@@ -108,7 +124,9 @@ impl Documents {
             if table.docs.contains_key(query) {
                 return;
             }
+            let metrics = self.metrics();
             let emptied = if table.bytes + entry > self.max_bytes {
+                metrics.kept_bytes.decrement(table.bytes as f64);
                 table.bytes = 0;
                 let hasher = table.docs.hasher().clone();
                 Some(std::mem::replace(
@@ -120,7 +138,8 @@ impl Documents {
             };
             table.docs.insert(query.into(), doc);
             table.bytes += entry;
-            self.metrics.kept_bytes.set(table.bytes as f64);
+            // By difference: several engines in one process share the gauge.
+            metrics.kept_bytes.increment(entry as f64);
             emptied
         };
         drop(emptied);
@@ -145,6 +164,15 @@ impl Documents {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
         self.table.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Documents {
+    fn drop(&mut self) {
+        let bytes = self.read().bytes;
+        if let Some(metrics) = self.metrics.get() {
+            metrics.kept_bytes.decrement(bytes as f64);
+        }
     }
 }
 
@@ -338,10 +366,7 @@ mod tests {
 
     /// An entry's weight, as the cache counts it.
     fn entry(query: &str) -> usize {
-        query.len()
-            + weight(&parse_query(query).unwrap()).unwrap()
-            + size_of::<(Box<str>, Arc<()>)>()
-            + 1
+        query.len() + weight(&parse_query(query).unwrap()).unwrap() + ENTRY_OVERHEAD
     }
 
     #[test]

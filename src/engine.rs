@@ -11,6 +11,7 @@ use crate::budget::RequestBudget;
 use crate::clock::{Clock, TokioClock};
 use crate::config::Config;
 use crate::cost::CostTable;
+use crate::documents::Documents;
 use crate::extension::FanoutExtension;
 use crate::hash::KeyedHashBuilder;
 use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
@@ -36,6 +37,9 @@ pub(crate) struct EngineInner {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) token: InternalToken,
     pub(crate) costs: Option<CostTable>,
+    /// Parsed documents kept by query text, for every integration served
+    /// by this engine (`http.document_cache_bytes` in all).
+    pub(crate) documents: Documents,
 }
 
 /// Builds an [`Engine`] with non-default parts.
@@ -97,16 +101,19 @@ impl EngineBuilder {
             .hosts
             .unwrap_or_else(|| Arc::new(LocalHostCaps::new(self.config.hosts.clone())));
         let token = InternalToken::new(&self.config.rate_limit.internal_token);
+        let dedup_hasher = KeyedHashBuilder::new();
+        let documents = Documents::new(self.config.http.document_cache_bytes, dedup_hasher.clone());
         Engine {
             inner: Arc::new(EngineInner {
                 config: self.config,
                 transport,
                 hosts,
                 host_table: HostTable::default(),
-                dedup_hasher: KeyedHashBuilder::new(),
+                dedup_hasher,
                 clock: self.clock,
                 token,
                 costs: self.costs,
+                documents,
             }),
         }
     }

@@ -16,10 +16,11 @@
 //! creates one extension instance per operation. For each operation this
 //! extension:
 //!
-//! 1. in `prepare_request`, hands async-graphql the parsed document kept
-//!    for the operation's text, if any ([`crate::documents`], shared by the
-//!    extension's operations; the text is parsed and kept otherwise), so a
-//!    text seen before is not parsed again;
+//! 1. in `prepare_request`, after the extensions registered after it (so a
+//!    query rewritten there is the one that runs), hands async-graphql the
+//!    parsed document kept for the operation's text ([`crate::documents`],
+//!    the engine's; the text is parsed and kept otherwise), so a text seen
+//!    before is not parsed again;
 //! 2. in `parse_query`, prices the operation with the engine's
 //!    [`CostTable`](crate::CostTable) (if one is set) and adds it to the
 //!    request's `requested`;
@@ -33,7 +34,6 @@
 //! 5. after execution, finishes the response exactly as `FanoutGraphQL`
 //!    does: contract codes, null propagation, `extensions.fanout`.
 
-use crate::documents::Documents;
 use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::identity::Caller;
@@ -55,22 +55,15 @@ pub struct FanoutExtension {
     engine: Engine,
     /// The schema's types, read from its registry on first use.
     types: Arc<OnceLock<Arc<SchemaTypes>>>,
-    /// Parsed documents kept by text (`http.document_cache_bytes`).
-    documents: Arc<Documents>,
 }
 
 impl FanoutExtension {
     /// The extension for `engine` (whose [`CostTable`](crate::CostTable), if
     /// any, prices each operation).
     pub fn new(engine: Engine) -> Self {
-        let documents = Documents::new(
-            engine.config().http.document_cache_bytes,
-            engine.inner.dedup_hasher.clone(),
-        );
         Self {
             engine,
             types: Arc::default(),
-            documents: Arc::new(documents),
         }
     }
 }
@@ -116,22 +109,27 @@ impl Extension for PerOperation {
     async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
-        mut request: Request,
+        request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
+        // After the extensions registered after this one: the query text
+        // and the operation name as they will run (an extension may rewrite
+        // them, e.g. a persisted-query lookup).
+        let mut request = next.run(ctx, request).await?;
         if request.data.contains_key(&TypeId::of::<Arc<Operation>>()) {
             self.aside.store(true, Relaxed);
-        } else {
-            *lock(&self.operation_name) = request.operation_name.clone();
-            let documents = &self.factory.documents;
-            if documents.enabled() {
-                // Not parsable: async-graphql parses it again and reports why.
-                if let Some(doc) = documents.parse(&request.query) {
-                    request.set_parsed_query(doc);
-                }
+            return Ok(request);
+        }
+        *lock(&self.operation_name) = request.operation_name.clone();
+        let documents = &self.factory.engine.inner.documents;
+        if documents.enabled() && !request.query.is_empty() {
+            // The kept document for the final text. (A text that does not
+            // parse is left to async-graphql, which reports why.)
+            if let Some(doc) = documents.parse(&request.query) {
+                request.set_parsed_query(doc);
             }
         }
-        next.run(ctx, request).await
+        Ok(request)
     }
 
     async fn parse_query(

@@ -30,7 +30,6 @@
 //! refusals in the GraphQL error shape with the contract's codes. `GET`
 //! answers the GraphiQL page.
 
-use crate::documents::Documents;
 use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::extension::{finish, refused};
@@ -57,7 +56,6 @@ pub struct FanoutGraphQL<E> {
     executor: E,
     engine: Engine,
     types: Arc<SchemaTypes>,
-    documents: Arc<Documents>,
 }
 
 impl<Q, M, S> FanoutGraphQL<Schema<Q, M, S>>
@@ -79,15 +77,10 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// cost preview and null propagation walk operations with its types).
     pub fn with_sdl(executor: E, engine: Engine, sdl: &str) -> Self {
         let types = Arc::new(SchemaTypes::from_sdl(sdl, engine.costs()));
-        let documents = Documents::new(
-            engine.config().http.document_cache_bytes,
-            engine.inner.dedup_hasher.clone(),
-        );
         Self {
             executor,
             engine,
             types,
-            documents: Arc::new(documents),
         }
     }
 
@@ -192,10 +185,11 @@ impl<E: Executor> FanoutGraphQL<E> {
         request.data.insert(operation.clone());
         let mut requested = 0;
         let priced = self.engine.costs().is_some();
-        if priced || self.documents.enabled() {
+        let documents = &self.engine.inner.documents;
+        if priced || documents.enabled() {
             // Parsed once (or copied from the documents kept): async-graphql
             // runs the document it is given.
-            if let Some(doc) = self.documents.parse(&request.query) {
+            if let Some(doc) = documents.parse(&request.query) {
                 if priced {
                     requested = crate::cost::estimate(
                         &self.types,

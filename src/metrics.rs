@@ -21,7 +21,7 @@
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
-//! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight |
+//! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
@@ -57,8 +57,8 @@ impl HostMetrics {
     }
 }
 
-/// Cached handles for the parsed-document cache (registered when a
-/// `FanoutGraphQL` is built).
+/// Cached handles for an engine's parsed-document cache (registered on its
+/// first use).
 pub(crate) struct DocumentMetrics {
     pub(crate) from_cache: Counter,
     pub(crate) parsed: Counter,

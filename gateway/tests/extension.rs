@@ -188,3 +188,53 @@ fn json_of_batch(batch: async_graphql::BatchResponse) -> Vec<Value> {
         async_graphql::BatchResponse::Batch(rs) => rs.iter().map(json_of).collect(),
     }
 }
+
+/// Rewrites `{ __typename }` into [`PAGE`] before it is parsed (as a
+/// persisted-query lookup would).
+struct Rewrite;
+
+impl async_graphql::extensions::ExtensionFactory for Rewrite {
+    fn create(&self) -> std::sync::Arc<dyn async_graphql::extensions::Extension> {
+        std::sync::Arc::new(Rewrite)
+    }
+}
+
+#[async_graphql::async_trait::async_trait]
+impl async_graphql::extensions::Extension for Rewrite {
+    async fn prepare_request(
+        &self,
+        ctx: &async_graphql::extensions::ExtensionContext<'_>,
+        mut request: Request,
+        next: async_graphql::extensions::NextPrepareRequest<'_>,
+    ) -> async_graphql::ServerResult<Request> {
+        if request.query == "{ __typename }" {
+            request.query = PAGE.to_string();
+        }
+        next.run(ctx, request).await
+    }
+}
+
+#[tokio::test]
+async fn a_query_rewritten_by_a_later_extension_is_the_one_that_runs() {
+    let f = Fixture::default().await;
+    let schema = schema::builder()
+        .extension(f.gateway.engine.extension())
+        .extension(Rewrite)
+        .data(RegistryUrl(f.registry.url().parse().unwrap()))
+        .finish();
+    // Parsed, then kept: both runs are the rewritten query's.
+    for send in 0..2 {
+        let response = json_of(&schema.execute("{ __typename }").await);
+        let nodes = &response["data"]["repository"]["tags"]["nodes"];
+        assert_eq!(
+            nodes.as_array().map(Vec::len),
+            Some(3),
+            "send {send}: {response}"
+        );
+        assert_eq!(
+            response["extensions"]["fanout"]["requested"],
+            1 + 1 + 3,
+            "send {send}"
+        );
+    }
+}
