@@ -348,3 +348,49 @@ async fn a_cap_of_zero_refuses_without_charging() {
     assert_eq!(request.budget().stats().refused_host.load(SeqCst), 1);
     assert_eq!(engine.hosts().in_flight("up.test:81"), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_read_takes_the_slot_of_its_own_host() {
+    // `open:81` has room, `closed:82` rejects every read; a request keeps
+    // its first host's entry, so the order of hosts must not matter.
+    let mut config = Config::default();
+    config.hosts.insert(
+        "open.test:81".into(),
+        HostConfig {
+            max_concurrent: 4,
+            acquire_wait_ms: 10,
+        },
+    );
+    config.hosts.insert(
+        "closed.test:82".into(),
+        HostConfig {
+            max_concurrent: 0,
+            acquire_wait_ms: 10,
+        },
+    );
+    let (engine, _transport) = engine(config, None);
+    let at = |host: &str, path: &str| Read::get(format!("http://{host}/{path}").parse().unwrap());
+    for order in [
+        ["open.test:81", "closed.test:82"],
+        ["closed.test:82", "open.test:81"],
+    ] {
+        let request = engine.begin_request(Caller::Public);
+        let op = request.operation();
+        let upstream = op.upstream();
+        for (i, host) in order.iter().chain(order.iter()).enumerate() {
+            let result = upstream.read(at(host, &format!("{i}/ok"))).await;
+            match *host {
+                "open.test:81" => assert!(result.is_ok(), "{order:?}, read {i}"),
+                _ => match result {
+                    Err(FanoutError::HostSaturated { host, .. }) => {
+                        assert_eq!(host, "closed.test:82", "{order:?}, read {i}")
+                    }
+                    other => panic!("{order:?}, read {i}: {other:?}"),
+                },
+            }
+        }
+        let stats = request.budget().stats();
+        assert_eq!(stats.issued.load(SeqCst), 2, "{order:?}");
+        assert_eq!(stats.refused_host.load(SeqCst), 2, "{order:?}");
+    }
+}
