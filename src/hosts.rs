@@ -26,7 +26,7 @@
 
 mod table;
 
-pub(crate) use table::{HostEntry, HostTable, RequestHost};
+pub(crate) use table::{HostEntry, HostTable};
 
 use crate::config::HostConfig;
 use crate::error::FanoutError;

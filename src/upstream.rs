@@ -37,7 +37,6 @@ use crate::budget::RequestBudget;
 use crate::dedup::Dedup;
 use crate::engine::Engine;
 use crate::error::FanoutError;
-use crate::hosts::RequestHost;
 use crate::identity::Caller;
 use async_graphql::Context;
 use send::ReadKey;
@@ -57,8 +56,6 @@ struct RequestScope {
     budget: RequestBudget,
     dedup: Dedup<ReadKey, ReadResult>,
     caller: Caller,
-    /// The first upstream host this request read from (its entry kept here).
-    host: RequestHost,
     /// Operations of the batch not yet priced (only with `refuse_over_estimate`).
     unpriced: OnceLock<watch::Sender<usize>>,
 }
@@ -74,7 +71,6 @@ impl FanoutRequest {
                 budget,
                 dedup,
                 caller,
-                host: RequestHost::default(),
                 unpriced: OnceLock::new(),
             }),
         }

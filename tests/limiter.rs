@@ -121,10 +121,13 @@ fn a_flood_from_two_threads_stays_bounded() {
     // 600,000 distinct clients with ~4,000 live at a time (each is idle 400 ms
     // after its request; the shared clock moves 100 µs per request). Sweeps
     // are due every max(4096, 2 × keys left) new keys, so ~12,000 are held
-    // at the peak; the rest of the bound is what the other thread inserts
-    // while one sweeps.
+    // at the peak on an idle machine (up to ~30,000 seen). A sweep is not
+    // atomic: while the sweeping thread is descheduled the other one goes
+    // on inserting (36,728 seen in a CI run with the machine's two cores
+    // busy elsewhere). The bound leaves that room: a small fraction of the
+    // clients, where no sweeping would hold all 600,000.
     assert!(
-        peak < 32_000,
+        peak < 100_000,
         "peak {peak} keys held for {} clients",
         2 * per_thread
     );

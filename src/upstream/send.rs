@@ -82,9 +82,7 @@ impl Upstream<'_> {
         let engine = &*scope.engine.inner;
         let budget = &scope.budget;
         let stats = budget.stats();
-        let host = engine
-            .host_table
-            .resolve_for(&scope.host, &read.url, &*engine.hosts);
+        let host = engine.host_table.resolve(&read.url, &*engine.hosts);
         let refused = |err: FanoutError| {
             match &err {
                 FanoutError::BudgetExhausted { .. } => {
