@@ -100,6 +100,18 @@ pub struct HttpConfig {
     /// document's estimated heap, `documents::weight`); `0`: every query is
     /// parsed.
     pub document_cache_bytes: usize,
+    /// Field selections one operation may expand to, fragments expanded
+    /// (counted in linear time before async-graphql validates it); more:
+    /// `GRAPHQL_VALIDATION_FAILED`, nothing runs.
+    pub max_selections: u64,
+    /// How long a client may take to send a request's headers, in
+    /// milliseconds (then the connection is closed).
+    pub header_read_timeout_ms: u64,
+    /// How long a client may take to send a request's body, in milliseconds
+    /// (never past the request deadline); then 408 and the connection closed.
+    pub body_read_timeout_ms: u64,
+    /// Open inbound connections at most; more wait in the listen backlog.
+    pub max_connections: usize,
 }
 
 impl Default for HttpConfig {
@@ -108,7 +120,23 @@ impl Default for HttpConfig {
             max_batch_operations: 20,
             max_body_bytes: 65_536,
             document_cache_bytes: 8 << 20,
+            max_selections: 2_000,
+            header_read_timeout_ms: 5_000,
+            body_read_timeout_ms: 10_000,
+            max_connections: 512,
         }
+    }
+}
+
+impl HttpConfig {
+    /// `header_read_timeout_ms` as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// `body_read_timeout_ms` as a duration.
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
     }
 }
 
@@ -149,6 +177,11 @@ pub struct RateLimitConfig {
     pub internal_token: String,
     /// CIDRs whose `X-Forwarded-For` is believed.
     pub trusted_proxies: Vec<String>,
+    /// IPv4 clients are keyed by this prefix length (32: each address).
+    pub ipv4_prefix: u8,
+    /// IPv6 clients are keyed by this prefix length (64: one subnet, what
+    /// one host is usually given).
+    pub ipv6_prefix: u8,
 }
 
 impl Default for RateLimitConfig {
@@ -157,6 +190,8 @@ impl Default for RateLimitConfig {
             requests_per_minute: 300,
             internal_token: String::new(),
             trusted_proxies: Vec::new(),
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
         }
     }
 }
@@ -175,6 +210,8 @@ impl fmt::Debug for RateLimitConfig {
                 },
             )
             .field("trusted_proxies", &self.trusted_proxies)
+            .field("ipv4_prefix", &self.ipv4_prefix)
+            .field("ipv6_prefix", &self.ipv6_prefix)
             .finish()
     }
 }
@@ -194,6 +231,10 @@ pub struct RedisConfig {
     /// Lease of one cluster host slot, in milliseconds; renewed while the
     /// read is in flight, so a crashed replica's slots free up after it.
     pub lease_ms: u64,
+    /// After a failed Redis call, calls skip Redis (and `failure_mode`
+    /// applies at once) for this long, in milliseconds, while recovery is
+    /// probed in the background.
+    pub backoff_ms: u64,
 }
 
 impl Default for RedisConfig {
@@ -204,6 +245,7 @@ impl Default for RedisConfig {
             key_prefix: "fanout".into(),
             timeout_ms: 100,
             lease_ms: 5000,
+            backoff_ms: 1000,
         }
     }
 }
@@ -262,6 +304,13 @@ impl Config {
                 self.http.max_batch_operations as u64,
             ),
             ("http.max_body_bytes", self.http.max_body_bytes as u64),
+            ("http.max_selections", self.http.max_selections),
+            (
+                "http.header_read_timeout_ms",
+                self.http.header_read_timeout_ms,
+            ),
+            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
+            ("http.max_connections", self.http.max_connections as u64),
             (
                 "rate_limit.requests_per_minute",
                 self.rate_limit.requests_per_minute as u64,
@@ -285,6 +334,17 @@ impl Config {
                     "rate_limit.trusted_proxies: \"{cidr}\" is not a CIDR (e.g. \"10.0.0.0/8\")"
                 )));
             }
+        }
+        let r = &self.rate_limit;
+        if r.ipv4_prefix > 32 {
+            return Err(ConfigError(
+                "rate_limit.ipv4_prefix must be at most 32".into(),
+            ));
+        }
+        if r.ipv6_prefix > 128 {
+            return Err(ConfigError(
+                "rate_limit.ipv6_prefix must be at most 128".into(),
+            ));
         }
         let url = &self.redis.url;
         if !url.is_empty() {
