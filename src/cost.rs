@@ -9,7 +9,7 @@
 //! The estimate walks the parsed operation with the schema's types:
 //!
 //! ```text
-//! cost(selection, m) = Σ fields f:  m × reads(f)  +  cost(f.selection, m × times(f))
+//! cost(selection) = Σ fields f:  reads(f)  +  times(f) × cost(f.selection)
 //! ```
 //!
 //! Fragments and inline fragments are all counted, `@skip`/`@include` are
@@ -17,6 +17,7 @@
 //! pessimistic by design, so `actual ≤ requested` for every query whose lists
 //! are bounded by their declared multipliers. Nothing is executed.
 
+use crate::shape::Shape;
 use crate::types::{FieldInfo, SchemaTypes};
 use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
@@ -68,10 +69,6 @@ pub struct CostTable {
     fields: HashMap<(String, String), FieldCost>,
 }
 
-/// Fragment nesting deeper than this is not followed (the operation is then
-/// invalid anyway, and validation rejects it before anything runs).
-const MAX_DEPTH: usize = 64;
-
 impl CostTable {
     /// An empty table: every field costs 0.
     pub fn new() -> Self {
@@ -94,9 +91,16 @@ impl CostTable {
 /// The worst-case reads of the operation that would run in `doc` — the one
 /// named `operation_name`, or the only one — with the costs compiled into
 /// `types`. 0 when there is no such operation (validation then refuses it).
+///
+/// Linear in the document: `shape` (from [`crate::shape::check`]) orders the
+/// fragments so that each is priced once, after the fragments it spreads,
+/// and a spread adds its fragment's price. Pricing is linear in the
+/// multiplier (`cost(s, m) = m × cost(s, 1)`), so a fragment's price at 1
+/// serves wherever it is spread.
 pub(crate) fn estimate(
     types: &SchemaTypes,
     doc: &ExecutableDocument,
+    shape: &Shape,
     variables: &Variables,
     operation_name: Option<&str>,
 ) -> u64 {
@@ -112,29 +116,36 @@ pub(crate) fn estimate(
         },
         _ => return 0,
     };
-    let walk = Walk {
+    let Some(root) = types.root(op.ty) else {
+        return 0;
+    };
+    let mut walk = Walk {
         types,
-        doc,
         variables,
         op,
+        fragments: HashMap::with_capacity(shape.order.len()),
     };
-    types
-        .root(op.ty)
-        .map_or(0, |root| walk.selection(&op.selection_set, root, 1, 0))
+    for name in &shape.order {
+        let def = &doc.fragments[name].node;
+        let price = walk.selection(&def.selection_set, &def.type_condition.node.on.node);
+        walk.fragments.insert(name, price);
+    }
+    walk.selection(&op.selection_set, root)
 }
 
 struct Walk<'a> {
     types: &'a SchemaTypes,
-    doc: &'a ExecutableDocument,
     variables: &'a Variables,
     op: &'a OperationDefinition,
+    /// Each fragment's price at multiplier 1, once priced.
+    fragments: HashMap<&'a Name, u64>,
 }
 
 impl Walk<'_> {
-    fn selection(&self, set: &Positioned<SelectionSet>, ty: &str, m: u64, depth: usize) -> u64 {
-        if depth > MAX_DEPTH {
-            return 0;
-        }
+    /// The price of `set` on type `ty`, at multiplier 1. Recursion follows
+    /// nested selection sets only (at most 64 deep, the parser's limit),
+    /// never a spread.
+    fn selection(&self, set: &Positioned<SelectionSet>, ty: &str) -> u64 {
         let mut total = 0u64;
         for item in &set.node.items {
             let cost = match &item.node {
@@ -150,14 +161,9 @@ impl Walk<'_> {
                     let nested = if field.selection_set.node.items.is_empty() {
                         0
                     } else {
-                        self.selection(
-                            &field.selection_set,
-                            &info.named,
-                            m.saturating_mul(times),
-                            depth + 1,
-                        )
+                        self.selection(&field.selection_set, &info.named)
                     };
-                    m.saturating_mul(reads).saturating_add(nested)
+                    reads.saturating_add(times.saturating_mul(nested))
                 }
                 Selection::InlineFragment(fragment) => {
                     let fragment = &fragment.node;
@@ -165,17 +171,13 @@ impl Walk<'_> {
                         .type_condition
                         .as_ref()
                         .map_or(ty, |c| c.node.on.node.as_str());
-                    self.selection(&fragment.selection_set, on, m, depth + 1)
+                    self.selection(&fragment.selection_set, on)
                 }
-                Selection::FragmentSpread(spread) => {
-                    match self.doc.fragments.get(&spread.node.fragment_name.node) {
-                        Some(def) => {
-                            let on = def.node.type_condition.node.on.node.as_str();
-                            self.selection(&def.node.selection_set, on, m, depth + 1)
-                        }
-                        None => 0,
-                    }
-                }
+                Selection::FragmentSpread(spread) => self
+                    .fragments
+                    .get(&spread.node.fragment_name.node)
+                    .copied()
+                    .unwrap_or(0),
             };
             total = total.saturating_add(cost);
         }

@@ -38,7 +38,7 @@ use async_graphql::parser::types::{
     BaseType, Directive, DocumentOperations, ExecutableDocument, OperationDefinition, Selection,
     SelectionSet, Type,
 };
-use async_graphql::parser::{parse_query, Positioned};
+use async_graphql::parser::{parse_query, Error as ParseError, Positioned};
 use async_graphql::Name;
 use async_graphql_value::{ConstValue, Value};
 use std::collections::HashMap;
@@ -96,14 +96,14 @@ impl Documents {
     }
 
     /// `query` parsed: a copy of the kept document, or parsed now (and kept
-    /// if it fits). `None` when the text does not parse.
-    pub(crate) fn parse(&self, query: &str) -> Option<ExecutableDocument> {
+    /// if it fits), or why the text does not parse.
+    pub(crate) fn parse(&self, query: &str) -> Result<ExecutableDocument, ParseError> {
         let kept = self.read().docs.get(query).cloned();
         if let Some(doc) = kept {
             self.metrics().from_cache.increment(1);
-            return Some((*doc).clone());
+            return Ok((*doc).clone());
         }
-        let doc = parse_query(query).ok()?;
+        let doc = parse_query(query)?;
         self.metrics().parsed.increment(1);
         if self.enabled() && query.len() <= self.max_bytes / 16 {
             if let Some(weight) = weight(&doc) {
@@ -113,7 +113,7 @@ impl Documents {
                 }
             }
         }
-        Some(doc)
+        Ok(doc)
     }
 
     /// Keeps `doc` for `query`; its copy is made, and an emptied map freed,
@@ -386,7 +386,7 @@ mod tests {
     #[test]
     fn texts_that_do_not_parse_are_not_kept() {
         let docs = documents(1 << 20);
-        assert!(docs.parse("{ a { ").is_none());
+        assert!(docs.parse("{ a { ").is_err());
         assert_eq!(docs.len(), 0);
     }
 
@@ -394,7 +394,7 @@ mod tests {
     fn zero_bytes_keeps_nothing_but_still_parses() {
         let docs = documents(0);
         assert!(!docs.enabled());
-        assert!(docs.parse("{ a }").is_some());
+        assert!(docs.parse("{ a }").is_ok());
         assert_eq!(docs.len(), 0);
     }
 
@@ -404,9 +404,9 @@ mod tests {
         let large = format!("{{ a {} }}", "b ".repeat(60));
         let docs = documents(16 * entry(small));
         assert!(entry(&large) > 16 * entry(small) / 16);
-        assert!(docs.parse(&large).is_some());
+        assert!(docs.parse(&large).is_ok());
         assert_eq!(docs.len(), 0);
-        assert!(docs.parse(small).is_some());
+        assert!(docs.parse(small).is_ok());
         assert_eq!(docs.len(), 1);
     }
 
@@ -418,7 +418,7 @@ mod tests {
         for i in 0..1000 {
             let query = format!("{{ field{i} }}");
             let before = docs.len();
-            assert!(docs.parse(&query).is_some());
+            assert!(docs.parse(&query).is_ok());
             assert!(
                 docs.bytes() <= max,
                 "{} bytes kept, bound {max}",
@@ -432,7 +432,7 @@ mod tests {
         assert!(emptied >= 20, "the table was emptied {emptied} times");
         // The newest text is a hit: nothing changes.
         let (len, bytes) = (docs.len(), docs.bytes());
-        docs.parse("{ field999 }");
+        docs.parse("{ field999 }").expect("parses");
         assert_eq!((docs.len(), docs.bytes()), (len, bytes));
     }
 }

@@ -13,7 +13,7 @@
 //! answers through [`FanoutError::http_status`] and
 //! [`FanoutError::to_response_body`].
 
-use async_graphql::ErrorExtensionValues;
+use async_graphql::{ErrorExtensionValues, Pos, ServerError};
 use http::StatusCode;
 use std::fmt;
 
@@ -88,6 +88,22 @@ pub enum FanoutError {
         /// Which backend, for humans.
         message: String,
     },
+    /// The operation's text is not GraphQL (nothing of it ran).
+    ParseFailed {
+        /// The parser's message.
+        message: String,
+        /// Where, in the text.
+        locations: Vec<Pos>,
+    },
+    /// The operation is not valid: a fragment cycle, an expansion past
+    /// `http.max_selections`, or any of async-graphql's validation rules
+    /// (nothing of it ran).
+    ValidationFailed {
+        /// What is wrong.
+        message: String,
+        /// Where, in the text.
+        locations: Vec<Pos>,
+    },
 }
 
 impl FanoutError {
@@ -106,6 +122,8 @@ impl FanoutError {
             Self::EstimateExceedsBudget { .. } => "FANOUT_ESTIMATE_EXCEEDS_BUDGET",
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Unavailable { .. } => "UNAVAILABLE",
+            Self::ParseFailed { .. } => "GRAPHQL_PARSE_FAILED",
+            Self::ValidationFailed { .. } => "GRAPHQL_VALIDATION_FAILED",
         }
     }
 
@@ -156,7 +174,9 @@ impl FanoutError {
             Self::DeadlineExceeded
             | Self::BadUserInput { .. }
             | Self::BadRequest { .. }
-            | Self::Unavailable { .. } => {}
+            | Self::Unavailable { .. }
+            | Self::ParseFailed { .. }
+            | Self::ValidationFailed { .. } => {}
         }
         ext
     }
@@ -168,6 +188,21 @@ impl FanoutError {
             source: None,
             extensions: Some(self.extensions()),
         }
+    }
+
+    /// This error as async-graphql's error of a whole operation (no path),
+    /// with its locations in the query text when it has some.
+    pub fn to_server_error(&self) -> ServerError {
+        let locations = match self {
+            Self::ParseFailed { locations, .. } | Self::ValidationFailed { locations, .. } => {
+                locations.clone()
+            }
+            _ => Vec::new(),
+        };
+        let mut error = ServerError::new(self.to_string(), None);
+        error.locations = locations;
+        error.extensions = Some(self.extensions());
+        error
     }
 
     /// The JSON body of a whole-request answer: `{"errors":[{message, extensions}]}`.
@@ -223,7 +258,10 @@ impl fmt::Display for FanoutError {
                 f,
                 "upstream {host} is saturated ({max_concurrent} reads in flight)"
             ),
-            Self::BadUserInput { message } | Self::BadRequest { message } => f.write_str(message),
+            Self::BadUserInput { message }
+            | Self::BadRequest { message }
+            | Self::ParseFailed { message, .. }
+            | Self::ValidationFailed { message, .. } => f.write_str(message),
             Self::BatchTooLarge { max } => write!(f, "a batch may hold at most {max} operations"),
             Self::PayloadTooLarge { max } => {
                 write!(f, "the request body may be at most {max} bytes")
@@ -250,12 +288,37 @@ impl std::error::Error for FanoutError {}
 /// [`FanoutExtension`](crate::FanoutExtension) call this on every operation's
 /// response, so a resolver can use `?` on a
 /// `FanoutError` and still answer with its code.
+///
+/// An error left without a code and without a path was raised before the
+/// operation ran — by async-graphql's validation (an unknown field, a
+/// missing operation name, …): it gets `GRAPHQL_VALIDATION_FAILED`, or
+/// `BAD_USER_INPUT` when a variable's value did not fit its argument.
 pub fn attach_codes(response: &mut async_graphql::Response) {
     for error in &mut response.errors {
-        if error.extensions.is_none() {
-            if let Some(fanout) = error.source::<FanoutError>() {
-                error.extensions = Some(fanout.extensions());
-            }
+        if error.extensions.is_some() {
+            continue;
+        }
+        if let Some(fanout) = error.source::<FanoutError>() {
+            error.extensions = Some(fanout.extensions());
+        } else if error.path.is_empty() {
+            let code = if is_variable_coercion(&error.message) {
+                "BAD_USER_INPUT"
+            } else {
+                "GRAPHQL_VALIDATION_FAILED"
+            };
+            let mut ext = ErrorExtensionValues::default();
+            ext.set("code", code);
+            error.extensions = Some(ext);
         }
     }
+}
+
+/// async-graphql reports a variable whose value does not fit as an invalid
+/// argument value naming the variable (`Invalid value for argument
+/// "first", expected type "Int"` when `$n` was `"x"`) or as an undefined
+/// variable. A literal that does not fit is a validation error; its
+/// message has the same start, so the test is whether the value came from
+/// a variable, which async-graphql reports in the message's tail.
+fn is_variable_coercion(message: &str) -> bool {
+    message.starts_with("Variable ") && message.ends_with("is not defined.")
 }

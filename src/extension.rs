@@ -37,13 +37,14 @@
 use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::identity::Caller;
+use crate::shape;
 use crate::types::SchemaTypes;
 use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
 };
 use async_graphql::parser::types::ExecutableDocument;
-use async_graphql::{Data, Name, Pos, Request, Response, ServerResult, Value, Variables};
+use async_graphql::{Data, Name, Request, Response, ServerResult, Value, Variables};
 use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
@@ -121,14 +122,14 @@ impl Extension for PerOperation {
             return Ok(request);
         }
         *lock(&self.operation_name) = request.operation_name.clone();
-        let documents = &self.factory.engine.inner.documents;
-        if documents.enabled() && !request.query.is_empty() {
-            // The kept document for the final text. (A text that does not
-            // parse is left to async-graphql, which reports why.)
-            if let Some(doc) = documents.parse(&request.query) {
-                request.set_parsed_query(doc);
-            }
-        }
+        // Parsed here (or the kept document copied) and checked before
+        // async-graphql's own steps walk it: its recursion-depth check and
+        // its complexity visitors expand fragments without a memo.
+        let engine = &self.factory.engine;
+        let max = engine.config().http.max_selections;
+        let (doc, _shape) = shape::admit(&engine.inner.documents, &request.query, max)
+            .map_err(|err| err.to_server_error())?;
+        request.set_parsed_query(doc);
         Ok(request)
     }
 
@@ -144,11 +145,16 @@ impl Extension for PerOperation {
         }
         query.clone_into(&mut lock(&self.query));
         let parsed = next.run(ctx, query, variables).await;
+        let max = self.factory.engine.config().http.max_selections;
         let requested = match (&parsed, self.factory.engine.costs()) {
-            (Ok(doc), Some(_)) => {
-                let name = lock(&self.operation_name).clone();
-                crate::cost::estimate(&self.types(ctx), doc, variables, name.as_deref())
-            }
+            (Ok(doc), Some(_)) => match shape::check(doc, max) {
+                Ok(shape) => {
+                    let name = lock(&self.operation_name).clone();
+                    let types = self.types(ctx);
+                    crate::cost::estimate(&types, doc, &shape, variables, name.as_deref())
+                }
+                Err(err) => return Err(FanoutError::from(err).to_server_error()),
+            },
             _ => 0,
         };
         self.requested.store(requested, Relaxed);
@@ -185,9 +191,10 @@ impl Extension for PerOperation {
                 data.insert(operation.clone());
                 let span =
                     tracing::debug_span!("graphql.operation", name = operation_name, requested);
-                next.run_with_data(ctx, operation_name, data)
-                    .instrument(span)
-                    .await
+                let run = next
+                    .run_with_data(ctx, operation_name, data)
+                    .instrument(span);
+                request.within_deadline(run).await
             }
         };
         let query = std::mem::take(&mut *lock(&self.query));
@@ -206,9 +213,7 @@ impl Extension for PerOperation {
 
 /// An operation refused before it ran: `data: null` and the refusal's error.
 pub(crate) fn refused(err: &FanoutError) -> Response {
-    let mut response = Response::from_errors(vec![err
-        .to_graphql_error()
-        .into_server_error(Pos::default())]);
+    let mut response = Response::from_errors(vec![err.to_server_error()]);
     response.data = Value::Null;
     response
 }

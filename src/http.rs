@@ -34,6 +34,7 @@ use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::extension::{finish, refused};
 use crate::identity::Caller;
+use crate::shape;
 use crate::types::SchemaTypes;
 use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::http::GraphiQLSource;
@@ -166,44 +167,60 @@ impl<E: Executor> FanoutGraphQL<E> {
             .await
     }
 
-    /// Runs one operation and finishes its response.
+    /// Runs one operation (unless it was refused before it ran) and
+    /// finishes its response.
     async fn execute(&self, mut op: Op) -> Response {
-        let request = op.request.take().expect("each operation runs once");
-        let span = tracing::debug_span!(
-            "graphql.operation",
-            name = op.name.as_deref(),
-            requested = op.requested
-        );
-        let mut response = self.executor.execute(request).instrument(span).await;
+        let mut response = match op.request.take().expect("each operation runs once") {
+            Ok(request) => {
+                let span = tracing::debug_span!(
+                    "graphql.operation",
+                    name = op.name.as_deref(),
+                    requested = op.requested
+                );
+                let run = self.executor.execute(request).instrument(span);
+                op.operation.request().within_deadline(run).await
+            }
+            Err(refusal) => refused(&refusal),
+        };
         op.finish(&mut response, &self.types);
         response
     }
 
-    /// One operation before it runs: its handle attached, its cost priced.
+    /// One operation before it runs: its handle attached, its text parsed
+    /// (or its kept document copied) and checked ([`crate::shape`]), its cost
+    /// priced. async-graphql then validates and runs the document it is
+    /// given; a text that fails here never reaches it.
     fn prepare(&self, fanout: &FanoutRequest, mut request: Request) -> Op {
         let operation = fanout.operation();
         request.data.insert(operation.clone());
+        let http = &self.engine.config().http;
         let mut requested = 0;
-        let priced = self.engine.costs().is_some();
-        let documents = &self.engine.inner.documents;
-        if priced || documents.enabled() {
-            // Parsed once (or copied from the documents kept): async-graphql
-            // runs the document it is given.
-            if let Some(doc) = documents.parse(&request.query) {
-                if priced {
-                    requested = crate::cost::estimate(
-                        &self.types,
-                        &doc,
-                        &request.variables,
-                        request.operation_name.as_deref(),
-                    );
-                }
-                request.set_parsed_query(doc);
+        let admitted = shape::admit(
+            &self.engine.inner.documents,
+            &request.query,
+            http.max_selections,
+        )
+        .map(|(doc, shape)| {
+            if self.engine.costs().is_some() {
+                requested = crate::cost::estimate(
+                    &self.types,
+                    &doc,
+                    &shape,
+                    &request.variables,
+                    request.operation_name.as_deref(),
+                );
             }
-        }
+            doc
+        });
+        let query = request.query.clone();
+        let name = request.operation_name.clone();
+        let request = admitted.map(|doc| {
+            request.set_parsed_query(doc);
+            request
+        });
         Op {
-            query: request.query.clone(),
-            name: request.operation_name.clone(),
+            query,
+            name,
             request: Some(request),
             operation,
             requested,
@@ -213,7 +230,8 @@ impl<E: Executor> FanoutGraphQL<E> {
 
 /// One operation of the batch, with what its response needs afterwards.
 struct Op {
-    request: Option<Request>,
+    /// The request to run, or why it is refused before running.
+    request: Option<Result<Request, FanoutError>>,
     operation: Arc<Operation>,
     requested: u64,
     query: String,

@@ -34,6 +34,7 @@ pub mod limiter;
 mod metrics;
 mod nulls;
 pub mod row;
+mod shape;
 pub mod transport;
 mod types;
 pub mod upstream;

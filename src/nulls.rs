@@ -18,6 +18,7 @@ use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, Field, Selection, SelectionSet,
 };
 use async_graphql::{Name, PathSegment, Positioned, Response, Value};
+use std::collections::HashSet;
 
 /// Repairs `response` (see the module docs). `query` is the operation's text.
 pub(crate) fn propagate(
@@ -83,7 +84,7 @@ fn nullability<'a>(
     for segment in path {
         match segment {
             PathSegment::Field(key) => {
-                let (field, on) = find_field(doc, set, key, named, 0)?;
+                let (field, on) = find_field(doc, set, key, named)?;
                 let info = types.field(on, &field.name.node)?;
                 ty = &info.ty;
                 named = &info.named;
@@ -100,39 +101,41 @@ fn nullability<'a>(
 }
 
 /// The field answering `key` in `set` (fragments included), and the type it
-/// is selected on.
+/// is selected on. Each fragment is searched at most once, with an explicit
+/// stack: linear in the document, however its fragments nest.
 fn find_field<'d>(
     doc: &'d ExecutableDocument,
     set: &'d Positioned<SelectionSet>,
     key: &str,
     on: &'d str,
-    depth: usize,
 ) -> Option<(&'d Field, &'d str)> {
-    if depth > 32 {
-        return None;
-    }
-    for item in &set.node.items {
-        let found = match &item.node {
-            Selection::Field(field) if field.node.response_key().node.as_str() == key => {
-                Some((&field.node, on))
+    let mut searched: HashSet<&Name> = HashSet::new();
+    let mut stack = vec![(set, on)];
+    while let Some((set, on)) = stack.pop() {
+        for item in &set.node.items {
+            match &item.node {
+                Selection::Field(field) if field.node.response_key().node.as_str() == key => {
+                    return Some((&field.node, on));
+                }
+                Selection::Field(_) => {}
+                Selection::InlineFragment(fragment) => {
+                    let on = fragment
+                        .node
+                        .type_condition
+                        .as_ref()
+                        .map_or(on, |c| c.node.on.node.as_str());
+                    stack.push((&fragment.node.selection_set, on));
+                }
+                Selection::FragmentSpread(spread) => {
+                    let name = &spread.node.fragment_name.node;
+                    if let Some(def) = doc.fragments.get(name) {
+                        if searched.insert(name) {
+                            let on = def.node.type_condition.node.on.node.as_str();
+                            stack.push((&def.node.selection_set, on));
+                        }
+                    }
+                }
             }
-            Selection::Field(_) => None,
-            Selection::InlineFragment(fragment) => {
-                let on = fragment
-                    .node
-                    .type_condition
-                    .as_ref()
-                    .map_or(on, |c| c.node.on.node.as_str());
-                find_field(doc, &fragment.node.selection_set, key, on, depth + 1)
-            }
-            Selection::FragmentSpread(spread) => {
-                let def = doc.fragments.get(&spread.node.fragment_name.node)?;
-                let on = def.node.type_condition.node.on.node.as_str();
-                find_field(doc, &def.node.selection_set, key, on, depth + 1)
-            }
-        };
-        if found.is_some() {
-            return found;
         }
     }
     None

@@ -62,6 +62,12 @@ struct RequestScope {
 
 type ReadResult = Result<Arc<UpstreamResponse>, FanoutError>;
 
+/// How long an operation may run past its request's deadline: its reads
+/// stop at the deadline with `DEADLINE_EXCEEDED`, and this leaves the
+/// resolvers time to answer the rest of the page with those field errors
+/// before the whole operation is cut.
+pub const FINISH_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl FanoutRequest {
     pub(crate) fn new(engine: Engine, budget: RequestBudget, caller: Caller) -> Self {
         let dedup = Dedup::with_hasher(engine.inner.dedup_hasher.clone());
@@ -116,6 +122,20 @@ impl FanoutRequest {
     /// The request's budget.
     pub fn budget(&self) -> &RequestBudget {
         &self.inner.budget
+    }
+
+    /// Runs one operation, but no longer than the request's deadline plus
+    /// [`FINISH_GRACE`]: past it the operation is dropped — whatever it was
+    /// doing, reads or not — and answers `DEADLINE_EXCEEDED`.
+    pub(crate) async fn within_deadline(
+        &self,
+        operation: impl std::future::Future<Output = async_graphql::Response>,
+    ) -> async_graphql::Response {
+        let left = self.inner.budget.time_left().unwrap_or_default() + FINISH_GRACE;
+        match tokio::time::timeout(left, operation).await {
+            Ok(response) => response,
+            Err(_elapsed) => crate::extension::refused(&FanoutError::DeadlineExceeded),
+        }
     }
 
     /// Who is calling.

@@ -1,0 +1,331 @@
+//! The document guard: fragment cycles and how far a document expands,
+//! found in time linear in the document, before anything else walks it.
+//!
+//! A GraphQL document is small on the wire and can be enormous once its
+//! fragments are expanded: `fragment F1 on Query { ...F2 ...F2 }`, `F2`
+//! spreading `F3` twice, and so on, doubles at every link, so a query under
+//! 1 KB expands to 2^24 selections and more; a cycle (`fragment A on Query
+//! { ...A }`) expands for ever. async-graphql 7.2 expands fragments without
+//! a memo in several places that run *before* its validation refuses a
+//! cycle (its recursion-depth check in parsing, the complexity, depth and
+//! cache-control visitors, execution), and so does any naive walk of ours.
+//!
+//! [`check`] therefore runs first, on the parsed document:
+//!
+//! 1. for each fragment and operation it lists, in one pass over its own
+//!    selection sets (nesting is at most 64 deep: the parser's limit), how
+//!    many selections it has of its own and which fragments it spreads;
+//! 2. a depth-first search over the fragment graph with an explicit stack
+//!    (a chain of thousands of fragments needs no deep call stack) finds a
+//!    cycle, or else an order in which every fragment comes after the
+//!    fragments it spreads;
+//! 3. in that order each fragment's expanded size is its own selections plus
+//!    the expanded sizes of its spreads (saturating): computed once each.
+//!
+//! The document's size is the sum over its operations (every one of them is
+//! validated and walked by async-graphql, not only the one that runs). More
+//! than `http.max_selections` is refused, as a cycle is, with
+//! `GRAPHQL_VALIDATION_FAILED` before a read or a resolver runs. The order
+//! found is kept ([`Shape::order`]) so the cost preview can price each
+//! fragment once too.
+
+use crate::documents::Documents;
+use crate::error::FanoutError;
+use async_graphql::parser::types::{ExecutableDocument, Selection, SelectionSet};
+use async_graphql::{Name, Pos, Positioned};
+use std::collections::HashMap;
+
+/// A document that passed [`check`].
+#[derive(Debug)]
+pub(crate) struct Shape {
+    /// Every fragment defined, each after all the fragments it spreads.
+    pub(crate) order: Vec<Name>,
+    /// Selections every operation of the document expands to, together.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) selections: u64,
+}
+
+/// Why a document is refused before it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ShapeError {
+    /// A fragment spreads itself, directly or through others.
+    Cycle {
+        /// The fragment where the cycle was found.
+        fragment: String,
+        /// Where it is defined.
+        pos: Pos,
+    },
+    /// The document expands to more than the bound.
+    TooLarge {
+        /// Selections it expands to (saturated at `u64::MAX`).
+        selections: u64,
+        /// The bound (`http.max_selections`).
+        max: u64,
+    },
+}
+
+impl From<ShapeError> for FanoutError {
+    fn from(err: ShapeError) -> Self {
+        FanoutError::ValidationFailed {
+            message: err.message(),
+            locations: err.pos().into_iter().collect(),
+        }
+    }
+}
+
+/// `query` as async-graphql may be given it: parsed (or copied from the
+/// documents kept) and [`check`]ed. A text that does not parse is
+/// `GRAPHQL_PARSE_FAILED`, a cycle or an oversized expansion
+/// `GRAPHQL_VALIDATION_FAILED`; either way nothing has run.
+pub(crate) fn admit(
+    documents: &Documents,
+    query: &str,
+    max_selections: u64,
+) -> Result<(ExecutableDocument, Shape), FanoutError> {
+    let doc = documents
+        .parse(query)
+        .map_err(|err| FanoutError::ParseFailed {
+            message: err.to_string(),
+            locations: err.positions().collect(),
+        })?;
+    let shape = check(&doc, max_selections)?;
+    Ok((doc, shape))
+}
+
+impl ShapeError {
+    /// The message a client reads.
+    pub(crate) fn message(&self) -> String {
+        match self {
+            Self::Cycle { fragment, .. } => {
+                format!("cannot spread fragment \"{fragment}\" within itself")
+            }
+            Self::TooLarge { selections, max } => format!(
+                "the operation expands to {} field selections with its fragments; at most {max} are allowed",
+                if *selections == u64::MAX {
+                    "more than 2^64".to_string()
+                } else {
+                    selections.to_string()
+                }
+            ),
+        }
+    }
+
+    /// Where the error is, if it is at one place.
+    pub(crate) fn pos(&self) -> Option<Pos> {
+        match self {
+            Self::Cycle { pos, .. } => Some(*pos),
+            Self::TooLarge { .. } => None,
+        }
+    }
+}
+
+/// A fragment or operation's own selections and the fragments it spreads.
+struct Local<'d> {
+    own: u64,
+    spreads: Vec<&'d Name>,
+}
+
+fn local(set: &Positioned<SelectionSet>) -> Local<'_> {
+    let mut out = Local {
+        own: 0,
+        spreads: Vec::new(),
+    };
+    collect(set, &mut out);
+    out
+}
+
+fn collect<'d>(set: &'d Positioned<SelectionSet>, out: &mut Local<'d>) {
+    for item in &set.node.items {
+        out.own += 1;
+        match &item.node {
+            Selection::Field(field) => collect(&field.node.selection_set, out),
+            Selection::InlineFragment(inline) => collect(&inline.node.selection_set, out),
+            Selection::FragmentSpread(spread) => out.spreads.push(&spread.node.fragment_name.node),
+        }
+    }
+}
+
+/// Checks `doc` (see the module docs): no fragment cycle, and at most
+/// `max_selections` selections once expanded.
+pub(crate) fn check(doc: &ExecutableDocument, max_selections: u64) -> Result<Shape, ShapeError> {
+    let locals: HashMap<&Name, Local<'_>> = doc
+        .fragments
+        .iter()
+        .map(|(name, def)| (name, local(&def.node.selection_set)))
+        .collect();
+    let order = order(doc, &locals)?;
+    let mut size: HashMap<&Name, u64> = HashMap::with_capacity(order.len());
+    let expand = |local: &Local<'_>, size: &HashMap<&Name, u64>| {
+        local.spreads.iter().fold(local.own, |total, spread| {
+            // An unknown fragment expands to nothing (validation names it).
+            total.saturating_add(size.get(spread).copied().unwrap_or(0))
+        })
+    };
+    for name in &order {
+        let expanded = expand(&locals[name], &size);
+        size.insert(name, expanded);
+    }
+    let selections = doc.operations.iter().fold(0u64, |total, (_, op)| {
+        total.saturating_add(expand(&local(&op.node.selection_set), &size))
+    });
+    if selections > max_selections {
+        return Err(ShapeError::TooLarge {
+            selections,
+            max: max_selections,
+        });
+    }
+    Ok(Shape {
+        order: order.into_iter().cloned().collect(),
+        selections,
+    })
+}
+
+/// Every fragment after the fragments it spreads, or the first cycle found
+/// (an iterative depth-first search: white, grey on the stack, black done).
+fn order<'d>(
+    doc: &'d ExecutableDocument,
+    locals: &HashMap<&'d Name, Local<'d>>,
+) -> Result<Vec<&'d Name>, ShapeError> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        OnStack,
+        Done,
+    }
+    let mut marks: HashMap<&Name, Mark> = HashMap::with_capacity(locals.len());
+    let mut order = Vec::with_capacity(locals.len());
+    // Sorted, so the cycle reported is the same on every run.
+    let mut roots: Vec<&Name> = locals.keys().copied().collect();
+    roots.sort();
+    for root in roots {
+        if marks.contains_key(root) {
+            continue;
+        }
+        // (fragment, index of its next spread to follow)
+        let mut stack: Vec<(&Name, usize)> = vec![(root, 0)];
+        marks.insert(root, Mark::OnStack);
+        while let Some((name, next)) = stack.last_mut() {
+            let spreads = &locals[*name].spreads;
+            let Some(&spread) = spreads.get(*next) else {
+                marks.insert(name, Mark::Done);
+                order.push(*name);
+                stack.pop();
+                continue;
+            };
+            *next += 1;
+            if !locals.contains_key(spread) {
+                continue;
+            }
+            match marks.get(spread) {
+                Some(Mark::Done) => {}
+                Some(Mark::OnStack) => {
+                    return Err(ShapeError::Cycle {
+                        fragment: spread.to_string(),
+                        pos: doc.fragments[spread].pos,
+                    })
+                }
+                None => {
+                    marks.insert(spread, Mark::OnStack);
+                    stack.push((spread, 0));
+                }
+            }
+        }
+    }
+    Ok(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(query: &str, max: u64) -> Result<u64, ShapeError> {
+        let doc = async_graphql::parser::parse_query(query).expect("parses");
+        check(&doc, max).map(|shape| shape.selections)
+    }
+
+    #[test]
+    fn counts_every_selection_once_per_expansion() {
+        assert_eq!(shape("{ a b { c } }", 100), Ok(3));
+        // F is spread twice: its two selections count twice, plus the spreads.
+        assert_eq!(
+            shape("{ a { ...F } b { ...F } } fragment F on T { x y }", 100),
+            Ok(2 + 2 + 2 * 2)
+        );
+        assert_eq!(shape("{ ... on Q { a } }", 100), Ok(2));
+    }
+
+    #[test]
+    fn a_doubling_chain_is_counted_without_expanding_it() {
+        let mut query = String::from("{ ...F0 }");
+        for i in 0..80 {
+            query.push_str(&format!(
+                " fragment F{i} on Query {{ ...F{n} ...F{n} }}",
+                n = i + 1
+            ));
+        }
+        query.push_str(" fragment F80 on Query { __typename }");
+        assert_eq!(
+            shape(&query, 1_000),
+            Err(ShapeError::TooLarge {
+                selections: u64::MAX,
+                max: 1_000
+            })
+        );
+    }
+
+    #[test]
+    fn cycles_are_found_directly_and_through_others() {
+        let err = shape("{ ...A } fragment A on Query { ...A ...A }", 100).unwrap_err();
+        assert!(matches!(err, ShapeError::Cycle { ref fragment, .. } if fragment == "A"));
+        let err = shape(
+            "{ ...A } fragment A on Query { a ...B } fragment B on Query { ... on Query { ...C } } fragment C on Query { ...A }",
+            100,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ShapeError::Cycle { .. }));
+        // An unused cycle is refused too: async-graphql walks every fragment.
+        let err = shape(
+            "{ a } fragment X on Query { ...Y } fragment Y on Query { ...X }",
+            100,
+        )
+        .unwrap_err();
+        assert!(matches!(err, ShapeError::Cycle { .. }));
+    }
+
+    #[test]
+    fn a_diamond_is_no_cycle() {
+        let query = "{ ...A } fragment A on Q { ...B ...C } fragment B on Q { ...D } \
+                     fragment C on Q { ...D } fragment D on Q { x }";
+        // A: 2 spreads + B (1 + D) + C (1 + D), D = 1.
+        assert_eq!(shape(query, 100), Ok(1 + 2 + 2 * (1 + 1)));
+    }
+
+    #[test]
+    fn a_long_chain_needs_no_deep_stack() {
+        let n = 20_000;
+        let mut query = String::from("{ ...F0 }");
+        for i in 0..n {
+            query.push_str(&format!(" fragment F{i} on Q {{ ...F{} }}", i + 1));
+        }
+        query.push_str(&format!(" fragment F{n} on Q {{ x }}"));
+        let doc = async_graphql::parser::parse_query(&query).expect("parses");
+        // On a small thread stack: the walk must not recurse per fragment.
+        let selections = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || check(&doc, u64::MAX).map(|s| (s.selections, s.order.len())))
+            .expect("spawns")
+            .join()
+            .expect("no stack overflow");
+        assert_eq!(selections, Ok((n as u64 + 2, n + 1)));
+    }
+
+    #[test]
+    fn the_order_puts_each_fragment_after_what_it_spreads() {
+        let doc = async_graphql::parser::parse_query(
+            "{ ...A } fragment A on Q { ...B ...C } fragment B on Q { ...C } fragment C on Q { x }",
+        )
+        .unwrap();
+        let shape = check(&doc, 100).unwrap();
+        let at = |n: &str| shape.order.iter().position(|f| f.as_str() == n).unwrap();
+        assert!(at("C") < at("B") && at("B") < at("A"));
+    }
+}
