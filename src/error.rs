@@ -288,37 +288,49 @@ impl std::error::Error for FanoutError {}
 /// [`FanoutExtension`](crate::FanoutExtension) call this on every operation's
 /// response, so a resolver can use `?` on a
 /// `FanoutError` and still answer with its code.
-///
-/// An error left without a code and without a path was raised before the
-/// operation ran — by async-graphql's validation (an unknown field, a
-/// missing operation name, …): it gets `GRAPHQL_VALIDATION_FAILED`, or
-/// `BAD_USER_INPUT` when a variable's value did not fit its argument.
 pub fn attach_codes(response: &mut async_graphql::Response) {
+    attach_all_codes(response, None);
+}
+
+/// [`attach_codes`], and a code for async-graphql's own errors too, given
+/// the operation's text:
+///
+/// - a variable missing or `null` for a non-null argument (async-graphql
+///   reports it while executing, at the field's path) is `BAD_USER_INPUT`;
+/// - an error without a path was raised before the operation ran, by
+///   async-graphql's validation: `BAD_USER_INPUT` when it is an invalid
+///   argument value that came from a variable (variable coercion), else
+///   `GRAPHQL_VALIDATION_FAILED`.
+pub(crate) fn attach_all_codes(response: &mut async_graphql::Response, query: Option<&str>) {
+    let mut doc = None;
     for error in &mut response.errors {
         if error.extensions.is_some() {
             continue;
         }
         if let Some(fanout) = error.source::<FanoutError>() {
             error.extensions = Some(fanout.extensions());
-        } else if error.path.is_empty() {
-            let code = if is_variable_coercion(&error.message) {
-                "BAD_USER_INPUT"
-            } else {
-                "GRAPHQL_VALIDATION_FAILED"
-            };
-            let mut ext = ErrorExtensionValues::default();
-            ext.set("code", code);
-            error.extensions = Some(ext);
+            continue;
         }
+        let Some(query) = query else { continue };
+        let undefined_variable =
+            error.message.starts_with("Variable ") && error.message.ends_with(" is not defined.");
+        let code = if undefined_variable {
+            "BAD_USER_INPUT"
+        } else if !error.path.is_empty() {
+            continue;
+        } else if error.message.starts_with("Invalid value for argument")
+            && error.locations.first().is_some_and(|pos| {
+                let doc = doc.get_or_insert_with(|| async_graphql::parser::parse_query(query).ok());
+                doc.as_ref()
+                    .is_some_and(|doc| crate::shape::argument_is_variable(doc, *pos))
+            })
+        {
+            "BAD_USER_INPUT"
+        } else {
+            "GRAPHQL_VALIDATION_FAILED"
+        };
+        let mut ext = ErrorExtensionValues::default();
+        ext.set("code", code);
+        error.extensions = Some(ext);
     }
-}
-
-/// async-graphql reports a variable whose value does not fit as an invalid
-/// argument value naming the variable (`Invalid value for argument
-/// "first", expected type "Int"` when `$n` was `"x"`) or as an undefined
-/// variable. A literal that does not fit is a validation error; its
-/// message has the same start, so the test is whether the value came from
-/// a variable, which async-graphql reports in the message's tail.
-fn is_variable_coercion(message: &str) -> bool {
-    message.starts_with("Variable ") && message.ends_with("is not defined.")
 }

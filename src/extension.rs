@@ -231,7 +231,7 @@ pub(crate) fn finish(
     operation_name: Option<&str>,
 ) {
     if !response.errors.is_empty() {
-        crate::error::attach_codes(response);
+        crate::error::attach_all_codes(response, Some(query));
         crate::nulls::propagate(response, types, query, operation_name);
     }
     response

@@ -180,6 +180,31 @@ pub(crate) fn check(doc: &ExecutableDocument, max_selections: u64) -> Result<Sha
     })
 }
 
+/// Whether the argument named at `pos` takes its value from a variable
+/// (how async-graphql's invalid-argument errors are told apart: a literal
+/// is a validation error, a variable's value is the caller's input). Walks
+/// each selection set once; spreads are not followed.
+pub(crate) fn argument_is_variable(doc: &ExecutableDocument, pos: Pos) -> bool {
+    fn search(set: &Positioned<SelectionSet>, pos: Pos) -> bool {
+        set.node.items.iter().any(|item| match &item.node {
+            Selection::Field(field) => {
+                field.node.arguments.iter().any(|(name, value)| {
+                    name.pos == pos && matches!(value.node, async_graphql_value::Value::Variable(_))
+                }) || search(&field.node.selection_set, pos)
+            }
+            Selection::InlineFragment(inline) => search(&inline.node.selection_set, pos),
+            Selection::FragmentSpread(_) => false,
+        })
+    }
+    doc.operations
+        .iter()
+        .any(|(_, op)| search(&op.node.selection_set, pos))
+        || doc
+            .fragments
+            .values()
+            .any(|f| search(&f.node.selection_set, pos))
+}
+
 /// Every fragment after the fragments it spreads, or the first cycle found
 /// (an iterative depth-first search: white, grey on the stack, black done).
 fn order<'d>(
