@@ -34,12 +34,17 @@ pub struct UpstreamConfig {
     /// Bytes read from one upstream response at most; a larger body is an
     /// `UPSTREAM_ERROR` (16 MiB by default).
     pub max_response_bytes: usize,
+    /// Redirects one read may follow; each hop is a read of its own,
+    /// charged and capped like any other (5 by default; 0: a 3xx answer is
+    /// returned as it is).
+    pub max_redirects: u32,
 }
 
 impl Default for UpstreamConfig {
     fn default() -> Self {
         Self {
             max_response_bytes: 16 << 20,
+            max_redirects: 5,
         }
     }
 }

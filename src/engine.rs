@@ -54,6 +54,12 @@ pub struct EngineBuilder {
 
 impl EngineBuilder {
     /// Uses this HTTP client (its pool, TLS and proxy settings) for every read.
+    ///
+    /// Build it with `redirect(reqwest::redirect::Policy::none())`: the
+    /// engine follows redirects itself, each hop a charged read
+    /// (`upstream.max_redirects`). A response whose final URL is not the
+    /// one read (the client followed a redirect uncharged) is refused as
+    /// `UPSTREAM_ERROR`.
     pub fn client(mut self, client: reqwest::Client) -> Self {
         self.client = Some(client);
         self
@@ -91,7 +97,8 @@ impl EngineBuilder {
         let transport = self.transport.unwrap_or_else(|| {
             let client = self.client.unwrap_or_else(|| {
                 reqwest::Client::builder()
-                    .redirect(reqwest::redirect::Policy::limited(5))
+                    // The engine follows redirects itself, charging each hop.
+                    .redirect(reqwest::redirect::Policy::none())
                     .build()
                     .expect("a default reqwest client always builds")
             });

@@ -62,7 +62,7 @@ async fn fetch(
         message,
     };
     let (url, accept) = read.into_parts();
-    let mut request = transport.client.get(url);
+    let mut request = transport.client.get(url.clone());
     if let Some(accept) = accept {
         request = request.header(http::header::ACCEPT, accept);
     }
@@ -70,6 +70,14 @@ async fn fetch(
         .send()
         .await
         .map_err(|e| transport_error(error_chain(&e)))?;
+    if *response.url() != url {
+        // Hops the engine did not see, so did not charge.
+        return Err(transport_error(format!(
+            "the HTTP client followed a redirect to {} by itself; build it with \
+             redirect::Policy::none() (the engine follows redirects, charging each hop)",
+            response.url()
+        )));
+    }
     let status = response.status();
     let cap = transport.max_response_bytes;
     let too_large = || FanoutError::Upstream {

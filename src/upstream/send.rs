@@ -33,7 +33,53 @@ impl std::hash::Hash for ReadKey {
 
 impl Upstream<'_> {
     /// Reads `read` through the acquisition point (see [`crate::upstream`]).
+    ///
+    /// A redirect (301, 302, 303, 307, 308 with a `Location`) is followed
+    /// here, up to `upstream.max_redirects` hops, each hop a read of its own
+    /// through every step (de-duplicated, capped per host and charged); a
+    /// hop back to a URL of the same chain, past the last hop, or to
+    /// something that is not `http(s)` ends the read with `UPSTREAM_ERROR`.
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
+        let max_redirects = self
+            .op
+            .request
+            .inner
+            .engine
+            .inner
+            .config
+            .upstream
+            .max_redirects;
+        let accept = read.accept.clone();
+        let mut url = read.url.clone();
+        let mut response = self.read_once(read).await?;
+        let mut chain: Vec<reqwest::Url> = Vec::new();
+        while let Some(location) = redirect(&response) {
+            if max_redirects == 0 {
+                break;
+            }
+            let fail = |message: String| Err(response.error(message));
+            let next = match url.join(location) {
+                Ok(next) if matches!(next.scheme(), "http" | "https") => next,
+                _ => return fail(format!("redirect to {location:?}, not an http(s) URL")),
+            };
+            if chain.len() as u32 >= max_redirects {
+                return fail(format!("more than {max_redirects} redirects"));
+            }
+            if next == url || chain.contains(&next) {
+                return fail(format!("redirect loop at {next}"));
+            }
+            chain.push(std::mem::replace(&mut url, next.clone()));
+            let hop = Read {
+                url: next,
+                accept: accept.clone(),
+            };
+            response = self.read_once(hop).await?;
+        }
+        Ok(response)
+    }
+
+    /// One read through the acquisition point, redirects not followed.
+    async fn read_once(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
         let scope = &*self.op.request.inner;
         let span = tracing::debug_span!(
             "upstream.read",
@@ -202,6 +248,14 @@ impl Upstream<'_> {
                 }
             }
         }
+    }
+}
+
+/// The `Location` of a redirect answer, if `response` is one.
+fn redirect(response: &UpstreamResponse) -> Option<&str> {
+    match response.status.as_u16() {
+        301 | 302 | 303 | 307 | 308 => response.header("location"),
+        _ => None,
     }
 }
 

@@ -1,0 +1,327 @@
+//! Hostile upstreams: redirect loops and chains, redirects to other hosts,
+//! bodies that never end. Every HTTP request sent upstream is a charged
+//! read, capped per host; nothing runs past its bounds.
+use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use fanout_budget::config::{Config, HostConfig};
+use fanout_budget::{Engine, FanoutContext, FanoutGraphQL, Read};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower::ServiceExt;
+
+/// What the hostile server saw.
+#[derive(Default)]
+struct Seen {
+    requests: AtomicU64,
+    /// Bytes of never-ending bodies sent so far.
+    streamed: AtomicU64,
+}
+
+struct Hostile {
+    addr: std::net::SocketAddr,
+    seen: Arc<Seen>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn counted(seen: &Seen) {
+    seen.requests.fetch_add(1, SeqCst);
+}
+
+fn found(location: String) -> Response {
+    (StatusCode::FOUND, [(header::LOCATION, location)]).into_response()
+}
+
+impl Hostile {
+    /// `/loop/a` ↔ `/loop/b`; `/chain/N` → `/chain/N+1` for ever;
+    /// `/to/PORT` → `http://127.0.0.1:PORT/ok`; `/ok`; `/endless`: a body
+    /// that never ends; `/trickle`: one that never ends, slowly; `/file`: a redirect to `file:///etc/passwd`.
+    async fn start() -> Self {
+        let seen = Arc::new(Seen::default());
+        let app = axum::Router::new()
+            .route(
+                "/loop/{side}",
+                get(
+                    |State(s): State<Arc<Seen>>, Path(side): Path<String>| async move {
+                        counted(&s);
+                        found(if side == "a" { "/loop/b" } else { "/loop/a" }.into())
+                    },
+                ),
+            )
+            .route(
+                "/chain/{n}",
+                get(
+                    |State(s): State<Arc<Seen>>, Path(n): Path<u64>| async move {
+                        counted(&s);
+                        found(format!("/chain/{}", n + 1))
+                    },
+                ),
+            )
+            .route(
+                "/to/{port}",
+                get(
+                    |State(s): State<Arc<Seen>>, Path(port): Path<u16>| async move {
+                        counted(&s);
+                        found(format!("http://127.0.0.1:{port}/ok"))
+                    },
+                ),
+            )
+            .route(
+                "/file",
+                get(|State(s): State<Arc<Seen>>| async move {
+                    counted(&s);
+                    found("file:///etc/passwd".into())
+                }),
+            )
+            .route(
+                "/ok",
+                get(|State(s): State<Arc<Seen>>| async move {
+                    counted(&s);
+                    "fine"
+                }),
+            )
+            .route(
+                "/endless",
+                get(|State(s): State<Arc<Seen>>| async move {
+                    counted(&s);
+                    let chunks = futures::stream::unfold(s, |s| async move {
+                        s.streamed.fetch_add(1024, SeqCst);
+                        tokio::task::yield_now().await;
+                        Some((Ok::<_, std::io::Error>(vec![b'x'; 1024]), s))
+                    });
+                    Body::from_stream(chunks)
+                }),
+            )
+            .route(
+                "/trickle",
+                get(|State(s): State<Arc<Seen>>| async move {
+                    counted(&s);
+                    let chunks = futures::stream::unfold((), |()| async move {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        Some((Ok::<_, std::io::Error>(vec![b'x'; 16]), ()))
+                    });
+                    Body::from_stream(chunks)
+                }),
+            )
+            .with_state(seen.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { addr, seen, task }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn requests(&self) -> u64 {
+        self.seen.requests.load(SeqCst)
+    }
+}
+
+struct Query;
+
+#[Object]
+impl Query {
+    /// Reads `url`; its status and body length.
+    async fn fetch(&self, ctx: &Context<'_>, url: String) -> async_graphql::Result<Vec<u64>> {
+        let response = ctx.upstream()?.read(Read::get(url.parse()?)).await?;
+        Ok(vec![
+            response.status.as_u16() as u64,
+            response.body.len() as u64,
+        ])
+    }
+}
+
+async fn ask(engine: &Engine, url: &str) -> Value {
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
+    let app =
+        axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine.clone()));
+    let body = json!({ "query": format!("{{ fetch(url: {url:?}) }}") }).to_string();
+    let request = axum::http::Request::post("/graphql")
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+fn code(answer: &Value) -> &str {
+    answer["errors"][0]["extensions"]["code"]
+        .as_str()
+        .unwrap_or("<none>")
+}
+
+fn used(answer: &Value) -> u64 {
+    answer["extensions"]["fanout"]["used"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_redirect_is_followed_and_each_hop_is_charged() {
+    let ok = Hostile::start().await;
+    let hop = Hostile::start().await;
+    let engine = Engine::new(Config::default());
+    let answer = ask(&engine, &hop.url(&format!("/to/{}", ok.addr.port()))).await;
+    assert_eq!(answer["data"]["fetch"], json!([200, 4]), "{answer}");
+    assert_eq!((hop.requests(), ok.requests()), (1, 1));
+    assert_eq!(used(&answer), 2, "{answer}");
+}
+
+#[tokio::test]
+async fn a_redirect_loop_ends_with_upstream_error() {
+    let hostile = Hostile::start().await;
+    let engine = Engine::new(Config::default());
+    let answer = ask(&engine, &hostile.url("/loop/a")).await;
+    assert_eq!(code(&answer), "UPSTREAM_ERROR", "{answer}");
+    assert!(answer["data"].is_null());
+    // a, b, then back to a: found in the chain, not sent again.
+    assert_eq!(hostile.requests(), 2);
+    assert_eq!(used(&answer), 2);
+}
+
+#[tokio::test]
+async fn an_endless_redirect_chain_stops_at_max_redirects() {
+    let hostile = Hostile::start().await;
+    let engine = Engine::new(Config::default());
+    let answer = ask(&engine, &hostile.url("/chain/0")).await;
+    assert_eq!(code(&answer), "UPSTREAM_ERROR", "{answer}");
+    // The first request and five hops, every one charged.
+    assert_eq!(hostile.requests(), 6);
+    assert_eq!(used(&answer), 6);
+}
+
+#[tokio::test]
+async fn redirect_hops_are_bounded_by_the_budget() {
+    let hostile = Hostile::start().await;
+    let mut config = Config::default();
+    config.budget.max_reads = 3;
+    config.upstream.max_redirects = 100;
+    let answer = ask(&Engine::new(config), &hostile.url("/chain/0")).await;
+    assert_eq!(code(&answer), "FANOUT_BUDGET_EXHAUSTED", "{answer}");
+    assert_eq!(hostile.requests(), 3, "a budget of 3 sent more");
+    assert_eq!(used(&answer), 3);
+}
+
+#[tokio::test]
+async fn a_hop_to_another_host_takes_that_hosts_slot() {
+    let hop = Hostile::start().await;
+    let capped = Hostile::start().await;
+    let mut config = Config::default();
+    config.hosts.insert(
+        format!("127.0.0.1:{}", capped.addr.port()),
+        HostConfig {
+            max_concurrent: 0,
+            acquire_wait_ms: 10,
+        },
+    );
+    let answer = ask(
+        &Engine::new(config),
+        &hop.url(&format!("/to/{}", capped.addr.port())),
+    )
+    .await;
+    assert_eq!(code(&answer), "HOST_SATURATED", "{answer}");
+    assert_eq!(
+        capped.requests(),
+        0,
+        "a capped host was read through a redirect"
+    );
+    assert_eq!(used(&answer), 1);
+}
+
+#[tokio::test]
+async fn a_redirect_out_of_http_is_refused() {
+    let hostile = Hostile::start().await;
+    let answer = ask(&Engine::new(Config::default()), &hostile.url("/file")).await;
+    assert_eq!(code(&answer), "UPSTREAM_ERROR", "{answer}");
+    assert_eq!(hostile.requests(), 1);
+}
+
+#[tokio::test]
+async fn redirects_off_returns_the_redirect_itself() {
+    let hostile = Hostile::start().await;
+    let mut config = Config::default();
+    config.upstream.max_redirects = 0;
+    let answer = ask(&Engine::new(config), &hostile.url("/chain/0")).await;
+    assert_eq!(answer["data"]["fetch"][0], 302, "{answer}");
+    assert_eq!(hostile.requests(), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_follows_redirects_itself_is_refused() {
+    let ok = Hostile::start().await;
+    let hop = Hostile::start().await;
+    // reqwest's default policy follows up to 10 redirects, uncharged.
+    let engine = Engine::builder(Config::default())
+        .client(reqwest::Client::new())
+        .build();
+    let answer = ask(&engine, &hop.url(&format!("/to/{}", ok.addr.port()))).await;
+    assert_eq!(code(&answer), "UPSTREAM_ERROR", "{answer}");
+    assert!(
+        answer["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Policy::none"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn an_endless_body_is_cut_at_the_byte_cap_and_the_stream_stops() {
+    let hostile = Hostile::start().await;
+    let mut config = Config::default();
+    config.upstream.max_response_bytes = 256 * 1024;
+    let started = Instant::now();
+    let answer = ask(&Engine::new(config), &hostile.url("/endless")).await;
+    assert_eq!(code(&answer), "UPSTREAM_ERROR", "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // The connection is dropped: the server stops streaming soon after.
+    let at_answer = hostile.seen.streamed.load(SeqCst);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = hostile.seen.streamed.load(SeqCst);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = hostile.seen.streamed.load(SeqCst);
+        if now == last {
+            break;
+        }
+        last = now;
+        assert!(
+            Instant::now() < deadline,
+            "the upstream body is still being read"
+        );
+    }
+    // Socket buffers hold a few MiB at most; the stream did not go on.
+    assert!(
+        last < at_answer + (16 << 20),
+        "streamed {last} bytes, {at_answer} at the answer"
+    );
+}
+
+#[tokio::test]
+async fn a_trickled_endless_body_is_cut_by_the_read_timeout() {
+    let hostile = Hostile::start().await;
+    let mut config = Config::default();
+    config.budget.read_timeout_ms = 300;
+    let started = Instant::now();
+    let answer = ask(&Engine::new(config), &hostile.url("/trickle")).await;
+    assert_eq!(code(&answer), "UPSTREAM_TIMEOUT", "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
