@@ -1,6 +1,8 @@
 //! The registry gateway: a GraphQL API over an OCI Distribution registry,
 //! built on `fanout-budget` exactly as any user would build on it.
 //!
+//! - [`names`]: repository names, tags and digests, checked against the OCI
+//!   grammars before they reach a URL;
 //! - [`oci`]: the registry client — every read through `ctx.upstream()`;
 //! - [`schema`]: the reference schema (CONTRACT §4) and its costs (§5);
 //! - [`embedded`]: an in-process registry with demo data, fault injection and
@@ -11,5 +13,6 @@
 
 pub mod app;
 pub mod embedded;
+pub mod names;
 pub mod oci;
 pub mod schema;

@@ -7,10 +7,11 @@
 //! "no such repository" (not an error); any other 4xx, a 5xx, a body that is
 //! not the expected JSON or a transport failure is `UPSTREAM_ERROR`.
 
+use crate::names::{Digest, Invalid, RepoName, TagName};
 use async_graphql::Context;
 use fanout_budget::{FanoutContext, FanoutError, Read, UpstreamResponse};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
 
 /// The `Accept` header for manifests: OCI and Docker, single and multi-platform.
@@ -72,8 +73,20 @@ fn registry<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a reqwest::Url> {
     Ok(&ctx.data::<RegistryUrl>()?.0)
 }
 
-fn url(base: &reqwest::Url, path: &str) -> async_graphql::Result<reqwest::Url> {
-    Ok(base.join(path)?)
+/// The registry URL with path `segments`, each one percent-encoded as one
+/// segment (a `/` or `?` inside one cannot change the path or add a query).
+fn endpoint<'s>(
+    base: &reqwest::Url,
+    segments: impl IntoIterator<Item = &'s str>,
+) -> async_graphql::Result<reqwest::Url> {
+    let mut url = base.clone();
+    url.set_query(None);
+    url.set_fragment(None);
+    url.path_segments_mut()
+        .map_err(|()| format!("registry URL {base} cannot take a path"))?
+        .clear()
+        .extend(segments);
+    Ok(url)
 }
 
 /// The `rel="next"` target of a `Link` header, resolved against the registry.
@@ -90,6 +103,19 @@ fn next_link(response: &UpstreamResponse, base: &reqwest::Url) -> Option<reqwest
                 .trim_end_matches('>');
             base.join(target).ok()
         })
+}
+
+/// A registry answer that names something invalid (a catalog entry, a tag,
+/// a digest that is not in its grammar): the registry's fault.
+pub fn invalid_from_registry(ctx: &Context<'_>, invalid: Invalid) -> FanoutError {
+    let host = registry(ctx)
+        .map(|u| u.authority().to_string())
+        .unwrap_or_default();
+    FanoutError::Upstream {
+        host,
+        status: None,
+        message: format!("the registry answered with {invalid}"),
+    }
 }
 
 #[derive(Deserialize)]
@@ -130,25 +156,52 @@ fn expect_json(response: &UpstreamResponse) -> Result<(), FanoutError> {
 }
 
 /// Every tag of `name` (each `Link` page one read); `None` on `NAME_UNKNOWN`.
+///
+/// The walk follows `Link: rel="next"` only to a new page of the same list:
+/// a link to a page already read in this walk (a self-link, a cycle), to
+/// another origin or to another path ends it with `UPSTREAM_ERROR`. Every
+/// new page is a charged read, so the budget bounds the pages.
 pub async fn tag_list(
     ctx: &Context<'_>,
-    name: &str,
+    name: &RepoName,
 ) -> async_graphql::Result<Option<Arc<Vec<String>>>> {
     #[derive(Deserialize)]
     struct TagList {
         tags: Option<Vec<String>>,
     }
     let base = registry(ctx)?;
-    let mut next = Some(url(base, &format!("/v2/{name}/tags/list"))?);
+    let first = endpoint(
+        base,
+        ["v2"]
+            .into_iter()
+            .chain(name.segments())
+            .chain(["tags", "list"]),
+    )?;
+    let mut seen: Vec<reqwest::Url> = Vec::new();
+    let mut next = Some(first.clone());
     let mut tags = Vec::new();
     while let Some(page) = next.take() {
+        seen.push(page.clone());
         let response = read(ctx, Read::get(page)).await?;
-        if tags.is_empty() && is_name_unknown(&response) {
+        if seen.len() == 1 && is_name_unknown(&response) {
             return Ok(None);
         }
         expect_json(&response)?;
         tags.extend(response.json::<TagList>()?.tags.unwrap_or_default());
-        next = next_link(&response, base);
+        next = match next_link(&response, base) {
+            None => None,
+            Some(link) if seen.contains(&link) => {
+                return Err(response
+                    .error(format!("tag list links back to {link}"))
+                    .into())
+            }
+            Some(link) if link.origin() != first.origin() || link.path() != first.path() => {
+                return Err(response
+                    .error(format!("tag list links out of the list, to {link}"))
+                    .into())
+            }
+            Some(link) => Some(link),
+        };
     }
     Ok(Some(Arc::new(tags)))
 }
@@ -164,7 +217,7 @@ pub async fn catalog(
         repositories: Vec<String>,
     }
     let base = registry(ctx)?;
-    let mut page = url(base, "/v2/_catalog")?;
+    let mut page = endpoint(base, ["v2", "_catalog"])?;
     page.query_pairs_mut().append_pair("n", &n.to_string());
     if let Some(last) = last {
         page.query_pairs_mut().append_pair("last", last);
@@ -220,8 +273,8 @@ pub struct ManifestDoc {
 /// The manifest `name:tag` (one read).
 pub async fn manifest(
     ctx: &Context<'_>,
-    name: &str,
-    tag: &str,
+    name: &RepoName,
+    tag: &TagName,
 ) -> async_graphql::Result<ManifestDoc> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -233,8 +286,11 @@ pub async fn manifest(
         manifests: Option<Vec<DescriptorDoc>>,
     }
     let base = registry(ctx)?;
-    let manifest = Read::get(url(base, &format!("/v2/{name}/manifests/{tag}"))?)
-        .accept(MANIFEST_ACCEPT_HEADER.clone());
+    let path = ["v2"]
+        .into_iter()
+        .chain(name.segments())
+        .chain(["manifests", tag.as_str()]);
+    let manifest = Read::get(endpoint(base, path)?).accept(MANIFEST_ACCEPT_HEADER.clone());
     let response = read(ctx, manifest).await?;
     expect_json(&response)?;
     let body: Body = response.json()?;
@@ -281,11 +337,15 @@ pub struct ImageConfigDoc {
 /// The config blob `digest` of `name` (one read).
 pub async fn config_blob(
     ctx: &Context<'_>,
-    name: &str,
-    digest: &str,
+    name: &RepoName,
+    digest: &Digest,
 ) -> async_graphql::Result<ImageConfigDoc> {
     let base = registry(ctx)?;
-    let blob = Read::get(url(base, &format!("/v2/{name}/blobs/{digest}"))?);
+    let path = ["v2"]
+        .into_iter()
+        .chain(name.segments())
+        .chain(["blobs", digest.as_str()]);
+    let blob = Read::get(endpoint(base, path)?);
     let response = read(ctx, blob).await?;
     expect_success(&response)?;
     Ok(response.json()?)

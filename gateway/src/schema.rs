@@ -4,6 +4,7 @@
 //! engine's acquisition point; nullable fields that read use
 //! [`OrNull::or_null`] so a failed read nulls only its own field.
 
+use crate::names::{Digest, RepoName, TagName};
 use crate::oci::{self, DescriptorDoc, ManifestDoc};
 use async_graphql::{
     Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
@@ -53,6 +54,12 @@ pub struct Query;
 impl Query {
     /// One repository. Null, without error, when the registry answers NAME_UNKNOWN.
     async fn repository(&self, ctx: &Context<'_>, name: String) -> Option<Repository> {
+        // Checked against the OCI name grammar before any read.
+        let name = RepoName::parse(&name)
+            .map_err(|e| FanoutError::BadUserInput {
+                message: e.to_string(),
+            })
+            .or_null(ctx)?;
         let tags = oci::tag_list(ctx, &name).await.or_null(ctx)??;
         Some(Repository {
             name,
@@ -70,11 +77,15 @@ impl Query {
         let n = page_size(first)?;
         let (names, more) = oci::catalog(ctx, n, after.as_deref()).await?;
         let end_cursor = names.last().cloned();
+        let nodes = names
+            .iter()
+            .map(|name| {
+                let name = RepoName::parse(name).map_err(|e| oci::invalid_from_registry(ctx, e))?;
+                Ok(Repository { name, tags: None })
+            })
+            .collect::<Result<_, FanoutError>>()?;
         Ok(RepositoryConnection {
-            nodes: names
-                .into_iter()
-                .map(|name| Repository { name, tags: None })
-                .collect(),
+            nodes,
             page_info: PageInfo {
                 has_next_page: more,
                 end_cursor,
@@ -120,7 +131,7 @@ pub struct RepositoryConnection {
 
 /// A repository; its tag list is read once per request, when first needed.
 pub struct Repository {
-    name: String,
+    name: RepoName,
     tags: Option<Arc<Vec<String>>>,
 }
 
@@ -137,7 +148,7 @@ impl Repository {
 #[Object]
 impl Repository {
     async fn name(&self) -> &str {
-        &self.name
+        self.name.as_str()
     }
 
     async fn tags(
@@ -198,7 +209,7 @@ pub struct TagConnection {
 
 /// A tag of a repository.
 pub struct Tag {
-    repository: String,
+    repository: RepoName,
     name: String,
 }
 
@@ -209,7 +220,11 @@ impl Tag {
     }
 
     async fn manifest(&self, ctx: &Context<'_>) -> Option<Manifest> {
-        let doc = oci::manifest(ctx, &self.repository, &self.name)
+        // The tag comes from the registry's own tag list.
+        let tag = TagName::parse(&self.name)
+            .map_err(|e| oci::invalid_from_registry(ctx, e))
+            .or_null(ctx)?;
+        let doc = oci::manifest(ctx, &self.repository, &tag)
             .await
             .or_null(ctx)?;
         Some(Manifest {
@@ -221,7 +236,7 @@ impl Tag {
 
 /// An image manifest or an index.
 pub struct Manifest {
-    repository: String,
+    repository: RepoName,
     doc: ManifestDoc,
 }
 
@@ -249,7 +264,11 @@ impl Manifest {
 
     async fn config(&self, ctx: &Context<'_>) -> Option<ImageConfig> {
         let config = self.doc.config.as_ref()?;
-        let doc = oci::config_blob(ctx, &self.repository, &config.digest)
+        // The digest comes from the manifest the registry served.
+        let digest = Digest::parse(&config.digest)
+            .map_err(|e| oci::invalid_from_registry(ctx, e))
+            .or_null(ctx)?;
+        let doc = oci::config_blob(ctx, &self.repository, &digest)
             .await
             .or_null(ctx)?;
         Some(ImageConfig {

@@ -50,6 +50,10 @@ pub enum Fault {
     RedirectLoop,
     /// Answer 200 `application/json` with bytes that are not UTF-8.
     InvalidUtf8,
+    /// Answer the right JSON with a `Link: rel="next"` to this same page.
+    SelfLink,
+    /// Answer the right JSON with a `Link: rel="next"` to another origin.
+    ForeignLink,
 }
 
 /// What the registry has seen.
@@ -338,6 +342,17 @@ async fn apply(fault: Option<Fault>, path: &str, real: &[u8]) -> Option<Response
                 .unwrap(),
         ),
         Fault::InvalidUtf8 => Some(json(axum::body::Body::from(vec![0xff, 0xfe, 0xfd, b'{']))),
+        Fault::SelfLink | Fault::ForeignLink => {
+            let target = match fault {
+                Some(Fault::SelfLink) => path.to_string(),
+                _ => format!("http://127.0.0.1:1{path}"),
+            };
+            let mut response = json(axum::body::Body::from(real.to_vec()));
+            if let Ok(link) = HeaderValue::from_str(&format!("<{target}>; rel=\"next\"")) {
+                response.headers_mut().insert(header::LINK, link);
+            }
+            Some(response)
+        }
     }
 }
 
