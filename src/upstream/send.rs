@@ -80,6 +80,11 @@ impl Upstream<'_> {
 
     /// One read through the acquisition point, redirects not followed.
     async fn read_once(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
+        // A read answered at once (de-duplicated, refused) returns without
+        // ever waiting; this gives the task back to tokio once its
+        // cooperative budget is spent, so an operation making many such
+        // reads still yields — to other requests, and to its deadline.
+        tokio::task::consume_budget().await;
         let scope = &*self.op.request.inner;
         let span = tracing::debug_span!(
             "upstream.read",
