@@ -255,6 +255,7 @@ fn layer(c: &mut Criterion, denied: &Arc<AtomicU64>) {
         requests_per_minute: p.per_minute,
         internal_token: TOKEN.into(),
         trusted_proxies: Vec::new(),
+        ..RateLimitConfig::default()
     };
     let inner = tower::service_fn(|_req: http::Request<axum::body::Body>| async {
         Ok::<_, std::convert::Infallible>(axum::response::Response::new(axum::body::Body::empty()))

@@ -28,7 +28,7 @@
 //!    `RateLimit` fields; otherwise the inner service's answer, with
 //!    `RateLimit` added. Every refusal here (429, 400, 503) leaves the body
 //!    unread, so it carries `Connection: close`
-//!    ([`refuse_unread`](crate::serve::refuse_unread)).
+//!    ([`refuse_unread`]).
 //!
 //! A shared backend (Redis) plugs in through [`InboundLimiter`]; while it is
 //! down, `failure_mode` decides between the in-process limiter ("open") and
