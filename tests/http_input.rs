@@ -146,3 +146,37 @@ async fn refusals_before_the_body_close_the_connection_and_later_ones_do_not() {
     assert_eq!(malformed.status(), 400);
     assert!(malformed.headers().get("connection").is_none());
 }
+
+/// A shared limiter that is always down.
+struct Down;
+
+impl fanout_budget::InboundLimiter for Down {
+    fn check(
+        &self,
+        _key: std::net::IpAddr,
+    ) -> futures::future::BoxFuture<'_, Result<fanout_budget::Decision, fanout_budget::FanoutError>>
+    {
+        Box::pin(async {
+            Err(fanout_budget::FanoutError::Unavailable {
+                message: "down".into(),
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_closed_mode_503_closes_the_connection() {
+    use tower::ServiceExt;
+    let (_upstream, app) = setup().await;
+    let layer = fanout_budget::RateLimitLayer::new(&Default::default()).shared(
+        std::sync::Arc::new(Down),
+        fanout_budget::config::FailureMode::Closed,
+    );
+    let request = axum::http::Request::post("/graphql")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"query":"{ items { id } }"}"#))
+        .unwrap();
+    let response = app.route_layer(layer).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["connection"], "close");
+}
