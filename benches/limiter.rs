@@ -30,7 +30,7 @@ mod support;
 use criterion::{black_box, BenchmarkGroup, Criterion};
 use fanout_budget::backends::redis::{RedisBackend, RedisRateLimiter};
 use fanout_budget::config::{RateLimitConfig, RedisConfig};
-use fanout_budget::identity::{InternalToken, TokenCheck, TrustedProxies};
+use fanout_budget::identity::{ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
 use fanout_budget::{Decision, InboundLimiter, LocalLimiter, RateLimitLayer};
 use fanout_testkit::RedisServer;
 use governor::{Quota, RateLimiter};
@@ -164,6 +164,7 @@ fn inbound_routine<'a>(
     let local = local_limiter(keys, rpm);
     let token = InternalToken::new(TOKEN);
     let proxies = TrustedProxies::new::<&str>(&[]);
+    let prefix = ClientPrefix::default();
     let mut cycle = Cycle::new(keys);
     move |iters| {
         let started = Instant::now();
@@ -172,8 +173,10 @@ fn inbound_routine<'a>(
             if check == TokenCheck::Valid {
                 continue;
             }
-            let client = proxies.client_ip(cycle.key(), &headers);
-            count(black_box(local.check(client)), denied);
+            let Ok(client) = proxies.client_ip(cycle.key(), &headers) else {
+                continue;
+            };
+            count(black_box(local.check(prefix.key(client))), denied);
         }
         started.elapsed()
     }
@@ -252,6 +255,7 @@ fn layer(c: &mut Criterion, denied: &Arc<AtomicU64>) {
         requests_per_minute: p.per_minute,
         internal_token: TOKEN.into(),
         trusted_proxies: Vec::new(),
+        ..RateLimitConfig::default()
     };
     let inner = tower::service_fn(|_req: http::Request<axum::body::Body>| async {
         Ok::<_, std::convert::Infallible>(axum::response::Response::new(axum::body::Body::empty()))

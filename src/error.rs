@@ -9,7 +9,8 @@
 //! Field-level errors (`FANOUT_BUDGET_EXHAUSTED`, `UPSTREAM_TIMEOUT`,
 //! `DEADLINE_EXCEEDED`, `UPSTREAM_ERROR`, `HOST_SATURATED`, `BAD_USER_INPUT`)
 //! become GraphQL errors carrying their code (see [`attach_codes`]);
-//! request-level ones (`BAD_REQUEST`, `BATCH_TOO_LARGE`, …) become whole HTTP
+//! request-level ones (`BAD_REQUEST`, `BATCH_TOO_LARGE`, `REQUEST_TIMEOUT`, …)
+//! become whole HTTP
 //! answers through [`FanoutError::http_status`] and
 //! [`FanoutError::to_response_body`].
 
@@ -71,6 +72,12 @@ pub enum FanoutError {
         /// The configured maximum.
         max: usize,
     },
+    /// The request body did not arrive within `min(body_read_timeout_ms,
+    /// time left before the deadline)` (HTTP 408).
+    RequestTimeout {
+        /// The bound the body had to arrive within.
+        timeout_ms: u64,
+    },
     /// The batch's worst-case reads exceed its budget (only with `refuse_over_estimate`).
     EstimateExceedsBudget {
         /// The worst case, summed over the batch.
@@ -119,6 +126,7 @@ impl FanoutError {
             Self::BadRequest { .. } => "BAD_REQUEST",
             Self::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
             Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Self::RequestTimeout { .. } => "REQUEST_TIMEOUT",
             Self::EstimateExceedsBudget { .. } => "FANOUT_ESTIMATE_EXCEEDS_BUDGET",
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Unavailable { .. } => "UNAVAILABLE",
@@ -134,6 +142,7 @@ impl FanoutError {
         match self {
             Self::BadRequest { .. } | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::OK,
@@ -171,6 +180,7 @@ impl FanoutError {
                 ext.set("limit", *limit);
             }
             Self::RateLimited { retry_after_secs } => ext.set("retryAfter", *retry_after_secs),
+            Self::RequestTimeout { timeout_ms } => ext.set("timeoutMs", *timeout_ms),
             Self::DeadlineExceeded
             | Self::BadUserInput { .. }
             | Self::BadRequest { .. }
@@ -265,6 +275,9 @@ impl fmt::Display for FanoutError {
             Self::BatchTooLarge { max } => write!(f, "a batch may hold at most {max} operations"),
             Self::PayloadTooLarge { max } => {
                 write!(f, "the request body may be at most {max} bytes")
+            }
+            Self::RequestTimeout { timeout_ms } => {
+                write!(f, "the request body did not arrive within {timeout_ms} ms")
             }
             Self::EstimateExceedsBudget { requested, limit } => write!(
                 f,

@@ -6,7 +6,10 @@
 //! 1. identifies the caller (the [`Caller`] the rate-limit layer left in the
 //!    request's extensions, else the internal-token header) and opens the
 //!    request's [`FanoutRequest`] — the deadline starts now;
-//! 2. reads the body up to `max_body_bytes` (413 `PAYLOAD_TOO_LARGE`);
+//! 2. reads the body up to `max_body_bytes` (413 `PAYLOAD_TOO_LARGE`), the
+//!    whole of it within `min(body_read_timeout_ms, time left before the
+//!    deadline)` (408 `REQUEST_TIMEOUT`) — one bound for the whole body, so
+//!    a trickle cannot stretch it; both refusals close the connection;
 //! 3. parses one operation (`{…}`) or a batch (`[…]`); malformed JSON, an
 //!    empty batch or something that is not a GraphQL request is 400
 //!    `BAD_REQUEST`, more than `max_batch_operations` is 400
@@ -49,6 +52,7 @@ use http::{header, Method, StatusCode};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tracing::Instrument;
 
 /// The GraphQL endpoint as a `tower::Service`.
@@ -104,10 +108,15 @@ impl<E: Executor> FanoutGraphQL<E> {
         let fanout = self.engine.begin_request(caller);
         crate::metrics::request(caller == Caller::Internal);
         let http = &self.engine.config().http;
-        let batch = match read_body(body, http.max_body_bytes)
-            .await
-            .and_then(|bytes| parse_batch(&bytes, http.max_batch_operations))
-        {
+        let within = fanout
+            .budget()
+            .time_left()
+            .map_or(Duration::ZERO, |left| left.min(http.body_read_timeout()));
+        let bytes = match read_body(body, http.max_body_bytes, within).await {
+            Ok(bytes) => bytes,
+            Err(err) => return crate::serve::refuse_unread(&err),
+        };
+        let batch = match parse_batch(&bytes, http.max_batch_operations) {
             Ok(batch) => batch,
             Err(err) => return error_response(&err),
         };
@@ -267,9 +276,19 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
 }
 
 /// The body, or `PAYLOAD_TOO_LARGE` past `max` bytes (checked against
-/// `Content-Length` first, then while reading).
-async fn read_body(body: Body, max: usize) -> Result<bytes::Bytes, FanoutError> {
-    match axum::body::to_bytes(body, max).await {
+/// `Content-Length` first, then while reading), or `REQUEST_TIMEOUT` unless
+/// all of it arrived `within` (a bound on the whole body, not on each chunk;
+/// an `Expect: 100-continue` client is sent its `100 Continue` when the
+/// reading starts, inside the same bound).
+async fn read_body(body: Body, max: usize, within: Duration) -> Result<bytes::Bytes, FanoutError> {
+    let timeout = || FanoutError::RequestTimeout {
+        timeout_ms: within.as_millis().try_into().unwrap_or(u64::MAX),
+    };
+    if within.is_zero() {
+        return Err(timeout());
+    }
+    let read = tokio::time::timeout(within, axum::body::to_bytes(body, max)).await;
+    match read.map_err(|_elapsed| timeout())? {
         Ok(bytes) => Ok(bytes),
         Err(err) => {
             let too_large = std::error::Error::source(&err)

@@ -9,9 +9,21 @@
 //!   then it is the rightmost `X-Forwarded-For` entry that is not itself a
 //!   trusted proxy. The leftmost entry is whatever the client wrote, so it is
 //!   never believed.
+//! - **Entries that are not a bare address.** Walking from the right, the
+//!   first untrusted entry decides. `ip:port` and `[v6]:port` (and `[v6]`)
+//!   are read as that address: some proxies append the peer's port. Anything
+//!   else — garbage, `unknown`, an empty entry, a value that is not ASCII —
+//!   is [`ForwardedError`]: the request is refused with 400 `BAD_REQUEST`
+//!   before it runs. It is never charged to the proxy's own address, which
+//!   would let one client's junk exhaust every client's shared bucket.
+//! - **The limiter's key** is the client address masked to a prefix
+//!   ([`ClientPrefix`]: `rate_limit.ipv4_prefix` / `ipv6_prefix`, 32 and 64
+//!   by default), so rotating addresses inside one IPv6 /64 — what one host
+//!   is usually given — is one client. IPv4-mapped IPv6 addresses
+//!   (`::ffff:a.b.c.d`) count as IPv4 everywhere here.
 
 use sha2::{Digest, Sha256};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use subtle::ConstantTimeEq;
 
 /// The header internal callers present their token in.
@@ -186,37 +198,132 @@ impl TrustedProxies {
         self.nets.iter().any(|net| net.contains(ip))
     }
 
-    /// The client address of a request that arrived from `peer` (CONTRACT §7).
+    /// The client address of a request that arrived from `peer` (CONTRACT §7);
+    /// an unparsable decisive `X-Forwarded-For` entry is an error (see the
+    /// module docs).
     #[inline]
-    pub fn client_ip(&self, peer: IpAddr, headers: &http::HeaderMap) -> IpAddr {
+    pub fn client_ip(
+        &self,
+        peer: IpAddr,
+        headers: &http::HeaderMap,
+    ) -> Result<IpAddr, ForwardedError> {
         let peer = canonical(peer);
         if self.nets.is_empty() || !self.contains(peer) {
-            return peer;
+            return Ok(peer);
         }
         self.forwarded_client(peer, headers)
     }
 
     /// `peer` is a trusted proxy: the rightmost untrusted forwarded address.
     #[inline(never)]
-    fn forwarded_client(&self, peer: IpAddr, headers: &http::HeaderMap) -> IpAddr {
+    fn forwarded_client(
+        &self,
+        peer: IpAddr,
+        headers: &http::HeaderMap,
+    ) -> Result<IpAddr, ForwardedError> {
         // Walk the chain from the right (the hop nearest us) and stop at the
         // first address we do not trust: everything left of it is hearsay.
         let mut client = peer;
         for value in headers.get_all(&FORWARDED_FOR).iter().rev() {
             let Ok(value) = value.to_str() else {
-                return client;
+                return Err(ForwardedError::new(&String::from_utf8_lossy(
+                    value.as_bytes(),
+                )));
             };
             for entry in value.rsplit(',') {
-                let Ok(ip) = entry.trim().parse::<IpAddr>() else {
-                    return client;
-                };
-                let ip = canonical(ip);
+                let ip =
+                    canonical(parse_forwarded(entry).ok_or_else(|| ForwardedError::new(entry))?);
                 if !self.contains(ip) {
-                    return ip;
+                    return Ok(ip);
                 }
                 client = ip;
             }
         }
-        client
+        Ok(client)
+    }
+}
+
+/// One `X-Forwarded-For` entry: `ip`, `ip:port`, `[v6]:port` or `[v6]`.
+fn parse_forwarded(entry: &str) -> Option<IpAddr> {
+    let entry = entry.trim();
+    if let Ok(ip) = entry.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(socket) = entry.parse::<SocketAddr>() {
+        return Some(socket.ip());
+    }
+    let bracketed = entry.strip_prefix('[')?.strip_suffix(']')?;
+    bracketed.parse::<Ipv6Addr>().ok().map(IpAddr::V6)
+}
+
+/// A decisive `X-Forwarded-For` entry that is not an address (answered 400
+/// `BAD_REQUEST`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForwardedError {
+    /// The entry, trimmed and cut to [`ForwardedError::SHOWN`] characters.
+    pub entry: String,
+}
+
+impl ForwardedError {
+    /// Characters of the offending entry kept for the message.
+    pub const SHOWN: usize = 64;
+
+    fn new(entry: &str) -> Self {
+        Self {
+            entry: entry.trim().chars().take(Self::SHOWN).collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for ForwardedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "X-Forwarded-For entry {:?} from a trusted proxy is not an IP address",
+            self.entry
+        )
+    }
+}
+
+impl std::error::Error for ForwardedError {}
+
+/// The per-IP limiter's key: a client address masked to its network prefix
+/// (`rate_limit.ipv4_prefix`, `rate_limit.ipv6_prefix`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClientPrefix {
+    v4_mask: u32,
+    v6_mask: u128,
+}
+
+impl ClientPrefix {
+    /// Keys IPv4 clients by their first `ipv4_prefix` bits and IPv6 clients
+    /// by their first `ipv6_prefix` bits (larger values are clamped to 32 and
+    /// 128; config validation rejects them before this).
+    pub fn new(ipv4_prefix: u8, ipv6_prefix: u8) -> Self {
+        Self {
+            v4_mask: u32::MAX
+                .checked_shl(32 - u32::from(ipv4_prefix.min(32)))
+                .unwrap_or(0),
+            v6_mask: u128::MAX
+                .checked_shl(128 - u32::from(ipv6_prefix.min(128)))
+                .unwrap_or(0),
+        }
+    }
+
+    /// The network `ip` belongs to, as an address (host bits zero); an
+    /// IPv4-mapped IPv6 address is keyed as the IPv4 address.
+    #[inline]
+    pub fn key(&self, ip: IpAddr) -> IpAddr {
+        match canonical(ip) {
+            IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4) & self.v4_mask)),
+            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & self.v6_mask)),
+        }
+    }
+}
+
+impl Default for ClientPrefix {
+    /// The defaults: /32 for IPv4 (each address), /64 for IPv6.
+    fn default() -> Self {
+        Self::new(32, 64)
     }
 }

@@ -9,7 +9,11 @@
 //!    then gives it `internal_max_reads`). A *wrong* token makes an ordinary
 //!    caller — counted and limited exactly like one without a token.
 //! 2. **The key** is the client IP: the TCP peer (axum's `ConnectInfo`), or,
-//!    behind a trusted proxy, the rightmost untrusted `X-Forwarded-For` entry.
+//!    behind a trusted proxy, the rightmost untrusted `X-Forwarded-For` entry
+//!    — masked to `ipv4_prefix` / `ipv6_prefix` bits ([`ClientPrefix`]), so a
+//!    client rotating addresses inside its IPv6 /64 is one key. A decisive
+//!    forwarded entry that is not an address is 400 `BAD_REQUEST`, charged to
+//!    no one ([`crate::identity`]).
 //! 3. **The check** is GCRA (the `governor` crate) with a burst of
 //!    `requests_per_minute`, refilled evenly over the minute. Idle keys are
 //!    evicted (`retain_recent`) every `max(SWEEP_EVERY, 2 × keys left)`
@@ -22,7 +26,9 @@
 //! 4. **The answer**: over the limit, 429 `RATE_LIMITED` with `Retry-After`
 //!    (whole seconds, at least 1) and the IETF `RateLimit-Policy` /
 //!    `RateLimit` fields; otherwise the inner service's answer, with
-//!    `RateLimit` added.
+//!    `RateLimit` added. Every refusal here (429, 400, 503) leaves the body
+//!    unread, so it carries `Connection: close`
+//!    ([`refuse_unread`]).
 //!
 //! A shared backend (Redis) plugs in through [`InboundLimiter`]; while it is
 //! down, `failure_mode` decides between the in-process limiter ("open") and
@@ -30,9 +36,9 @@
 
 use crate::config::{FailureMode, RateLimitConfig};
 use crate::error::FanoutError;
-use crate::http::error_response;
-use crate::identity::{Caller, InternalToken, TokenCheck, TrustedProxies};
+use crate::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
 use crate::metrics;
+use crate::serve::refuse_unread;
 use axum::extract::ConnectInfo;
 use futures::future::BoxFuture;
 use governor::clock::Clock as GovernorClock;
@@ -82,7 +88,8 @@ pub enum Decision {
 
 /// A shared (cross-replica) per-key limiter.
 pub trait InboundLimiter: Send + Sync + 'static {
-    /// Checks and counts one request for `key`. `Err` means the backend is
+    /// Checks and counts one request for `key` (a client address masked to
+    /// its prefix, [`ClientPrefix::key`]). `Err` means the backend is
     /// unreachable (the caller applies `failure_mode`).
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>>;
 }
@@ -184,6 +191,7 @@ pub struct RateLimitLayer {
     backend: Backend,
     token: InternalToken,
     proxies: Arc<TrustedProxies>,
+    prefix: ClientPrefix,
     limit: u32,
     policy_header: HeaderValue,
 }
@@ -196,6 +204,7 @@ impl RateLimitLayer {
             backend: Backend::Local(Arc::new(LocalLimiter::per_minute(rpm))),
             token: InternalToken::new(&config.internal_token),
             proxies: Arc::new(TrustedProxies::new(&config.trusted_proxies)),
+            prefix: ClientPrefix::new(config.ipv4_prefix, config.ipv6_prefix),
             limit: rpm.get(),
             policy_header: HeaderValue::from_str(&policy(rpm.get())).expect("the policy is ASCII"),
         }
@@ -275,16 +284,23 @@ where
                 .extensions()
                 .get::<ConnectInfo<SocketAddr>>()
                 .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
-            let client = layer.proxies.client_ip(peer, request.headers());
+            let client = match layer.proxies.client_ip(peer, request.headers()) {
+                Ok(ip) => layer.prefix.key(ip),
+                Err(unparsable) => {
+                    return Ok(refuse_unread(&FanoutError::BadRequest {
+                        message: unparsable.to_string(),
+                    }))
+                }
+            };
             let decision = match layer.decide(client).await {
                 Ok(decision) => decision,
-                Err(unavailable) => return Ok(error_response(&unavailable)),
+                Err(unavailable) => return Ok(refuse_unread(&unavailable)),
             };
             match decision {
                 Decision::Deny { retry_after } => {
                     metrics::rate_limited();
                     let secs = whole_seconds(retry_after);
-                    let mut response = error_response(&FanoutError::RateLimited {
+                    let mut response = refuse_unread(&FanoutError::RateLimited {
                         retry_after_secs: secs,
                     });
                     layer.headers(&mut response, 0, secs);

@@ -79,3 +79,104 @@ async fn get_serves_graphiql() {
         .to_lowercase()
         .contains("graphiql"));
 }
+
+/// A body whose first chunk is a whole request and whose rest is one space
+/// every 100 ms for 10 s: valid JSON, were it ever finished.
+fn trickled_body() -> axum::body::Body {
+    let first = futures::stream::once(async {
+        Ok::<_, std::io::Error>(bytes::Bytes::from_static(
+            br#"{"query":"{ items(first: 1) { id } }"}"#,
+        ))
+    });
+    let rest = futures::stream::unfold(0, |sent| async move {
+        if sent == 100 {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        Some((Ok(bytes::Bytes::from_static(b" ")), sent + 1))
+    });
+    axum::body::Body::from_stream(futures::StreamExt::chain(first, rest))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_trickled_body_is_cut_at_the_body_timeout_or_the_deadline_whichever_is_first() {
+    use tower::ServiceExt;
+    let upstream = Upstream::start().await;
+    for (body_ms, deadline_ms, cut_ms) in [(500, 30_000, 500), (10_000, 300, 300)] {
+        let mut config = Config::default();
+        config.http.body_read_timeout_ms = body_ms;
+        config.budget.deadline_ms = deadline_ms;
+        let app = app(&Engine::new(config), &upstream);
+        let started = tokio::time::Instant::now();
+        let request = axum::http::Request::post("/graphql")
+            .header("content-type", "application/json")
+            .body(trickled_body())
+            .unwrap();
+        let response = app.oneshot(request).await.unwrap();
+        // The paused clock moves only by the timers: exactly the bound.
+        assert_eq!(started.elapsed().as_millis(), cut_ms);
+        assert_eq!(response.status(), 408);
+        assert_eq!(response.headers()["connection"], "close");
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(codes(&body), vec!["REQUEST_TIMEOUT"]);
+        assert_eq!(body["errors"][0]["extensions"]["timeoutMs"], cut_ms as u64);
+    }
+    assert_eq!(upstream.seen.requests(), 0);
+}
+
+#[tokio::test]
+async fn refusals_before_the_body_close_the_connection_and_later_ones_do_not() {
+    use tower::ServiceExt;
+    let (_upstream, app) = setup().await;
+    let send = |body: String| {
+        let request = axum::http::Request::post("/graphql")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        app.clone().oneshot(request)
+    };
+    let oversize = send("x".repeat(5000)).await.unwrap();
+    assert_eq!(oversize.status(), 413);
+    assert_eq!(oversize.headers()["connection"], "close");
+    // A malformed body was read whole: the connection can carry on.
+    let malformed = send("{not json".into()).await.unwrap();
+    assert_eq!(malformed.status(), 400);
+    assert!(malformed.headers().get("connection").is_none());
+}
+
+/// A shared limiter that is always down.
+struct Down;
+
+impl fanout_budget::InboundLimiter for Down {
+    fn check(
+        &self,
+        _key: std::net::IpAddr,
+    ) -> futures::future::BoxFuture<'_, Result<fanout_budget::Decision, fanout_budget::FanoutError>>
+    {
+        Box::pin(async {
+            Err(fanout_budget::FanoutError::Unavailable {
+                message: "down".into(),
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_closed_mode_503_closes_the_connection() {
+    use tower::ServiceExt;
+    let (_upstream, app) = setup().await;
+    let layer = fanout_budget::RateLimitLayer::new(&Default::default()).shared(
+        std::sync::Arc::new(Down),
+        fanout_budget::config::FailureMode::Closed,
+    );
+    let request = axum::http::Request::post("/graphql")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"query":"{ items { id } }"}"#))
+        .unwrap();
+    let response = app.route_layer(layer).oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["connection"], "close");
+}

@@ -201,3 +201,99 @@ fn the_monotonic_clock_never_goes_back() {
         "ns since the clock was made"
     );
 }
+
+mod keys {
+    //! The limiter's key: the forwarded client (`ip:port` and `[v6]:port`
+    //! read as the address, garbage refused) masked to its prefix.
+    use fanout_budget::identity::{ClientPrefix, ForwardedError, TrustedProxies};
+    use std::net::IpAddr;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    /// The client behind trusted proxy 10.0.0.1 sending `X-Forwarded-For: xff`.
+    fn forwarded(xff: &str) -> Result<IpAddr, ForwardedError> {
+        let proxies = TrustedProxies::new(&["10.0.0.0/8"]);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-forwarded-for", xff.parse().unwrap());
+        proxies.client_ip(ip("10.0.0.1"), &headers)
+    }
+
+    #[test]
+    fn forwarded_entries_with_ports_and_brackets_are_their_address() {
+        for (entry, want) in [
+            ("203.0.113.7", "203.0.113.7"),
+            (" 203.0.113.7:4711 ", "203.0.113.7"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("[2001:db8::1]:443", "2001:db8::1"),
+            ("[2001:db8::1]", "2001:db8::1"),
+            ("::ffff:192.0.2.1", "192.0.2.1"),
+            ("[::ffff:192.0.2.1]:80", "192.0.2.1"),
+        ] {
+            assert_eq!(forwarded(entry), Ok(ip(want)), "{entry:?}");
+            // Trusted hops to its right, with ports too, are walked past.
+            assert_eq!(
+                forwarded(&format!("{entry}, 10.0.0.2:80, [::ffff:10.0.0.3]:1")),
+                Ok(ip(want)),
+                "{entry:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_decisive_garbage_entry_is_an_error() {
+        for garbage in [
+            "",
+            "unknown",
+            "203.0.113",
+            "203.0.113.7:",
+            "203.0.113.7:99999",
+            "[203.0.113.7]:80",
+            "2001:db8::1:80]",
+            "fe80::1%eth0",
+            "_hidden",
+        ] {
+            let err = forwarded(garbage).unwrap_err();
+            assert_eq!(err.entry, garbage.trim(), "{garbage:?}");
+            assert!(err.to_string().contains("X-Forwarded-For"));
+            assert!(forwarded(&format!("203.0.113.9, {garbage}")).is_err());
+            // Left of the decisive entry it is hearsay, never read.
+            assert_eq!(
+                forwarded(&format!("{garbage}, 203.0.113.9")),
+                Ok(ip("203.0.113.9"))
+            );
+        }
+        let long = "x".repeat(1000);
+        assert_eq!(
+            forwarded(&long).unwrap_err().entry.len(),
+            ForwardedError::SHOWN
+        );
+        // An untrusted peer's header is not read at all.
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-forwarded-for", "garbage".parse().unwrap());
+        let proxies = TrustedProxies::new(&["10.0.0.0/8"]);
+        assert_eq!(
+            proxies.client_ip(ip("192.0.2.1"), &headers),
+            Ok(ip("192.0.2.1"))
+        );
+    }
+
+    #[test]
+    fn prefixes_mask_host_bits_and_mapped_addresses_count_as_ipv4() {
+        let p = ClientPrefix::new(24, 64);
+        assert_eq!(p.key(ip("192.0.2.77")), ip("192.0.2.0"));
+        assert_eq!(p.key(ip("::ffff:192.0.2.77")), ip("192.0.2.0"));
+        assert_eq!(p.key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(ClientPrefix::default(), ClientPrefix::new(32, 64));
+        let exact = ClientPrefix::new(32, 128);
+        assert_eq!(exact.key(ip("2001:db8::7")), ip("2001:db8::7"));
+        assert_eq!(exact.key(ip("::ffff:10.1.2.3")), ip("10.1.2.3"));
+        let all = ClientPrefix::new(0, 0);
+        assert_eq!(all.key(ip("10.1.2.3")), ip("0.0.0.0"));
+        assert_eq!(all.key(ip("2001:db8::7")), ip("::"));
+        let odd = ClientPrefix::new(20, 61);
+        assert_eq!(odd.key(ip("192.0.31.255")), ip("192.0.16.0"));
+        assert_eq!(odd.key(ip("2001:db8:0:ff::1")), ip("2001:db8:0:f8::"));
+    }
+}

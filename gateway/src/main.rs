@@ -104,10 +104,12 @@ async fn main() -> ExitCode {
             stopping.notify_one();
         }
     };
-    let service = gateway
-        .router
-        .into_make_service_with_connect_info::<SocketAddr>();
-    let serve = axum::serve(listener, service).with_graceful_shutdown(signal);
+    // At most http.max_connections connections, each closed when its
+    // headers take longer than http.header_read_timeout_ms (idle keep-alive
+    // included); the peer's address reaches the rate limiter.
+    let http = gateway.engine.config().http.clone();
+    let serve =
+        fanout_budget::serve(listener, gateway.router, &http).with_graceful_shutdown(signal);
     tokio::select! {
         served = serve => {
             if let Err(e) = served {

@@ -191,3 +191,183 @@ async fn a_batch_counts_as_one_request_and_side_endpoints_are_never_limited() {
         }
     }
 }
+
+async fn gateway_with(configure: impl FnOnce(&mut Config)) -> Fixture {
+    let mut config = Config::default();
+    config.rate_limit.requests_per_minute = 5;
+    configure(&mut config);
+    Fixture::new(config).await
+}
+
+/// 400 requests, each from a different address of `net` (a /64 written as
+/// its first four groups), through `router`: how many were admitted.
+async fn rotating(f: &Fixture, net: &str, n: u64) -> usize {
+    let mut admitted = 0;
+    for i in 0..n {
+        // Scattered interface identifiers, as a client picking them would.
+        let iid = (i + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let peer = format!(
+            "[{net}:{:x}:{:x}:{:x}:{:x}]:4000",
+            iid >> 48,
+            (iid >> 32) & 0xffff,
+            (iid >> 16) & 0xffff,
+            iid & 0xffff
+        );
+        if post_from(&f.gateway.router, BUDGET, &peer, &[]).await.0 == 200 {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+#[tokio::test]
+async fn rotating_addresses_inside_one_ipv6_64_are_limited_like_one_client() {
+    let f = gateway_with(|_| {}).await;
+    assert_eq!(rotating(&f, "2001:db8:1:2", 400).await, 5);
+    // Another /64 (the next one up) is another client.
+    assert_eq!(rotating(&f, "2001:db8:1:3", 10).await, 5);
+}
+
+#[tokio::test]
+async fn ipv6_prefix_128_keys_each_address() {
+    let f = gateway_with(|c| c.rate_limit.ipv6_prefix = 128).await;
+    assert_eq!(rotating(&f, "2001:db8:1:2", 400).await, 400);
+}
+
+#[tokio::test]
+async fn ipv4_clients_are_keyed_by_ipv4_prefix_and_mapped_addresses_count_as_ipv4() {
+    let f = gateway_with(|c| c.rate_limit.ipv4_prefix = 24).await;
+    let mut got = Vec::new();
+    for i in 1..=4 {
+        got.push(
+            post_from(&f.gateway.router, BUDGET, &format!("192.0.2.{i}:1"), &[])
+                .await
+                .0,
+        );
+    }
+    // The IPv4-mapped form of an address in the same /24 shares the bucket.
+    for peer in ["[::ffff:192.0.2.200]:1", "192.0.2.99:1"] {
+        got.push(post_from(&f.gateway.router, BUDGET, peer, &[]).await.0);
+    }
+    assert_eq!(got, [vec![200; 5], vec![429]].concat());
+    assert_eq!(
+        post_from(&f.gateway.router, BUDGET, "192.0.3.1:1", &[])
+            .await
+            .0,
+        200,
+        "the next /24 is another client"
+    );
+}
+
+#[tokio::test]
+async fn forwarded_ipv6_clients_are_keyed_by_prefix_too() {
+    let f = gateway(&["10.0.0.0/8"]).await;
+    let mut got = Vec::new();
+    for i in 1..=6 {
+        let xff = format!("2001:db8:7:7::{i}");
+        got.push(
+            post_from(
+                &f.gateway.router,
+                BUDGET,
+                "10.0.0.1:1",
+                &[("x-forwarded-for", &xff)],
+            )
+            .await
+            .0,
+        );
+    }
+    assert_eq!(got, [vec![200; 5], vec![429]].concat());
+}
+
+#[tokio::test]
+async fn forwarded_entries_with_a_port_count_as_their_address() {
+    let f = gateway(&["10.0.0.0/8"]).await;
+    for forms in [
+        ["203.0.113.5:4000", "203.0.113.5", "203.0.113.5:1"],
+        ["[2001:db8::5]:443", "2001:db8::5", "[2001:db8::5]"],
+    ] {
+        let mut got = Vec::new();
+        for i in 0..6 {
+            let xff = format!("{}, 10.0.0.7:80", forms[i % 3]);
+            got.push(
+                post_from(
+                    &f.gateway.router,
+                    BUDGET,
+                    "10.0.0.1:1",
+                    &[("x-forwarded-for", &xff)],
+                )
+                .await
+                .0,
+            );
+        }
+        assert_eq!(got, [vec![200; 5], vec![429]].concat(), "{forms:?}");
+    }
+    // None of it was charged to the proxy itself.
+    let own = statuses(&f, 5, "10.0.0.1:1", &[]).await;
+    assert_eq!(own, vec![200; 5]);
+}
+
+#[tokio::test]
+async fn a_garbage_forwarded_entry_is_400_and_charged_to_no_one() {
+    let f = gateway(&["10.0.0.0/8"]).await;
+    let router = &f.gateway.router;
+    for xff in [
+        "garbage",
+        "unknown",
+        "203.0.113.9, nonsense",
+        "203.0.113.9:",
+        "",
+        "1.2.3.4, 10.0.0.9, [::1",
+    ] {
+        for _ in 0..3 {
+            let (status, headers, body) =
+                post_from(router, BUDGET, "10.0.0.1:1", &[("x-forwarded-for", xff)]).await;
+            assert_eq!(status, 400, "{xff:?}");
+            assert_eq!(
+                body["errors"][0]["extensions"]["code"], "BAD_REQUEST",
+                "{xff:?}"
+            );
+            assert_eq!(headers["connection"], "close", "{xff:?}");
+        }
+    }
+    // Garbage left of the decisive entry is hearsay, not an error.
+    let got = statuses(
+        &f,
+        5,
+        "10.0.0.1:1",
+        &[("x-forwarded-for", "junk, 203.0.113.10")],
+    )
+    .await;
+    assert_eq!(got, vec![200; 5]);
+    // The proxy's own bucket and the forwarded clients' are untouched.
+    assert_eq!(statuses(&f, 5, "10.0.0.1:1", &[]).await, vec![200; 5]);
+    let got = statuses(&f, 5, "10.0.0.1:1", &[("x-forwarded-for", "203.0.113.9")]).await;
+    assert_eq!(got, vec![200; 5]);
+}
+
+#[tokio::test]
+async fn refusals_before_the_body_is_read_close_the_connection() {
+    let f = gateway_with(|c| c.http.max_body_bytes = 64).await;
+    let router = &f.gateway.router;
+    let big = format!(
+        r#"{{"query":"{{ fanoutBudget {{ limit }} }} #{}"}}"#,
+        "x".repeat(100)
+    );
+    let (status, headers, body) = post_from(router, &big, "192.0.2.60:1", &[]).await;
+    assert_eq!(
+        (status, &headers["connection"]),
+        (413, &"close".parse().unwrap())
+    );
+    assert_eq!(body["errors"][0]["extensions"]["code"], "PAYLOAD_TOO_LARGE");
+    // The refused body still counted as a request: four more, then 429.
+    assert_eq!(statuses(&f, 4, "192.0.2.60:1", &[]).await, vec![200; 4]);
+    let (status, headers, _) = post_from(router, BUDGET, "192.0.2.60:1", &[]).await;
+    assert_eq!(
+        (status, &headers["connection"]),
+        (429, &"close".parse().unwrap())
+    );
+    // An answer after the body was read keeps the connection.
+    let (status, headers, _) = post_from(router, "{", "192.0.2.61:1", &[]).await;
+    assert_eq!(status, 400);
+    assert!(headers.get("connection").is_none());
+}

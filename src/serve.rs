@@ -1,0 +1,181 @@
+//! Serving the gateway over TCP with bounds on slow and idle clients.
+//!
+//! [`serve`] is `axum::serve` with the limits a public listener needs:
+//!
+//! - **At most `http.max_connections` connections.** A permit of a
+//!   semaphore is taken *before* `accept`, and given back when the
+//!   connection ends; past the cap, new connections wait in the kernel's
+//!   listen backlog (completed handshakes cost no file descriptor of ours
+//!   until accepted) instead of exhausting the process's descriptors.
+//! - **Headers within `http.header_read_timeout_ms`.** hyper's HTTP/1
+//!   connection (`header_read_timeout`, on hyper-util's tokio timer) closes a
+//!   connection whose request head is not complete in time. hyper arms that
+//!   timer whenever it waits for a request head — on a new connection and
+//!   also as soon as a keep-alive connection goes idle after a response
+//!   (`State::idle` asks for a read, which starts the timer) — so an idle
+//!   keep-alive connection is closed after the same timeout.
+//! - **Bodies** are bounded where they are read, in
+//!   [`FanoutGraphQL`](crate::FanoutGraphQL): the whole body within
+//!   `min(http.body_read_timeout_ms, time left before the deadline)`, else
+//!   408 `REQUEST_TIMEOUT` with `Connection: close`. `Expect:
+//!   100-continue` is answered when the body is first read, so a client that
+//!   then sends nothing is bounded by the same timeout.
+//! - **Connect info.** Each request carries `ConnectInfo<SocketAddr>` (the
+//!   TCP peer), as axum's `into_make_service_with_connect_info` gives, so the
+//!   rate limiter keys by the peer.
+//! - **Graceful shutdown** ([`Serve::with_graceful_shutdown`]): on the
+//!   signal the listener is closed, idle connections are closed, in-flight
+//!   requests finish (hyper-util's `GracefulShutdown`).
+//!
+//! Only HTTP/1 is served (the gateway's axum is built with `http1` only).
+//!
+//! A refusal that answers before the request body was read carries
+//! `Connection: close` ([`refuse_unread`]) rather than draining the body:
+//! draining would read up to `max_body_bytes` for a client that is being
+//! refused (a rate-limited one included), or wait for a slow one, while
+//! closing costs nothing. hyper then ends the connection after the response
+//! (a FIN after the response's last byte), and a well-behaved client opens a
+//! new one for its next request instead of writing into a closed connection.
+
+use crate::config::HttpConfig;
+use crate::error::FanoutError;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::response::Response;
+use futures::future::BoxFuture;
+use http::{header, HeaderValue, Request};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::convert::Infallible;
+use std::future::{Future, IntoFuture};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tower::{Service, ServiceExt};
+
+/// Serves `service` (an axum `Router`, or any service of the same shape) on
+/// `listener` under `http`'s connection limits: `max_connections` and
+/// `header_read_timeout_ms` (see the module docs).
+///
+/// Await the result to serve until the process ends, or call
+/// [`Serve::with_graceful_shutdown`] first.
+pub fn serve<S>(listener: TcpListener, service: S, http: &HttpConfig) -> Serve<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    Serve {
+        listener,
+        service,
+        header_read_timeout: http.header_read_timeout(),
+        max_connections: http.max_connections.max(1),
+    }
+}
+
+/// The server [`serve`] returns; await it (`IntoFuture`).
+#[must_use = "a server does nothing until it is awaited"]
+pub struct Serve<S> {
+    listener: TcpListener,
+    service: S,
+    header_read_timeout: Duration,
+    max_connections: usize,
+}
+
+impl<S> Serve<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `signal` completes; then stops accepting (the listener
+    /// is closed), closes idle connections, and completes once every
+    /// in-flight request has been answered. Bound that wait yourself (the
+    /// gateway allows the request deadline plus a second).
+    pub fn with_graceful_shutdown<F>(self, signal: F) -> impl Future<Output = io::Result<()>>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.run(signal)
+    }
+
+    async fn run<F: Future<Output = ()>>(self, signal: F) -> io::Result<()> {
+        let Self {
+            mut listener,
+            service,
+            header_read_timeout,
+            max_connections,
+        } = self;
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_read_timeout);
+        let permits = Arc::new(Semaphore::new(max_connections));
+        let graceful = GracefulShutdown::new();
+        let mut signal = std::pin::pin!(signal);
+        loop {
+            // The permit first: past the cap, connections stay in the backlog.
+            let permit = tokio::select! {
+                permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+                () = &mut signal => break,
+            };
+            let (stream, peer) = tokio::select! {
+                // axum's listener retries accept errors (EMFILE included).
+                accepted = axum::serve::Listener::accept(&mut listener) => accepted,
+                () = &mut signal => break,
+            };
+            let service = service
+                .clone()
+                .map_request(move |request: Request<Incoming>| {
+                    let mut request = request.map(Body::new);
+                    request.extensions_mut().insert(ConnectInfo(peer));
+                    request
+                });
+            let connection =
+                http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                drop(permit);
+            });
+        }
+        drop(listener);
+        graceful.shutdown().await;
+        Ok(())
+    }
+}
+
+impl<S> IntoFuture for Serve<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Output = io::Result<()>;
+    type IntoFuture = BoxFuture<'static, io::Result<()>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run(std::future::pending()))
+    }
+}
+
+/// A whole-request refusal answered before the request body was read (429,
+/// 413, 408, a 400 decided from the headers, 503): the error's response with
+/// `Connection: close`, so hyper ends the connection after it and the client
+/// does not send its next request into the unread body.
+pub fn refuse_unread(err: &FanoutError) -> Response {
+    let mut response = crate::http::error_response(err);
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
