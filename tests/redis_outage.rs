@@ -409,3 +409,17 @@ async fn a_cancelled_acquire_is_undone_by_its_token() {
         "a cancellation is no failure"
     );
 }
+
+#[test]
+fn zero_redis_durations_are_refused_naming_the_key() {
+    for key in ["timeout_ms", "lease_ms", "backoff_ms"] {
+        let mut config = fanout_budget::Config::default();
+        match key {
+            "timeout_ms" => config.redis.timeout_ms = 0,
+            "lease_ms" => config.redis.lease_ms = 0,
+            _ => config.redis.backoff_ms = 0,
+        }
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.0, format!("redis.{key} must be at least 1"));
+    }
+}

@@ -4,7 +4,7 @@
 //! - **Connection.** One [`RedisBackend`] holds a `redis::aio::ConnectionManager`
 //!   (multiplexed, reconnecting), connected lazily: a Redis that is down at
 //!   start-up does not stop start-up. Every call is bounded by `timeout_ms`.
-//! - **Breaker** ([`breaker`](super::breaker)). A failed or timed-out call
+//! - **Breaker** (`src/backends/breaker.rs`). A failed or timed-out call
 //!   opens it: for at least `backoff_ms`, calls skip Redis and `failure_mode`
 //!   applies at once — no `timeout_ms` paid, connection refused included. One
 //!   background probe (`TIME`) per `backoff_ms` closes it again; each change is
@@ -24,14 +24,16 @@
 //!   from fresh. A check Redis runs after its deadline (queued while Redis
 //!   hung) is not charged. One it runs just in time but whose answer arrives
 //!   too late costs that client one token: accepted, it cannot be undone.
-//! - **Per-host cap** ([`RedisHostCaps`], in `leases`): leased slots, one
-//!   sorted-set member per read in flight, scored by lease expiry. A timed-out
-//!   or cancelled acquire never takes a slot later: the script refuses to run
-//!   past its deadline, and the member id (the token) is chosen before the
-//!   call, so when the caller gives up it sends a bounded, fire-and-forget
-//!   `ZREM` of it, which Redis runs after the late acquire. Renewal extends
-//!   only a lease still present and unexpired; release is `ZREM`: neither
-//!   resurrects one.
+//! - **Per-host cap** ([`RedisHostCaps`], in `leases`): a read takes its
+//!   process's own slot first (no network; it bounds a replica even with Redis
+//!   down), then a cluster lease: one sorted-set member per read in flight,
+//!   scored by lease expiry, renewed every `lease_ms / 3`. A timed-out or
+//!   cancelled acquire does not keep a slot: the script refuses to run past its
+//!   deadline, and the member id (the token) is chosen before the call, so a
+//!   caller that gives up sends a bounded, fire-and-forget `ZREM` of it, which
+//!   Redis runs right after an acquire it ran just in time (same connection).
+//!   Renewal extends only a lease still present and unexpired; release is
+//!   `ZREM`: neither resurrects one.
 //!
 //! **Outage.** A failed, slow or skipped call applies `failure_mode`: `"open"`
 //! answers from the in-process limiter (counting
