@@ -320,6 +320,10 @@ impl Config {
                 "rate_limit.requests_per_minute",
                 self.rate_limit.requests_per_minute as u64,
             ),
+            // 0 would time out every call, renew and probe in a busy loop.
+            ("redis.timeout_ms", self.redis.timeout_ms),
+            ("redis.lease_ms", self.redis.lease_ms),
+            ("redis.backoff_ms", self.redis.backoff_ms),
         ];
         for (key, value) in positive {
             if value == 0 {

@@ -329,7 +329,8 @@ impl RateLimitLayer {
                 Err(err) => match mode {
                     FailureMode::Open => {
                         metrics::shared_state_fallback("rate_limit");
-                        tracing::warn!(error = %err, "shared rate limiter down; limiting in-process");
+                        // The backend's breaker logs the outage once; this is per check.
+                        tracing::debug!(error = %err, "shared rate limiter down; limiting in-process");
                         Ok(fallback.check(client))
                     }
                     FailureMode::Closed => Err(FanoutError::Unavailable {

@@ -319,3 +319,49 @@ async fn redis_down_at_start_up_does_not_stop_start_up() {
     let gateway = replica(&config(&redis, FailureMode::Open, 10_000), &registry);
     assert_eq!(load(&gateway, 1).await[0].0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_costs_no_timeout_per_request() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let mut config = config(&redis, FailureMode::Open, 10_000);
+    config.redis.timeout_ms = 2_000;
+    config.redis.backoff_ms = 200;
+    config.hosts.insert(
+        registry.host(),
+        HostConfig {
+            max_concurrent: 8,
+            acquire_wait_ms: 1_000,
+        },
+    );
+    let gateway = replica(&config, &registry);
+    // One read (the tag list), so one host lease and one per-IP check.
+    let query = json!({ "query": r#"{ repository(name: "acme/app") { name } }"# }).to_string();
+    let timed = async |n: usize| {
+        let mut took = Vec::new();
+        for i in 0..n {
+            let started = Instant::now();
+            let (status, _, body) =
+                post_from(&gateway.router, &query, &format!("198.51.100.{i}:1"), &[]).await;
+            took.push(started.elapsed());
+            assert_eq!(status, 200);
+            assert!(body.get("errors").is_none(), "{body}");
+            assert_eq!(body["extensions"]["fanout"]["used"], 1, "{body}");
+        }
+        took
+    };
+    let healthy = timed(5).await;
+    redis.kill();
+    let dead = timed(20).await;
+    println!("1-read request, Redis up: {healthy:?}; Redis dead (timeout 2000 ms): {dead:?}");
+    // At most the first request after the kill meets the broken connection;
+    // then the breakers are open and no request waits on Redis.
+    for took in &dead[1..] {
+        assert!(
+            *took < Duration::from_millis(500),
+            "a request took {took:?} with Redis dead and its breaker open"
+        );
+    }
+}

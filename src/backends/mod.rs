@@ -17,4 +17,5 @@
 //! | Redis may be unavailable and serving matters more than exact limits | Redis with `failure_mode = "open"` |
 //! | exceeding a limit is worse than refusing traffic | Redis with `failure_mode = "closed"` |
 
+mod breaker;
 pub mod redis;

@@ -2,47 +2,65 @@
 //! whole fleet of replicas.
 //!
 //! - **Connection.** One [`RedisBackend`] holds a `redis::aio::ConnectionManager`
-//!   (multiplexed, reconnecting). It connects lazily: a Redis that is down at
-//!   start-up does not stop start-up; while it stays down, a connection attempt
-//!   is made at most once per `RECONNECT_EVERY`, and every call fails fast. Every
-//!   call is bounded by `timeout_ms`.
+//!   (multiplexed, reconnecting), connected lazily: a Redis that is down at
+//!   start-up does not stop start-up. Every call is bounded by `timeout_ms`.
+//! - **Breaker** (`src/backends/breaker.rs`). A failed or timed-out call
+//!   opens it: for at least `backoff_ms`, calls skip Redis and `failure_mode`
+//!   applies at once — no `timeout_ms` paid, connection refused included. One
+//!   background probe (`TIME`) per `backoff_ms` closes it again; each change is
+//!   logged once. A probe still timing out `lease_ms` after the breaker opened
+//!   drops the connection, so a silently dead one is replaced (by then no lease
+//!   it carried is live).
+//! - **Redis time, not wall clocks.** Each reply carries Redis `TIME`; that
+//!   time minus the local (monotonic, tokio) instant the reply arrived is a
+//!   lower bound of the offset between the two clocks, since the script ran
+//!   before its reply arrived. A call's local deadline plus that offset is a
+//!   deadline on Redis's clock never later than the real one, so clock skew
+//!   between replicas and Redis does not matter; only drift between two replies
+//!   does (microseconds), and a step of Redis's clock is corrected by the next
+//!   reply (the token below covers the gap).
 //! - **Per-IP limit** ([`RedisRateLimiter`]): GCRA in one Lua script per check
-//!   (`EVALSHA`, falling back to `EVAL` once per script load), with time from
-//!   Redis `TIME` so replicas' clocks do not matter; the key expires when its
-//!   state is indistinguishable from fresh. One round trip per check.
-//! - **Per-host cap** ([`RedisHostCaps`]): leased slots. A sorted set per host
-//!   holds one member per read in flight, scored by its lease expiry. Acquire
-//!   (Lua): purge expired leases, check the count, add. The lease is renewed
-//!   while the read is in flight and removed when the slot is dropped, so a
-//!   crashed replica's slots free up when their leases expire.
+//!   (`EVALSHA`), time from `TIME`, keys that expire when indistinguishable
+//!   from fresh. A check Redis runs after its deadline (queued while Redis
+//!   hung) is not charged. One it runs just in time but whose answer arrives
+//!   too late costs that client one token: accepted, it cannot be undone.
+//! - **Per-host cap** ([`RedisHostCaps`], in `leases`): a read takes its
+//!   process's own slot first (no network; it bounds a replica even with Redis
+//!   down), then a cluster lease: one sorted-set member per read in flight,
+//!   scored by lease expiry, renewed every `lease_ms / 3`. A timed-out or
+//!   cancelled acquire does not keep a slot: the script refuses to run past its
+//!   deadline, and the member id (the token) is chosen before the call, so a
+//!   caller that gives up sends a bounded, fire-and-forget `ZREM` of it, which
+//!   Redis runs right after an acquire it ran just in time (same connection).
+//!   Renewal extends only a lease still present and unexpired; release is
+//!   `ZREM`: neither resurrects one.
 //!
-//! **Local and cluster caps combine** local-first: a read first takes the
-//! process's own slot (no network), then a cluster lease. The local cap bounds
-//! a replica even when Redis is down; the cluster cap bounds the fleet. Both
-//! use the host's `max_concurrent`.
-//!
-//! **Outage.** A failed or slow call applies `failure_mode`: `"open"` answers
-//! from the in-process limiter (and counts `fanout_shared_state_fallback_total`,
-//! and logs), `"closed"` refuses with `UNAVAILABLE`.
+//! **Outage.** A failed, slow or skipped call applies `failure_mode`: `"open"`
+//! answers from the in-process limiter (counting
+//! `fanout_shared_state_fallback_total`), `"closed"` refuses with
+//! `UNAVAILABLE`.
 
-use crate::config::{FailureMode, HostConfig, RedisConfig};
+mod leases;
+
+pub use leases::RedisHostCaps;
+
+use super::breaker::Breaker;
+use crate::config::{FailureMode, RedisConfig};
 use crate::error::FanoutError;
-use crate::hosts::{HostCap, HostLimiter, HostSlot, LocalHostCaps};
 use crate::limiter::{Decision, InboundLimiter};
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
-use std::collections::BTreeMap;
+use redis::{RedisResult, Script};
+use std::future::Future;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 
-/// While Redis is down, a new connection is tried at most this often.
-pub const RECONNECT_EVERY: Duration = Duration::from_millis(500);
-
-/// A shared Redis connection with a call timeout and a key prefix.
+/// A shared Redis connection with a call timeout, a key prefix and a
+/// circuit breaker.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -55,7 +73,38 @@ struct Inner {
     lease: Duration,
     mode: FailureMode,
     conn: tokio::sync::Mutex<Option<ConnectionManager>>,
-    last_attempt: Mutex<Option<Instant>>,
+    breaker: Arc<Breaker>,
+    /// Local instants are measured from here.
+    base: Instant,
+    /// Redis `TIME` (µs) minus local µs since `base`, a lower bound; `UNKNOWN` before the first reply.
+    offset_us: AtomicI64,
+}
+
+const UNKNOWN: i64 = i64::MIN;
+
+/// How a call reaches Redis.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// A new check: skipped while the breaker is open; connects if needed.
+    Call,
+    /// The breaker's probe (and `PING`): always sent; connects if needed.
+    Probe,
+    /// For something already sent (renew, release, undo): always sent, on
+    /// the current connection only.
+    FollowUp,
+}
+
+/// A call that gave no answer.
+pub(crate) struct Failure {
+    /// Whether Redis may have received it (and may still run it).
+    pub(crate) sent: bool,
+    pub(crate) error: FanoutError,
+}
+
+impl From<Failure> for FanoutError {
+    fn from(failure: Failure) -> Self {
+        failure.error
+    }
 }
 
 fn down(err: impl std::fmt::Display) -> FanoutError {
@@ -76,7 +125,9 @@ impl RedisBackend {
                 lease: Duration::from_millis(config.lease_ms),
                 mode: config.failure_mode,
                 conn: tokio::sync::Mutex::new(None),
-                last_attempt: Mutex::new(None),
+                breaker: Arc::new(Breaker::new(Duration::from_millis(config.backoff_ms))),
+                base: Instant::now(),
+                offset_us: AtomicI64::new(UNKNOWN),
             }),
         })
     }
@@ -91,40 +142,169 @@ impl RedisBackend {
         format!("{}:{kind}:{name}", self.inner.prefix)
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, FanoutError> {
+    /// Whether the breaker is open: checks skip Redis (and `failure_mode`
+    /// applies) until a background probe succeeds.
+    pub fn is_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+
+    /// Redis calls that failed or timed out since this backend was made.
+    pub fn failed_calls(&self) -> u64 {
+        self.inner.breaker.failures()
+    }
+
+    /// A local deadline `timeout_ms` from now, and the same instant on
+    /// Redis's clock (µs; 0, "none", before Redis has answered once).
+    pub(crate) fn deadline(&self) -> (Instant, i64) {
+        let local = Instant::now() + self.inner.timeout;
+        let offset = self.inner.offset_us.load(Relaxed);
+        let redis = if offset == UNKNOWN {
+            0
+        } else {
+            self.micros(local) + offset
+        };
+        (local, redis)
+    }
+
+    fn micros(&self, at: Instant) -> i64 {
+        at.saturating_duration_since(self.inner.base).as_micros() as i64
+    }
+
+    /// Learns the clock offset from a reply's Redis time (µs), received now.
+    pub(crate) fn observe(&self, redis_us: i64) {
+        let offset = redis_us - self.micros(Instant::now());
+        self.inner.offset_us.store(offset, Relaxed);
+    }
+
+    /// The connection, made if `route` may make one. `Err(None)`: skipped.
+    async fn connection(&self, route: Route) -> Result<ConnectionManager, Option<FanoutError>> {
         let mut conn = self.inner.conn.lock().await;
         if let Some(c) = conn.as_ref() {
             return Ok(c.clone());
         }
-        {
-            let mut last = self
-                .inner
-                .last_attempt
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|at| at.elapsed() < RECONNECT_EVERY) {
-                return Err(down("not connected"));
-            }
-            *last = Some(Instant::now());
+        match route {
+            Route::FollowUp => return Err(Some(down("not connected"))),
+            // Another caller's attempt just failed while this one waited.
+            Route::Call if self.is_open() => return Err(None),
+            _ => {}
         }
+        // No retries inside: the breaker paces reconnection.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(self.inner.timeout)
-            .set_response_timeout(self.inner.timeout)
-            .set_number_of_retries(1)
-            .set_max_delay(RECONNECT_EVERY.as_millis() as u64);
-        let manager = tokio::time::timeout(
-            self.inner.timeout * 2,
-            self.inner.client.get_connection_manager_with_config(config),
-        )
-        .await
-        .map_err(|_| down("connect timed out"))?
-        .map_err(down)?;
+            .set_number_of_retries(0);
+        let mut manager = self
+            .inner
+            .client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| Some(down(e)))?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut manager)
+            .await
+            .map_err(|e| Some(down(e)))?;
+        self.observe(secs * 1_000_000 + micros);
         *conn = Some(manager.clone());
         Ok(manager)
     }
 
+    /// Runs `f` on the connection by `route`, bounded by `deadline`; a
+    /// failure or timeout opens the breaker.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        route: Route,
+        deadline: Instant,
+        f: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let skipped = || Failure {
+            sent: false,
+            error: down("skipped after a failed call (backoff)"),
+        };
+        if route == Route::Call && self.is_open() {
+            return Err(skipped());
+        }
+        let attempt = async {
+            let conn = self.connection(route).await.map_err(|e| (false, e))?;
+            f(conn).await.map_err(|e| (true, Some(down(e))))
+        };
+        let (sent, error) = match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err((_, None))) => return Err(skipped()),
+            Ok(Err((sent, Some(error)))) => (sent, error),
+            Err(_) => (true, down("call timed out")),
+        };
+        self.trip(&error);
+        Err(Failure { sent, error })
+    }
+
+    fn trip(&self, error: &FanoutError) {
+        let backend = Arc::downgrade(&self.inner);
+        let opened = Instant::now();
+        self.inner.breaker.trip(error, move || {
+            let backend = backend.upgrade().map(|inner| RedisBackend { inner });
+            async move {
+                match backend {
+                    Some(backend) => backend.probe(opened).await,
+                    None => Err(down("backend dropped")),
+                }
+            }
+        });
+    }
+
+    /// One probe: `TIME`. Still timing out `lease_ms` after the breaker
+    /// opened, the connection is dropped and the next probe makes a new one.
+    async fn probe(&self, opened: Instant) -> Result<(), FanoutError> {
+        let (deadline, _) = self.deadline();
+        let time = self.call(Route::Probe, deadline, |mut conn| async move {
+            redis::cmd("TIME")
+                .query_async::<(i64, i64)>(&mut conn)
+                .await
+        });
+        match time.await {
+            Ok((secs, micros)) => {
+                self.observe(secs * 1_000_000 + micros);
+                Ok(())
+            }
+            Err(failure) => {
+                if opened.elapsed() >= self.inner.lease {
+                    *self.inner.conn.lock().await = None;
+                }
+                Err(failure.error)
+            }
+        }
+    }
+
     /// Runs `script` on `key` with an optional string argument first, then
-    /// `ints`, bounded by the call timeout.
+    /// `ints`, by `route`, bounded by `deadline`.
+    pub(crate) async fn script<T: redis::FromRedisValue>(
+        &self,
+        route: Route,
+        deadline: Instant,
+        script: &Script,
+        key: &str,
+        holder: Option<&str>,
+        ints: &[i64],
+    ) -> Result<T, Failure> {
+        self.call(route, deadline, |mut conn| async move {
+            let mut invocation = script.prepare_invoke();
+            invocation.key(key);
+            if let Some(holder) = holder {
+                invocation.arg(holder);
+            }
+            for arg in ints {
+                invocation.arg(*arg);
+            }
+            invocation.invoke_async(&mut conn).await
+        })
+        .await
+    }
+
+    /// Runs `script` on `key` with an optional string argument first, then
+    /// `ints`, bounded by the call timeout; skipped (an error) while the
+    /// breaker is open.
     pub async fn invoke<T: redis::FromRedisValue>(
         &self,
         script: &Script,
@@ -132,53 +312,70 @@ impl RedisBackend {
         holder: Option<&str>,
         ints: &[i64],
     ) -> Result<T, FanoutError> {
-        let mut conn = self.connection().await?;
-        let mut invocation = script.prepare_invoke();
-        invocation.key(key);
-        if let Some(holder) = holder {
-            invocation.arg(holder);
-        }
-        for arg in ints {
-            invocation.arg(*arg);
-        }
-        match tokio::time::timeout(self.inner.timeout, invocation.invoke_async(&mut conn)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(down(err)),
-            Err(_) => Err(down("call timed out")),
-        }
+        let (deadline, _) = self.deadline();
+        Ok(self
+            .script(Route::Call, deadline, script, key, holder, ints)
+            .await?)
     }
 
-    /// `PING`, bounded by the call timeout (a health check and the benchmark floor).
+    /// `PING`, bounded by the call timeout (a health check and the benchmark
+    /// floor). Sent even while the breaker is open; a failure opens it.
     pub async fn ping(&self) -> Result<(), FanoutError> {
-        let mut conn = self.connection().await?;
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<String>(&mut conn);
-        match tokio::time::timeout(self.inner.timeout, ping).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(err)) => Err(down(err)),
-            Err(_) => Err(down("call timed out")),
-        }
+        let (deadline, _) = self.deadline();
+        self.call(Route::Probe, deadline, |mut conn| async move {
+            redis::cmd("PING").query_async::<String>(&mut conn).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Removes `member` from the sorted set `key`, in the background, bounded
+    /// by `lease_ms` (after which a lease has expired anyway).
+    pub(crate) fn forget(&self, key: String, member: String) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let backend = self.clone();
+        runtime.spawn(async move {
+            let deadline = Instant::now() + backend.inner.lease;
+            let removed = backend.call(Route::FollowUp, deadline, |mut conn| async move {
+                redis::cmd("ZREM")
+                    .arg(&key)
+                    .arg(&member)
+                    .query_async::<i64>(&mut conn)
+                    .await
+            });
+            if let Err(failure) = removed.await {
+                tracing::debug!(error = %failure.error, "could not remove a host lease");
+            }
+        });
     }
 }
 
-/// GCRA: KEYS[1] the key; ARGV[1] emission interval (µs), ARGV[2] burst.
-/// Returns {allowed, remaining, wait_us}: for an admitted request, the time
-/// until the quota is whole again; for a refused one, until the next admission.
+/// GCRA: KEYS[1] the key; ARGV[1] emission interval (µs), ARGV[2] burst,
+/// ARGV[3] deadline (µs on Redis's clock; 0: none).
+/// Returns {allowed, remaining, wait_us, now_us}: for an admitted request, the
+/// time until the quota is whole again; for a refused one, until the next
+/// admission; allowed = -1, nothing charged, past the deadline.
 const GCRA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local deadline = tonumber(ARGV[3])
+if deadline > 0 and now > deadline then
+  return {-1, 0, 0, now}
+end
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local tolerance = interval * (burst - 1)
 local tat = tonumber(redis.call('GET', KEYS[1]) or now)
 if tat < now then tat = now end
 if now < tat - tolerance then
-  return {0, 0, tat - tolerance - now}
+  return {0, 0, tat - tolerance - now, now}
 end
 local new_tat = tat + interval
 redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000) + 1)
 local remaining = math.floor((now + tolerance - (new_tat - interval)) / interval)
-return {1, remaining, new_tat - now}
+return {1, remaining, new_tat - now, now}
 "#;
 
 /// The per-IP limit on Redis.
@@ -205,235 +402,22 @@ impl InboundLimiter for RedisRateLimiter {
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>> {
         Box::pin(async move {
             let key = self.backend.key("ip", &key.to_string());
-            let (allowed, remaining, wait_us): (i64, i64, i64) = self
+            let (deadline, redis_deadline) = self.backend.deadline();
+            let args = [self.interval_us, self.burst, redis_deadline];
+            let (allowed, remaining, wait_us, now_us): (i64, i64, i64, i64) = self
                 .backend
-                .invoke(&self.script, &key, None, &[self.interval_us, self.burst])
+                .script(Route::Call, deadline, &self.script, &key, None, &args)
                 .await?;
+            self.backend.observe(now_us);
             let wait = Duration::from_micros(wait_us.max(0) as u64);
-            Ok(if allowed == 1 {
-                Decision::Allow {
+            Ok(match allowed {
+                1 => Decision::Allow {
                     remaining: remaining.max(0) as u32,
                     reset: wait,
-                }
-            } else {
-                Decision::Deny { retry_after: wait }
-            })
-        })
-    }
-}
-
-/// KEYS[1] the host's set; ARGV: holder, cap, lease (ms). 1 if leased.
-const ACQUIRE: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-  redis.call('PEXPIRE', KEYS[1], lease * 2)
-  return 1
-end
-return 0
-"#;
-
-/// KEYS[1] the host's set; ARGV: holder, lease (ms). Extends a held lease.
-const RENEW: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[2])
-redis.call('PEXPIRE', KEYS[1], lease * 2)
-return redis.call('ZADD', KEYS[1], 'XX', 'CH', now + lease, ARGV[1])
-"#;
-
-/// KEYS[1] the host's set; ARGV[1] holder. Frees a lease.
-const RELEASE: &str = "return redis.call('ZREM', KEYS[1], ARGV[1])";
-
-/// Per-host caps held by the whole fleet: a local slot, then a cluster lease.
-pub struct RedisHostCaps {
-    local: LocalHostCaps,
-    configured: BTreeMap<String, HostConfig>,
-    backend: RedisBackend,
-    scripts: Arc<[Script; 3]>,
-    holder_prefix: String,
-    next_holder: AtomicU64,
-}
-
-impl RedisHostCaps {
-    /// Caps for the `[hosts]` tables, shared on `backend`.
-    pub fn new(hosts: BTreeMap<String, HostConfig>, backend: RedisBackend) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        Self {
-            local: LocalHostCaps::new(hosts.clone()),
-            configured: hosts,
-            backend,
-            scripts: Arc::new([
-                Script::new(ACQUIRE),
-                Script::new(RENEW),
-                Script::new(RELEASE),
-            ]),
-            holder_prefix: format!("{}-{nanos:x}", std::process::id()),
-            next_holder: AtomicU64::new(0),
-        }
-    }
-
-    /// Takes one cluster lease for `host` without renewal (what a replica that
-    /// then crashes leaves behind). Used by tests and tools.
-    pub async fn lease_once(
-        &self,
-        host: &str,
-        holder: &str,
-        cap: u32,
-    ) -> Result<bool, FanoutError> {
-        let key = self.backend.key("host", host);
-        let lease = self.backend.inner.lease.as_millis() as i64;
-        let script = &self.scripts[0];
-        let got: i64 = self
-            .backend
-            .invoke(script, &key, Some(holder), &[cap as i64, lease])
-            .await?;
-        Ok(got == 1)
-    }
-
-    async fn cluster_lease(
-        &self,
-        host: &str,
-        config: &HostConfig,
-        wait: Duration,
-    ) -> Result<Option<Lease>, FanoutError> {
-        let key = self.backend.key("host", host);
-        let holder = format!(
-            "{}-{}",
-            self.holder_prefix,
-            self.next_holder.fetch_add(1, Relaxed)
-        );
-        let lease_ms = self.backend.inner.lease.as_millis() as i64;
-        let give_up = tokio::time::Instant::now() + wait;
-        let mut pause = Duration::from_millis(2);
-        loop {
-            let args = [config.max_concurrent as i64, lease_ms];
-            let got: i64 = self
-                .backend
-                .invoke(&self.scripts[0], &key, Some(&holder), &args)
-                .await?;
-            if got == 1 {
-                return Ok(Some(Lease::start(
-                    self.backend.clone(),
-                    self.scripts.clone(),
-                    key,
-                    holder,
-                )));
-            }
-            if tokio::time::Instant::now() + pause > give_up {
-                return Ok(None);
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(20));
-        }
-    }
-}
-
-/// A held cluster lease: renewed while held, released when dropped.
-struct Lease {
-    renewal: tokio::task::JoinHandle<()>,
-    release: Option<(RedisBackend, Arc<[Script; 3]>, String, String)>,
-}
-
-impl Lease {
-    fn start(
-        backend: RedisBackend,
-        scripts: Arc<[Script; 3]>,
-        key: String,
-        holder: String,
-    ) -> Self {
-        let every = backend.inner.lease / 3;
-        let lease_ms = backend.inner.lease.as_millis() as i64;
-        let renewal = {
-            let (backend, scripts, key, holder) = (
-                backend.clone(),
-                scripts.clone(),
-                key.clone(),
-                holder.clone(),
-            );
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    let renewed: Result<i64, _> = backend
-                        .invoke(&scripts[1], &key, Some(&holder), &[lease_ms])
-                        .await;
-                    if let Err(err) = renewed {
-                        tracing::warn!(error = %err, "could not renew a host lease");
-                    }
-                }
-            })
-        };
-        Self {
-            renewal,
-            release: Some((backend, scripts, key, holder)),
-        }
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.renewal.abort();
-        if let Some((backend, scripts, key, holder)) = self.release.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _: Result<i64, _> =
-                        backend.invoke(&scripts[2], &key, Some(&holder), &[]).await;
-                });
-            }
-        }
-    }
-}
-
-impl HostLimiter for RedisHostCaps {
-    fn acquire<'a>(
-        &'a self,
-        host: &'a str,
-        time_left: Duration,
-    ) -> BoxFuture<'a, Result<HostSlot, FanoutError>> {
-        Box::pin(async move {
-            let started = tokio::time::Instant::now();
-            let local = self.local.acquire(host, time_left).await?;
-            let Some(config) = self.configured.get(host) else {
-                return Ok(local);
-            };
-            let wait = config
-                .acquire_wait()
-                .min(time_left)
-                .saturating_sub(started.elapsed());
-            match self.cluster_lease(host, config, wait).await {
-                Ok(Some(lease)) => Ok(local.join(HostSlot::new(lease))),
-                Ok(None) => Err(FanoutError::HostSaturated {
-                    host: host.to_string(),
-                    max_concurrent: config.max_concurrent,
-                }),
-                Err(err) => match self.backend.failure_mode() {
-                    FailureMode::Open => {
-                        crate::metrics::shared_state_fallback("host_caps");
-                        tracing::warn!(error = %err, host, "shared host caps down; capping in-process");
-                        Ok(local)
-                    }
-                    FailureMode::Closed => Err(err),
                 },
-            }
+                0 => Decision::Deny { retry_after: wait },
+                _ => return Err(down("the check ran after its deadline")),
+            })
         })
-    }
-
-    fn in_flight(&self, host: &str) -> u64 {
-        self.local.in_flight(host)
-    }
-
-    /// A host without a `[hosts]` table has no cluster cap: its slots are the
-    /// local limiter's alone. A capped host always needs a cluster lease.
-    fn local_cap(&self, host: &str) -> Option<Arc<HostCap>> {
-        if self.configured.contains_key(host) {
-            None
-        } else {
-            self.local.local_cap(host)
-        }
     }
 }

@@ -1,0 +1,425 @@
+//! The Redis host caps through an outage, on a real `redis-server`: a hung
+//! Redis (SIGSTOP, SIGCONT) leaves no lease behind; a killed one costs no
+//! timeout per call while the breaker is open, and the backend recovers by
+//! itself once it is back; a cancelled acquire is undone by its token.
+use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
+use fanout_budget::config::{FailureMode, HostConfig, RedisConfig};
+use fanout_budget::HostLimiter;
+use fanout_testkit::RedisServer;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const HOST: &str = "upstream.test:443";
+const KEY: &str = "fanout:host:upstream.test:443";
+const CAP: u32 = 4;
+/// Far longer than any test: leases left behind would show.
+const LEASE_MS: u64 = 30_000;
+
+struct Replica {
+    caps: Arc<RedisHostCaps>,
+    backend: RedisBackend,
+}
+
+fn replicas(redis: &RedisServer, n: usize, mode: FailureMode, timeout_ms: u64) -> Vec<Replica> {
+    let config = RedisConfig {
+        url: redis.url(),
+        failure_mode: mode,
+        timeout_ms,
+        lease_ms: LEASE_MS,
+        backoff_ms: 200,
+        ..RedisConfig::default()
+    };
+    let mut hosts = BTreeMap::new();
+    let host = HostConfig {
+        max_concurrent: CAP,
+        acquire_wait_ms: 5_000,
+    };
+    hosts.insert(HOST.to_string(), host);
+    (0..n)
+        .map(|_| {
+            let backend = RedisBackend::new(&config).unwrap();
+            let caps = Arc::new(RedisHostCaps::new(hosts.clone(), backend.clone()));
+            Replica { caps, backend }
+        })
+        .collect()
+}
+
+#[derive(Default)]
+struct Stats {
+    ok: AtomicU64,
+    saturated: AtomicU64,
+    unavailable: AtomicU64,
+    /// Slowest acquire started in this phase, µs.
+    slowest_us: AtomicU64,
+    phase: AtomicU64,
+    /// Most slots one replica's workers held at once.
+    peak_held: AtomicU64,
+}
+
+impl Stats {
+    fn get(counter: &AtomicU64) -> u64 {
+        counter.load(SeqCst)
+    }
+
+    /// Starts a phase: the slowest acquire counts only those started from now.
+    fn next_phase(&self) {
+        self.phase.fetch_add(1, SeqCst);
+        self.slowest_us.store(0, SeqCst);
+    }
+}
+
+/// Workers on every replica: acquire, hold 20 ms (the read), release.
+struct Load {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stats: Arc<Stats>,
+}
+
+fn load(replicas: &[Replica], workers: usize) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stats = Arc::new(Stats::default());
+    let mut tasks = Vec::new();
+    for replica in replicas {
+        let held = Arc::new(AtomicU64::new(0));
+        for _ in 0..workers {
+            let (caps, stop, stats, held) = (
+                replica.caps.clone(),
+                stop.clone(),
+                stats.clone(),
+                held.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(SeqCst) {
+                    let (phase, started) = (stats.phase.load(SeqCst), Instant::now());
+                    let got = caps.acquire(HOST, Duration::from_secs(30)).await;
+                    if stats.phase.load(SeqCst) == phase {
+                        let took = started.elapsed().as_micros() as u64;
+                        stats.slowest_us.fetch_max(took, SeqCst);
+                    }
+                    match got {
+                        Ok(slot) => {
+                            stats.ok.fetch_add(1, SeqCst);
+                            let now = held.fetch_add(1, SeqCst) + 1;
+                            stats.peak_held.fetch_max(now, SeqCst);
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            held.fetch_sub(1, SeqCst);
+                            drop(slot);
+                        }
+                        Err(e) => {
+                            let counter = match e.code() {
+                                "HOST_SATURATED" => &stats.saturated,
+                                "UNAVAILABLE" => &stats.unavailable,
+                                other => panic!("unexpected {other}: {e:?}"),
+                            };
+                            counter.fetch_add(1, SeqCst);
+                            // Pacing, so failing fast does not spin.
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    Load { stop, tasks, stats }
+}
+
+impl Load {
+    async fn stop(self) {
+        self.stop.store(true, SeqCst);
+        for task in self.tasks {
+            tokio::time::timeout(Duration::from_secs(20), task)
+                .await
+                .expect("a worker stops")
+                .unwrap();
+        }
+    }
+}
+
+async fn zcard(redis: &RedisServer) -> i64 {
+    match redis.command(&["ZCARD", KEY]).await {
+        Some(redis::Value::Int(n)) => n,
+        other => panic!("ZCARD: {other:?}"),
+    }
+}
+
+/// Polls `ok` every 10 ms until it holds; how long that took. Panics after `limit`.
+async fn until(what: &str, limit: Duration, mut ok: impl AsyncFnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    loop {
+        if ok().await {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn failed_calls(replicas: &[Replica]) -> u64 {
+    replicas.iter().map(|r| r.backend.failed_calls()).sum()
+}
+
+/// Takes `CAP` slots round the replicas: all must be cluster leases (the set
+/// holds `CAP`), and one more is `HOST_SATURATED`.
+async fn exactly_the_cap_is_available(redis: &RedisServer, replicas: &[Replica]) {
+    let mut slots = Vec::new();
+    for i in 0..CAP as usize {
+        let caps = &replicas[i % replicas.len()].caps;
+        slots.push(caps.acquire(HOST, Duration::from_secs(5)).await.unwrap());
+    }
+    assert_eq!(zcard(redis).await, i64::from(CAP), "every slot is a lease");
+    let extra = replicas[replicas.len() - 1]
+        .caps
+        .acquire(HOST, Duration::from_millis(100));
+    assert_eq!(extra.await.unwrap_err().code(), "HOST_SATURATED");
+    drop(slots);
+    until("released", Duration::from_secs(5), async || {
+        zcard(redis).await == 0
+    })
+    .await;
+}
+
+async fn hang(mode: FailureMode) {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let timeout = Duration::from_millis(200);
+    let replicas = replicas(&redis, 2, mode, timeout.as_millis() as u64);
+    let load = load(&replicas, 8);
+    let stats = load.stats.clone();
+    until("warm-up", Duration::from_secs(10), async || {
+        Stats::get(&stats.ok) >= 40
+    })
+    .await;
+    assert!(zcard(&redis).await <= i64::from(CAP));
+
+    redis.signal("STOP");
+    let stopped = Instant::now();
+    let failed = failed_calls(&replicas);
+    // The acquires in flight when Redis stopped time out; both breakers open.
+    until("calls timed out", Duration::from_secs(10), async || {
+        failed_calls(&replicas) >= failed + u64::from(CAP)
+            && replicas.iter().all(|r| r.backend.is_open())
+    })
+    .await;
+    stats.next_phase();
+    let failed = failed_calls(&replicas);
+    let (ok, refused) = (Stats::get(&stats.ok), Stats::get(&stats.unavailable));
+    // Open serves on the local caps, closed refuses, neither waiting on
+    // Redis; meanwhile probes time out (each ~backoff + timeout).
+    until(
+        "served or refused during the hang",
+        Duration::from_secs(10),
+        async || {
+            let answered = match mode {
+                FailureMode::Open => Stats::get(&stats.ok) >= ok + 40,
+                FailureMode::Closed => Stats::get(&stats.unavailable) >= refused + 40,
+            };
+            answered && failed_calls(&replicas) >= failed + 4
+        },
+    )
+    .await;
+    assert!(replicas.iter().all(|r| r.backend.is_open()));
+    let slowest = Duration::from_micros(Stats::get(&stats.slowest_us));
+    let hung_for = stopped.elapsed();
+    redis.signal("CONT");
+    let resumed = Instant::now();
+
+    let recovered = until("breakers closed", Duration::from_secs(10), async || {
+        replicas.iter().all(|r| !r.backend.is_open())
+    })
+    .await;
+    let (ok, saturated) = (Stats::get(&stats.ok), Stats::get(&stats.saturated));
+    until(
+        "reads after recovery",
+        Duration::from_secs(10),
+        async || Stats::get(&stats.ok) >= ok + 40,
+    )
+    .await;
+    assert_eq!(
+        Stats::get(&stats.saturated),
+        saturated,
+        "HOST_SATURATED after recovery: leases left behind (ZCARD {})",
+        zcard(&redis).await
+    );
+    load.stop().await;
+    // Nothing in flight: no lease may be left.
+    until("lease set empty", Duration::from_secs(5), async || {
+        zcard(&redis).await == 0
+    })
+    .await;
+    let empty = resumed.elapsed();
+    exactly_the_cap_is_available(&redis, &replicas).await;
+    assert!(
+        resumed.elapsed() < Duration::from_millis(LEASE_MS / 3),
+        "recovered only after {:?}",
+        resumed.elapsed()
+    );
+    println!(
+        "{mode:?}: hung {hung_for:?} (slowest acquire once open {slowest:?}); \
+         breakers closed {recovered:?} after SIGCONT, lease set empty {empty:?} after"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_leaves_no_lease_behind_open() {
+    hang(FailureMode::Open).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_leaves_no_lease_behind_closed() {
+    hang(FailureMode::Closed).await;
+}
+
+async fn killed(mode: FailureMode) {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let timeout = Duration::from_millis(2_000);
+    let replicas = replicas(&redis, 1, mode, timeout.as_millis() as u64);
+    let replica = &replicas[0];
+    let load = load(&replicas, 8);
+    let stats = load.stats.clone();
+    until("warm-up", Duration::from_secs(10), async || {
+        Stats::get(&stats.ok) >= 20
+    })
+    .await;
+
+    redis.kill();
+    until("breaker open", Duration::from_secs(10), async || {
+        replica.backend.is_open()
+    })
+    .await;
+    let failed = replica.backend.failed_calls();
+    stats.peak_held.store(0, SeqCst);
+    let mut slowest = Duration::ZERO;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let got = replica.caps.acquire(HOST, Duration::from_secs(5)).await;
+        let took = started.elapsed();
+        slowest = slowest.max(took);
+        assert!(
+            took < Duration::from_millis(500),
+            "a call took {took:?} with Redis dead (timeout {timeout:?})"
+        );
+        match mode {
+            FailureMode::Open => drop(got.expect("open: the local cap serves")),
+            FailureMode::Closed => assert_eq!(got.unwrap_err().code(), "UNAVAILABLE"),
+        }
+    }
+    // The probes keep failing (every backoff) and calls stay fast meanwhile.
+    until("probes failed", Duration::from_secs(10), async || {
+        replica.backend.failed_calls() >= failed + 2
+    })
+    .await;
+    assert!(replica.backend.is_open());
+    if mode == FailureMode::Open {
+        let peak = Stats::get(&stats.peak_held);
+        assert!(
+            peak <= u64::from(CAP),
+            "{peak} held at once, local cap {CAP}"
+        );
+        assert!(peak >= 1, "open: served during the outage");
+    }
+
+    redis.restart().await;
+    let recovered = until("breaker closed", Duration::from_secs(10), async || {
+        !replica.backend.is_open()
+    })
+    .await;
+    let ok = Stats::get(&stats.ok);
+    until(
+        "reads on Redis again",
+        Duration::from_secs(10),
+        async || Stats::get(&stats.ok) >= ok + 20 && zcard(&redis).await > 0,
+    )
+    .await;
+    load.stop().await;
+    until("lease set empty", Duration::from_secs(5), async || {
+        zcard(&redis).await == 0
+    })
+    .await;
+    exactly_the_cap_is_available(&redis, &replicas).await;
+    println!(
+        "{mode:?}: slowest call with Redis dead {slowest:?} (timeout {timeout:?}); \
+         recovered {recovered:?} after restart"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_fails_fast_and_recovers_open() {
+    killed(FailureMode::Open).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_fails_fast_and_recovers_closed() {
+    killed(FailureMode::Closed).await;
+}
+
+/// `calls` of `command` in `INFO commandstats`.
+async fn command_calls(redis: &RedisServer, command: &str) -> u64 {
+    let info = match redis.command(&["INFO", "commandstats"]).await {
+        Some(redis::Value::BulkString(b)) => String::from_utf8(b).unwrap(),
+        Some(redis::Value::VerbatimString { text, .. }) => text,
+        other => panic!("INFO: {other:?}"),
+    };
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquire_is_undone_by_its_token() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    // A long timeout: the acquire runs well before its deadline, so only
+    // the token can undo it.
+    let replicas = replicas(&redis, 1, FailureMode::Closed, 10_000);
+    let caps = &replicas[0].caps;
+    // Warm up: connected, and the script loaded (so EVALSHA runs it).
+    drop(caps.acquire(HOST, Duration::from_secs(5)).await.unwrap());
+    until("released", Duration::from_secs(5), async || {
+        zcard(&redis).await == 0
+    })
+    .await;
+    let removed = command_calls(&redis, "zrem").await;
+
+    redis.signal("STOP");
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        caps.acquire(HOST, Duration::from_secs(5)),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the acquire waits on the stopped Redis");
+    redis.signal("CONT");
+    until("the token's ZREM ran", Duration::from_secs(5), async || {
+        command_calls(&redis, "zrem").await > removed
+    })
+    .await;
+    assert_eq!(
+        zcard(&redis).await,
+        0,
+        "the cancelled acquire holds no slot"
+    );
+    assert!(
+        !replicas[0].backend.is_open(),
+        "a cancellation is no failure"
+    );
+}
+
+#[test]
+fn zero_redis_durations_are_refused_naming_the_key() {
+    for key in ["timeout_ms", "lease_ms", "backoff_ms"] {
+        let mut config = fanout_budget::Config::default();
+        match key {
+            "timeout_ms" => config.redis.timeout_ms = 0,
+            "lease_ms" => config.redis.lease_ms = 0,
+            _ => config.redis.backoff_ms = 0,
+        }
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.0, format!("redis.{key} must be at least 1"));
+    }
+}
