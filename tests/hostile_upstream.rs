@@ -142,13 +142,32 @@ impl Query {
             response.body.len() as u64,
         ])
     }
+
+    /// Reads `url` again and again for ever: after the first, every read is
+    /// answered at once by de-duplication (the shape of a self-linking
+    /// pagination walk). Only the deadline ends it.
+    async fn spin(&self, ctx: &Context<'_>, url: String) -> async_graphql::Result<u64> {
+        let url: reqwest::Url = url.parse()?;
+        loop {
+            ctx.upstream()?.read(Read::get(url.clone())).await?;
+        }
+    }
+
+    /// Waits for ever on something that is not a read.
+    async fn stall(&self) -> u64 {
+        std::future::pending().await
+    }
 }
 
 async fn ask(engine: &Engine, url: &str) -> Value {
+    run(engine, &format!("{{ fetch(url: {url:?}) }}")).await
+}
+
+async fn run(engine: &Engine, query: &str) -> Value {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
     let app =
         axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine.clone()));
-    let body = json!({ "query": format!("{{ fetch(url: {url:?}) }}") }).to_string();
+    let body = json!({ "query": query }).to_string();
     let request = axum::http::Request::post("/graphql")
         .header("content-type", "application/json")
         .body(Body::from(body))
@@ -324,4 +343,33 @@ async fn a_trickled_endless_body_is_cut_by_the_read_timeout() {
         "{:?}",
         started.elapsed()
     );
+}
+
+fn deadline(ms: u64) -> Engine {
+    let mut config = Config::default();
+    config.budget.deadline_ms = ms;
+    Engine::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_spinning_on_answered_reads_is_cut_at_the_deadline() {
+    let hostile = Hostile::start().await;
+    let started = Instant::now();
+    let query = format!("{{ spin(url: {:?}) }}", hostile.url("/ok"));
+    let answer = run(&deadline(300), &query).await;
+    let took = started.elapsed();
+    assert_eq!(code(&answer), "DEADLINE_EXCEEDED", "{answer}");
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(5), "not cut: {took:?}");
+    assert_eq!(hostile.requests(), 1, "the repeated read was sent again");
+}
+
+#[tokio::test]
+async fn an_operation_waiting_on_something_else_is_cut_at_the_deadline() {
+    let started = Instant::now();
+    let answer = run(&deadline(300), "{ stall }").await;
+    let took = started.elapsed();
+    assert_eq!(code(&answer), "DEADLINE_EXCEEDED", "{answer}");
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_secs(5), "not cut: {took:?}");
 }
