@@ -17,6 +17,7 @@ use fanout_budget::Config;
 use fanout_gateway::embedded::EmbeddedRegistry;
 use fanout_gateway::oci::{EngineOff, RegistryUrl};
 use fanout_gateway::{app, schema};
+use fanout_testkit::doubling_chain;
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -24,18 +25,6 @@ use tower::ServiceExt;
 
 const LIMIT: Duration = Duration::from_secs(20);
 const ADDRESS_SPACE_KIB: u64 = 6 << 20;
-
-fn doubling_chain(links: usize) -> String {
-    let mut query = String::from("{ ...F0 }");
-    for i in 0..links {
-        query.push_str(&format!(
-            " fragment F{i} on Query {{ ...F{n} ...F{n} }}",
-            n = i + 1
-        ));
-    }
-    query.push_str(&format!(" fragment F{links} on Query {{ __typename }}"));
-    query
-}
 
 /// (name, query)
 fn shapes() -> Vec<(&'static str, String)> {
@@ -46,9 +35,9 @@ fn shapes() -> Vec<(&'static str, String)> {
             "self-cycle, 37 bytes",
             "{...A} fragment A on Query{...A ...A}".into(),
         ),
-        ("doubling chain, 2^20", doubling_chain(20)),
-        ("doubling chain, 2^24", doubling_chain(24)),
-        ("doubling chain, 2^26", doubling_chain(26)),
+        ("doubling chain, 2^20", doubling_chain(20, "__typename")),
+        ("doubling chain, 2^24", doubling_chain(24, "__typename")),
+        ("doubling chain, 2^26", doubling_chain(26, "__typename")),
         ("3,000 aliases", format!("{{ {aliases}}}")),
         ("5,000 copies of one field", format!("{{ {same_key}}}")),
         (

@@ -10,6 +10,7 @@ use common::*;
 use fanout_budget::Config;
 use fanout_gateway::oci::RegistryUrl;
 use fanout_gateway::schema;
+use fanout_testkit::doubling_chain;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -17,20 +18,6 @@ use std::time::{Duration, Instant};
 
 /// Generous: each of these is refused in well under a millisecond of work.
 const ANSWERED_WITHIN: Duration = Duration::from_secs(5);
-
-/// `{ ...F0 }`, each `Fi` spreading `Fi+1` twice, the last one `leaf`: a
-/// document of a few hundred bytes that expands to 2^links selections.
-fn doubling_chain(links: usize, leaf: &str) -> String {
-    let mut query = String::from("{ ...F0 }");
-    for i in 0..links {
-        query.push_str(&format!(
-            " fragment F{i} on Query {{ ...F{n} ...F{n} }}",
-            n = i + 1
-        ));
-    }
-    query.push_str(&format!(" fragment F{links} on Query {{ {leaf} }}"));
-    query
-}
 
 /// The hostile corpus: name, query, and the code the operation must carry.
 fn corpus() -> Vec<(&'static str, String, &'static str)> {

@@ -26,6 +26,16 @@ async fn statuses(f: &Fixture, n: usize, peer: &str, headers: &[(&str, &str)]) -
     out
 }
 
+/// The status of one request from `peer` per `X-Forwarded-For` value.
+async fn forwarded(f: &Fixture, peer: &str, xffs: impl IntoIterator<Item = String>) -> Vec<u16> {
+    let mut got = Vec::new();
+    for xff in xffs {
+        let headers = [("x-forwarded-for", xff.as_str())];
+        got.push(post_from(&f.gateway.router, BUDGET, peer, &headers).await.0);
+    }
+    got
+}
+
 #[tokio::test]
 async fn twenty_internal_requests_all_pass() {
     let f = gateway(&[]).await;
@@ -87,20 +97,7 @@ async fn a_forged_token_is_limited_exactly_like_no_token() {
 #[tokio::test]
 async fn x_forwarded_for_from_an_untrusted_peer_is_ignored() {
     let f = gateway(&["10.0.0.0/8"]).await;
-    let mut got = Vec::new();
-    for i in 0..7 {
-        let xff = format!("203.0.113.{i}");
-        got.push(
-            post_from(
-                &f.gateway.router,
-                BUDGET,
-                "192.0.2.9:1",
-                &[("x-forwarded-for", &xff)],
-            )
-            .await
-            .0,
-        );
-    }
+    let got = forwarded(&f, "192.0.2.9:1", (0..7).map(|i| format!("203.0.113.{i}"))).await;
     assert_eq!(got, [vec![200; 5], vec![429; 2]].concat());
 }
 
@@ -120,21 +117,9 @@ async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_bucket() {
 #[tokio::test]
 async fn a_spoofed_leftmost_entry_does_not_change_the_key() {
     let f = gateway(&["10.0.0.0/8"]).await;
-    let mut got = Vec::new();
-    for i in 0..7 {
-        // The client wrote the left part; our proxy appended the real address.
-        let xff = format!("198.18.0.{i}, 203.0.113.77, 10.0.0.5");
-        got.push(
-            post_from(
-                &f.gateway.router,
-                BUDGET,
-                "10.0.0.1:1",
-                &[("x-forwarded-for", &xff)],
-            )
-            .await
-            .0,
-        );
-    }
+    // The client wrote the left part; our proxy appended the real address.
+    let xffs = (0..7).map(|i| format!("198.18.0.{i}, 203.0.113.77, 10.0.0.5"));
+    let got = forwarded(&f, "10.0.0.1:1", xffs).await;
     assert_eq!(got, [vec![200; 5], vec![429; 2]].concat());
 }
 
@@ -262,20 +247,12 @@ async fn ipv4_clients_are_keyed_by_ipv4_prefix_and_mapped_addresses_count_as_ipv
 #[tokio::test]
 async fn forwarded_ipv6_clients_are_keyed_by_prefix_too() {
     let f = gateway(&["10.0.0.0/8"]).await;
-    let mut got = Vec::new();
-    for i in 1..=6 {
-        let xff = format!("2001:db8:7:7::{i}");
-        got.push(
-            post_from(
-                &f.gateway.router,
-                BUDGET,
-                "10.0.0.1:1",
-                &[("x-forwarded-for", &xff)],
-            )
-            .await
-            .0,
-        );
-    }
+    let got = forwarded(
+        &f,
+        "10.0.0.1:1",
+        (1..=6).map(|i| format!("2001:db8:7:7::{i}")),
+    )
+    .await;
     assert_eq!(got, [vec![200; 5], vec![429]].concat());
 }
 
@@ -286,20 +263,12 @@ async fn forwarded_entries_with_a_port_count_as_their_address() {
         ["203.0.113.5:4000", "203.0.113.5", "203.0.113.5:1"],
         ["[2001:db8::5]:443", "2001:db8::5", "[2001:db8::5]"],
     ] {
-        let mut got = Vec::new();
-        for i in 0..6 {
-            let xff = format!("{}, 10.0.0.7:80", forms[i % 3]);
-            got.push(
-                post_from(
-                    &f.gateway.router,
-                    BUDGET,
-                    "10.0.0.1:1",
-                    &[("x-forwarded-for", &xff)],
-                )
-                .await
-                .0,
-            );
-        }
+        let got = forwarded(
+            &f,
+            "10.0.0.1:1",
+            (0..6).map(|i| format!("{}, 10.0.0.7:80", forms[i % 3])),
+        )
+        .await;
         assert_eq!(got, [vec![200; 5], vec![429]].concat(), "{forms:?}");
     }
     // None of it was charged to the proxy itself.

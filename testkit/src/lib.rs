@@ -212,3 +212,18 @@ pub fn median(values: &mut [f64]) -> f64 {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
     }
 }
+
+/// `{ ...F0 }`, each `Fi` on `Query` spreading `Fi+1` twice, the last one
+/// selecting `leaf`: a document of a few hundred bytes that expands to
+/// 2^`links` selections (the hostile shape of issue 13).
+pub fn doubling_chain(links: usize, leaf: &str) -> String {
+    let mut query = String::from("{ ...F0 }");
+    for i in 0..links {
+        query.push_str(&format!(
+            " fragment F{i} on Query {{ ...F{n} ...F{n} }}",
+            n = i + 1
+        ));
+    }
+    query.push_str(&format!(" fragment F{links} on Query {{ {leaf} }}"));
+    query
+}
