@@ -51,7 +51,8 @@ fn shapes() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Runs one case in this process and prints `elapsed_ms code`.
+/// Runs one case in this process and prints `elapsed_ms peak_rss_kib code`
+/// (the peak includes the embedded registry and the runtime, a few MiB).
 fn child(case: usize, side: &str) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
@@ -87,8 +88,9 @@ fn child(case: usize, side: &str) {
             .as_str()
             .or_else(|| answer["errors"][0]["message"].as_str())
             .unwrap_or("answered");
-        let code: String = code.chars().take(40).collect();
-        println!("{:.1} {code}", elapsed.as_secs_f64() * 1e3);
+        let code: String = code.lines().next().unwrap_or("").chars().take(40).collect();
+        let peak = peak_kib(std::process::id()).unwrap_or(0);
+        println!("{:.1} {peak} {code}", elapsed.as_secs_f64() * 1e3);
     });
 }
 
@@ -137,8 +139,10 @@ fn run(case: usize, side: &str) -> (String, f64) {
     let outcome = match status {
         None => format!("> {} s, killed", LIMIT.as_secs()),
         Some(s) if s.success() => {
-            let mut parts = out.trim().splitn(2, ' ');
+            let mut parts = out.trim().splitn(3, ' ');
             let ms = parts.next().unwrap_or("?");
+            let own: u64 = parts.next().and_then(|k| k.parse().ok()).unwrap_or(0);
+            peak = peak.max(own);
             format!("{ms} ms, {}", parts.next().unwrap_or(""))
         }
         Some(s) => {
