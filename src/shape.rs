@@ -22,8 +22,11 @@
 //! 3. in that order each fragment's expanded size is its own selections plus
 //!    the expanded sizes of its spreads (saturating): computed once each.
 //!
-//! The document's size is the sum over its operations (every one of them is
-//! validated and walked by async-graphql, not only the one that runs). More
+//! The document's size is the sum over its operations and its fragment
+//! definitions, each expanded (async-graphql validates every one of them,
+//! not only the operation that runs, and its overlapping-fields rule
+//! flattens every selection set with the fragments it spreads, so an unused
+//! fragment costs as much as a used one; a used fragment counts twice). More
 //! than `http.max_selections` is refused, as a cycle is, with
 //! `GRAPHQL_VALIDATION_FAILED` before a read or a resolver runs. The order
 //! found is kept ([`Shape::order`]) so the cost preview can price each
@@ -40,7 +43,8 @@ use std::collections::HashMap;
 pub(crate) struct Shape {
     /// Every fragment defined, each after all the fragments it spreads.
     pub(crate) order: Vec<Name>,
-    /// Selections every operation of the document expands to, together.
+    /// Selections every operation and fragment definition of the document
+    /// expands to, together.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) selections: u64,
 }
@@ -165,9 +169,15 @@ pub(crate) fn check(doc: &ExecutableDocument, max_selections: u64) -> Result<Sha
         let expanded = expand(&locals[name], &size);
         size.insert(name, expanded);
     }
-    let selections = doc.operations.iter().fold(0u64, |total, (_, op)| {
+    // async-graphql validates every operation and every fragment
+    // definition (its overlapping-fields rule flattens each selection set
+    // with the fragments it spreads, used or not), so all of them count.
+    let operations = doc.operations.iter().fold(0u64, |total, (_, op)| {
         total.saturating_add(expand(&local(&op.node.selection_set), &size))
     });
+    let selections = size
+        .values()
+        .fold(operations, |total, n| total.saturating_add(*n));
     if selections > max_selections {
         return Err(ShapeError::TooLarge {
             selections,
@@ -270,10 +280,11 @@ mod tests {
     #[test]
     fn counts_every_selection_once_per_expansion() {
         assert_eq!(shape("{ a b { c } }", 100), Ok(3));
-        // F is spread twice: its two selections count twice, plus the spreads.
+        // F is spread twice: its two selections count twice, plus the
+        // spreads; and F's definition once more.
         assert_eq!(
             shape("{ a { ...F } b { ...F } } fragment F on T { x y }", 100),
-            Ok(2 + 2 + 2 * 2)
+            Ok(2 + 2 + 2 * 2 + 2)
         );
         assert_eq!(shape("{ ... on Q { a } }", 100), Ok(2));
     }
@@ -317,11 +328,21 @@ mod tests {
     }
 
     #[test]
+    fn an_unused_fragment_counts_as_it_expands() {
+        // Unused, but async-graphql's validation flattens it all the same.
+        let query = "{ a } fragment H on Q { x y z } fragment X on Q { ... { ...H } ... { ...H } }";
+        // Operation 1; H 3; X: 2 inline + 2 spreads + 2 × 3.
+        assert_eq!(shape(query, 100), Ok(1 + 3 + 10));
+        assert!(matches!(shape(query, 13), Err(ShapeError::TooLarge { selections: 14, max: 13 })));
+    }
+
+    #[test]
     fn a_diamond_is_no_cycle() {
         let query = "{ ...A } fragment A on Q { ...B ...C } fragment B on Q { ...D } \
                      fragment C on Q { ...D } fragment D on Q { x }";
-        // A: 2 spreads + B (1 + D) + C (1 + D), D = 1.
-        assert_eq!(shape(query, 100), Ok(1 + 2 + 2 * (1 + 1)));
+        // The operation: 1 + A; A: 2 spreads + B (1 + D) + C (1 + D), D = 1;
+        // then each definition: A 6, B 2, C 2, D 1.
+        assert_eq!(shape(query, 100), Ok(1 + 6 + 6 + 2 + 2 + 1));
     }
 
     #[test]
@@ -340,7 +361,10 @@ mod tests {
             .expect("spawns")
             .join()
             .expect("no stack overflow");
-        assert_eq!(selections, Ok((n as u64 + 2, n + 1)));
+        // The operation expands to n + 2; fragment Fi to n + 1 - i.
+        let n64 = n as u64;
+        let definitions = (n64 + 1) * (n64 + 2) / 2;
+        assert_eq!(selections, Ok((n64 + 2 + definitions, n + 1)));
     }
 
     #[test]
