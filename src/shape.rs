@@ -333,7 +333,13 @@ mod tests {
         let query = "{ a } fragment H on Q { x y z } fragment X on Q { ... { ...H } ... { ...H } }";
         // Operation 1; H 3; X: 2 inline + 2 spreads + 2 × 3.
         assert_eq!(shape(query, 100), Ok(1 + 3 + 10));
-        assert!(matches!(shape(query, 13), Err(ShapeError::TooLarge { selections: 14, max: 13 })));
+        assert!(matches!(
+            shape(query, 13),
+            Err(ShapeError::TooLarge {
+                selections: 14,
+                max: 13
+            })
+        ));
     }
 
     #[test]

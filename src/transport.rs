@@ -118,12 +118,12 @@ async fn fetch(
         }
     }
     let body = gathered.map_or(first, BytesMut::freeze);
-    Ok(UpstreamResponse {
-        host: host.to_string(),
+    Ok(UpstreamResponse::new(
+        host,
         status,
-        headers: std::mem::take(response.headers_mut()),
+        std::mem::take(response.headers_mut()),
         body,
-    })
+    ))
 }
 
 fn error_chain(err: &dyn std::error::Error) -> String {

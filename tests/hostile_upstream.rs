@@ -104,6 +104,13 @@ impl Hostile {
                 }),
             )
             .route(
+                "/numbers",
+                get(|State(s): State<Arc<Seen>>| async move {
+                    counted(&s);
+                    serde_json::to_string(&(0..100_000u64).collect::<Vec<_>>()).unwrap()
+                }),
+            )
+            .route(
                 "/trickle",
                 get(|State(s): State<Arc<Seen>>| async move {
                     counted(&s);
@@ -153,6 +160,20 @@ impl Query {
         }
     }
 
+    /// Reads `url` and parses its body as a list of numbers, the parse
+    /// shared by every field of the request that reads the same URL.
+    async fn numbers(&self, ctx: &Context<'_>, url: String) -> async_graphql::Result<u64> {
+        let response = ctx.upstream()?.read(Read::get(url.parse()?)).await?;
+        let parses = ctx.data::<Arc<AtomicU64>>()?.clone();
+        let numbers = response
+            .derived(|| async {
+                parses.fetch_add(1, SeqCst);
+                response.json::<Vec<u64>>()
+            })
+            .await?;
+        Ok(numbers.len() as u64)
+    }
+
     /// Waits for ever on something that is not a read.
     async fn stall(&self) -> u64 {
         std::future::pending().await
@@ -164,7 +185,13 @@ async fn ask(engine: &Engine, url: &str) -> Value {
 }
 
 async fn run(engine: &Engine, query: &str) -> Value {
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
+    run_counting(engine, query, Arc::default()).await
+}
+
+async fn run_counting(engine: &Engine, query: &str, parses: Arc<AtomicU64>) -> Value {
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .data(parses)
+        .finish();
     let app =
         axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine.clone()));
     let body = json!({ "query": query }).to_string();
@@ -372,4 +399,27 @@ async fn an_operation_waiting_on_something_else_is_cut_at_the_deadline() {
     assert_eq!(code(&answer), "DEADLINE_EXCEEDED", "{answer}");
     assert!(took >= Duration::from_millis(300), "{took:?}");
     assert!(took < Duration::from_secs(5), "not cut: {took:?}");
+}
+
+#[tokio::test]
+async fn many_fields_reading_one_large_body_parse_it_once() {
+    let hostile = Hostile::start().await;
+    let url = hostile.url("/numbers");
+    let fields: String = (0..300)
+        .map(|i| format!("n{i}: numbers(url: {url:?}) "))
+        .collect();
+    let parses = Arc::new(AtomicU64::new(0));
+    let answer = run_counting(
+        &Engine::new(Config::default()),
+        &format!("{{ {fields}}}"),
+        parses.clone(),
+    )
+    .await;
+    assert_eq!(answer["data"]["n299"], 100_000, "{answer}");
+    assert_eq!(hostile.requests(), 1);
+    assert_eq!(
+        parses.load(SeqCst),
+        1,
+        "the shared body was parsed more than once"
+    );
 }

@@ -232,11 +232,13 @@ impl Transport for Scripted {
         host: &'a str,
     ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
         Box::pin(async move {
-            let ok = || UpstreamResponse {
-                host: host.to_string(),
-                status: http::StatusCode::OK,
-                headers: http::HeaderMap::new(),
-                body: bytes::Bytes::from_static(b"{}"),
+            let ok = || {
+                UpstreamResponse::new(
+                    host.to_string(),
+                    http::StatusCode::OK,
+                    http::HeaderMap::new(),
+                    bytes::Bytes::from_static(b"{}"),
+                )
             };
             match read.url().path().rsplit('/').next() {
                 Some("ok") => Ok(ok()),

@@ -32,12 +32,12 @@ impl Transport for MemTransport {
             if self.yields {
                 YieldOnce(false).await;
             }
-            Ok(UpstreamResponse {
-                host: host.to_string(),
-                status: http::StatusCode::OK,
-                headers: http::HeaderMap::new(),
-                body: self.body.clone(),
-            })
+            Ok(UpstreamResponse::new(
+                host.to_string(),
+                http::StatusCode::OK,
+                http::HeaderMap::new(),
+                self.body.clone(),
+            ))
         })
     }
 }

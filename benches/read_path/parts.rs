@@ -35,12 +35,12 @@ pub(crate) fn parts(c: &mut Criterion, rt: &Runtime) {
 
     // `Dedup::get_or_run`, a miss: the key (URL copied), the DashMap entry,
     // the `Arc<OnceCell>`, its initialisation, the value cloned out.
-    let value: Result<Arc<UpstreamResponse>, FanoutError> = Ok(Arc::new(UpstreamResponse {
-        host: HOST.into(),
-        status: http::StatusCode::OK,
-        headers: http::HeaderMap::new(),
-        body: bytes::Bytes::new(),
-    }));
+    let value: Result<Arc<UpstreamResponse>, FanoutError> = Ok(Arc::new(UpstreamResponse::new(
+        HOST,
+        http::StatusCode::OK,
+        http::HeaderMap::new(),
+        bytes::Bytes::new(),
+    )));
     g.bench_function("dedup_miss", |b| {
         b.iter_custom(|iters| {
             let (pool, value) = (pool.clone(), value.clone());

@@ -51,12 +51,12 @@ impl Transport for MemRegistry {
                 .responses
                 .get(read.url().path())
                 .unwrap_or_else(|| panic!("no stored answer for {}", read.url()));
-            Ok(UpstreamResponse {
-                host: host.to_string(),
-                status: *status,
-                headers: headers.clone(),
-                body: body.clone(),
-            })
+            Ok(UpstreamResponse::new(
+                host.to_string(),
+                *status,
+                headers.clone(),
+                body.clone(),
+            ))
         })
     }
 }

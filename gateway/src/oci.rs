@@ -12,6 +12,7 @@ use async_graphql::Context;
 use fanout_budget::{FanoutContext, FanoutError, Read, UpstreamResponse};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The `Accept` header for manifests: OCI and Docker, single and multi-platform.
@@ -51,12 +52,8 @@ impl EngineOff {
         let status = response.status();
         let headers = response.headers().clone();
         let body = response.bytes().await.map_err(upstream)?;
-        Ok(Arc::new(UpstreamResponse {
-            host: read.url().host_str().unwrap_or_default().into(),
-            status,
-            headers,
-            body,
-        }))
+        let host = read.url().host_str().unwrap_or_default();
+        Ok(Arc::new(UpstreamResponse::new(host, status, headers, body)))
     }
 }
 
@@ -155,7 +152,38 @@ fn expect_json(response: &UpstreamResponse) -> Result<(), FanoutError> {
     }
 }
 
+/// Every tag of a repository, in the registry's order, indexed by name.
+#[derive(Debug, Default)]
+pub struct Tags {
+    list: Vec<String>,
+    position: HashMap<String, usize>,
+}
+
+impl Tags {
+    fn new(list: Vec<String>) -> Self {
+        let mut position = HashMap::with_capacity(list.len());
+        for (i, tag) in list.iter().enumerate() {
+            position.entry(tag.clone()).or_insert(i);
+        }
+        Self { list, position }
+    }
+
+    /// The tags, in order.
+    pub fn list(&self) -> &[String] {
+        &self.list
+    }
+
+    /// Where `tag` is in the list.
+    pub fn position(&self, tag: &str) -> Option<usize> {
+        self.position.get(tag).copied()
+    }
+}
+
 /// Every tag of `name` (each `Link` page one read); `None` on `NAME_UNKNOWN`.
+///
+/// Walked, parsed and indexed **once per inbound request**, whoever asks
+/// (the first page's [`UpstreamResponse::derived`]): every other field that
+/// needs the list gets the same `Arc` instead of parsing the pages again.
 ///
 /// The walk follows `Link: rel="next"` only to a new page of the same list:
 /// a link to a page already read in this walk (a self-link, a cycle), to
@@ -164,46 +192,50 @@ fn expect_json(response: &UpstreamResponse) -> Result<(), FanoutError> {
 pub async fn tag_list(
     ctx: &Context<'_>,
     name: &RepoName,
-) -> async_graphql::Result<Option<Arc<Vec<String>>>> {
+) -> async_graphql::Result<Option<Arc<Tags>>> {
+    let base = registry(ctx)?;
+    let path = ["v2"].into_iter().chain(name.segments());
+    let first = endpoint(base, path.chain(["tags", "list"]))?;
+    let page = read(ctx, Read::get(first.clone())).await?;
+    if is_name_unknown(&page) {
+        return Ok(None);
+    }
+    let tags = page.derived(|| walk_tags(ctx, base, first, &page)).await?;
+    Ok(Some(tags))
+}
+
+async fn walk_tags(
+    ctx: &Context<'_>,
+    base: &reqwest::Url,
+    first: reqwest::Url,
+    page: &UpstreamResponse,
+) -> async_graphql::Result<Tags> {
     #[derive(Deserialize)]
     struct TagList {
         tags: Option<Vec<String>>,
     }
-    let base = registry(ctx)?;
-    let first = endpoint(
-        base,
-        ["v2"]
-            .into_iter()
-            .chain(name.segments())
-            .chain(["tags", "list"]),
-    )?;
-    let mut seen: Vec<reqwest::Url> = Vec::new();
-    let mut next = Some(first.clone());
+    let mut seen = vec![first.clone()];
     let mut tags = Vec::new();
-    while let Some(page) = next.take() {
-        seen.push(page.clone());
-        let response = read(ctx, Read::get(page)).await?;
-        if seen.len() == 1 && is_name_unknown(&response) {
-            return Ok(None);
-        }
-        expect_json(&response)?;
-        tags.extend(response.json::<TagList>()?.tags.unwrap_or_default());
-        next = match next_link(&response, base) {
-            None => None,
+    let mut response = None::<Arc<UpstreamResponse>>;
+    loop {
+        let page = response.as_deref().unwrap_or(page);
+        expect_json(page)?;
+        tags.extend(page.json::<TagList>()?.tags.unwrap_or_default());
+        let next = match next_link(page, base) {
+            None => return Ok(Tags::new(tags)),
             Some(link) if seen.contains(&link) => {
-                return Err(response
-                    .error(format!("tag list links back to {link}"))
-                    .into())
+                return Err(page.error(format!("tag list links back to {link}")).into())
             }
             Some(link) if link.origin() != first.origin() || link.path() != first.path() => {
-                return Err(response
+                return Err(page
                     .error(format!("tag list links out of the list, to {link}"))
                     .into())
             }
-            Some(link) => Some(link),
+            Some(link) => link,
         };
+        seen.push(next.clone());
+        response = Some(read(ctx, Read::get(next)).await?);
     }
-    Ok(Some(Arc::new(tags)))
 }
 
 /// One catalog page: up to `n` names after `last`, and whether more follow.

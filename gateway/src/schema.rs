@@ -5,7 +5,7 @@
 //! [`OrNull::or_null`] so a failed read nulls only its own field.
 
 use crate::names::{Digest, RepoName, TagName};
-use crate::oci::{self, DescriptorDoc, ManifestDoc};
+use crate::oci::{self, DescriptorDoc, ManifestDoc, Tags};
 use async_graphql::{
     Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
     ScalarType, Schema, SimpleObject, Value,
@@ -132,11 +132,11 @@ pub struct RepositoryConnection {
 /// A repository; its tag list is read once per request, when first needed.
 pub struct Repository {
     name: RepoName,
-    tags: Option<Arc<Vec<String>>>,
+    tags: Option<Arc<Tags>>,
 }
 
 impl Repository {
-    async fn tag_list(&self, ctx: &Context<'_>) -> async_graphql::Result<Arc<Vec<String>>> {
+    async fn tag_list(&self, ctx: &Context<'_>) -> async_graphql::Result<Arc<Tags>> {
         match &self.tags {
             Some(tags) => Ok(tags.clone()),
             // Listed in the catalog but gone by now: no tags.
@@ -158,16 +158,20 @@ impl Repository {
         after: Option<String>,
     ) -> async_graphql::Result<TagConnection> {
         let n = page_size(first)?;
-        let all = self.tag_list(ctx).await?;
+        let tags = self.tag_list(ctx).await?;
+        let all = tags.list();
         let start = match &after {
             None => 0,
-            Some(cursor) => match all.iter().position(|t| t == cursor) {
+            Some(cursor) => match tags.position(cursor) {
                 Some(i) => i + 1,
                 None => {
+                    // Not echoed whole: a long cursor in many fields would
+                    // multiply into a huge answer.
+                    let shown: String = cursor.chars().take(64).collect();
                     return Err(FanoutError::BadUserInput {
-                        message: format!("unknown cursor {cursor:?}"),
+                        message: format!("unknown cursor {shown:?}"),
                     }
-                    .into())
+                    .into());
                 }
             },
         };
@@ -191,8 +195,8 @@ impl Repository {
     }
 
     async fn tag(&self, ctx: &Context<'_>, name: String) -> async_graphql::Result<Option<Tag>> {
-        let all = self.tag_list(ctx).await?;
-        Ok(all.contains(&name).then(|| Tag {
+        let tags = self.tag_list(ctx).await?;
+        Ok(tags.position(&name).is_some().then(|| Tag {
             repository: self.name.clone(),
             name,
         }))

@@ -4,6 +4,10 @@
 use crate::error::FanoutError;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::OnceCell;
 
 /// One upstream GET: a URL and, optionally, an `Accept` header.
 #[derive(Clone, Debug)]
@@ -67,6 +71,10 @@ impl std::fmt::Display for HostName<'_> {
 }
 
 /// What the upstream answered (any status): status, headers, and the body.
+///
+/// One response is shared by every caller that de-duplication answers with
+/// it, for the rest of the inbound request; [`derived`](Self::derived)
+/// lets them share what is made of it too (a parsed body, an index).
 #[derive(Debug)]
 pub struct UpstreamResponse {
     /// `host:port` that answered.
@@ -77,9 +85,79 @@ pub struct UpstreamResponse {
     pub headers: HeaderMap,
     /// The whole body.
     pub body: Bytes,
+    /// What `derived` made of this response, once.
+    derived: OnceCell<Arc<dyn Any + Send + Sync>>,
 }
 
 impl UpstreamResponse {
+    /// A response (what a [`Transport`](crate::Transport) returns).
+    pub fn new(
+        host: impl Into<String>,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Self {
+        Self {
+            host: host.into(),
+            status,
+            headers,
+            body,
+            derived: OnceCell::new(),
+        }
+    }
+
+    /// What `derive` makes of this response, made **once** for everyone the
+    /// response is shared with: the first caller runs `derive`, callers
+    /// arriving meanwhile wait for it, later ones get the same `Arc` — the
+    /// value or the error. So N fields that read the same URL in one request
+    /// cost one read *and* one parse, not N parses of the same body (which,
+    /// with nothing to wait on, would also run without yielding to the
+    /// request's deadline). If the first caller is cancelled, the next one
+    /// derives instead.
+    ///
+    /// One derived type per response: asking for another type runs `derive`
+    /// without keeping its result. `derive` must not read this same response
+    /// again (it would wait for itself).
+    ///
+    /// ```
+    /// # use fanout_budget::{FanoutError, UpstreamResponse};
+    /// # use http::{HeaderMap, StatusCode};
+    /// # tokio_test_block_on(async {
+    /// let response = UpstreamResponse::new("registry:5000", StatusCode::OK, HeaderMap::new(), r#"["a","b"]"#.into());
+    /// let parse = || async { response.json::<Vec<String>>() };
+    /// let first = response.derived(parse).await?;
+    /// let again = response.derived(|| async { unreachable!("made once") }).await?;
+    /// assert!(std::sync::Arc::ptr_eq(&first, &again));
+    /// # Ok::<_, FanoutError>(())
+    /// # }).unwrap();
+    /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    /// # }
+    /// ```
+    pub async fn derived<T, E, F, Fut>(&self, derive: F) -> Result<Arc<T>, E>
+    where
+        T: Send + Sync + 'static,
+        E: Clone + Send + Sync + 'static,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut derive = Some(derive);
+        let kept = self
+            .derived
+            .get_or_init(|| async {
+                let derive = derive.take().expect("derived once");
+                let made: Result<Arc<T>, E> = derive().await.map(Arc::new);
+                Arc::new(made) as Arc<dyn Any + Send + Sync>
+            })
+            .await;
+        match (kept.downcast_ref::<Result<Arc<T>, E>>(), derive) {
+            (Some(made), _) => made.clone(),
+            // Another type was derived first: make this one, unkept.
+            (None, Some(derive)) => derive().await.map(Arc::new),
+            (None, None) => unreachable!("the value just derived has this type"),
+        }
+    }
+
     /// An `UPSTREAM_ERROR` for this response, with its status.
     pub fn error(&self, message: impl Into<String>) -> FanoutError {
         FanoutError::Upstream {

@@ -3,7 +3,7 @@
 //! a minimal schema that reads the registry with plain reqwest (no budget, no
 //! caps, no de-duplication, no per-read timeout, no rate limit; the request
 //! deadline is its only bound).
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)] // each bench uses a part
 
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
 use axum::extract::State;
