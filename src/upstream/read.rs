@@ -126,7 +126,9 @@ impl UpstreamResponse {
     /// let response = UpstreamResponse::new("registry:5000", StatusCode::OK, HeaderMap::new(), r#"["a","b"]"#.into());
     /// let parse = || async { response.json::<Vec<String>>() };
     /// let first = response.derived(parse).await?;
-    /// let again = response.derived(|| async { unreachable!("made once") }).await?;
+    /// let again = response
+    ///     .derived::<Vec<String>, FanoutError, _, _>(|| async { unreachable!("made once") })
+    ///     .await?;
     /// assert!(std::sync::Arc::ptr_eq(&first, &again));
     /// # Ok::<_, FanoutError>(())
     /// # }).unwrap();
