@@ -117,6 +117,9 @@ pub struct HttpConfig {
     pub body_read_timeout_ms: u64,
     /// Open inbound connections at most; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Bytes of one answer (the whole batch's JSON) at most; more: the
+    /// answer is `RESPONSE_TOO_LARGE` instead.
+    pub max_response_bytes: usize,
 }
 
 impl Default for HttpConfig {
@@ -129,6 +132,7 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 5_000,
             body_read_timeout_ms: 10_000,
             max_connections: 512,
+            max_response_bytes: 16 << 20,
         }
     }
 }
@@ -316,6 +320,10 @@ impl Config {
             ),
             ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
             ("http.max_connections", self.http.max_connections as u64),
+            (
+                "http.max_response_bytes",
+                self.http.max_response_bytes as u64,
+            ),
             (
                 "rate_limit.requests_per_minute",
                 self.rate_limit.requests_per_minute as u64,

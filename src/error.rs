@@ -95,6 +95,12 @@ pub enum FanoutError {
         /// Which backend, for humans.
         message: String,
     },
+    /// The answer would be larger than `http.max_response_bytes` (it is
+    /// replaced by this error; the reads it made were charged).
+    ResponseTooLarge {
+        /// The configured maximum.
+        max: usize,
+    },
     /// The operation's text is not GraphQL (nothing of it ran).
     ParseFailed {
         /// The parser's message.
@@ -130,6 +136,7 @@ impl FanoutError {
             Self::EstimateExceedsBudget { .. } => "FANOUT_ESTIMATE_EXCEEDS_BUDGET",
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Unavailable { .. } => "UNAVAILABLE",
+            Self::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
             Self::ParseFailed { .. } => "GRAPHQL_PARSE_FAILED",
             Self::ValidationFailed { .. } => "GRAPHQL_VALIDATION_FAILED",
         }
@@ -172,9 +179,9 @@ impl FanoutError {
                 ext.set("host", host.as_str());
                 ext.set("maxConcurrent", *max_concurrent);
             }
-            Self::BatchTooLarge { max } | Self::PayloadTooLarge { max } => {
-                ext.set("max", *max as u64)
-            }
+            Self::BatchTooLarge { max }
+            | Self::PayloadTooLarge { max }
+            | Self::ResponseTooLarge { max } => ext.set("max", *max as u64),
             Self::EstimateExceedsBudget { requested, limit } => {
                 ext.set("requested", *requested);
                 ext.set("limit", *limit);
@@ -221,7 +228,10 @@ impl FanoutError {
         let mut body = serde_json::json!({
             "errors": [{ "message": self.to_string(), "extensions": extensions }]
         });
-        if matches!(self, Self::EstimateExceedsBudget { .. }) {
+        if matches!(
+            self,
+            Self::EstimateExceedsBudget { .. } | Self::ResponseTooLarge { .. }
+        ) {
             body["data"] = serde_json::Value::Null;
         }
         body
@@ -276,6 +286,9 @@ impl fmt::Display for FanoutError {
             Self::PayloadTooLarge { max } => {
                 write!(f, "the request body may be at most {max} bytes")
             }
+            Self::ResponseTooLarge { max } => {
+                write!(f, "the answer would be larger than {max} bytes")
+            }
             Self::RequestTimeout { timeout_ms } => {
                 write!(f, "the request body did not arrive within {timeout_ms} ms")
             }
@@ -315,8 +328,14 @@ pub fn attach_codes(response: &mut async_graphql::Response) {
 ///   argument value that came from a variable (variable coercion), else
 ///   `GRAPHQL_VALIDATION_FAILED`.
 pub(crate) fn attach_all_codes(response: &mut async_graphql::Response, query: Option<&str>) {
+    code_errors(&mut response.errors, query);
+}
+
+/// [`attach_all_codes`] on a list of errors (what async-graphql's
+/// validation returns).
+pub(crate) fn code_errors(errors: &mut [ServerError], query: Option<&str>) {
     let mut doc = None;
-    for error in &mut response.errors {
+    for error in errors {
         if error.extensions.is_some() {
             continue;
         }

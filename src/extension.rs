@@ -42,9 +42,11 @@ use crate::types::SchemaTypes;
 use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
+    NextValidation,
 };
 use async_graphql::parser::types::ExecutableDocument;
 use async_graphql::{Data, Name, Request, Response, ServerResult, Value, Variables};
+use async_graphql::{ServerError, ValidationResult};
 use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, LazyLock, Mutex, OnceLock};
@@ -163,6 +165,20 @@ impl Extension for PerOperation {
             request.estimate_arrived();
         }
         parsed
+    }
+
+    /// async-graphql's validation answers without running the operation
+    /// (so without [`execute`](Extension::execute)): its errors get their
+    /// codes here.
+    async fn validation(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        next: NextValidation<'_>,
+    ) -> Result<ValidationResult, Vec<ServerError>> {
+        next.run(ctx).await.map_err(|mut errors| {
+            crate::error::code_errors(&mut errors, Some(&lock(&self.query)));
+            errors
+        })
     }
 
     async fn execute(

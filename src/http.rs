@@ -137,7 +137,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             (true, Some(response)) => BatchResponse::Single(response),
             (_, last) => BatchResponse::Batch(responses.into_iter().chain(last).collect()),
         };
-        graphql_response(batch)
+        graphql_response(batch, http.max_response_bytes)
     }
 
     /// Prices, then runs (or refuses) every operation of the request.
@@ -344,12 +344,50 @@ pub fn error_response(err: &FanoutError) -> HttpResponse {
     response
 }
 
-fn graphql_response(batch: BatchResponse) -> HttpResponse {
+/// The batch's answer as JSON, written into a buffer that refuses to grow
+/// past `max` bytes: a small query can ask for an answer far larger than
+/// itself (aliases × lists), and past the bound the answer is replaced by
+/// `RESPONSE_TOO_LARGE` before it is ever whole in memory.
+fn graphql_response(batch: BatchResponse, max: usize) -> HttpResponse {
     let mut headers = http::HeaderMap::new();
     for (name, value) in batch.http_headers_iter() {
         headers.append(name, value);
     }
-    let mut response = axum::Json(&batch).into_response();
+    let mut body = Capped {
+        bytes: Vec::new(),
+        max,
+    };
+    if serde_json::to_writer(&mut body, &batch).is_err() {
+        return error_response(&FanoutError::ResponseTooLarge { max });
+    }
+    let mut response = (
+        [(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        )],
+        body.bytes,
+    )
+        .into_response();
     response.headers_mut().extend(headers);
     response
+}
+
+/// A `Vec<u8>` writer that fails once it would pass `max` bytes.
+struct Capped {
+    bytes: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.max {
+            return Err(std::io::Error::other("answer too large"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

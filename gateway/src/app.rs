@@ -11,8 +11,10 @@ use std::sync::Arc;
 
 /// Deepest selection accepted (the introspection query needs about 13).
 pub const MAX_DEPTH: usize = 20;
-/// Most fields (aliases included) one operation may select.
-pub const MAX_COMPLEXITY: usize = 2000;
+/// Most fields one operation's answer may hold: every field and alias,
+/// each list page multiplied by its `first` (the reference page of 20
+/// repositories × 20 tags × manifest and config is about 2,500).
+pub const MAX_COMPLEXITY: usize = 100_000;
 /// Deepest nesting the parser follows before refusing (stack protection).
 pub const MAX_RECURSIVE_DEPTH: usize = 64;
 

@@ -36,6 +36,14 @@ pub fn builder() -> async_graphql::SchemaBuilder<Query, EmptyMutation, EmptySubs
     Schema::build(Query, EmptyMutation, EmptySubscription)
 }
 
+/// A page's weight for async-graphql's complexity limit: its rows times
+/// what each row selects (`first` clamped to its valid range, 1..=100), so
+/// the limit bounds the fields of the *answer*, lists multiplied out — not
+/// only the fields of the query.
+fn list_complexity(first: i32, child_complexity: usize) -> usize {
+    (first.clamp(1, 100) as usize).saturating_mul(child_complexity) + 1
+}
+
 /// `first` must be 1..=100.
 fn page_size(first: i32) -> Result<usize, FanoutError> {
     if (1..=100).contains(&first) {
@@ -68,6 +76,7 @@ impl Query {
     }
 
     /// One page of the registry catalog (GET /v2/_catalog).
+    #[graphql(complexity = "list_complexity(first, child_complexity)")]
     async fn repositories(
         &self,
         ctx: &Context<'_>,
@@ -151,6 +160,7 @@ impl Repository {
         self.name.as_str()
     }
 
+    #[graphql(complexity = "list_complexity(first, child_complexity)")]
     async fn tags(
         &self,
         ctx: &Context<'_>,

@@ -9,7 +9,7 @@ use async_graphql::Request;
 use common::*;
 use fanout_budget::Config;
 use fanout_gateway::oci::RegistryUrl;
-use fanout_gateway::schema;
+use fanout_gateway::{app, schema};
 use fanout_testkit::doubling_chain;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -69,6 +69,18 @@ fn corpus() -> Vec<(&'static str, String, &'static str)> {
             format!("{{ {wide} }}"),
             "GRAPHQL_VALIDATION_FAILED",
         ),
+        (
+            // Few selections, a huge answer: 100 × 450 × 100 rows (the
+            // gateway's complexity limit multiplies lists by `first`).
+            "aliased lists inside a list",
+            format!(
+                "{{ repositories(first: 100) {{ nodes {{ {} }} }} }}",
+                (0..450)
+                    .map(|i| format!("t{i}: tags(first: 100) {{ nodes {{ name }} }} "))
+                    .collect::<String>()
+            ),
+            "GRAPHQL_VALIDATION_FAILED",
+        ),
         ("70 levels of nesting", deep, "GRAPHQL_PARSE_FAILED"),
         (
             "not GraphQL",
@@ -123,7 +135,11 @@ async fn the_hostile_corpus_is_refused_fast_with_zero_reads_by_the_service() {
 #[tokio::test]
 async fn the_hostile_corpus_is_refused_fast_by_the_extension() {
     let f = Fixture::default().await;
+    // The gateway's own async-graphql limits, as an app would set them.
     let schema = schema::builder()
+        .limit_depth(app::MAX_DEPTH)
+        .limit_complexity(app::MAX_COMPLEXITY)
+        .limit_recursive_depth(app::MAX_RECURSIVE_DEPTH)
         .extension(f.gateway.engine.extension())
         .data(RegistryUrl(f.registry.url().parse().unwrap()))
         .finish();
@@ -196,18 +212,30 @@ async fn async_graphql_validation_and_variable_errors_carry_a_code() {
     let literal = f
         .query("{ repositories(first: \"x\") { nodes { name } } }")
         .await;
-    assert_eq!(
-        codes(&literal),
-        vec!["GRAPHQL_VALIDATION_FAILED"],
+    let literal_codes = codes(&literal);
+    assert!(!literal_codes.is_empty(), "{literal}");
+    assert!(
+        literal_codes
+            .iter()
+            .all(|c| c == "GRAPHQL_VALIDATION_FAILED"),
         "{literal}"
     );
     let query = "query($n: Int!) { repositories(first: $n) { nodes { name } } }";
     for variables in [json!({}), json!({ "n": "x" }), json!({ "n": null })] {
         let body = json!({ "query": query, "variables": variables }).to_string();
         let (_, answer) = f.post(body).await;
+        // The coercion failure first (the complexity limit's own parse of
+        // the argument may add a validation error after it).
+        let codes = codes(&answer);
         assert_eq!(
-            codes(&answer),
-            vec!["BAD_USER_INPUT"],
+            codes.first().map(String::as_str),
+            Some("BAD_USER_INPUT"),
+            "{variables}: {answer}"
+        );
+        assert!(
+            codes
+                .iter()
+                .all(|c| c == "BAD_USER_INPUT" || c == "GRAPHQL_VALIDATION_FAILED"),
             "{variables}: {answer}"
         );
     }
@@ -317,4 +345,28 @@ proptest! {
             }
         });
     }
+}
+
+#[tokio::test]
+async fn an_answer_past_the_response_bound_is_replaced_by_a_coded_error() {
+    let mut config = Config::default();
+    config.http.max_response_bytes = 100_000;
+    let f = Fixture::new(config).await;
+    // A 10 KB alias on each of 60 tags: a 10 KB query asking for 600 KB.
+    let alias = "a".repeat(10_000);
+    let query = format!(
+        r#"{{ repository(name: "acme/app") {{ tags(first: 60) {{ nodes {{ {alias}: name }} }} }} }}"#
+    );
+    let (status, answer) = f.post(json!({ "query": query }).to_string()).await;
+    assert_eq!(status, 200);
+    assert_eq!(codes(&answer), vec!["RESPONSE_TOO_LARGE"], "{answer}");
+    assert_eq!(answer["errors"][0]["extensions"]["max"], 100_000);
+    // The same query with a short alias fits.
+    let small = f
+        .query(r#"{ repository(name: "acme/app") { tags(first: 60) { nodes { a: name } } } }"#)
+        .await;
+    assert_eq!(
+        small["data"]["repository"]["tags"]["nodes"][59]["a"], "t59",
+        "{small}"
+    );
 }

@@ -80,11 +80,6 @@ impl Upstream<'_> {
 
     /// One read through the acquisition point, redirects not followed.
     async fn read_once(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
-        // A read answered at once (de-duplicated, refused) returns without
-        // ever waiting; this gives the task back to tokio once its
-        // cooperative budget is spent, so an operation making many such
-        // reads still yields — to other requests, and to its deadline.
-        tokio::task::consume_budget().await;
         let scope = &*self.op.request.inner;
         let span = tracing::debug_span!(
             "upstream.read",
@@ -123,6 +118,12 @@ impl Upstream<'_> {
             bump(&scope.budget.stats().dedup_hits);
             metrics::dedup_hit();
         }
+        // A read answered at once (de-duplicated, refused) never waits, and
+        // the many fields woken together when one shared read lands all go on
+        // in the same poll; each read's end spends a unit of tokio's
+        // cooperative budget, so such an operation still yields — to other
+        // requests, and to its deadline.
+        tokio::task::consume_budget().await;
         result
     }
 
