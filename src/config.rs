@@ -38,6 +38,10 @@ pub struct UpstreamConfig {
     /// charged and capped like any other (5 by default; 0: a 3xx answer is
     /// returned as it is).
     pub max_redirects: u32,
+    /// Body bytes of all the upstream answers one inbound request keeps
+    /// (each is kept for the request's de-duplication); past it a read's
+    /// answer is an `UPSTREAM_ERROR` (64 MiB by default).
+    pub max_request_bytes: usize,
 }
 
 impl Default for UpstreamConfig {
@@ -45,6 +49,7 @@ impl Default for UpstreamConfig {
         Self {
             max_response_bytes: 16 << 20,
             max_redirects: 5,
+            max_request_bytes: 64 << 20,
         }
     }
 }

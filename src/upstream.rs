@@ -58,6 +58,9 @@ struct RequestScope {
     caller: Caller,
     /// Operations of the batch not yet priced (only with `refuse_over_estimate`).
     unpriced: OnceLock<watch::Sender<usize>>,
+    /// Body bytes of every response this request has kept
+    /// (`upstream.max_request_bytes`).
+    kept_bytes: AtomicU64,
 }
 
 type ReadResult = Result<Arc<UpstreamResponse>, FanoutError>;
@@ -78,6 +81,7 @@ impl FanoutRequest {
                 dedup,
                 caller,
                 unpriced: OnceLock::new(),
+                kept_bytes: AtomicU64::new(0),
             }),
         }
     }

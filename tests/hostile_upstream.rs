@@ -423,3 +423,24 @@ async fn many_fields_reading_one_large_body_parse_it_once() {
         "the shared body was parsed more than once"
     );
 }
+
+#[tokio::test]
+async fn the_answers_one_request_keeps_are_bounded_in_bytes_together() {
+    let hostile = Hostile::start().await;
+    let mut config = Config::default();
+    // Each /numbers answer is about 590 KB: two fit, the third does not.
+    config.upstream.max_request_bytes = 1_500_000;
+    let fields: String = (0..3)
+        .map(|i| {
+            format!(
+                "n{i}: numbers(url: {:?}) ",
+                hostile.url(&format!("/numbers?copy={i}"))
+            )
+        })
+        .collect();
+    let answer = run(&Engine::new(config), &format!("{{ {fields}}}")).await;
+    let errors = answer["errors"].as_array().expect("one read refused");
+    assert_eq!(errors.len(), 1, "{answer}");
+    assert_eq!(errors[0]["extensions"]["code"], "UPSTREAM_ERROR");
+    assert_eq!(hostile.requests(), 3, "each distinct read was sent");
+}

@@ -229,6 +229,20 @@ impl Upstream<'_> {
         sending.finish();
         match sent {
             Ok(Ok(response)) => {
+                // Every answer is kept for the rest of the request (it may
+                // answer an identical read): their bytes together are bounded
+                // too, not only each one's.
+                let scope = &*self.op.request.inner;
+                let max = engine.config.upstream.max_request_bytes as u64;
+                let len = response.body.len() as u64;
+                if scope.kept_bytes.fetch_add(len, Relaxed).saturating_add(len) > max {
+                    scope.kept_bytes.fetch_sub(len, Relaxed);
+                    bump(&stats.failed);
+                    m.error.increment(1);
+                    return Err(response.error(format!(
+                        "this request's upstream answers would pass {max} bytes"
+                    )));
+                }
                 bump(&stats.succeeded);
                 m.ok.increment(1);
                 Ok(Arc::new(response))
