@@ -117,6 +117,10 @@ pub struct HttpConfig {
     pub body_read_timeout_ms: u64,
     /// Open inbound connections at most; more wait in the listen backlog.
     pub max_connections: usize,
+    /// How long writing a response to a connection may make no progress (the
+    /// client reads nothing), in milliseconds; then the connection is closed
+    /// and its response dropped.
+    pub write_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -129,6 +133,7 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 5_000,
             body_read_timeout_ms: 10_000,
             max_connections: 512,
+            write_timeout_ms: 10_000,
         }
     }
 }
@@ -142,6 +147,11 @@ impl HttpConfig {
     /// `body_read_timeout_ms` as a duration.
     pub fn body_read_timeout(&self) -> Duration {
         Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    /// `write_timeout_ms` as a duration.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
     }
 }
 
@@ -316,6 +326,7 @@ impl Config {
             ),
             ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
             ("http.max_connections", self.http.max_connections as u64),
+            ("http.write_timeout_ms", self.http.write_timeout_ms),
             (
                 "rate_limit.requests_per_minute",
                 self.rate_limit.requests_per_minute as u64,
@@ -410,4 +421,19 @@ fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
         (None, None) => "configuration".to_string(),
     };
     format!("{path}: {message} (line {line_no})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_timeout_defaults_to_ten_seconds_and_must_be_positive() {
+        let config = Config::from_toml("").unwrap();
+        assert_eq!(config.http.write_timeout(), Duration::from_secs(10));
+        let set = Config::from_toml("[http]\nwrite_timeout_ms = 300\n").unwrap();
+        assert_eq!(set.http.write_timeout_ms, 300);
+        let err = Config::from_toml("[http]\nwrite_timeout_ms = 0\n").unwrap_err();
+        assert_eq!(err.0, "http.write_timeout_ms must be at least 1");
+    }
 }
