@@ -125,6 +125,10 @@ pub struct HttpConfig {
     /// Bytes of one answer (the whole batch's JSON) at most; more: the
     /// answer is `RESPONSE_TOO_LARGE` instead.
     pub max_response_bytes: usize,
+    /// How long writing a response to a connection may make no progress (the
+    /// client reads nothing), in milliseconds; then the connection is closed
+    /// and its response dropped.
+    pub write_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -138,6 +142,7 @@ impl Default for HttpConfig {
             body_read_timeout_ms: 10_000,
             max_connections: 512,
             max_response_bytes: 16 << 20,
+            write_timeout_ms: 10_000,
         }
     }
 }
@@ -151,6 +156,11 @@ impl HttpConfig {
     /// `body_read_timeout_ms` as a duration.
     pub fn body_read_timeout(&self) -> Duration {
         Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    /// `write_timeout_ms` as a duration.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
     }
 }
 
@@ -325,6 +335,7 @@ impl Config {
             ),
             ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
             ("http.max_connections", self.http.max_connections as u64),
+            ("http.write_timeout_ms", self.http.write_timeout_ms),
             (
                 "http.max_response_bytes",
                 self.http.max_response_bytes as u64,
@@ -423,4 +434,19 @@ fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
         (None, None) => "configuration".to_string(),
     };
     format!("{path}: {message} (line {line_no})")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_timeout_defaults_to_ten_seconds_and_must_be_positive() {
+        let config = Config::from_toml("").unwrap();
+        assert_eq!(config.http.write_timeout(), Duration::from_secs(10));
+        let set = Config::from_toml("[http]\nwrite_timeout_ms = 300\n").unwrap();
+        assert_eq!(set.http.write_timeout_ms, 300);
+        let err = Config::from_toml("[http]\nwrite_timeout_ms = 0\n").unwrap_err();
+        assert_eq!(err.0, "http.write_timeout_ms must be at least 1");
+    }
 }

@@ -14,6 +14,12 @@
 //!   also as soon as a keep-alive connection goes idle after a response
 //!   (`State::idle` asks for a read, which starts the timer) — so an idle
 //!   keep-alive connection is closed after the same timeout.
+//! - **Responses written with progress every `http.write_timeout_ms`.**
+//!   hyper has no write timeout: a client that never reads its response
+//!   would pin the response in memory for as long as it keeps the socket
+//!   open. Each connection's stream is wrapped in a `WriteTimeout`
+//!   (`src/serve/write_timeout.rs`): a write that stays pending that long
+//!   ends the connection, and everything it holds is dropped.
 //! - **Bodies** are bounded where they are read, in
 //!   [`FanoutGraphQL`](crate::FanoutGraphQL): the whole body within
 //!   `min(http.body_read_timeout_ms, time left before the deadline)`, else
@@ -57,10 +63,13 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
+use write_timeout::WriteTimeout;
+
+mod write_timeout;
 
 /// Serves `service` (an axum `Router`, or any service of the same shape) on
-/// `listener` under `http`'s connection limits: `max_connections` and
-/// `header_read_timeout_ms` (see the module docs).
+/// `listener` under `http`'s connection limits: `max_connections`,
+/// `header_read_timeout_ms` and `write_timeout_ms` (see the module docs).
 ///
 /// Await the result to serve until the process ends, or call
 /// [`Serve::with_graceful_shutdown`] first.
@@ -73,6 +82,7 @@ where
         listener,
         service,
         header_read_timeout: http.header_read_timeout(),
+        write_timeout: http.write_timeout().max(Duration::from_millis(1)),
         max_connections: http.max_connections.max(1),
     }
 }
@@ -83,6 +93,7 @@ pub struct Serve<S> {
     listener: TcpListener,
     service: S,
     header_read_timeout: Duration,
+    write_timeout: Duration,
     max_connections: usize,
 }
 
@@ -112,6 +123,7 @@ where
             mut listener,
             service,
             header_read_timeout,
+            write_timeout,
             max_connections,
         } = self;
         let mut http1 = hyper::server::conn::http1::Builder::new();
@@ -139,8 +151,8 @@ where
                     request.extensions_mut().insert(ConnectInfo(peer));
                     request
                 });
-            let connection =
-                http1.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            let stream = TokioIo::new(WriteTimeout::new(stream, write_timeout));
+            let connection = http1.serve_connection(stream, TowerToHyperService::new(service));
             let connection = graceful.watch(connection);
             tokio::spawn(async move {
                 if let Err(e) = connection.await {

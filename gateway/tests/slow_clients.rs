@@ -1,19 +1,23 @@
 //! Slow, idle and refused clients over real TCP, against
 //! `fanout_budget::serve` on 127.0.0.1:0 with short timeouts (headers
 //! 300 ms, body 500 ms): partial headers, idle keep-alive, a trickled body,
-//! `Expect: 100-continue` with no body, the connection cap, and a refused
-//! request's connection closed cleanly. Time bounds are generous (the
-//! machine is shared); only the trickle's pacing sleeps.
+//! `Expect: 100-continue` with no body, the connection cap, a refused
+//! request's connection closed cleanly, and a client that never reads a
+//! large response (writes 300 ms) or reads it slowly. Time bounds are
+//! generous (the machine is shared); only the trickle's and the slow
+//! reader's pacing sleeps.
 mod common;
 
 use common::*;
 use fanout_budget::Config;
+use futures::StreamExt;
+use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::timeout;
 
 /// What "soon" means here: far past every configured timeout.
@@ -29,7 +33,7 @@ struct Server {
     addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<io::Result<()>>,
-    _fixture: Fixture,
+    _fixture: Option<Fixture>,
 }
 
 impl Server {
@@ -39,11 +43,16 @@ impl Server {
         config.http.body_read_timeout_ms = 500;
         configure(&mut config);
         let fixture = Fixture::new(config.clone()).await;
+        let router = fixture.gateway.router.clone();
+        Self::serve(router, &config, Some(fixture)).await
+    }
+
+    async fn serve(router: axum::Router, config: &Config, fixture: Option<Fixture>) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serve = fanout_budget::serve(listener, fixture.gateway.router.clone(), &config.http)
-            .with_graceful_shutdown(async {
+        let serve =
+            fanout_budget::serve(listener, router, &config.http).with_graceful_shutdown(async {
                 let _ = stopped.await;
             });
         Self {
@@ -79,7 +88,19 @@ struct Client {
 
 impl Client {
     async fn connect(addr: SocketAddr) -> Self {
-        let (read, write) = TcpStream::connect(addr).await.unwrap().into_split();
+        Self::on(TcpStream::connect(addr).await.unwrap())
+    }
+
+    /// Connected with a receive buffer of `bytes` (set before the handshake,
+    /// so the window it advertises is that small).
+    async fn connect_with_recv_buffer(addr: SocketAddr, bytes: u32) -> Self {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(bytes).unwrap();
+        Self::on(socket.connect(addr).await.unwrap())
+    }
+
+    fn on(stream: TcpStream) -> Self {
+        let (read, write) = stream.into_split();
         Self {
             read,
             write: Some(write),
@@ -364,5 +385,96 @@ async fn a_rate_limited_large_body_gets_connection_close_and_a_clean_eof() {
         .expect("the follow-up request succeeds");
     assert_eq!(health.text().await.unwrap(), "ok");
     drop((client, http));
+    server.stop().await;
+}
+
+/// `GET /large`: a 256 MiB body (slices of one shared MiB, so serving it
+/// costs the server little), far more than the kernel's socket buffers hold,
+/// so a client that stops reading leaves the server's write pending. Each
+/// response's body sends the time on the channel when it is dropped: when
+/// the connection ends (it is never sent in full here).
+fn large_route() -> (axum::Router, tokio::sync::mpsc::UnboundedReceiver<Instant>) {
+    struct OnDrop(tokio::sync::mpsc::UnboundedSender<Instant>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.send(Instant::now());
+        }
+    }
+    let (dropped, drops) = tokio::sync::mpsc::unbounded_channel();
+    let mib = bytes::Bytes::from(vec![b'x'; 1 << 20]);
+    let large = move || {
+        let guard = OnDrop(dropped.clone());
+        let mib = mib.clone();
+        let chunks = futures::stream::iter(0..256).map(move |_| {
+            let _held = &guard;
+            Ok::<_, Infallible>(mib.clone())
+        });
+        async move { axum::body::Body::from_stream(chunks) }
+    };
+    let router = axum::Router::new().route("/large", axum::routing::get(large));
+    (router, drops)
+}
+
+const LARGE: &[u8] = b"GET /large HTTP/1.1\r\nhost: t\r\n\r\n";
+
+fn write_timeout_300ms() -> Config {
+    let mut config = Config::default();
+    config.http.write_timeout_ms = 300;
+    config
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_a_large_response_is_cut_at_the_write_timeout() {
+    let (router, mut drops) = large_route();
+    let server = Server::serve(router, &write_timeout_300ms(), None).await;
+    let mut client = Client::connect_with_recv_buffer(server.addr, 4096).await;
+    client.send(LARGE).await;
+    let sent = Instant::now();
+    // Never read until the server has dropped the response.
+    let dropped = timeout(Duration::from_secs(10), drops.recv())
+        .await
+        .expect("the response was dropped within 10 s")
+        .unwrap();
+    let held = dropped - sent;
+    assert!(held >= AT_LEAST, "cut after {held:?}");
+    println!("never-reading client: response held {held:?}");
+    // What the kernel had buffered drains, then the connection has ended.
+    let _ = client.closed().await;
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_slow_reader_that_keeps_reading_is_not_cut() {
+    let (router, mut drops) = large_route();
+    let mut config = Config::default();
+    config.http.write_timeout_ms = 1000;
+    let server = Server::serve(router, &config, None).await;
+    let mut client = Client::connect(server.addr).await;
+    client.send(LARGE).await;
+    let started = Instant::now();
+    // Up to 1 MiB every 100 ms, for 5 s (5 write timeouts): 50 MiB at most,
+    // plus what the socket buffers hold, of 256 MiB, so the server's writes
+    // wait on this reader throughout. The kernel
+    // wakes a waiting writer only once a good part of its send buffer has
+    // drained (about 2 MiB on loopback, measured: writes wait ~200 ms at
+    // this pace), so the pace must drain that well within the timeout.
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut total = 0;
+    for i in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let n = timeout(BOUND, client.read.read(&mut chunk))
+            .await
+            .expect("data within the bound")
+            .unwrap_or_else(|e| panic!("read {i}, after {total} bytes: {e}"));
+        assert!(n > 0, "ended at read {i}, after {total} bytes");
+        total += n;
+    }
+    let elapsed = started.elapsed();
+    assert!(drops.try_recv().is_err(), "the response was dropped");
+    println!("slow reader: {total} bytes in {elapsed:?}, not cut");
+    drop(client);
+    // The server's next write fails on the closed socket.
+    timeout(BOUND, drops.recv()).await.unwrap().unwrap();
     server.stop().await;
 }
