@@ -106,7 +106,8 @@ async fn main() -> ExitCode {
     };
     // At most http.max_connections connections, each closed when its
     // headers take longer than http.header_read_timeout_ms (idle keep-alive
-    // included); the peer's address reaches the rate limiter.
+    // included) or when writing its answer stalls for http.write_timeout_ms;
+    // the peer's address reaches the rate limiter.
     let http = gateway.engine.config().http.clone();
     let serve =
         fanout_budget::serve(listener, gateway.router, &http).with_graceful_shutdown(signal);
