@@ -122,6 +122,10 @@ pub struct HttpConfig {
     pub body_read_timeout_ms: u64,
     /// Open inbound connections at most; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Open inbound connections from one client at most (keyed as
+    /// `[rate_limit]` keys clients; trusted proxies have no share); more are
+    /// closed as soon as they are accepted.
+    pub max_connections_per_client: usize,
     /// Bytes of one answer (the whole batch's JSON) at most; more: the
     /// answer is `RESPONSE_TOO_LARGE` instead.
     pub max_response_bytes: usize,
@@ -141,6 +145,7 @@ impl Default for HttpConfig {
             header_read_timeout_ms: 5_000,
             body_read_timeout_ms: 10_000,
             max_connections: 512,
+            max_connections_per_client: 64,
             max_response_bytes: 16 << 20,
             write_timeout_ms: 10_000,
         }
@@ -335,6 +340,10 @@ impl Config {
             ),
             ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
             ("http.max_connections", self.http.max_connections as u64),
+            (
+                "http.max_connections_per_client",
+                self.http.max_connections_per_client as u64,
+            ),
             ("http.write_timeout_ms", self.http.write_timeout_ms),
             (
                 "http.max_response_bytes",

@@ -7,6 +7,13 @@
 //!   connection ends; past the cap, new connections wait in the kernel's
 //!   listen backlog (completed handshakes cost no file descriptor of ours
 //!   until accepted) instead of exhausting the process's descriptors.
+//! - **At most `http.max_connections_per_client` of them from one client**,
+//!   keyed as the rate limiter keys clients (the address masked to
+//!   `rate_limit.ipv4_prefix` / `ipv6_prefix`); a peer in
+//!   `rate_limit.trusted_proxies` has no share (it carries everyone). A
+//!   connection past its client's share is closed as soon as it is
+//!   accepted, so one address that keeps reconnecting idle sockets cannot
+//!   hold the whole table.
 //! - **Headers within `http.header_read_timeout_ms`.** hyper's HTTP/1
 //!   connection (`header_read_timeout`, on hyper-util's tokio timer) closes a
 //!   connection whose request head is not complete in time. hyper arms that
@@ -43,8 +50,9 @@
 //! (a FIN after the response's last byte), and a well-behaved client opens a
 //! new one for its next request instead of writing into a closed connection.
 
-use crate::config::HttpConfig;
+use crate::config::Config;
 use crate::error::FanoutError;
+use crate::identity::{ClientPrefix, TrustedProxies};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::Response;
@@ -54,11 +62,12 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
 use std::io;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -68,22 +77,82 @@ use write_timeout::WriteTimeout;
 mod write_timeout;
 
 /// Serves `service` (an axum `Router`, or any service of the same shape) on
-/// `listener` under `http`'s connection limits: `max_connections`,
-/// `header_read_timeout_ms` and `write_timeout_ms` (see the module docs).
+/// `listener` under `config`'s connection limits: `http.max_connections`,
+/// `http.max_connections_per_client` (clients keyed as `[rate_limit]` keys
+/// them), `http.header_read_timeout_ms` and `http.write_timeout_ms` (see
+/// the module docs).
 ///
 /// Await the result to serve until the process ends, or call
 /// [`Serve::with_graceful_shutdown`] first.
-pub fn serve<S>(listener: TcpListener, service: S, http: &HttpConfig) -> Serve<S>
+pub fn serve<S>(listener: TcpListener, service: S, config: &Config) -> Serve<S>
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
+    let http = &config.http;
+    let r = &config.rate_limit;
     Serve {
         listener,
         service,
         header_read_timeout: http.header_read_timeout(),
         write_timeout: http.write_timeout().max(Duration::from_millis(1)),
         max_connections: http.max_connections.max(1),
+        clients: Arc::new(Clients {
+            max: http.max_connections_per_client.max(1),
+            prefix: ClientPrefix::new(r.ipv4_prefix, r.ipv6_prefix),
+            proxies: TrustedProxies::new(&r.trusted_proxies),
+            open: Mutex::new(HashMap::new()),
+        }),
+    }
+}
+
+/// Each client's share of the connection table.
+struct Clients {
+    max: usize,
+    prefix: ClientPrefix,
+    proxies: TrustedProxies,
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One client's connection, counted while it is open.
+struct ClientSlot {
+    clients: Arc<Clients>,
+    key: Option<IpAddr>,
+}
+
+impl Clients {
+    /// A slot for a connection from `peer`, unless its client has its share.
+    fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<ClientSlot> {
+        if self.proxies.contains(peer) {
+            return Some(ClientSlot {
+                clients: self.clone(),
+                key: None,
+            });
+        }
+        let key = self.prefix.key(peer);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(key).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(ClientSlot {
+            clients: self.clone(),
+            key: Some(key),
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let Some(key) = self.key else { return };
+        let mut open = self.clients.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&key);
+            }
+        }
     }
 }
 
@@ -95,6 +164,7 @@ pub struct Serve<S> {
     header_read_timeout: Duration,
     write_timeout: Duration,
     max_connections: usize,
+    clients: Arc<Clients>,
 }
 
 impl<S> Serve<S>
@@ -125,6 +195,7 @@ where
             header_read_timeout,
             write_timeout,
             max_connections,
+            clients,
         } = self;
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1
@@ -144,6 +215,12 @@ where
                 accepted = axum::serve::Listener::accept(&mut listener) => accepted,
                 () = &mut signal => break,
             };
+            // Past its client's share: closed at once (dropped), the
+            // connection slot given back.
+            let Some(client) = clients.admit(peer.ip()) else {
+                tracing::debug!(%peer, "connection refused: the client has its share open");
+                continue;
+            };
             let service = service
                 .clone()
                 .map_request(move |request: Request<Incoming>| {
@@ -158,7 +235,7 @@ where
                 if let Err(e) = connection.await {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
                 }
-                drop(permit);
+                drop((permit, client));
             });
         }
         drop(listener);

@@ -104,13 +104,14 @@ async fn main() -> ExitCode {
             stopping.notify_one();
         }
     };
-    // At most http.max_connections connections, each closed when its
+    // At most http.max_connections connections (http.max_connections_per_client
+    // from one client), each closed when its
     // headers take longer than http.header_read_timeout_ms (idle keep-alive
     // included) or when writing its answer stalls for http.write_timeout_ms;
     // the peer's address reaches the rate limiter.
-    let http = gateway.engine.config().http.clone();
+    let config = gateway.engine.config().clone();
     let serve =
-        fanout_budget::serve(listener, gateway.router, &http).with_graceful_shutdown(signal);
+        fanout_budget::serve(listener, gateway.router, &config).with_graceful_shutdown(signal);
     tokio::select! {
         served = serve => {
             if let Err(e) = served {

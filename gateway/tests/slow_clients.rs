@@ -51,10 +51,9 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serve =
-            fanout_budget::serve(listener, router, &config.http).with_graceful_shutdown(async {
-                let _ = stopped.await;
-            });
+        let serve = fanout_budget::serve(listener, router, config).with_graceful_shutdown(async {
+            let _ = stopped.await;
+        });
         Self {
             addr,
             stop: Some(stop),
@@ -96,6 +95,14 @@ impl Client {
     async fn connect_with_recv_buffer(addr: SocketAddr, bytes: u32) -> Self {
         let socket = TcpSocket::new_v4().unwrap();
         socket.set_recv_buffer_size(bytes).unwrap();
+        Self::on(socket.connect(addr).await.unwrap())
+    }
+
+    /// Connected from another loopback address (`127.0.0.N`), so the server
+    /// sees another client.
+    async fn connect_from(addr: SocketAddr, from: [u8; 4]) -> Self {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
         Self::on(socket.connect(addr).await.unwrap())
     }
 
@@ -476,5 +483,50 @@ async fn a_slow_reader_that_keeps_reading_is_not_cut() {
     drop(client);
     // The server's next write fails on the closed socket.
     timeout(BOUND, drops.recv()).await.unwrap().unwrap();
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn one_client_holds_at_most_its_share_of_the_connections() {
+    let server = Server::start(|c| {
+        c.http.max_connections = 16;
+        c.http.max_connections_per_client = 4;
+        // The idle connections stay open for the whole test.
+        c.http.header_read_timeout_ms = 60_000;
+    })
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(Client::connect(server.addr).await); // sends nothing
+    }
+    // A fifth from the same address: closed at once, not served.
+    let mut fifth = Client::connect(server.addr).await;
+    fifth.send(HEALTHZ).await;
+    assert!(
+        timeout(BOUND, fifth.response())
+            .await
+            .expect("answered or closed")
+            .is_none(),
+        "a connection past the client's share was served"
+    );
+    // Another client is served meanwhile.
+    let mut other = Client::connect_from(server.addr, [127, 0, 0, 2]).await;
+    other.send(HEALTHZ).await;
+    let (status, _, _) = timeout(BOUND, other.response()).await.unwrap().unwrap();
+    assert_eq!(status, 200);
+    // One of the four closes: the first client gets a slot back (the
+    // server notices the close asynchronously; bounded retries).
+    drop(idle.pop());
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let mut again = Client::connect(server.addr).await;
+        again.send(HEALTHZ).await;
+        if let Ok(Some((200, _, _))) = timeout(BOUND, again.response()).await {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot was never given back");
+        tokio::task::yield_now().await;
+    }
+    drop((idle, other));
     server.stop().await;
 }
