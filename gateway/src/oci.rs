@@ -197,11 +197,15 @@ pub async fn tag_list(
     let path = ["v2"].into_iter().chain(name.segments());
     let first = endpoint(base, path.chain(["tags", "list"]))?;
     let page = read(ctx, Read::get(first.clone())).await?;
-    if is_name_unknown(&page) {
-        return Ok(None);
-    }
-    let tags = page.derived(|| walk_tags(ctx, base, first, &page)).await?;
-    Ok(Some(tags))
+    let tags = page
+        .derived(|| async {
+            if is_name_unknown(&page) {
+                return Ok(None);
+            }
+            walk_tags(ctx, base, first, &page).await.map(Some)
+        })
+        .await?;
+    Ok((*tags).clone())
 }
 
 async fn walk_tags(
@@ -209,7 +213,7 @@ async fn walk_tags(
     base: &reqwest::Url,
     first: reqwest::Url,
     page: &UpstreamResponse,
-) -> async_graphql::Result<Tags> {
+) -> async_graphql::Result<Arc<Tags>> {
     #[derive(Deserialize)]
     struct TagList {
         tags: Option<Vec<String>>,
@@ -222,7 +226,7 @@ async fn walk_tags(
         expect_json(page)?;
         tags.extend(page.json::<TagList>()?.tags.unwrap_or_default());
         let next = match next_link(page, base) {
-            None => return Ok(Tags::new(tags)),
+            None => return Ok(Arc::new(Tags::new(tags))),
             Some(link) if seen.contains(&link) => {
                 return Err(page.error(format!("tag list links back to {link}")).into())
             }
@@ -307,7 +311,28 @@ pub async fn manifest(
     ctx: &Context<'_>,
     name: &RepoName,
     tag: &TagName,
-) -> async_graphql::Result<ManifestDoc> {
+) -> async_graphql::Result<Arc<ManifestDoc>> {
+    let base = registry(ctx)?;
+    let path = ["v2"]
+        .into_iter()
+        .chain(name.segments())
+        .chain(["manifests", tag.as_str()]);
+    let manifest = Read::get(endpoint(base, path)?).accept(MANIFEST_ACCEPT_HEADER.clone());
+    let response = read(ctx, manifest).await?;
+    // Parsed (and hashed) once per request, for every tag row sharing it.
+    let doc = response
+        .derived(|| async { parse_manifest(&response) })
+        .await?;
+    Ok(doc)
+}
+
+/// Descriptors one manifest may list (`layers` or `manifests`); more is
+/// `UPSTREAM_ERROR`. Images have tens of layers (Docker refuses past 127),
+/// indexes a few dozen platforms: a manifest listing thousands is an
+/// upstream trying to multiply the answer.
+pub const MAX_DESCRIPTORS: usize = 1000;
+
+fn parse_manifest(response: &UpstreamResponse) -> Result<ManifestDoc, FanoutError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Body {
@@ -317,15 +342,17 @@ pub async fn manifest(
         layers: Vec<DescriptorDoc>,
         manifests: Option<Vec<DescriptorDoc>>,
     }
-    let base = registry(ctx)?;
-    let path = ["v2"]
-        .into_iter()
-        .chain(name.segments())
-        .chain(["manifests", tag.as_str()]);
-    let manifest = Read::get(endpoint(base, path)?).accept(MANIFEST_ACCEPT_HEADER.clone());
-    let response = read(ctx, manifest).await?;
-    expect_json(&response)?;
+    expect_json(response)?;
     let body: Body = response.json()?;
+    let listed = body
+        .layers
+        .len()
+        .max(body.manifests.as_ref().map_or(0, Vec::len));
+    if listed > MAX_DESCRIPTORS {
+        return Err(response.error(format!(
+            "manifest lists {listed} descriptors; at most {MAX_DESCRIPTORS} are read"
+        )));
+    }
     let media_type = body
         .media_type
         .or_else(|| {
@@ -338,9 +365,7 @@ pub async fn manifest(
         || media_type.contains("index")
         || media_type.contains("manifest.list");
     if !is_index && body.config.is_none() {
-        return Err(response
-            .error("manifest has neither config nor manifests")
-            .into());
+        return Err(response.error("manifest has neither config nor manifests"));
     }
     let digest = match response.header("docker-content-digest") {
         Some(d) => d.to_string(),
@@ -371,7 +396,7 @@ pub async fn config_blob(
     ctx: &Context<'_>,
     name: &RepoName,
     digest: &Digest,
-) -> async_graphql::Result<ImageConfigDoc> {
+) -> async_graphql::Result<Arc<ImageConfigDoc>> {
     let base = registry(ctx)?;
     let path = ["v2"]
         .into_iter()
@@ -379,6 +404,11 @@ pub async fn config_blob(
         .chain(["blobs", digest.as_str()]);
     let blob = Read::get(endpoint(base, path)?);
     let response = read(ctx, blob).await?;
-    expect_success(&response)?;
-    Ok(response.json()?)
+    let doc = response
+        .derived(|| async {
+            expect_success(&response)?;
+            response.json::<ImageConfigDoc>()
+        })
+        .await?;
+    Ok(doc)
 }

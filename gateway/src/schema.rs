@@ -44,6 +44,12 @@ fn list_complexity(first: i32, child_complexity: usize) -> usize {
     (first.clamp(1, 100) as usize).saturating_mul(child_complexity) + 1
 }
 
+/// What a descriptor list (`layers`, `manifests`) weighs in the complexity
+/// limit, in rows: a typical image's layer count. A manifest may list up to
+/// [`oci::MAX_DESCRIPTORS`]; past the typical count the answer is bounded by
+/// `http.max_response_bytes`.
+const DESCRIPTOR_WEIGHT: usize = 16;
+
 /// `first` must be 1..=100.
 fn page_size(first: i32) -> Result<usize, FanoutError> {
     if (1..=100).contains(&first) {
@@ -251,7 +257,7 @@ impl Tag {
 /// An image manifest or an index.
 pub struct Manifest {
     repository: RepoName,
-    doc: ManifestDoc,
+    doc: Arc<ManifestDoc>,
 }
 
 #[Object]
@@ -264,10 +270,12 @@ impl Manifest {
         &self.doc.media_type
     }
 
+    #[graphql(complexity = "DESCRIPTOR_WEIGHT * child_complexity + 1")]
     async fn layers(&self) -> Vec<Descriptor> {
         self.doc.layers.iter().map(Descriptor::from).collect()
     }
 
+    #[graphql(complexity = "DESCRIPTOR_WEIGHT * child_complexity + 1")]
     async fn manifests(&self) -> Vec<PlatformManifest> {
         self.doc
             .manifests
@@ -286,9 +294,9 @@ impl Manifest {
             .await
             .or_null(ctx)?;
         Some(ImageConfig {
-            os: doc.os,
-            architecture: doc.architecture,
-            created: doc.created,
+            os: doc.os.clone(),
+            architecture: doc.architecture.clone(),
+            created: doc.created.clone(),
         })
     }
 }

@@ -128,3 +128,47 @@ async fn a_tag_outside_the_grammar_is_never_read() {
     assert!(answer["data"]["repository"]["tag"].is_null(), "{answer}");
     assert_eq!(f.reads(), 1, "only the tag list");
 }
+
+#[tokio::test]
+async fn an_upstream_value_quoted_in_an_error_is_cut_and_shared_fields_stay_small() {
+    let f = Fixture::default().await;
+    // The parser's error would quote a 1 MB string; 200 fields share it.
+    f.registry
+        .set_repo_fault("acme/app", Some(Fault::WrongShape(1 << 20)));
+    let fields: String = (0..200)
+        .map(|i| format!(r#"r{i}: repository(name: "acme/app") {{ name }} "#))
+        .collect();
+    let (status, answer) = f
+        .post(json!({ "query": format!("{{ {fields}}}") }).to_string())
+        .await;
+    assert_eq!(status, 200);
+    let errors = answer["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 200, "{}", &answer.to_string()[..500]);
+    for error in errors {
+        assert_eq!(error["extensions"]["code"], "UPSTREAM_ERROR");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.len() < 1024, "a {} byte message", message.len());
+    }
+    assert_eq!(f.reads(), 1);
+}
+
+#[tokio::test]
+async fn a_manifest_listing_thousands_of_layers_is_refused_once_for_every_row() {
+    let f = Fixture::default().await;
+    f.registry
+        .set_tag_fault("acme/app", "t00", Some(Fault::ManyLayers(5_000)));
+    f.registry
+        .set_tag_fault("acme/app", "t01", Some(Fault::ManyLayers(100)));
+    let answer = f
+        .query(r#"{ repository(name: "acme/app") { a: tag(name: "t00") { manifest { layers { digest } } } b: tag(name: "t01") { manifest { layers { digest } } } } }"#)
+        .await;
+    assert_eq!(code(&answer), "UPSTREAM_ERROR", "{answer}");
+    assert!(
+        answer["data"]["repository"]["a"]["manifest"].is_null(),
+        "{answer}"
+    );
+    let layers = answer["data"]["repository"]["b"]["manifest"]["layers"]
+        .as_array()
+        .unwrap();
+    assert_eq!(layers.len(), 100);
+}

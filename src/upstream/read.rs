@@ -70,6 +70,9 @@ impl std::fmt::Display for HostName<'_> {
     }
 }
 
+/// The longest message [`UpstreamResponse::error`] keeps, in bytes.
+pub const MAX_MESSAGE: usize = 256;
+
 /// What the upstream answered (any status): status, headers, and the body.
 ///
 /// One response is shared by every caller that de-duplication answers with
@@ -161,11 +164,24 @@ impl UpstreamResponse {
     }
 
     /// An `UPSTREAM_ERROR` for this response, with its status.
+    ///
+    /// The message is cut to [`MAX_MESSAGE`] bytes: it may quote the
+    /// upstream's own data (a parser's error names the value it choked on),
+    /// and one error can be copied into every field that shares the read.
     pub fn error(&self, message: impl Into<String>) -> FanoutError {
+        let mut message = message.into();
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
         FanoutError::Upstream {
             host: self.host.clone(),
             status: Some(self.status.as_u16()),
-            message: message.into(),
+            message,
         }
     }
 

@@ -54,6 +54,11 @@ pub enum Fault {
     SelfLink,
     /// Answer the right JSON with a `Link: rel="next"` to another origin.
     ForeignLink,
+    /// Answer 200 JSON whose every field is a string of this many bytes
+    /// (the wrong shape everywhere: a parser's error quotes it).
+    WrongShape(usize),
+    /// Answer an image manifest listing this many layers.
+    ManyLayers(usize),
 }
 
 /// What the registry has seen.
@@ -342,6 +347,29 @@ async fn apply(fault: Option<Fault>, path: &str, real: &[u8]) -> Option<Response
                 .unwrap(),
         ),
         Fault::InvalidUtf8 => Some(json(axum::body::Body::from(vec![0xff, 0xfe, 0xfd, b'{']))),
+        Fault::WrongShape(n) => {
+            let text = "B".repeat(n);
+            let body = serde_json::json!({ "tags": text, "layers": text, "mediaType": 1 });
+            Some(json(axum::body::Body::from(body.to_string())))
+        }
+        Fault::ManyLayers(n) => {
+            let layer = serde_json::json!({
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                "digest": format!("sha256:{}", "a".repeat(64)),
+                "size": 1,
+            });
+            let body = serde_json::json!({
+                "schemaVersion": 2,
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {
+                    "mediaType": "application/vnd.oci.image.config.v1+json",
+                    "digest": format!("sha256:{}", "b".repeat(64)),
+                    "size": 1,
+                },
+                "layers": vec![layer; n],
+            });
+            Some(json(axum::body::Body::from(body.to_string())))
+        }
         Fault::SelfLink | Fault::ForeignLink => {
             let target = match fault {
                 Some(Fault::SelfLink) => path.to_string(),
