@@ -31,7 +31,8 @@ async fn main() {
     let upstream = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "http://127.0.0.1:5000".into());
-    let engine = Engine::new(Config::default()); // one per process
+    let config = Config::default();
+    let engine = Engine::new(config.clone()); // one per process
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription) // no extension needed
         .data(Upstream(upstream.parse().expect("an upstream URL")))
         .finish();
@@ -40,5 +41,6 @@ async fn main() {
         .await
         .unwrap();
     println!("listening on http://127.0.0.1:3000/graphql (upstream {upstream})");
-    axum::serve(listener, app).await.unwrap();
+    // axum::serve works too; this one also bounds slow and idle clients.
+    fanout_budget::serve(listener, app, &config).await.unwrap();
 }
