@@ -13,8 +13,10 @@ use std::sync::Arc;
 pub const MAX_DEPTH: usize = 20;
 /// Most fields one operation's answer may hold: every field and alias,
 /// each list page multiplied by its `first` (the reference page of 20
-/// repositories × 20 tags × manifest and config is about 2,500).
-pub const MAX_COMPLEXITY: usize = 100_000;
+/// repositories × 20 tags × manifest and config is about 2,500; 100 tags
+/// with their layers about 5,000). A batch of `http.max_batch_operations`
+/// may hold 20 times this before it is written out.
+pub const MAX_COMPLEXITY: usize = 25_000;
 /// Deepest nesting the parser follows before refusing (stack protection).
 pub const MAX_RECURSIVE_DEPTH: usize = 64;
 
