@@ -31,7 +31,7 @@
 mod read;
 mod send;
 
-pub use read::{Read, UpstreamResponse};
+pub use read::{Read, UpstreamResponse, MAX_MESSAGE};
 
 use crate::budget::RequestBudget;
 use crate::dedup::Dedup;
