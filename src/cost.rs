@@ -126,7 +126,11 @@ pub(crate) fn estimate(
         fragments: HashMap::with_capacity(shape.order.len()),
     };
     for name in &shape.order {
-        let def = &doc.fragments[name].node;
+        // (`shape` is this document's; a name it lacks is priced 0.)
+        let Some(def) = doc.fragments.get(name) else {
+            continue;
+        };
+        let def = &def.node;
         let price = walk.selection(&def.selection_set, &def.type_condition.node.on.node);
         walk.fragments.insert(name, price);
     }

@@ -37,7 +37,7 @@
 use crate::engine::Engine;
 use crate::error::FanoutError;
 use crate::identity::Caller;
-use crate::shape;
+use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
 use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::extensions::{
@@ -78,6 +78,7 @@ impl ExtensionFactory for FanoutExtension {
             aside: AtomicBool::new(false),
             operation_name: Mutex::new(None),
             query: Mutex::new(String::new()),
+            shape: Mutex::new(None),
             requested: AtomicU64::new(0),
         })
     }
@@ -89,6 +90,8 @@ struct PerOperation {
     aside: AtomicBool,
     operation_name: Mutex<Option<String>>,
     query: Mutex<String>,
+    /// The checked document's shape, from `prepare_request`.
+    shape: Mutex<Option<Shape>>,
     requested: AtomicU64,
 }
 
@@ -129,9 +132,11 @@ impl Extension for PerOperation {
         // its complexity visitors expand fragments without a memo.
         let engine = &self.factory.engine;
         let max = engine.config().http.max_selections;
-        let (doc, _shape) = shape::admit(&engine.inner.documents, &request.query, max)
+        let (doc, shape) = shape::admit(&engine.inner.documents, &request.query, max)
             .map_err(|err| err.to_server_error())?;
         request.set_parsed_query(doc);
+        // Kept for pricing in `parse_query`, which gets this document.
+        *lock(&self.shape) = Some(shape);
         Ok(request)
     }
 
@@ -147,16 +152,13 @@ impl Extension for PerOperation {
         }
         query.clone_into(&mut lock(&self.query));
         let parsed = next.run(ctx, query, variables).await;
-        let max = self.factory.engine.config().http.max_selections;
-        let requested = match (&parsed, self.factory.engine.costs()) {
-            (Ok(doc), Some(_)) => match shape::check(doc, max) {
-                Ok(shape) => {
-                    let name = lock(&self.operation_name).clone();
-                    let types = self.types(ctx);
-                    crate::cost::estimate(&types, doc, &shape, variables, name.as_deref())
-                }
-                Err(err) => return Err(FanoutError::from(err).to_server_error()),
-            },
+        let shape = lock(&self.shape).take();
+        let requested = match (&parsed, shape, self.factory.engine.costs()) {
+            (Ok(doc), Some(shape), Some(_)) => {
+                let name = lock(&self.operation_name).clone();
+                let types = self.types(ctx);
+                crate::cost::estimate(&types, doc, &shape, variables, name.as_deref())
+            }
             _ => 0,
         };
         self.requested.store(requested, Relaxed);

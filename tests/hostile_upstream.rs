@@ -444,3 +444,35 @@ async fn the_answers_one_request_keeps_are_bounded_in_bytes_together() {
     assert_eq!(errors[0]["extensions"]["code"], "UPSTREAM_ERROR");
     assert_eq!(hostile.requests(), 3, "each distinct read was sent");
 }
+
+#[tokio::test]
+async fn a_cancelled_first_deriver_hands_over_to_the_next_caller() {
+    use fanout_budget::UpstreamResponse;
+    let response = Arc::new(UpstreamResponse::new(
+        "upstream:1",
+        StatusCode::OK,
+        axum::http::HeaderMap::new(),
+        bytes::Bytes::from_static(b"[1,2,3]"),
+    ));
+    // The first caller starts deriving, then never finishes: it is dropped.
+    let first = {
+        let response = response.clone();
+        tokio::spawn(async move {
+            response
+                .derived::<Vec<u64>, fanout_budget::FanoutError, _, _>(|| std::future::pending())
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    // The next caller derives (within a bound, not waiting on the dead one).
+    let made = tokio::time::timeout(
+        Duration::from_secs(5),
+        response.derived(|| async { response.json::<Vec<u64>>() }),
+    )
+    .await
+    .expect("the next caller was not left waiting")
+    .unwrap();
+    assert_eq!(*made, vec![1, 2, 3]);
+}

@@ -86,6 +86,19 @@ fn endpoint<'s>(
     Ok(url)
 }
 
+/// `/v2/<name>/<a>/<b>` on the registry: the name one segment per
+/// component, `a` and `b` one segment each.
+fn repo_endpoint(
+    base: &reqwest::Url,
+    name: &RepoName,
+    [a, b]: [&str; 2],
+) -> async_graphql::Result<reqwest::Url> {
+    endpoint(
+        base,
+        ["v2"].into_iter().chain(name.segments()).chain([a, b]),
+    )
+}
+
 /// The `rel="next"` target of a `Link` header, resolved against the registry.
 fn next_link(response: &UpstreamResponse, base: &reqwest::Url) -> Option<reqwest::Url> {
     let link = response.header("link")?;
@@ -194,8 +207,7 @@ pub async fn tag_list(
     name: &RepoName,
 ) -> async_graphql::Result<Option<Arc<Tags>>> {
     let base = registry(ctx)?;
-    let path = ["v2"].into_iter().chain(name.segments());
-    let first = endpoint(base, path.chain(["tags", "list"]))?;
+    let first = repo_endpoint(base, name, ["tags", "list"])?;
     let page = read(ctx, Read::get(first.clone())).await?;
     let tags = page
         .derived(|| async {
@@ -312,12 +324,8 @@ pub async fn manifest(
     name: &RepoName,
     tag: &TagName,
 ) -> async_graphql::Result<Arc<ManifestDoc>> {
-    let base = registry(ctx)?;
-    let path = ["v2"]
-        .into_iter()
-        .chain(name.segments())
-        .chain(["manifests", tag.as_str()]);
-    let manifest = Read::get(endpoint(base, path)?).accept(MANIFEST_ACCEPT_HEADER.clone());
+    let url = repo_endpoint(registry(ctx)?, name, ["manifests", tag.as_str()])?;
+    let manifest = Read::get(url).accept(MANIFEST_ACCEPT_HEADER.clone());
     let response = read(ctx, manifest).await?;
     // Parsed (and hashed) once per request, for every tag row sharing it.
     let doc = response
@@ -397,12 +405,8 @@ pub async fn config_blob(
     name: &RepoName,
     digest: &Digest,
 ) -> async_graphql::Result<Arc<ImageConfigDoc>> {
-    let base = registry(ctx)?;
-    let path = ["v2"]
-        .into_iter()
-        .chain(name.segments())
-        .chain(["blobs", digest.as_str()]);
-    let blob = Read::get(endpoint(base, path)?);
+    let url = repo_endpoint(registry(ctx)?, name, ["blobs", digest.as_str()])?;
+    let blob = Read::get(url);
     let response = read(ctx, blob).await?;
     let doc = response
         .derived(|| async {
