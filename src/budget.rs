@@ -8,8 +8,8 @@
 //!   ever moves `used` from `n` to `n + 1` while `n < limit`, so no interleaving
 //!   of concurrent reads can push `used` past the limit, and a refused read
 //!   changes nothing;
-//! - the **deadline** of the whole request, read from an injectable
-//!   [`Clock`];
+//! - the **deadline** of the whole request, on tokio's clock (the one clock
+//!   of every deadline and timer: tests pause and advance it);
 //! - the **concurrency** bound: `max_concurrent_reads` slots that every read
 //!   of the request holds while it is in flight — a counter moved by
 //!   compare-and-swap, and a `tokio::sync::Notify` for the reads waiting for
@@ -17,68 +17,101 @@
 //!   read is waiting; waiting reads are not served in FIFO order (they are
 //!   the same request's reads), and a waiter that gives up (its deadline)
 //!   passes a wake-up it received on to the next;
-//! - per-request [`ReadStats`] counters.
+//! - per-request counters ([`ReadCounts`]).
 //!
-//! The budget never sends anything; the acquisition point
-//! ([`crate::upstream`]) charges it right before a read is sent.
+//! The budget never sends anything; the acquisition point (`upstream.rs`)
+//! charges it right before a read is sent. Its refusals are unit errors
+//! ([`Exhausted`], [`TimedOut`]); the acquisition point names them.
 
-use crate::clock::Clock;
-use crate::error::FanoutError;
-#[cfg(feature = "loom")]
+#[cfg(loom)]
 use loom::sync::atomic::AtomicU64 as ChargeCounter;
-#[cfg(not(feature = "loom"))]
+#[cfg(not(loom))]
 use std::sync::atomic::AtomicU64 as ChargeCounter;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+#[cfg(all(test, loom))]
+mod loom;
+#[cfg(all(test, not(loom)))]
+mod tests;
+
 /// The read budget, deadline and counters of one inbound HTTP request.
+///
+/// Every operation of a batch sees the same budget:
+///
+/// ```
+/// # use fanout_budget::{Caller, Config, Engine};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let mut config = Config::default();
+/// config.budget.max_reads = 3;
+/// let request = Engine::new(config).begin_request(Caller::Public);
+/// let budget = request.budget();
+/// assert_eq!((budget.limit(), budget.used(), budget.remaining()), (3, 0, 3));
+/// assert!(budget.time_left().is_some(), "the deadline started with the request");
+/// # }
+/// ```
 pub struct RequestBudget {
     limit: u64,
     used: ChargeCounter,
     requested: AtomicU64,
     deadline: Instant,
-    clock: Arc<dyn Clock>,
     slots: Slots,
     stats: ReadStats,
 }
 
-/// What one request's reads did. Every read that was sent ends in exactly one
-/// of `succeeded`, `failed`, `timed_out` or `cancelled`, so `issued` balances them.
+/// The charge was refused: no read is left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Exhausted;
+
+/// The deadline passed while waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TimedOut;
+
+/// The request's counters, bumped by the acquisition point.
 #[derive(Debug, Default)]
-pub struct ReadStats {
-    /// Reads sent upstream (each one charged).
-    pub issued: AtomicU64,
-    /// Sent reads that got a response (any status).
-    pub succeeded: AtomicU64,
-    /// Sent reads that failed in transport.
-    pub failed: AtomicU64,
-    /// Sent reads cut by the read timeout or the deadline.
-    pub timed_out: AtomicU64,
-    /// Sent reads dropped unfinished because their inbound request was cancelled.
-    pub cancelled: AtomicU64,
-    /// Reads answered from the request's de-duplication cache.
-    pub dedup_hits: AtomicU64,
-    /// Reads refused because the budget was exhausted.
-    pub refused_budget: AtomicU64,
-    /// Reads refused because their host was saturated.
-    pub refused_host: AtomicU64,
-    /// Reads refused because the deadline passed before they could be sent.
-    pub refused_deadline: AtomicU64,
+pub(crate) struct ReadStats {
+    pub(crate) issued: AtomicU64,
+    pub(crate) succeeded: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) timed_out: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+    pub(crate) dedup_hits: AtomicU64,
+    pub(crate) refused_budget: AtomicU64,
+    pub(crate) refused_host: AtomicU64,
+    pub(crate) refused_deadline: AtomicU64,
 }
 
-impl ReadStats {
-    /// `issued == succeeded + failed + timed_out + cancelled` (holds once no
-    /// read of the request is in flight).
+/// What one request's reads did, at one moment. Every read that was sent
+/// ends in exactly one of `succeeded`, `failed`, `timed_out` or
+/// `cancelled`, so `issued` balances them once none is in flight.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadCounts {
+    /// Reads sent upstream (each one charged).
+    pub issued: u64,
+    /// Sent reads that got a response (any status).
+    pub succeeded: u64,
+    /// Sent reads that failed in transport.
+    pub failed: u64,
+    /// Sent reads cut by the read timeout or the deadline.
+    pub timed_out: u64,
+    /// Sent reads dropped unfinished because their inbound request was cancelled.
+    pub cancelled: u64,
+    /// Reads answered from the request's de-duplication cache.
+    pub dedup_hits: u64,
+    /// Reads refused because the budget was exhausted.
+    pub refused_budget: u64,
+    /// Reads refused because their host was saturated.
+    pub refused_host: u64,
+    /// Reads refused because the deadline passed before they could be sent.
+    pub refused_deadline: u64,
+}
+
+impl ReadCounts {
+    /// `issued == succeeded + failed + timed_out + cancelled`.
     pub fn balanced(&self) -> bool {
-        let get = |c: &AtomicU64| c.load(Relaxed);
-        get(&self.issued)
-            == get(&self.succeeded)
-                + get(&self.failed)
-                + get(&self.timed_out)
-                + get(&self.cancelled)
+        self.issued == self.succeeded + self.failed + self.timed_out + self.cancelled
     }
 }
 
@@ -97,18 +130,12 @@ pub struct BudgetSnapshot {
 
 impl RequestBudget {
     /// A budget of `limit` reads, `max_concurrent` reads in flight, ending at `deadline`.
-    pub fn new(
-        limit: u64,
-        max_concurrent: usize,
-        deadline: Instant,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
+    pub(crate) fn new(limit: u64, max_concurrent: usize, deadline: Instant) -> Self {
         Self {
             limit,
             used: ChargeCounter::new(0),
             requested: AtomicU64::new(0),
             deadline,
-            clock,
             slots: Slots {
                 max: max_concurrent.max(1),
                 held: AtomicUsize::new(0),
@@ -120,15 +147,12 @@ impl RequestBudget {
     }
 
     /// Charges one read, or refuses it (and changes nothing) when none is left.
-    pub fn try_charge(&self) -> Result<(), FanoutError> {
+    pub(crate) fn try_charge(&self) -> Result<(), Exhausted> {
         let limit = self.limit;
-        match self
-            .used
+        self.used
             .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1))
-        {
-            Ok(_) => Ok(()),
-            Err(_) => Err(FanoutError::BudgetExhausted { limit }),
-        }
+            .map(drop)
+            .map_err(|_| Exhausted)
     }
 
     /// Whether no read is left (a cheap check before waiting for anything).
@@ -151,8 +175,8 @@ impl RequestBudget {
         self.limit.saturating_sub(self.used())
     }
 
-    /// Records the request's worst-case reads (the cost preview).
-    pub fn add_requested(&self, reads: u64) {
+    /// Records worst-case reads of the request's operations (the cost preview).
+    pub(crate) fn add_requested(&self, reads: u64) {
         self.requested.fetch_add(reads, Relaxed);
     }
 
@@ -179,29 +203,36 @@ impl RequestBudget {
 
     /// Time left before the deadline; `None` once it has passed.
     pub fn time_left(&self) -> Option<Duration> {
-        self.time_left_at(self.clock.now())
+        self.time_left_at(Instant::now())
     }
 
-    /// Time left before the deadline at `now` (read from [`now`](Self::now)).
+    /// Time left before the deadline at `now`.
     pub(crate) fn time_left_at(&self, now: Instant) -> Option<Duration> {
         self.deadline
             .checked_duration_since(now)
             .filter(|left| !left.is_zero())
     }
 
-    /// "Now" on the request's clock.
-    pub(crate) fn now(&self) -> Instant {
-        self.clock.now()
-    }
-
-    /// Whether the request's clock is tokio's (see [`Clock::is_tokio_clock`]).
-    pub(crate) fn on_tokio_clock(&self) -> bool {
-        self.clock.is_tokio_clock()
-    }
-
     /// The request's counters.
-    pub fn stats(&self) -> &ReadStats {
+    pub(crate) fn stats(&self) -> &ReadStats {
         &self.stats
+    }
+
+    /// What the request's reads did so far.
+    pub fn counts(&self) -> ReadCounts {
+        let s = &self.stats;
+        let get = |c: &AtomicU64| c.load(Relaxed);
+        ReadCounts {
+            issued: get(&s.issued),
+            succeeded: get(&s.succeeded),
+            failed: get(&s.failed),
+            timed_out: get(&s.timed_out),
+            cancelled: get(&s.cancelled),
+            dedup_hits: get(&s.dedup_hits),
+            refused_budget: get(&s.refused_budget),
+            refused_host: get(&s.refused_host),
+            refused_deadline: get(&s.refused_deadline),
+        }
     }
 
     /// Reads of this request holding an in-flight slot right now.
@@ -209,21 +240,15 @@ impl RequestBudget {
         self.slots.held.load(Relaxed)
     }
 
-    /// One of the request's in-flight slots if one is free now.
-    pub fn try_in_flight_slot(&self) -> Option<InFlightSlot<'_>> {
-        self.slots.try_acquire()
-    }
-
-    /// Waits for one of the request's in-flight slots, never past the
-    /// deadline (`DEADLINE_EXCEEDED`).
-    pub async fn in_flight_slot(&self) -> Result<InFlightSlot<'_>, FanoutError> {
-        if let Some(slot) = self.try_in_flight_slot() {
+    /// One of the request's in-flight slots, waiting for one never past
+    /// the deadline.
+    pub(crate) async fn in_flight_slot(&self) -> Result<InFlightSlot<'_>, TimedOut> {
+        if let Some(slot) = self.slots.try_acquire() {
             return Ok(slot);
         }
-        let left = self.time_left().ok_or(FanoutError::DeadlineExceeded)?;
-        tokio::time::timeout(left, self.slots.acquire())
+        tokio::time::timeout_at(self.deadline, self.slots.acquire())
             .await
-            .map_err(|_| FanoutError::DeadlineExceeded)
+            .map_err(|_| TimedOut)
     }
 }
 
@@ -238,7 +263,7 @@ struct Slots {
 
 /// One of a request's in-flight slots, released when dropped.
 #[must_use = "the slot is released as soon as it is dropped"]
-pub struct InFlightSlot<'a> {
+pub(crate) struct InFlightSlot<'a> {
     slots: &'a Slots,
 }
 
@@ -306,6 +331,7 @@ impl std::fmt::Debug for RequestBudget {
     }
 }
 
+/// Adds one to a counter of [`ReadStats`].
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Relaxed);
 }

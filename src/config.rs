@@ -395,6 +395,7 @@ impl Config {
                     "redis.url: \"{url}\" must start with redis:// or rediss://"
                 )));
             }
+            #[cfg(feature = "redis")]
             if let Err(e) = redis::Client::open(url.as_str()) {
                 return Err(ConfigError(format!("redis.url: \"{url}\": {e}")));
             }

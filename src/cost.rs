@@ -64,9 +64,22 @@ impl FieldCost {
 }
 
 /// The declared costs of a schema's fields.
+///
+/// ```
+/// use fanout_budget::{Config, CostTable, Engine, FieldCost};
+///
+/// // `Query.repositories(first)` reads one page, then each row's sub-selection.
+/// let costs = CostTable::new()
+///     .field("Query", "repositories", FieldCost::reads(1).times_arg("first"))
+///     .field("Repository", "manifest", FieldCost::reads(1));
+/// assert_eq!(costs.get("Repository", "manifest"), Some(&FieldCost::reads(1)));
+/// let engine = Engine::builder(Config::default()).costs(costs).build();
+/// # drop(engine);
+/// ```
 #[derive(Clone, Debug, Default)]
 pub struct CostTable {
-    fields: HashMap<(String, String), FieldCost>,
+    /// By type, then field (looked up with borrowed names).
+    fields: HashMap<String, HashMap<String, FieldCost>>,
 }
 
 impl CostTable {
@@ -78,19 +91,21 @@ impl CostTable {
     /// Declares the cost of `type_name.field`.
     pub fn field(mut self, type_name: &str, field: &str, cost: FieldCost) -> Self {
         self.fields
-            .insert((type_name.to_string(), field.to_string()), cost);
+            .entry(type_name.to_string())
+            .or_default()
+            .insert(field.to_string(), cost);
         self
     }
 
     /// The declared cost of `type_name.field`, if any.
     pub fn get(&self, type_name: &str, field: &str) -> Option<&FieldCost> {
-        self.fields.get(&(type_name.to_string(), field.to_string()))
+        self.fields.get(type_name)?.get(field)
     }
 }
 
 /// The worst-case reads of the operation that would run in `doc` — the one
-/// named `operation_name`, or the only one — with the costs compiled into
-/// `types`. 0 when there is no such operation (validation then refuses it).
+/// named `operation_name`, or the only one — with the declared `costs` and
+/// the schema's `types`. 0 when there is no such operation (validation then refuses it).
 ///
 /// Linear in the document: `shape` (from [`crate::shape::check`]) orders the
 /// fragments so that each is priced once, after the fragments it spreads,
@@ -98,6 +113,7 @@ impl CostTable {
 /// multiplier (`cost(s, m) = m × cost(s, 1)`), so a fragment's price at 1
 /// serves wherever it is spread.
 pub(crate) fn estimate(
+    costs: &CostTable,
     types: &SchemaTypes,
     doc: &ExecutableDocument,
     shape: &Shape,
@@ -120,6 +136,7 @@ pub(crate) fn estimate(
         return 0;
     };
     let mut walk = Walk {
+        costs,
         types,
         variables,
         op,
@@ -138,6 +155,7 @@ pub(crate) fn estimate(
 }
 
 struct Walk<'a> {
+    costs: &'a CostTable,
     types: &'a SchemaTypes,
     variables: &'a Variables,
     op: &'a OperationDefinition,
@@ -158,7 +176,7 @@ impl Walk<'_> {
                     let Some(info) = self.types.field(ty, &field.name.node) else {
                         continue;
                     };
-                    let (reads, times) = match &info.cost {
+                    let (reads, times) = match self.costs.get(ty, &field.name.node) {
                         None => (0, 1),
                         Some(cost) => (cost.reads, self.times(&cost.times, field, info)),
                     };

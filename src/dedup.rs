@@ -21,7 +21,7 @@
 //! waiters are woken; the first of them runs the read itself, the others wait
 //! for it. The map lives exactly as long as the request.
 
-use crate::hash::KeyedHashBuilder;
+use foldhash::fast::RandomState;
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -31,15 +31,17 @@ use tokio::sync::Notify;
 const FIRST_CAPACITY: usize = 7;
 
 /// A single-flight cache for one request.
-pub struct Dedup<K, V> {
+pub(crate) struct Dedup<K, V> {
     cells: Mutex<Cells<K, V>>,
 }
 
-type Cells<K, V> = HashMap<K, Arc<Cell<V>>, KeyedHashBuilder>;
+/// Keys are URLs a client can steer, so the hash is seeded per table
+/// (foldhash's `RandomState`).
+type Cells<K, V> = HashMap<K, Arc<Cell<V>>, RandomState>;
 
 /// Whether a value came from a read this caller ran or from one it shared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Origin {
+pub(crate) enum Origin {
     /// This caller ran the read.
     Ran,
     /// Another caller's read (in flight or completed) answered.
@@ -97,15 +99,9 @@ impl<V> Drop for Runner<'_, V> {
 
 impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
     /// An empty cache.
-    pub fn new() -> Self {
-        Self::with_hasher(KeyedHashBuilder::new())
-    }
-
-    /// An empty cache hashing with `hasher` (the engine's, so opening a
-    /// request draws no new seed).
-    pub(crate) fn with_hasher(hasher: KeyedHashBuilder) -> Self {
+    pub(crate) fn new() -> Self {
         Self {
-            cells: Mutex::new(HashMap::with_hasher(hasher)),
+            cells: Mutex::new(HashMap::default()),
         }
     }
 
@@ -118,7 +114,7 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
     ///
     /// Cancellation-safe: dropping the returned future while it runs the read
     /// hands the read over to a waiting caller (or the next one).
-    pub async fn get_or_run<F, Fut>(&self, key: K, read: F) -> (V, Origin)
+    pub(crate) async fn get_or_run<F, Fut>(&self, key: K, read: F) -> (V, Origin)
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = V>,
@@ -172,15 +168,6 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
         }
     }
 
-    /// Distinct keys seen so far.
-    pub fn len(&self) -> usize {
-        self.cells().len()
-    }
-
-    /// Whether no key was seen yet.
-    pub fn is_empty(&self) -> bool {
-        self.cells().is_empty()
-    }
 }
 
 /// Runs the read for `cell`, which the caller has marked running.
@@ -207,8 +194,11 @@ where
     value
 }
 
-impl<K: Eq + Hash, V: Clone> Default for Dedup<K, V> {
-    fn default() -> Self {
-        Self::new()
+impl<K, V> std::fmt::Debug for Dedup<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dedup").finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests;

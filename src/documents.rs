@@ -32,7 +32,7 @@
 //! the cache, never memory. A text that does not parse is not kept
 //! (async-graphql parses it again and reports the error).
 
-use crate::hash::KeyedHashBuilder;
+use foldhash::fast::RandomState;
 use crate::metrics::DocumentMetrics;
 use async_graphql::parser::types::{
     BaseType, Directive, DocumentOperations, ExecutableDocument, OperationDefinition, Selection,
@@ -55,7 +55,7 @@ pub(crate) struct Documents {
 }
 
 struct Table {
-    docs: HashMap<Box<str>, Arc<ExecutableDocument>, KeyedHashBuilder>,
+    docs: HashMap<Box<str>, Arc<ExecutableDocument>, RandomState>,
     /// The kept entries' weight (see the module docs).
     bytes: usize,
 }
@@ -75,10 +75,10 @@ const MAX_KEPT_DEPTH: usize = 256;
 
 impl Documents {
     /// Keeps entries weighing at most `max_bytes` in all; `0`: keeps nothing.
-    pub(crate) fn new(max_bytes: usize, hasher: KeyedHashBuilder) -> Self {
+    pub(crate) fn new(max_bytes: usize) -> Self {
         Self {
             table: RwLock::new(Table {
-                docs: HashMap::with_hasher(hasher),
+                docs: HashMap::default(),
                 bytes: 0,
             }),
             max_bytes,
@@ -128,11 +128,7 @@ impl Documents {
             let emptied = if table.bytes + entry > self.max_bytes {
                 metrics.kept_bytes.decrement(table.bytes as f64);
                 table.bytes = 0;
-                let hasher = table.docs.hasher().clone();
-                Some(std::mem::replace(
-                    &mut table.docs,
-                    HashMap::with_hasher(hasher),
-                ))
+                Some(std::mem::take(&mut table.docs))
             } else {
                 None
             };
@@ -183,7 +179,13 @@ impl Drop for Documents {
 /// built by hand goes deeper; such a document is not kept).
 ///
 /// Public so that operators can size `http.document_cache_bytes` for their
-/// queries: `weight(&parse_query(text)?)`.
+/// queries:
+///
+/// ```
+/// let doc = async_graphql::parser::parse_query("{ repositories(first: 20) { name } }").unwrap();
+/// let bytes = fanout_budget::document_weight(&doc).unwrap();
+/// assert!(bytes > 0);
+/// ```
 pub fn weight(doc: &ExecutableDocument) -> Option<usize> {
     let mut w = Weigher { bytes: 0 };
     match &doc.operations {
@@ -357,7 +359,7 @@ mod tests {
     use super::*;
 
     fn documents(max_bytes: usize) -> Documents {
-        Documents::new(max_bytes, KeyedHashBuilder::new())
+        Documents::new(max_bytes)
     }
 
     fn same(a: &ExecutableDocument, b: &ExecutableDocument) -> bool {

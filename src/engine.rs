@@ -1,55 +1,80 @@
 //! The engine: the long-lived state every request's reads share.
 //!
 //! One [`Engine`] lives as long as the process (it is a cheap `Arc` clone). It
-//! owns what must outlive any single request: the configuration, the pooled
-//! `reqwest::Client`, the per-host [`HostLimiter`], the clock, and the internal
-//! callers' token. For each inbound HTTP request it opens one
-//! [`FanoutRequest`] — the request's budget and de-duplication cache — which the
-//! HTTP integration attaches to every operation of the batch.
+//! owns what must outlive any single request: the configuration, the
+//! transport (a pooled `reqwest::Client` by default), the per-host
+//! [`HostLimiter`], the parsed-document cache and the internal callers'
+//! token. For each inbound HTTP request it opens one [`FanoutRequest`] and
+//! hands it, once, what the request's reads need (the read path's parts).
+//!
+//! Time is tokio's clock everywhere — deadlines, read timeouts, waits — so
+//! a test that pauses it (`tokio::time::pause`) moves all of them together.
 
 use crate::budget::RequestBudget;
-use crate::clock::{Clock, TokioClock};
 use crate::config::Config;
 use crate::cost::CostTable;
 use crate::documents::Documents;
-use crate::extension::FanoutExtension;
-use crate::hash::KeyedHashBuilder;
 use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
+use crate::request::FanoutRequest;
 use crate::transport::{HttpTransport, Transport};
-use crate::upstream::FanoutRequest;
+use crate::upstream::ReadParts;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 /// The long-lived engine state. Clone it freely.
+///
+/// ```
+/// use fanout_budget::{Caller, Config, Engine};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let engine = Engine::new(Config::default());
+/// let request = engine.begin_request(Caller::Public);
+/// assert_eq!(request.budget().used(), 0);
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Engine {
-    pub(crate) inner: Arc<EngineInner>,
+    inner: Arc<EngineInner>,
 }
 
-pub(crate) struct EngineInner {
-    pub(crate) config: Config,
-    pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) hosts: Arc<dyn HostLimiter>,
-    /// Each upstream host resolved once (its name, metrics and cap).
-    pub(crate) host_table: HostTable,
-    /// Seeds every request's de-duplication table.
-    pub(crate) dedup_hasher: KeyedHashBuilder,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) token: InternalToken,
-    pub(crate) costs: Option<CostTable>,
+struct EngineInner {
+    config: Config,
+    /// What every request's reads need, handed over as one `Arc`.
+    reads: Arc<ReadParts>,
+    token: InternalToken,
+    costs: Option<CostTable>,
     /// Parsed documents kept by query text, for every integration served
     /// by this engine (`http.document_cache_bytes` in all).
-    pub(crate) documents: Documents,
+    documents: Documents,
 }
 
 /// Builds an [`Engine`] with non-default parts.
+///
+/// ```
+/// use fanout_budget::{Config, Engine, LocalHostCaps};
+/// use std::sync::Arc;
+///
+/// let config = Config::default();
+/// let engine = Engine::builder(config.clone())
+///     .host_limiter(Arc::new(LocalHostCaps::new(config.hosts.clone())))
+///     .build();
+/// # drop(engine);
+/// ```
 pub struct EngineBuilder {
     config: Config,
     client: Option<reqwest::Client>,
     transport: Option<Arc<dyn Transport>>,
     hosts: Option<Arc<dyn HostLimiter>>,
-    clock: Arc<dyn Clock>,
     costs: Option<CostTable>,
+}
+
+impl std::fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineBuilder")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl EngineBuilder {
@@ -78,12 +103,6 @@ impl EngineBuilder {
         self
     }
 
-    /// Reads deadlines from this clock (tests inject a [`ManualClock`](crate::ManualClock)).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
     /// Prices every operation with `costs` before it runs (the cost preview:
     /// `extensions.fanout.requested`, and `refuse_over_estimate`).
     pub fn costs(mut self, costs: CostTable) -> Self {
@@ -108,16 +127,20 @@ impl EngineBuilder {
             .hosts
             .unwrap_or_else(|| Arc::new(LocalHostCaps::new(self.config.hosts.clone())));
         let token = InternalToken::new(&self.config.rate_limit.internal_token);
-        let dedup_hasher = KeyedHashBuilder::new();
-        let documents = Documents::new(self.config.http.document_cache_bytes, dedup_hasher.clone());
+        let documents = Documents::new(self.config.http.document_cache_bytes);
+        let upstream = &self.config.upstream;
+        let reads = Arc::new(ReadParts {
+            transport,
+            hosts,
+            host_table: HostTable::default(),
+            read_timeout: self.config.budget.read_timeout(),
+            max_redirects: upstream.max_redirects,
+            max_request_bytes: upstream.max_request_bytes as u64,
+        });
         Engine {
             inner: Arc::new(EngineInner {
                 config: self.config,
-                transport,
-                hosts,
-                host_table: HostTable::default(),
-                dedup_hasher,
-                clock: self.clock,
+                reads,
                 token,
                 costs: self.costs,
                 documents,
@@ -132,14 +155,13 @@ impl Engine {
         Self::builder(config).build()
     }
 
-    /// A builder, to inject a client, a host limiter or a clock.
+    /// A builder, to inject a client, a transport, a host limiter or costs.
     pub fn builder(config: Config) -> EngineBuilder {
         EngineBuilder {
             config,
             client: None,
             transport: None,
             hosts: None,
-            clock: Arc::new(TokioClock),
             costs: None,
         }
     }
@@ -156,12 +178,12 @@ impl Engine {
 
     /// The per-host limiter.
     pub fn hosts(&self) -> &dyn HostLimiter {
-        &*self.inner.hosts
+        &*self.inner.reads.hosts
     }
 
-    /// The async-graphql extension to mount with `Schema::build(..).extension(..)`.
-    pub fn extension(&self) -> FanoutExtension {
-        FanoutExtension::new(self.clone())
+    /// The parsed-document cache.
+    pub(crate) fn documents(&self) -> &Documents {
+        &self.inner.documents
     }
 
     /// Who presents these request headers: an internal caller only on an
@@ -179,14 +201,9 @@ impl Engine {
             Caller::Internal => b.internal_max_reads,
             Caller::Public => b.max_reads,
         };
-        let deadline = self.inner.clock.now() + b.deadline();
-        let budget = RequestBudget::new(
-            limit,
-            b.max_concurrent_reads,
-            deadline,
-            self.inner.clock.clone(),
-        );
-        FanoutRequest::new(self.clone(), budget, caller)
+        let budget = RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
+        let price_first = b.refuse_over_estimate && self.inner.costs.is_some();
+        FanoutRequest::new(self.inner.reads.clone(), budget, caller, price_first)
     }
 }
 

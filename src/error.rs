@@ -1,27 +1,44 @@
-//! The one error type, and the one place it is mapped to the contract's codes.
+//! Errors, and the one place they are mapped to the contract's codes.
 //!
-//! Every refusal or failure the engine can produce is a [`FanoutError`]. Its
-//! [`code`](FanoutError::code), its GraphQL `extensions` and — for the errors
-//! that answer a whole HTTP request — its HTTP status are decided here and
-//! nowhere else, so a resolver, the extension and the HTTP integration can
-//! never disagree about what `HOST_SATURATED` carries.
+//! Three kinds, each as narrow as what can go wrong where it is made:
 //!
-//! Field-level errors (`FANOUT_BUDGET_EXHAUSTED`, `UPSTREAM_TIMEOUT`,
-//! `DEADLINE_EXCEEDED`, `UPSTREAM_ERROR`, `HOST_SATURATED`, `BAD_USER_INPUT`)
-//! become GraphQL errors carrying their code (see [`attach_codes`]);
-//! request-level ones (`BAD_REQUEST`, `BATCH_TOO_LARGE`, `REQUEST_TIMEOUT`, …)
-//! become whole HTTP
-//! answers through [`FanoutError::http_status`] and
-//! [`FanoutError::to_response_body`].
+//! | type | made by | becomes |
+//! |---|---|---|
+//! | [`ReadError`] | a read (or a resolver refusing its input) | a GraphQL error with `extensions.code`, at the field's path |
+//! | [`HostRefusal`] | a [`HostLimiter`](crate::HostLimiter) | a [`ReadError`] naming the host |
+//! | [`Rejection`] | the HTTP integration, the limiter | a whole HTTP answer: status, `errors[0].extensions.code` |
+//!
+//! A [`ReadError`] converts into `async_graphql::Error` with its code
+//! already in `extensions`, so `?` in a resolver keeps the code under any
+//! executor — `FanoutGraphQL`, the extension, or a bare `schema.execute`.
+//! It has no `Display` on purpose: async-graphql converts every `Display`
+//! type into an error *without* extensions, and that blanket conversion
+//! would win over ours. Its text is [`ReadError::message`].
+//!
+//! Errors of a whole operation (parse, validation, a refused estimate, the
+//! deadline cutting it) are made here too (`operation_error`); async-graphql's
+//! own errors get their codes where a response is finished (`finish.rs`).
 
-use async_graphql::{ErrorExtensionValues, Pos, ServerError};
-use http::StatusCode;
+use async_graphql::{ErrorExtensionValues, ErrorExtensions, Pos, ServerError};
+use axum::response::{IntoResponse, Response};
+use http::{header, HeaderValue, StatusCode};
 use std::fmt;
 
-/// Everything the engine refuses or fails with, one variant per contract code.
+/// Why a read failed or was refused: one variant per field-level code.
+///
+/// ```
+/// use fanout_budget::ReadError;
+///
+/// let err = ReadError::BudgetExhausted { limit: 50 };
+/// assert_eq!(err.code(), "FANOUT_BUDGET_EXHAUSTED");
+/// // `?` in a resolver: the code travels in `extensions`.
+/// let gql: async_graphql::Error = err.into();
+/// let code = gql.extensions.unwrap().get("code").cloned();
+/// assert_eq!(code, Some(async_graphql::Value::from("FANOUT_BUDGET_EXHAUSTED")));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum FanoutError {
+pub enum ReadError {
     /// The inbound HTTP request has used all of its upstream reads.
     BudgetExhausted {
         /// The request's read limit.
@@ -52,75 +69,21 @@ pub enum FanoutError {
         /// The host's cap.
         max_concurrent: u32,
     },
-    /// An argument is out of range (e.g. `first` outside `1..=100`).
-    BadUserInput {
-        /// What is wrong with the input.
-        message: String,
-    },
-    /// Malformed JSON, an empty batch, or not a GraphQL request (HTTP 400).
-    BadRequest {
-        /// What is wrong with the request.
-        message: String,
-    },
-    /// The batch has more operations than `max_batch_operations` (HTTP 400).
-    BatchTooLarge {
-        /// The configured maximum.
-        max: usize,
-    },
-    /// The body is larger than `max_body_bytes` (HTTP 413).
-    PayloadTooLarge {
-        /// The configured maximum.
-        max: usize,
-    },
-    /// The request body did not arrive within `min(body_read_timeout_ms,
-    /// time left before the deadline)` (HTTP 408).
-    RequestTimeout {
-        /// The bound the body had to arrive within.
-        timeout_ms: u64,
-    },
-    /// The batch's worst-case reads exceed its budget (only with `refuse_over_estimate`).
-    EstimateExceedsBudget {
-        /// The worst case, summed over the batch.
-        requested: u64,
-        /// The request's read limit.
-        limit: u64,
-    },
-    /// The caller's inbound rate is exhausted (HTTP 429).
-    RateLimited {
-        /// Whole seconds until a request would be admitted (at least 1).
-        retry_after_secs: u64,
-    },
-    /// A shared-state backend is down and `failure_mode = "closed"` (HTTP 503).
+    /// The shared host caps are unreachable and `failure_mode = "closed"`.
     Unavailable {
         /// Which backend, for humans.
         message: String,
     },
-    /// The answer would be larger than `http.max_response_bytes` (it is
-    /// replaced by this error; the reads it made were charged).
-    ResponseTooLarge {
-        /// The configured maximum.
-        max: usize,
-    },
-    /// The operation's text is not GraphQL (nothing of it ran).
-    ParseFailed {
-        /// The parser's message.
+    /// An argument is invalid (e.g. `first` outside `1..=100`): refused
+    /// before anything is read.
+    BadUserInput {
+        /// What is wrong with the input.
         message: String,
-        /// Where, in the text.
-        locations: Vec<Pos>,
-    },
-    /// The operation is not valid: a fragment cycle, an expansion past
-    /// `http.max_selections`, or any of async-graphql's validation rules
-    /// (nothing of it ran).
-    ValidationFailed {
-        /// What is wrong.
-        message: String,
-        /// Where, in the text.
-        locations: Vec<Pos>,
     },
 }
 
-impl FanoutError {
-    /// The contract's `extensions.code` for this error.
+impl ReadError {
+    /// The contract's `extensions.code`.
     pub fn code(&self) -> &'static str {
         match self {
             Self::BudgetExhausted { .. } => "FANOUT_BUDGET_EXHAUSTED",
@@ -128,31 +91,37 @@ impl FanoutError {
             Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Self::Upstream { .. } => "UPSTREAM_ERROR",
             Self::HostSaturated { .. } => "HOST_SATURATED",
-            Self::BadUserInput { .. } => "BAD_USER_INPUT",
-            Self::BadRequest { .. } => "BAD_REQUEST",
-            Self::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
-            Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
-            Self::RequestTimeout { .. } => "REQUEST_TIMEOUT",
-            Self::EstimateExceedsBudget { .. } => "FANOUT_ESTIMATE_EXCEEDS_BUDGET",
-            Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Unavailable { .. } => "UNAVAILABLE",
-            Self::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
-            Self::ParseFailed { .. } => "GRAPHQL_PARSE_FAILED",
-            Self::ValidationFailed { .. } => "GRAPHQL_VALIDATION_FAILED",
+            Self::BadUserInput { .. } => "BAD_USER_INPUT",
         }
     }
 
-    /// The HTTP status when this error answers a whole HTTP request.
-    ///
-    /// Field-level errors travel inside a 200 answer; they map to 200 here.
-    pub fn http_status(&self) -> StatusCode {
+    /// The error's text, for humans.
+    pub fn message(&self) -> String {
         match self {
-            Self::BadRequest { .. } | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::OK,
+            Self::BudgetExhausted { limit } => {
+                format!("fan-out budget exhausted: this request may make {limit} upstream reads")
+            }
+            Self::UpstreamTimeout { host, timeout_ms } => {
+                format!("upstream {host} did not answer within {timeout_ms} ms")
+            }
+            Self::DeadlineExceeded => "the request deadline passed before this read finished".into(),
+            Self::Upstream {
+                host,
+                status: Some(status),
+                message,
+            } => format!("upstream {host} answered {status}: {message}"),
+            Self::Upstream {
+                host,
+                status: None,
+                message,
+            } => format!("upstream {host} failed: {message}"),
+            Self::HostSaturated {
+                host,
+                max_concurrent,
+            } => format!("upstream {host} is saturated ({max_concurrent} reads in flight)"),
+            Self::Unavailable { message } => format!("unavailable: {message}"),
+            Self::BadUserInput { message } => message.clone(),
         }
     }
 
@@ -179,190 +148,282 @@ impl FanoutError {
                 ext.set("host", host.as_str());
                 ext.set("maxConcurrent", *max_concurrent);
             }
-            Self::BatchTooLarge { max }
-            | Self::PayloadTooLarge { max }
-            | Self::ResponseTooLarge { max } => ext.set("max", *max as u64),
-            Self::EstimateExceedsBudget { requested, limit } => {
-                ext.set("requested", *requested);
-                ext.set("limit", *limit);
-            }
-            Self::RateLimited { retry_after_secs } => ext.set("retryAfter", *retry_after_secs),
-            Self::RequestTimeout { timeout_ms } => ext.set("timeoutMs", *timeout_ms),
-            Self::DeadlineExceeded
-            | Self::BadUserInput { .. }
-            | Self::BadRequest { .. }
-            | Self::Unavailable { .. }
-            | Self::ParseFailed { .. }
-            | Self::ValidationFailed { .. } => {}
+            Self::DeadlineExceeded | Self::Unavailable { .. } | Self::BadUserInput { .. } => {}
         }
         ext
-    }
-
-    /// This error as a GraphQL error (message + extensions, no path).
-    pub fn to_graphql_error(&self) -> async_graphql::Error {
-        async_graphql::Error {
-            message: self.to_string(),
-            source: None,
-            extensions: Some(self.extensions()),
-        }
-    }
-
-    /// This error as async-graphql's error of a whole operation (no path),
-    /// with its locations in the query text when it has some.
-    pub fn to_server_error(&self) -> ServerError {
-        let locations = match self {
-            Self::ParseFailed { locations, .. } | Self::ValidationFailed { locations, .. } => {
-                locations.clone()
-            }
-            _ => Vec::new(),
-        };
-        let mut error = ServerError::new(self.to_string(), None);
-        error.locations = locations;
-        error.extensions = Some(self.extensions());
-        error
-    }
-
-    /// The JSON body of a whole-request answer: `{"errors":[{message, extensions}]}`.
-    pub fn to_response_body(&self) -> serde_json::Value {
-        let extensions = serde_json::to_value(self.extensions()).unwrap_or_default();
-        let mut body = serde_json::json!({
-            "errors": [{ "message": self.to_string(), "extensions": extensions }]
-        });
-        if matches!(
-            self,
-            Self::EstimateExceedsBudget { .. } | Self::ResponseTooLarge { .. }
-        ) {
-            body["data"] = serde_json::Value::Null;
-        }
-        body
     }
 
     /// Whether the read was refused before anything was sent upstream.
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::BudgetExhausted { .. } | Self::HostSaturated { .. } | Self::Unavailable { .. }
+            Self::BudgetExhausted { .. }
+                | Self::HostSaturated { .. }
+                | Self::Unavailable { .. }
+                | Self::BadUserInput { .. }
         )
     }
 }
 
-impl fmt::Display for FanoutError {
+impl ErrorExtensions for ReadError {
+    fn extend(&self) -> async_graphql::Error {
+        async_graphql::Error {
+            message: self.message(),
+            source: Some(std::sync::Arc::new(self.clone())),
+            extensions: Some(self.extensions()),
+        }
+    }
+}
+
+impl From<ReadError> for async_graphql::Error {
+    fn from(err: ReadError) -> Self {
+        err.extend()
+    }
+}
+
+/// A [`HostLimiter`](crate::HostLimiter)'s refusal of a host slot (the read
+/// path names the host when it makes the [`ReadError`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostRefusal {
+    /// The host's cap is full (or 0), and no slot came in time.
+    Saturated {
+        /// The host's cap.
+        max_concurrent: u32,
+    },
+    /// The shared limiter is unreachable and `failure_mode = "closed"`.
+    Unavailable {
+        /// Which backend, for humans.
+        message: String,
+    },
+}
+
+impl HostRefusal {
+    /// The contract's code of the read error it becomes.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Saturated { .. } => "HOST_SATURATED",
+            Self::Unavailable { .. } => "UNAVAILABLE",
+        }
+    }
+
+    /// The read error for a read to `host`.
+    pub(crate) fn for_host(self, host: &str) -> ReadError {
+        match self {
+            Self::Saturated { max_concurrent } => ReadError::HostSaturated {
+                host: host.to_string(),
+                max_concurrent,
+            },
+            Self::Unavailable { message } => ReadError::Unavailable { message },
+        }
+    }
+}
+
+/// A whole HTTP request refused: its status, its code, one error.
+///
+/// ```
+/// use fanout_budget::Rejection;
+/// use http::StatusCode;
+///
+/// let refused = Rejection::BatchTooLarge { max: 20 };
+/// assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+/// assert_eq!(refused.code(), "BATCH_TOO_LARGE");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// Malformed JSON, an empty batch, or not a GraphQL request (400).
+    BadRequest {
+        /// What is wrong with the request.
+        message: String,
+    },
+    /// The batch has more operations than `max_batch_operations` (400).
+    BatchTooLarge {
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The body is larger than `max_body_bytes` (413).
+    PayloadTooLarge {
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The body did not arrive within `min(body_read_timeout_ms, time left
+    /// before the deadline)` (408).
+    RequestTimeout {
+        /// The bound the body had to arrive within.
+        timeout_ms: u64,
+    },
+    /// The caller's inbound rate is exhausted (429, `Retry-After`).
+    RateLimited {
+        /// Whole seconds until a request would be admitted (at least 1).
+        retry_after_secs: u64,
+    },
+    /// A shared-state backend is down and `failure_mode = "closed"` (503).
+    Unavailable {
+        /// Which backend, for humans.
+        message: String,
+    },
+    /// The answer would be larger than `http.max_response_bytes` (200,
+    /// `data: null`; the reads it made were charged).
+    ResponseTooLarge {
+        /// The configured maximum.
+        max: usize,
+    },
+}
+
+impl Rejection {
+    /// The contract's `extensions.code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadRequest { .. } => "BAD_REQUEST",
+            Self::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
+            Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Self::RequestTimeout { .. } => "REQUEST_TIMEOUT",
+            Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::Unavailable { .. } => "UNAVAILABLE",
+            Self::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
+        }
+    }
+
+    /// The HTTP status of the answer.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest { .. } | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ResponseTooLarge { .. } => StatusCode::OK,
+        }
+    }
+
+    /// The JSON body: `{"errors":[{message, extensions}]}`.
+    pub fn body(&self) -> serde_json::Value {
+        let mut ext = serde_json::json!({ "code": self.code() });
+        match self {
+            Self::BatchTooLarge { max }
+            | Self::PayloadTooLarge { max }
+            | Self::ResponseTooLarge { max } => ext["max"] = (*max as u64).into(),
+            Self::RequestTimeout { timeout_ms } => ext["timeoutMs"] = (*timeout_ms).into(),
+            Self::RateLimited { retry_after_secs } => ext["retryAfter"] = (*retry_after_secs).into(),
+            Self::BadRequest { .. } | Self::Unavailable { .. } => {}
+        }
+        let mut body = serde_json::json!({
+            "errors": [{ "message": self.to_string(), "extensions": ext }]
+        });
+        if matches!(self, Self::ResponseTooLarge { .. }) {
+            body["data"] = serde_json::Value::Null;
+        }
+        body
+    }
+
+    /// The answer for a request whose body was never read (429, 413, 408,
+    /// a 400 decided from the headers, 503): `Connection: close`, so hyper
+    /// ends the connection after it instead of draining a body it refused,
+    /// and the client does not send its next request into that body.
+    pub fn unread(&self) -> Response {
+        let mut response = self.clone().into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        response
+    }
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if let Self::RateLimited { retry_after_secs } = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, retry_after_secs.into());
+        }
+        response
+    }
+}
+
+impl fmt::Display for Rejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::BudgetExhausted { limit } => {
-                write!(
-                    f,
-                    "fan-out budget exhausted: this request may make {limit} upstream reads"
-                )
-            }
-            Self::UpstreamTimeout { host, timeout_ms } => {
-                write!(f, "upstream {host} did not answer within {timeout_ms} ms")
-            }
-            Self::DeadlineExceeded => {
-                write!(f, "the request deadline passed before this read finished")
-            }
-            Self::Upstream {
-                host,
-                status: Some(status),
-                message,
-            } => write!(f, "upstream {host} answered {status}: {message}"),
-            Self::Upstream {
-                host,
-                status: None,
-                message,
-            } => write!(f, "upstream {host} failed: {message}"),
-            Self::HostSaturated {
-                host,
-                max_concurrent,
-            } => write!(
-                f,
-                "upstream {host} is saturated ({max_concurrent} reads in flight)"
-            ),
-            Self::BadUserInput { message }
-            | Self::BadRequest { message }
-            | Self::ParseFailed { message, .. }
-            | Self::ValidationFailed { message, .. } => f.write_str(message),
+            Self::BadRequest { message } => f.write_str(message),
             Self::BatchTooLarge { max } => write!(f, "a batch may hold at most {max} operations"),
             Self::PayloadTooLarge { max } => {
                 write!(f, "the request body may be at most {max} bytes")
             }
-            Self::ResponseTooLarge { max } => {
-                write!(f, "the answer would be larger than {max} bytes")
-            }
             Self::RequestTimeout { timeout_ms } => {
                 write!(f, "the request body did not arrive within {timeout_ms} ms")
             }
-            Self::EstimateExceedsBudget { requested, limit } => write!(
-                f,
-                "worst case of {requested} upstream reads exceeds the budget of {limit}"
-            ),
             Self::RateLimited { retry_after_secs } => {
                 write!(f, "rate limited: retry after {retry_after_secs} s")
             }
             Self::Unavailable { message } => write!(f, "unavailable: {message}"),
+            Self::ResponseTooLarge { max } => {
+                write!(f, "the answer would be larger than {max} bytes")
+            }
         }
     }
 }
 
-impl std::error::Error for FanoutError {}
+impl std::error::Error for Rejection {}
 
-/// Gives every error in `response` whose source is a [`FanoutError`] the
-/// contract's `extensions` (code included).
-///
-/// async-graphql converts any `Display` error with `?` and keeps it only as
-/// the error's `source`; [`FanoutGraphQL`](crate::FanoutGraphQL) and the
-/// [`FanoutExtension`](crate::FanoutExtension) call this on every operation's
-/// response, so a resolver can use `?` on a
-/// `FanoutError` and still answer with its code.
-pub fn attach_codes(response: &mut async_graphql::Response) {
-    attach_all_codes(response, None);
+/// An error of a whole operation (nothing of it ran, or the deadline cut it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum OperationError {
+    /// The text is not GraphQL.
+    ParseFailed { message: String, at: Vec<Pos> },
+    /// A fragment cycle or an expansion past `http.max_selections`.
+    ValidationFailed { message: String, at: Vec<Pos> },
+    /// The batch's worst case exceeds its budget (`refuse_over_estimate`).
+    EstimateExceedsBudget { requested: u64, limit: u64 },
+    /// The deadline (plus the finishing grace) cut the operation.
+    DeadlineExceeded,
 }
 
-/// [`attach_codes`], and a code for async-graphql's own errors too, given
-/// the operation's text:
-///
-/// - a variable missing or `null` for a non-null argument (async-graphql
-///   reports it while executing, at the field's path) is `BAD_USER_INPUT`;
-/// - an error without a path was raised before the operation ran, by
-///   async-graphql's validation: `BAD_USER_INPUT` when it is an invalid
-///   argument value that came from a variable (variable coercion), else
-///   `GRAPHQL_VALIDATION_FAILED`.
-pub(crate) fn attach_all_codes(response: &mut async_graphql::Response, query: Option<&str>) {
-    code_errors(&mut response.errors, query);
+/// The operation error as async-graphql's error (no path).
+pub(crate) fn operation_error(err: &OperationError) -> ServerError {
+    let mut ext = ErrorExtensionValues::default();
+    let (code, message, at) = match err {
+        OperationError::ParseFailed { message, at } => ("GRAPHQL_PARSE_FAILED", message.clone(), at),
+        OperationError::ValidationFailed { message, at } => {
+            ("GRAPHQL_VALIDATION_FAILED", message.clone(), at)
+        }
+        OperationError::EstimateExceedsBudget { requested, limit } => {
+            ext.set("requested", *requested);
+            ext.set("limit", *limit);
+            let message =
+                format!("worst case of {requested} upstream reads exceeds the budget of {limit}");
+            ("FANOUT_ESTIMATE_EXCEEDS_BUDGET", message, &Vec::new())
+        }
+        OperationError::DeadlineExceeded => {
+            let message = ReadError::DeadlineExceeded.message();
+            ("DEADLINE_EXCEEDED", message, &Vec::new())
+        }
+    };
+    ext.set("code", code);
+    let mut error = ServerError::new(message, None);
+    error.locations = at.clone();
+    error.extensions = Some(ext);
+    error
 }
 
-/// [`attach_all_codes`] on a list of errors (what async-graphql's
-/// validation returns).
-pub(crate) fn code_errors(errors: &mut [ServerError], query: Option<&str>) {
-    let mut doc = None;
-    for error in errors {
-        if error.extensions.is_some() {
-            continue;
-        }
-        if let Some(fanout) = error.source::<FanoutError>() {
-            error.extensions = Some(fanout.extensions());
-            continue;
-        }
-        let Some(query) = query else { continue };
-        let undefined_variable =
-            error.message.starts_with("Variable ") && error.message.ends_with(" is not defined.");
-        let code = if undefined_variable {
-            "BAD_USER_INPUT"
-        } else if !error.path.is_empty() {
-            continue;
-        } else if error.message.starts_with("Invalid value for argument")
-            && error.locations.first().is_some_and(|pos| {
-                let doc = doc.get_or_insert_with(|| async_graphql::parser::parse_query(query).ok());
-                doc.as_ref()
-                    .is_some_and(|doc| crate::shape::argument_is_variable(doc, *pos))
-            })
-        {
-            "BAD_USER_INPUT"
-        } else {
-            "GRAPHQL_VALIDATION_FAILED"
-        };
-        let mut ext = ErrorExtensionValues::default();
-        ext.set("code", code);
-        error.extensions = Some(ext);
+/// An operation refused before it ran (or cut): `data: null` and its error.
+pub(crate) fn refused(err: &OperationError) -> async_graphql::Response {
+    let mut response = async_graphql::Response::from_errors(vec![operation_error(err)]);
+    response.data = async_graphql::Value::Null;
+    response
+}
+
+/// A shared-state backend (Redis) did not answer: unreachable, too slow,
+/// or skipped while its breaker is open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unavailable {
+    /// What went wrong, for humans.
+    pub message: String,
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unavailable: {}", self.message)
     }
 }
+
+impl std::error::Error for Unavailable {}

@@ -35,24 +35,49 @@
 //!    does: contract codes, null propagation, `extensions.fanout`.
 
 use crate::engine::Engine;
-use crate::error::FanoutError;
+use crate::error::{operation_error, refused};
+use crate::finish::{code_errors, finish};
 use crate::identity::Caller;
+use crate::request::{FanoutRequest, Operation};
 use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
-use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
     NextValidation,
 };
 use async_graphql::parser::types::ExecutableDocument;
-use async_graphql::{Data, Name, Request, Response, ServerResult, Value, Variables};
+use async_graphql::{Data, Request, Response, ServerResult, Variables};
 use async_graphql::{ServerError, ValidationResult};
 use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use tracing::Instrument;
 
 /// The extension factory; mount it with `Schema::build(..).extension(engine.extension())`.
+///
+/// ```
+/// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
+/// use fanout_budget::{Config, Engine, FanoutContext};
+///
+/// struct Query;
+///
+/// #[Object]
+/// impl Query {
+///     async fn limit(&self, ctx: &async_graphql::Context<'_>) -> async_graphql::Result<u64> {
+///         Ok(ctx.fanout_request()?.budget().limit())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let engine = Engine::new(Config::default());
+/// let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+///     .extension(engine.extension())
+///     .finish();
+/// let response = schema.execute("{ limit }").await;
+/// assert!(response.errors.is_empty());
+/// assert!(response.extensions.contains_key("fanout"));
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct FanoutExtension {
     engine: Engine,
@@ -60,14 +85,22 @@ pub struct FanoutExtension {
     types: Arc<OnceLock<Arc<SchemaTypes>>>,
 }
 
-impl FanoutExtension {
-    /// The extension for `engine` (whose [`CostTable`](crate::CostTable), if
-    /// any, prices each operation).
-    pub fn new(engine: Engine) -> Self {
-        Self {
-            engine,
+impl Engine {
+    /// The async-graphql extension to mount with `Schema::build(..).extension(..)`
+    /// (the engine's [`CostTable`](crate::CostTable), if any, prices each operation).
+    pub fn extension(&self) -> FanoutExtension {
+        FanoutExtension {
+            engine: self.clone(),
             types: Arc::default(),
         }
+    }
+}
+
+impl std::fmt::Debug for FanoutExtension {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FanoutExtension")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
     }
 }
 
@@ -97,15 +130,9 @@ struct PerOperation {
 
 impl PerOperation {
     fn types(&self, ctx: &ExtensionContext<'_>) -> Arc<SchemaTypes> {
-        let engine = &self.factory.engine;
         self.factory
             .types
-            .get_or_init(|| {
-                Arc::new(SchemaTypes::from_registry(
-                    &ctx.schema_env.registry,
-                    engine.costs(),
-                ))
-            })
+            .get_or_init(|| Arc::new(SchemaTypes::from_registry(&ctx.schema_env.registry)))
             .clone()
     }
 }
@@ -132,8 +159,8 @@ impl Extension for PerOperation {
         // its complexity visitors expand fragments without a memo.
         let engine = &self.factory.engine;
         let max = engine.config().http.max_selections;
-        let (doc, shape) = shape::admit(&engine.inner.documents, &request.query, max)
-            .map_err(|err| err.to_server_error())?;
+        let (doc, shape) = shape::admit(engine.documents(), &request.query, max)
+            .map_err(|err| operation_error(&err))?;
         request.set_parsed_query(doc);
         // Kept for pricing in `parse_query`, which gets this document.
         *lock(&self.shape) = Some(shape);
@@ -154,17 +181,16 @@ impl Extension for PerOperation {
         let parsed = next.run(ctx, query, variables).await;
         let shape = lock(&self.shape).take();
         let requested = match (&parsed, shape, self.factory.engine.costs()) {
-            (Ok(doc), Some(shape), Some(_)) => {
+            (Ok(doc), Some(shape), Some(costs)) => {
                 let name = lock(&self.operation_name).clone();
                 let types = self.types(ctx);
-                crate::cost::estimate(&types, doc, &shape, variables, name.as_deref())
+                crate::cost::estimate(costs, &types, doc, &shape, variables, name.as_deref())
             }
             _ => 0,
         };
         self.requested.store(requested, Relaxed);
         if let Some(request) = ctx.data_opt::<FanoutRequest>() {
-            request.budget().add_requested(requested);
-            request.estimate_arrived();
+            request.priced(requested);
         }
         parsed
     }
@@ -178,7 +204,7 @@ impl Extension for PerOperation {
         next: NextValidation<'_>,
     ) -> Result<ValidationResult, Vec<ServerError>> {
         next.run(ctx).await.map_err(|mut errors| {
-            crate::error::code_errors(&mut errors, Some(&lock(&self.query)));
+            code_errors(&mut errors, &lock(&self.query));
             errors
         })
     }
@@ -197,7 +223,7 @@ impl Extension for PerOperation {
             Some(request) => request.clone(),
             None => {
                 let request = self.factory.engine.begin_request(Caller::Public);
-                request.budget().add_requested(requested);
+                request.priced(requested);
                 request
             }
         };
@@ -229,51 +255,6 @@ impl Extension for PerOperation {
     }
 }
 
-/// An operation refused before it ran: `data: null` and the refusal's error.
-pub(crate) fn refused(err: &FanoutError) -> Response {
-    let mut response = Response::from_errors(vec![err.to_server_error()]);
-    response.data = Value::Null;
-    response
-}
-
-/// What every operation's response gets once it has run (or been refused),
-/// whichever integration ran it: each error its contract code, `null`s where
-/// async-graphql dropped a failed field's key ([`crate::nulls`]), and
-/// `extensions.fanout = {limit, used, remaining, operationReads, requested}`.
-pub(crate) fn finish(
-    response: &mut Response,
-    operation: &Operation,
-    requested: u64,
-    types: &SchemaTypes,
-    query: &str,
-    operation_name: Option<&str>,
-) {
-    if !response.errors.is_empty() {
-        crate::error::attach_all_codes(response, Some(query));
-        crate::nulls::propagate(response, types, query, operation_name);
-    }
-    response
-        .extensions
-        .insert("fanout".to_string(), report(operation, requested));
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn report(operation: &Operation, requested: u64) -> Value {
-    // The keys are built once (a `Name` is a shared string).
-    static KEYS: LazyLock<[Name; 5]> = LazyLock::new(|| {
-        ["limit", "used", "remaining", "operationReads", "requested"].map(Name::new)
-    });
-    let budget = operation.request().budget().snapshot();
-    let values = [
-        budget.limit,
-        budget.used,
-        budget.remaining,
-        operation.reads(),
-        requested,
-    ];
-    let map = KEYS.iter().cloned().zip(values.map(Value::from)).collect();
-    Value::Object(map)
 }

@@ -5,31 +5,26 @@
 //! long-lived [`Engine`](crate::Engine), never by a request, so the cap bounds
 //! the whole process's demand on a host.
 //!
-//! The in-process limiter, [`LocalHostCaps`], gives each host one [`HostCap`]:
-//! for a configured host a `tokio::sync::Semaphore` of `max_concurrent`
-//! permits (its reads in flight are the permits taken), for any other host a
-//! count of its reads in flight:
+//! The in-process limiter, [`LocalHostCaps`], gives each configured host a
+//! `tokio::sync::Semaphore` of `max_concurrent` permits (its reads in flight
+//! are the permits taken) and counts the reads in flight of every other host:
 //!
 //! - a host with no `[hosts]` table is unlimited (its slot only counts);
 //! - `max_concurrent = 0` refuses every read at once;
 //! - at the cap a read waits up to `acquire_wait_ms`, never past the
 //!   request's deadline, then fails with `HOST_SATURATED`.
 //!
-//! The engine resolves each host once ([`HostLimiter::local_cap`]), keeps
-//! the answer in its host table, and then takes the host's slots from the
-//! [`HostCap`] directly: synchronously when a permit is free, with no boxed
-//! future, no lookup by name and no allocation per read.
-//!
 //! A slot is released when it is dropped — on success, error, timeout, or when
 //! the inbound request is cancelled and its futures are dropped — so a slot
 //! cannot leak. The trait is the seam a shared backend (Redis) plugs into.
-
-mod table;
-
-pub(crate) use table::{HostEntry, HostTable};
+//!
+//! The engine also keeps, per host, what the read path needs besides the
+//! slot: the `host:port` name the `[hosts]` tables use, and the host's metric
+//! handles ([`HostTable`], built on a host's first read).
 
 use crate::config::HostConfig;
-use crate::error::FanoutError;
+use crate::error::HostRefusal;
+use crate::metrics::HostMetrics;
 use dashmap::DashMap;
 use futures::future::BoxFuture;
 use std::collections::BTreeMap;
@@ -38,17 +33,32 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
-/// The host slot a read holds: borrowed from the host's cap when one was
-/// free at once, else whatever the limiter handed out.
-pub(crate) enum HeldSlot<'a> {
-    /// Taken synchronously from the cap the engine resolved.
-    Borrowed { _permit: CapPermit<'a> },
-    /// From [`HostCap::acquire`] or [`HostLimiter::acquire`].
-    Owned { _slot: HostSlot },
-}
-
 /// Hands out per-host slots. Implementations must release a slot when the
 /// returned [`HostSlot`] is dropped.
+///
+/// ```
+/// use fanout_budget::{HostLimiter, HostRefusal, HostSlot, LocalHostCaps};
+/// use futures::future::BoxFuture;
+/// use std::time::Duration;
+///
+/// /// The local caps, and a log line per slot.
+/// #[derive(Debug)]
+/// struct Logged(LocalHostCaps);
+///
+/// impl HostLimiter for Logged {
+///     fn acquire<'a>(&'a self, host: &'a str, time_left: Duration) -> BoxFuture<'a, Result<HostSlot, HostRefusal>> {
+///         Box::pin(async move {
+///             let slot = self.0.acquire(host, time_left).await?;
+///             tracing::debug!(host, "slot taken");
+///             Ok(slot)
+///         })
+///     }
+///
+///     fn in_flight(&self, host: &str) -> u64 {
+///         self.0.in_flight(host)
+///     }
+/// }
+/// ```
 pub trait HostLimiter: Send + Sync + 'static {
     /// A slot for one read to `host`, waiting at most `time_left` (the
     /// request's remaining time) and at most the host's own wait.
@@ -56,219 +66,130 @@ pub trait HostLimiter: Send + Sync + 'static {
         &'a self,
         host: &'a str,
         time_left: Duration,
-    ) -> BoxFuture<'a, Result<HostSlot, FanoutError>>;
+    ) -> BoxFuture<'a, Result<HostSlot, HostRefusal>>;
 
     /// Reads in flight to `host` through this limiter, right now.
     fn in_flight(&self, host: &str) -> u64;
-
-    /// The in-process cap that alone decides `host`'s slots, if there is one.
-    ///
-    /// The engine asks once per host and keeps the answer. With `Some(cap)`
-    /// it takes that host's slots from `cap` ([`HostCap::try_acquire`], then
-    /// [`HostCap::acquire`] if it must wait) and never calls
-    /// [`acquire`](Self::acquire) for it; a limiter must return `Some` only
-    /// when that gives the same slots `acquire` would. With `None` (the
-    /// default) every slot comes from `acquire`.
-    fn local_cap(&self, host: &str) -> Option<Arc<HostCap>> {
-        let _ = host;
-        None
-    }
 }
 
 /// Permission for one read to be in flight to one host; dropping it releases it.
+///
+/// ```
+/// use fanout_budget::HostSlot;
+/// use std::sync::Arc;
+///
+/// let semaphore = Arc::new(tokio::sync::Semaphore::new(1));
+/// let slot = HostSlot::new(semaphore.clone().try_acquire_owned().unwrap());
+/// assert_eq!(semaphore.available_permits(), 0);
+/// drop(slot);
+/// assert_eq!(semaphore.available_permits(), 1);
+/// ```
 #[must_use = "the slot is released as soon as it is dropped"]
 pub struct HostSlot {
-    held: Held,
-}
-
-enum Held {
-    /// A slot of a [`HostCap`] (no allocation).
-    Cap(CapSlot),
-    /// Whatever another limiter holds (a permit, a lease, a guard).
-    Other { _held: Box<dyn Send + Sync> },
-    /// Two slots released together, first the first.
-    Both { _held: Box<(HostSlot, HostSlot)> },
+    _held: Box<dyn Send + Sync>,
 }
 
 impl HostSlot {
     /// A slot that releases `held` (a permit, a lease, a guard) when dropped.
     pub fn new(held: impl Send + Sync + 'static) -> Self {
         Self {
-            held: Held::Other {
-                _held: Box::new(held),
-            },
+            _held: Box::new(held),
         }
     }
 
-    /// One slot holding both parts (e.g. a local permit and a cluster lease).
+    /// One slot holding both (e.g. a local permit and a cluster lease),
+    /// released together, first this one.
     pub fn join(self, other: HostSlot) -> Self {
-        Self {
-            held: Held::Both {
-                _held: Box::new((self, other)),
-            },
-        }
+        Self::new((self, other))
     }
 }
 
 impl std::fmt::Debug for HostSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.held {
-            Held::Cap(slot) => write!(f, "HostSlot({})", slot.cap.host),
-            _ => f.write_str("HostSlot"),
-        }
+        f.write_str("HostSlot")
     }
 }
 
 /// One host's in-process cap: `max_concurrent` permits, or none for a host
 /// without a `[hosts]` table (unlimited: its slots are only counted).
-pub struct HostCap {
-    host: Box<str>,
-    limit: Option<Limit>,
+#[derive(Debug)]
+struct HostCap {
+    limit: Option<(Arc<Semaphore>, HostConfig)>,
     /// Slots held, for an unlimited host (a capped one counts its permits).
-    unlimited_in_flight: AtomicU64,
+    unlimited_in_flight: Arc<AtomicU64>,
 }
 
-struct Limit {
-    permits: Semaphore,
-    config: HostConfig,
-}
+/// A slot of an unlimited host: counted while held.
+struct Counted(Arc<AtomicU64>);
 
-/// A held slot of a [`HostCap`] inside a [`HostSlot`] (owns the cap).
-struct CapSlot {
-    cap: Arc<HostCap>,
-}
-
-impl Drop for CapSlot {
+impl Drop for Counted {
     fn drop(&mut self) {
-        self.cap.release();
-    }
-}
-
-/// A held slot of a [`HostCap`], borrowing it: what the engine holds when a
-/// slot was free at once (no reference count to touch).
-#[must_use = "the slot is released as soon as it is dropped"]
-pub(crate) struct CapPermit<'a> {
-    cap: &'a HostCap,
-}
-
-impl Drop for CapPermit<'_> {
-    fn drop(&mut self) {
-        self.cap.release();
+        self.0.fetch_sub(1, Relaxed);
     }
 }
 
 impl HostCap {
-    /// The cap for `host`: `config`'s, or unlimited without one.
-    pub fn new(host: &str, config: Option<&HostConfig>) -> Self {
-        let limit = config.map(|config| Limit {
-            permits: Semaphore::new(Self::permits(config)),
-            config: config.clone(),
+    fn new(config: Option<&HostConfig>) -> Self {
+        let limit = config.map(|config| {
+            let permits = (config.max_concurrent as usize).min(Semaphore::MAX_PERMITS);
+            (Arc::new(Semaphore::new(permits)), config.clone())
         });
         Self {
-            host: host.into(),
             limit,
-            unlimited_in_flight: AtomicU64::new(0),
+            unlimited_in_flight: Arc::default(),
         }
     }
 
-    fn permits(config: &HostConfig) -> usize {
-        (config.max_concurrent as usize).min(Semaphore::MAX_PERMITS)
-    }
-
-    /// The host (`host:port`) this cap is for.
-    pub fn host(&self) -> &str {
-        &self.host
-    }
-
-    /// Reads holding a slot of this cap, right now.
-    pub fn in_flight(&self) -> u64 {
+    fn in_flight(&self) -> u64 {
         match &self.limit {
-            Some(limit) => {
-                let free = limit.permits.available_permits();
-                Self::permits(&limit.config).saturating_sub(free) as u64
+            Some((permits, config)) => {
+                u64::from(config.max_concurrent).saturating_sub(permits.available_permits() as u64)
             }
             None => self.unlimited_in_flight.load(Relaxed),
         }
     }
 
-    fn saturated(&self, config: &HostConfig) -> FanoutError {
-        FanoutError::HostSaturated {
-            host: self.host.to_string(),
-            max_concurrent: config.max_concurrent,
-        }
-    }
-
-    /// Takes a slot if one is free: `Ok(true)` taken, `Ok(false)` at the cap.
-    fn take(&self) -> Result<bool, FanoutError> {
-        let Some(limit) = &self.limit else {
-            self.unlimited_in_flight.fetch_add(1, Relaxed);
-            return Ok(true);
-        };
-        if limit.config.max_concurrent == 0 {
-            return Err(self.saturated(&limit.config));
-        }
-        match limit.permits.try_acquire() {
-            Ok(permit) => {
-                permit.forget(); // given back by `release`
-                Ok(true)
-            }
-            Err(_) => Ok(false),
-        }
-    }
-
-    /// Gives back a slot taken by `take` or `acquire`.
-    fn release(&self) {
-        match &self.limit {
-            Some(limit) => limit.permits.add_permits(1),
-            None => {
-                self.unlimited_in_flight.fetch_sub(1, Relaxed);
-            }
-        }
-    }
-
-    fn slot(self: &Arc<Self>) -> HostSlot {
-        HostSlot {
-            held: Held::Cap(CapSlot { cap: self.clone() }),
-        }
-    }
-
-    /// A slot without waiting: `Ok(Some(slot))` when one is free (always, for
-    /// an unlimited host), `Ok(None)` when the host is at its cap (then wait
-    /// with [`acquire`](Self::acquire)), `HOST_SATURATED` when the cap is 0.
-    pub fn try_acquire(self: &Arc<Self>) -> Result<Option<HostSlot>, FanoutError> {
-        Ok(self.take()?.then(|| self.slot()))
-    }
-
-    /// [`try_acquire`](Self::try_acquire), for a caller that holds the cap
-    /// for longer than the slot.
-    pub(crate) fn try_borrow(&self) -> Result<Option<CapPermit<'_>>, FanoutError> {
-        // Lazily: a `CapPermit` gives a slot back when dropped.
-        Ok(self.take()?.then(|| CapPermit { cap: self }))
-    }
-
     /// A slot, waiting at most the host's `acquire_wait` and at most
-    /// `time_left`; `HOST_SATURATED` when none came in time.
-    pub async fn acquire(self: &Arc<Self>, time_left: Duration) -> Result<HostSlot, FanoutError> {
-        if let Some(slot) = self.try_acquire()? {
-            return Ok(slot);
-        }
-        let Some(limit) = &self.limit else {
-            // Not reached (an unlimited host is never full); kept balanced.
+    /// `time_left`.
+    async fn acquire(&self, time_left: Duration) -> Result<HostSlot, HostRefusal> {
+        let Some((permits, config)) = &self.limit else {
             self.unlimited_in_flight.fetch_add(1, Relaxed);
-            return Ok(self.slot());
+            return Ok(HostSlot::new(Counted(self.unlimited_in_flight.clone())));
         };
-        let wait = limit.config.acquire_wait().min(time_left);
-        match tokio::time::timeout(wait, limit.permits.acquire()).await {
-            Ok(Ok(permit)) => {
-                permit.forget(); // given back by `release`
-                Ok(self.slot())
-            }
-            _ => Err(self.saturated(&limit.config)),
+        let saturated = || HostRefusal::Saturated {
+            max_concurrent: config.max_concurrent,
+        };
+        if config.max_concurrent == 0 {
+            return Err(saturated());
+        }
+        if let Ok(permit) = permits.clone().try_acquire_owned() {
+            return Ok(HostSlot::new(permit));
+        }
+        let wait = config.acquire_wait().min(time_left);
+        match tokio::time::timeout(wait, permits.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(HostSlot::new(permit)),
+            _ => Err(saturated()),
         }
     }
 }
 
 /// The in-process, per-host caps.
+///
+/// ```
+/// use fanout_budget::config::HostConfig;
+/// use fanout_budget::{HostLimiter, LocalHostCaps};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let one = HostConfig { max_concurrent: 1, acquire_wait_ms: 10 };
+/// let caps = LocalHostCaps::new([("registry:5000".to_string(), one)].into());
+/// let slot = caps.acquire("registry:5000", Duration::from_secs(1)).await.unwrap();
+/// assert!(caps.acquire("registry:5000", Duration::from_secs(1)).await.is_err(), "at the cap");
+/// drop(slot);
+/// assert_eq!(caps.in_flight("registry:5000"), 0);
+/// # }
+/// ```
+#[derive(Debug)]
 pub struct LocalHostCaps {
     configured: BTreeMap<String, HostConfig>,
     hosts: DashMap<String, Arc<HostCap>>,
@@ -284,13 +205,13 @@ impl LocalHostCaps {
     }
 
     /// The cap for `host` (created on first use).
-    pub fn cap(&self, host: &str) -> Arc<HostCap> {
+    fn cap(&self, host: &str) -> Arc<HostCap> {
         if let Some(cap) = self.hosts.get(host) {
             return cap.clone();
         }
         self.hosts
             .entry(host.to_string())
-            .or_insert_with(|| Arc::new(HostCap::new(host, self.configured.get(host))))
+            .or_insert_with(|| Arc::new(HostCap::new(self.configured.get(host))))
             .clone()
     }
 }
@@ -300,16 +221,56 @@ impl HostLimiter for LocalHostCaps {
         &'a self,
         host: &'a str,
         time_left: Duration,
-    ) -> BoxFuture<'a, Result<HostSlot, FanoutError>> {
+    ) -> BoxFuture<'a, Result<HostSlot, HostRefusal>> {
         Box::pin(async move { self.cap(host).acquire(time_left).await })
     }
 
     fn in_flight(&self, host: &str) -> u64 {
         self.hosts.get(host).map_or(0, |cap| cap.in_flight())
     }
+}
 
-    fn local_cap(&self, host: &str) -> Option<Arc<HostCap>> {
-        Some(self.cap(host))
+/// What the read path keeps about one host, built on its first read.
+pub(crate) struct HostEntry {
+    /// `host:port` (as the URL names it; just `host` without a known port).
+    pub(crate) name: Box<str>,
+    /// The host's metric handles.
+    pub(crate) metrics: HostMetrics,
+}
+
+/// The hosts one engine has read from, by `host:port`.
+#[derive(Default)]
+pub(crate) struct HostTable {
+    entries: DashMap<Box<str>, Arc<HostEntry>>,
+}
+
+impl HostTable {
+    /// The entry for `url`'s host, built on first use.
+    pub(crate) fn resolve(&self, url: &reqwest::Url) -> Arc<HostEntry> {
+        let name = host_name(url);
+        if let Some(entry) = self.entries.get(name.as_str()) {
+            return entry.clone();
+        }
+        let name: Box<str> = name.into();
+        self.entries
+            .entry(name.clone())
+            .or_insert_with(|| {
+                Arc::new(HostEntry {
+                    metrics: HostMetrics::new(&name),
+                    name,
+                })
+            })
+            .clone()
+    }
+}
+
+/// `host:port`, or `host` without a known port (what error messages and the
+/// `[hosts]` tables call a host).
+pub(crate) fn host_name(url: &reqwest::Url) -> String {
+    let host = url.host_str().unwrap_or("");
+    match url.port_or_known_default() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_string(),
     }
 }
 
@@ -318,28 +279,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_borrowed_permit_is_a_slot_like_any_other() {
-        let config = HostConfig {
+    fn one_entry_per_host_and_port_named_as_the_hosts_tables_name_it() {
+        let table = HostTable::default();
+        let url = |s: &str| reqwest::Url::parse(s).unwrap();
+        let a = table.resolve(&url("http://reg.example:5000/v2/a"));
+        let b = table.resolve(&url("http://reg.example:5000/v2/b?x=1"));
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(&*a.name, "reg.example:5000");
+        // The scheme's default port is the port; an explicit default is the same host.
+        let c = table.resolve(&url("https://reg.example/v2/"));
+        let d = table.resolve(&url("http://reg.example:443/v2/"));
+        assert_eq!(&*c.name, "reg.example:443");
+        assert!(Arc::ptr_eq(&c, &d));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(&*table.resolve(&url("http://[::1]:8080/")).name, "[::1]:8080");
+    }
+
+    #[tokio::test]
+    async fn a_slot_comes_back_on_drop_and_a_zero_cap_refuses_at_once() {
+        let one = HostConfig {
             max_concurrent: 1,
             acquire_wait_ms: 10,
         };
-        let cap = Arc::new(HostCap::new("h:1", Some(&config)));
-        let permit = cap.try_borrow().unwrap().expect("a free slot");
-        assert!(cap.try_borrow().unwrap().is_none(), "at the cap");
-        assert!(cap.try_acquire().unwrap().is_none(), "at the cap");
-        assert_eq!(cap.in_flight(), 1, "a refusal gives nothing back");
-        drop(permit);
-        assert_eq!(cap.in_flight(), 0);
-        let slot = cap.try_acquire().unwrap().expect("the slot came back");
-        assert!(cap.try_borrow().unwrap().is_none(), "and only one");
+        let zero = HostConfig {
+            max_concurrent: 0,
+            acquire_wait_ms: 10_000,
+        };
+        let caps = LocalHostCaps::new([("a:1".to_string(), one), ("z:1".to_string(), zero)].into());
+        let left = Duration::from_secs(5);
+        let slot = caps.acquire("a:1", left).await.unwrap();
+        assert_eq!(caps.in_flight("a:1"), 1);
+        let refused = caps.acquire("a:1", left).await.unwrap_err();
+        assert_eq!(refused, HostRefusal::Saturated { max_concurrent: 1 });
+        assert_eq!(caps.in_flight("a:1"), 1, "a refusal gives nothing back");
         drop(slot);
-
-        let unlimited = HostCap::new("u:1", None);
-        let permits: Vec<_> = (0..3)
-            .map(|_| unlimited.try_borrow().unwrap().expect("unlimited"))
-            .collect();
-        assert_eq!(unlimited.in_flight(), 3);
-        drop(permits);
-        assert_eq!(unlimited.in_flight(), 0);
+        assert_eq!(caps.in_flight("a:1"), 0);
+        let started = tokio::time::Instant::now();
+        assert!(caps.acquire("z:1", left).await.is_err());
+        assert!(started.elapsed() < Duration::from_secs(5), "no wait at cap 0");
+        let unlimited: Vec<_> = futures::future::join_all((0..3).map(|_| caps.acquire("u:1", left))).await;
+        assert_eq!(caps.in_flight("u:1"), 3);
+        drop(unlimited);
+        assert_eq!(caps.in_flight("u:1"), 0);
     }
 }

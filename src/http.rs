@@ -15,16 +15,16 @@
 //!    `BAD_REQUEST`, more than `max_batch_operations` is 400
 //!    `BATCH_TOO_LARGE` — in every such case nothing runs and nothing is read;
 //! 4. parses each operation's query once, or takes a copy of its parsed
-//!    document when the same text was seen before ([`crate::documents`];
-//!    async-graphql then validates and runs that document); with a
-//!    [`CostTable`](crate::CostTable) prices it, and —
-//!    with `refuse_over_estimate` — refuses the whole batch before anything
-//!    runs when the sum exceeds the budget;
+//!    document when the same text was seen before (`documents.rs`;
+//!    async-graphql then validates and runs that document), checks its shape
+//!    (`shape.rs`); with a [`CostTable`](crate::CostTable) prices it, and —
+//!    with `refuse_over_estimate` — the request's pricing barrier refuses
+//!    the whole batch before anything runs when the sum exceeds the budget;
 //! 5. gives each operation its own [`Operation`] handle on the one
 //!    `FanoutRequest` (`Request::data`) and runs the operations concurrently
 //!    on the schema, as async-graphql's `execute_batch` does;
-//! 6. finishes each response: contract codes, null propagation,
-//!    `extensions.fanout`.
+//! 6. finishes each response (`finish.rs`): contract codes, null
+//!    propagation, `extensions.fanout`.
 //!
 //! It needs no async-graphql extension on the schema, so async-graphql keeps
 //! its fast path for every field (see [`crate::extension`] for when the
@@ -34,12 +34,12 @@
 //! answers the GraphiQL page.
 
 use crate::engine::Engine;
-use crate::error::FanoutError;
-use crate::extension::{finish, refused};
+use crate::error::{refused, OperationError, Rejection};
+use crate::finish::finish;
 use crate::identity::Caller;
+use crate::request::{FanoutRequest, Operation};
 use crate::shape;
 use crate::types::SchemaTypes;
-use crate::upstream::{FanoutRequest, Operation};
 use async_graphql::http::GraphiQLSource;
 use async_graphql::{
     BatchRequest, BatchResponse, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
@@ -56,11 +56,38 @@ use std::time::Duration;
 use tracing::Instrument;
 
 /// The GraphQL endpoint as a `tower::Service`.
+///
+/// ```
+/// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
+/// use fanout_budget::{Config, Engine, FanoutGraphQL};
+///
+/// struct Query;
+///
+/// #[Object]
+/// impl Query {
+///     async fn hello(&self) -> &str {
+///         "world"
+///     }
+/// }
+///
+/// let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
+/// let engine = Engine::new(Config::default());
+/// let app: axum::Router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
+/// # drop(app);
+/// ```
 #[derive(Clone)]
 pub struct FanoutGraphQL<E> {
     executor: E,
     engine: Engine,
     types: Arc<SchemaTypes>,
+}
+
+impl<E> std::fmt::Debug for FanoutGraphQL<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FanoutGraphQL")
+            .field("engine", &self.engine)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<Q, M, S> FanoutGraphQL<Schema<Q, M, S>>
@@ -81,7 +108,7 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// Serves any async-graphql `executor` whose schema `sdl` describes (the
     /// cost preview and null propagation walk operations with its types).
     pub fn with_sdl(executor: E, engine: Engine, sdl: &str) -> Self {
-        let types = Arc::new(SchemaTypes::from_sdl(sdl, engine.costs()));
+        let types = Arc::new(SchemaTypes::from_sdl(sdl));
         Self {
             executor,
             engine,
@@ -114,11 +141,11 @@ impl<E: Executor> FanoutGraphQL<E> {
             .map_or(Duration::ZERO, |left| left.min(http.body_read_timeout()));
         let bytes = match read_body(body, http.max_body_bytes, within).await {
             Ok(bytes) => bytes,
-            Err(err) => return crate::serve::refuse_unread(&err),
+            Err(err) => return err.unread(),
         };
         let batch = match parse_batch(&bytes, http.max_batch_operations) {
             Ok(batch) => batch,
-            Err(err) => return error_response(&err),
+            Err(err) => return err.into_response(),
         };
         let (single, requests) = match batch {
             BatchRequest::Single(request) => (true, vec![request]),
@@ -142,20 +169,13 @@ impl<E: Executor> FanoutGraphQL<E> {
 
     /// Prices, then runs (or refuses) every operation of the request.
     async fn run(&self, fanout: &FanoutRequest, requests: Vec<Request>) -> Vec<Response> {
+        fanout.expect_operations(requests.len());
         let mut ops: Vec<Op> = requests
             .into_iter()
             .map(|request| self.prepare(fanout, request))
             .collect();
-        let budget = fanout.budget();
-        let requested: u64 = ops.iter().map(|op| op.requested).sum();
-        budget.add_requested(requested);
-        let costs = &self.engine.config().budget;
-        if costs.refuse_over_estimate && self.engine.costs().is_some() && requested > budget.limit()
-        {
-            let refusal = FanoutError::EstimateExceedsBudget {
-                requested,
-                limit: budget.limit(),
-            };
+        // Every operation is priced: the barrier answers at once.
+        if let Some(refusal) = fanout.refusal().await {
             return ops
                 .iter_mut()
                 .map(|op| {
@@ -204,23 +224,21 @@ impl<E: Executor> FanoutGraphQL<E> {
         request.data.insert(operation.clone());
         let http = &self.engine.config().http;
         let mut requested = 0;
-        let admitted = shape::admit(
-            &self.engine.inner.documents,
-            &request.query,
-            http.max_selections,
-        )
-        .map(|(doc, shape)| {
-            if self.engine.costs().is_some() {
-                requested = crate::cost::estimate(
-                    &self.types,
-                    &doc,
-                    &shape,
-                    &request.variables,
-                    request.operation_name.as_deref(),
-                );
-            }
-            doc
-        });
+        let admitted = shape::admit(self.engine.documents(), &request.query, http.max_selections)
+            .map(|(doc, shape)| {
+                if let Some(costs) = self.engine.costs() {
+                    requested = crate::cost::estimate(
+                        costs,
+                        &self.types,
+                        &doc,
+                        &shape,
+                        &request.variables,
+                        request.operation_name.as_deref(),
+                    );
+                }
+                doc
+            });
+        fanout.priced(requested);
         let query = request.query.clone();
         let name = request.operation_name.clone();
         let request = admitted.map(|doc| {
@@ -240,7 +258,7 @@ impl<E: Executor> FanoutGraphQL<E> {
 /// One operation of the batch, with what its response needs afterwards.
 struct Op {
     /// The request to run, or why it is refused before running.
-    request: Option<Result<Request, FanoutError>>,
+    request: Option<Result<Request, OperationError>>,
     operation: Arc<Operation>,
     requested: u64,
     query: String,
@@ -280,8 +298,8 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
 /// all of it arrived `within` (a bound on the whole body, not on each chunk;
 /// an `Expect: 100-continue` client is sent its `100 Continue` when the
 /// reading starts, inside the same bound).
-async fn read_body(body: Body, max: usize, within: Duration) -> Result<bytes::Bytes, FanoutError> {
-    let timeout = || FanoutError::RequestTimeout {
+async fn read_body(body: Body, max: usize, within: Duration) -> Result<bytes::Bytes, Rejection> {
+    let timeout = || Rejection::RequestTimeout {
         timeout_ms: within.as_millis().try_into().unwrap_or(u64::MAX),
     };
     if within.is_zero() {
@@ -294,9 +312,9 @@ async fn read_body(body: Body, max: usize, within: Duration) -> Result<bytes::By
             let too_large = std::error::Error::source(&err)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
             Err(if too_large {
-                FanoutError::PayloadTooLarge { max }
+                Rejection::PayloadTooLarge { max }
             } else {
-                FanoutError::BadRequest {
+                Rejection::BadRequest {
                     message: format!("could not read the request body: {err}"),
                 }
             })
@@ -305,8 +323,8 @@ async fn read_body(body: Body, max: usize, within: Duration) -> Result<bytes::By
 }
 
 /// One operation or a non-empty batch of at most `max` operations.
-pub fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, FanoutError> {
-    let bad = |message: String| FanoutError::BadRequest { message };
+pub(crate) fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, Rejection> {
+    let bad = |message: String| Rejection::BadRequest { message };
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     let batch = match first {
         Some(b'[') => {
@@ -314,7 +332,7 @@ pub fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, FanoutError>
                 .map_err(|e| bad(format!("not a batch of GraphQL requests: {e}")))?;
             match requests.len() {
                 0 => Err(bad("an empty batch has nothing to run".into())),
-                n if n > max => Err(FanoutError::BatchTooLarge { max }),
+                n if n > max => Err(Rejection::BatchTooLarge { max }),
                 _ => Ok(BatchRequest::Batch(requests)),
             }
         }
@@ -333,17 +351,6 @@ pub fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, FanoutError>
     Ok(batch)
 }
 
-/// A whole-request refusal, in the GraphQL error shape, with its status.
-pub fn error_response(err: &FanoutError) -> HttpResponse {
-    let mut response = (err.http_status(), axum::Json(err.to_response_body())).into_response();
-    if let FanoutError::RateLimited { retry_after_secs } = err {
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, (*retry_after_secs).into());
-    }
-    response
-}
-
 /// The batch's answer as JSON, written into a buffer that refuses to grow
 /// past `max` bytes: a small query can ask for an answer far larger than
 /// itself (aliases × lists), and past the bound the answer is replaced by
@@ -358,7 +365,7 @@ fn graphql_response(batch: BatchResponse, max: usize) -> HttpResponse {
         max,
     };
     if serde_json::to_writer(&mut body, &batch).is_err() {
-        return error_response(&FanoutError::ResponseTooLarge { max });
+        return Rejection::ResponseTooLarge { max }.into_response();
     }
     let mut response = (
         [(

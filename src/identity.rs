@@ -45,13 +45,13 @@ pub enum Caller {
 
 /// The configured internal token, kept only as a digest.
 #[derive(Clone)]
-pub struct InternalToken {
+pub(crate) struct InternalToken {
     digest: Option<[u8; 32]>,
 }
 
 /// What [`InternalToken::check`] saw in the request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TokenCheck {
+pub(crate) enum TokenCheck {
     /// No token header.
     Absent,
     /// The exact token.
@@ -62,7 +62,7 @@ pub enum TokenCheck {
 
 impl InternalToken {
     /// The token; empty means there are no internal callers.
-    pub fn new(token: &str) -> Self {
+    pub(crate) fn new(token: &str) -> Self {
         Self {
             digest: (!token.is_empty()).then(|| Sha256::digest(token.as_bytes()).into()),
         }
@@ -70,7 +70,7 @@ impl InternalToken {
 
     /// Compares the request's token header in constant time.
     #[inline]
-    pub fn check(&self, headers: &http::HeaderMap) -> TokenCheck {
+    pub(crate) fn check(&self, headers: &http::HeaderMap) -> TokenCheck {
         if !has_token_header(headers) {
             return TokenCheck::Absent;
         }
@@ -95,7 +95,7 @@ impl InternalToken {
     }
 
     /// [`Caller::Internal`] only for the exact token.
-    pub fn identify(&self, headers: &http::HeaderMap) -> Caller {
+    pub(crate) fn identify(&self, headers: &http::HeaderMap) -> Caller {
         match self.check(headers) {
             TokenCheck::Valid => Caller::Internal,
             TokenCheck::Absent | TokenCheck::Wrong => Caller::Public,
@@ -131,14 +131,14 @@ impl std::fmt::Debug for InternalToken {
 
 /// An IPv4 or IPv6 network, `addr/prefix`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
+pub(crate) struct Cidr {
     addr: IpAddr,
     prefix: u8,
 }
 
 impl Cidr {
     /// Parses `10.0.0.0/8`, `::1/128`, or a bare address (a /32 or /128).
-    pub fn parse(text: &str) -> Option<Self> {
+    pub(crate) fn parse(text: &str) -> Option<Self> {
         let (addr, prefix) = match text.split_once('/') {
             Some((addr, prefix)) => (addr.trim().parse().ok()?, Some(prefix.trim().parse().ok()?)),
             None => (text.trim().parse().ok()?, None),
@@ -153,7 +153,7 @@ impl Cidr {
     }
 
     /// Whether `ip` is inside this network (IPv4-mapped IPv6 counts as IPv4).
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, canonical(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 let mask = u32::MAX.checked_shl(32 - self.prefix as u32).unwrap_or(0);
@@ -177,14 +177,14 @@ fn canonical(ip: IpAddr) -> IpAddr {
 
 /// The networks whose `X-Forwarded-For` is believed.
 #[derive(Clone, Debug, Default)]
-pub struct TrustedProxies {
+pub(crate) struct TrustedProxies {
     nets: Vec<Cidr>,
 }
 
 impl TrustedProxies {
     /// From CIDR strings; unparsable entries are skipped (config validation
     /// rejects them before this).
-    pub fn new<S: AsRef<str>>(cidrs: &[S]) -> Self {
+    pub(crate) fn new<S: AsRef<str>>(cidrs: &[S]) -> Self {
         Self {
             nets: cidrs
                 .iter()
@@ -194,7 +194,7 @@ impl TrustedProxies {
     }
 
     /// Whether `ip` is a trusted proxy.
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         self.nets.iter().any(|net| net.contains(ip))
     }
 
@@ -202,7 +202,7 @@ impl TrustedProxies {
     /// an unparsable decisive `X-Forwarded-For` entry is an error (see the
     /// module docs).
     #[inline]
-    pub fn client_ip(
+    pub(crate) fn client_ip(
         &self,
         peer: IpAddr,
         headers: &http::HeaderMap,
@@ -259,14 +259,14 @@ fn parse_forwarded(entry: &str) -> Option<IpAddr> {
 /// A decisive `X-Forwarded-For` entry that is not an address (answered 400
 /// `BAD_REQUEST`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForwardedError {
+pub(crate) struct ForwardedError {
     /// The entry, trimmed and cut to [`ForwardedError::SHOWN`] characters.
-    pub entry: String,
+    pub(crate) entry: String,
 }
 
 impl ForwardedError {
     /// Characters of the offending entry kept for the message.
-    pub const SHOWN: usize = 64;
+    pub(crate) const SHOWN: usize = 64;
 
     fn new(entry: &str) -> Self {
         Self {
@@ -290,7 +290,7 @@ impl std::error::Error for ForwardedError {}
 /// The per-IP limiter's key: a client address masked to its network prefix
 /// (`rate_limit.ipv4_prefix`, `rate_limit.ipv6_prefix`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClientPrefix {
+pub(crate) struct ClientPrefix {
     v4_mask: u32,
     v6_mask: u128,
 }
@@ -299,7 +299,7 @@ impl ClientPrefix {
     /// Keys IPv4 clients by their first `ipv4_prefix` bits and IPv6 clients
     /// by their first `ipv6_prefix` bits (larger values are clamped to 32 and
     /// 128; config validation rejects them before this).
-    pub fn new(ipv4_prefix: u8, ipv6_prefix: u8) -> Self {
+    pub(crate) fn new(ipv4_prefix: u8, ipv6_prefix: u8) -> Self {
         Self {
             v4_mask: u32::MAX
                 .checked_shl(32 - u32::from(ipv4_prefix.min(32)))
@@ -313,7 +313,7 @@ impl ClientPrefix {
     /// The network `ip` belongs to, as an address (host bits zero); an
     /// IPv4-mapped IPv6 address is keyed as the IPv4 address.
     #[inline]
-    pub fn key(&self, ip: IpAddr) -> IpAddr {
+    pub(crate) fn key(&self, ip: IpAddr) -> IpAddr {
         match canonical(ip) {
             IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4) & self.v4_mask)),
             IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & self.v6_mask)),

@@ -4,55 +4,72 @@
 //! [`FanoutRequest`] — a read budget, a deadline and a de-duplication cache —
 //! shared by every operation of a batch; one acquisition point,
 //! [`ctx.upstream()`](FanoutContext::upstream), through which every resolver
-//! reads. See `ARCHITECTURE.md` for the walk of one read.
+//! reads:
 //!
-//! ```ignore
+//! ```
+//! use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
+//! use fanout_budget::{Config, Engine, FanoutContext, FanoutGraphQL, OrNull, Read};
+//!
+//! struct Query;
+//!
+//! #[Object]
+//! impl Query {
+//!     async fn catalog(&self, ctx: &Context<'_>) -> Option<String> {
+//!         let url = "http://registry.local:5000/v2/_catalog".parse().unwrap();
+//!         let read = async { Ok::<_, async_graphql::Error>(ctx.upstream()?.read(Read::get(url)).await?) };
+//!         read.await.map(|page| String::from_utf8_lossy(&page.body).into_owned()).or_null(ctx)
+//!     }
+//! }
+//!
 //! let engine = Engine::new(Config::default());
 //! let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
-//! let app = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
-//! // in a resolver:
-//! let page = ctx.upstream()?.read(Read::get(url)).await.or_null(ctx);
+//! let app: axum::Router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
+//! # drop(app);
 //! ```
+//!
+//! The rest of this page is `ARCHITECTURE.md`: the walk of one read.
+//!
+#![doc = include_str!("../ARCHITECTURE.md")]
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 
+#[cfg(feature = "redis")]
 pub mod backends;
-pub mod budget;
-pub mod clock;
+mod budget;
 pub mod config;
-pub mod cost;
-pub mod dedup;
-pub mod documents;
-pub mod engine;
-pub mod error;
-pub mod extension;
-mod hash;
-pub mod hosts;
-pub mod http;
-pub mod identity;
-pub mod limiter;
+mod cost;
+mod dedup;
+mod documents;
+mod engine;
+mod error;
+mod extension;
+mod finish;
+mod hosts;
+mod http;
+mod identity;
+mod limiter;
 mod metrics;
 mod nulls;
-pub mod row;
-pub mod serve;
+mod request;
+mod serve;
 mod shape;
-pub mod transport;
+mod transport;
 mod types;
-pub mod upstream;
+mod upstream;
 
-pub use budget::{BudgetSnapshot, InFlightSlot, RequestBudget};
-pub use clock::{Clock, ManualClock, TokioClock};
+pub use budget::{BudgetSnapshot, ReadCounts, RequestBudget};
 pub use config::Config;
 pub use cost::{CostTable, FieldCost};
-pub use engine::Engine;
-pub use error::FanoutError;
+pub use documents::weight as document_weight;
+pub use engine::{Engine, EngineBuilder};
+pub use error::{HostRefusal, ReadError, Rejection, Unavailable};
 pub use extension::FanoutExtension;
+pub use finish::OrNull;
 pub use hosts::{HostLimiter, HostSlot, LocalHostCaps};
 pub use http::FanoutGraphQL;
-pub use identity::Caller;
-pub use limiter::{Decision, InboundLimiter, LocalLimiter, RateLimitLayer};
-pub use metrics::shared_state_fallback;
-pub use row::OrNull;
-pub use serve::serve;
-pub use transport::{HttpTransport, Transport};
-pub use upstream::{FanoutContext, FanoutRequest, Operation, Read, Upstream, UpstreamResponse};
+pub use identity::{Caller, INTERNAL_TOKEN_HEADER};
+pub use limiter::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
+pub use request::{FanoutContext, FanoutRequest, Operation};
+pub use serve::{serve, Serve};
+pub use transport::{HttpTransport, Read, Transport, UpstreamResponse};
+pub use upstream::Upstream;

@@ -14,59 +14,51 @@
 //!    client rotating addresses inside its IPv6 /64 is one key. A decisive
 //!    forwarded entry that is not an address is 400 `BAD_REQUEST`, charged to
 //!    no one ([`crate::identity`]).
-//! 3. **The check** is GCRA (the `governor` crate) with a burst of
-//!    `requests_per_minute`, refilled evenly over the minute. Idle keys are
-//!    evicted (`retain_recent`) every `max(SWEEP_EVERY, 2 × keys left)`
-//!    checks, so a flood of distinct addresses cannot grow memory without
-//!    bound and the sweep's cost stays constant per check however many keys
-//!    are held. A check that creates a key counts at once; the others are
-//!    counted in per-thread batches of [`CHECK_BATCH`], so an ordinary check
-//!    writes no shared memory besides its key's state. The keys live in a
-//!    `DashMap` hashed by a keyed folded multiply (`store`), not SipHash.
+//! 3. **The check** is GCRA (the `governor` crate, its keyed `DashMap`
+//!    store as it is, hashed by foldhash's seeded `RandomState` — client
+//!    addresses are chosen by clients) with a burst of `requests_per_minute`,
+//!    refilled evenly over the minute. Idle keys are evicted
+//!    (`retain_recent`) every `max(SWEEP_EVERY, 2 × keys left)` checks, so a
+//!    flood of distinct addresses cannot grow memory without bound and the
+//!    sweep's cost stays constant per check however many keys are held.
 //! 4. **The answer**: over the limit, 429 `RATE_LIMITED` with `Retry-After`
 //!    (whole seconds, at least 1) and the IETF `RateLimit-Policy` /
 //!    `RateLimit` fields; otherwise the inner service's answer, with
 //!    `RateLimit` added. Every refusal here (429, 400, 503) leaves the body
 //!    unread, so it carries `Connection: close`
-//!    ([`refuse_unread`]).
+//!    ([`Rejection::unread`]).
 //!
 //! A shared backend (Redis) plugs in through [`InboundLimiter`]; while it is
 //! down, `failure_mode` decides between the in-process limiter ("open") and
 //! 503 `UNAVAILABLE` ("closed").
 
 use crate::config::{FailureMode, RateLimitConfig};
-use crate::error::FanoutError;
+use crate::error::{Rejection, Unavailable};
 use crate::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
 use crate::metrics;
-use crate::serve::refuse_unread;
 use axum::extract::ConnectInfo;
+use clock::TokioNanos;
+use foldhash::fast::RandomState;
 use futures::future::BoxFuture;
 use governor::clock::Clock as GovernorClock;
 use governor::middleware::StateInformationMiddleware;
+use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use http::{HeaderName, HeaderValue, Request, Response};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use store::{ClientKey, IpStore, SweepPacer};
-use value::RateLimitValue;
 
 mod clock;
-mod store;
-mod value;
-
-pub use clock::MonotonicNanos;
+#[cfg(test)]
+mod tests;
 
 /// Idle keys are swept at least this many checks apart (more when many keys
 /// stay live, so the sweep costs O(1) per check).
-pub const SWEEP_EVERY: u64 = 4096;
-
-/// Checks that find their key already held are counted towards the next
-/// sweep in batches of this many per thread (a check that creates a key
-/// counts at once).
-pub const CHECK_BATCH: u32 = 256;
+pub(crate) const SWEEP_EVERY: u64 = 4096;
 
 /// A limiter's verdict on one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,58 +79,74 @@ pub enum Decision {
 }
 
 /// A shared (cross-replica) per-key limiter.
+///
+/// ```
+/// use fanout_budget::{Decision, InboundLimiter, Unavailable};
+/// use futures::future::BoxFuture;
+/// use std::net::IpAddr;
+///
+/// /// Admits everyone (a stand-in for a shared store).
+/// #[derive(Debug)]
+/// struct Open;
+///
+/// impl InboundLimiter for Open {
+///     fn check(&self, _key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
+///         let allow = Decision::Allow { remaining: 1, reset: std::time::Duration::ZERO };
+///         Box::pin(async move { Ok(allow) })
+///     }
+/// }
+/// ```
 pub trait InboundLimiter: Send + Sync + 'static {
     /// Checks and counts one request for `key` (a client address masked to
-    /// its prefix, [`ClientPrefix::key`]). `Err` means the backend is
+    /// its `ipv4_prefix` / `ipv6_prefix`). `Err` means the backend is
     /// unreachable (the caller applies `failure_mode`).
-    fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>>;
+    fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>>;
 }
 
-type Gcra<C> = RateLimiter<ClientKey, IpStore, C, StateInformationMiddleware>;
+type Gcra<C> = RateLimiter<IpAddr, DashMapStateStore<IpAddr, RandomState>, C, StateInformationMiddleware>;
 
 /// The in-process GCRA limiter (governor), keyed by client IP.
-pub struct LocalLimiter<C: GovernorClock = MonotonicNanos> {
+pub(crate) struct LocalLimiter<C: GovernorClock = TokioNanos> {
     gcra: Gcra<C>,
     clock: C,
     limit: u32,
     /// The replenish interval in ns (`limit` of them make at most a minute).
     interval_ns: u64,
-    pacer: Arc<SweepPacer>,
+    /// Checks left before the next idle-key sweep.
+    until_sweep: AtomicU64,
 }
 
-impl LocalLimiter<MonotonicNanos> {
-    /// `requests_per_minute` per key, on the real clock.
-    pub fn per_minute(requests_per_minute: NonZeroU32) -> Self {
-        Self::with_clock(requests_per_minute, MonotonicNanos::new())
+impl LocalLimiter<TokioNanos> {
+    /// `requests_per_minute` per key, on tokio's clock.
+    pub(crate) fn per_minute(requests_per_minute: NonZeroU32) -> Self {
+        Self::with_clock(requests_per_minute, TokioNanos::new())
     }
 }
 
 impl<C: GovernorClock + Clone> LocalLimiter<C> {
     /// `requests_per_minute` per key, on `clock` (tests use governor's
     /// `FakeRelativeClock`).
-    pub fn with_clock(requests_per_minute: NonZeroU32, clock: C) -> Self {
+    pub(crate) fn with_clock(requests_per_minute: NonZeroU32, clock: C) -> Self {
         let quota = Quota::per_minute(requests_per_minute);
-        let pacer = Arc::new(SweepPacer::new(SWEEP_EVERY));
+        let store = DashMapStateStore::with_hasher(RandomState::default());
         Self {
-            gcra: RateLimiter::<ClientKey, _, C, StateInformationMiddleware>::new(
-                quota,
-                IpStore::new(pacer.clone()),
-                clock.clone(),
-            ),
+            gcra: RateLimiter::new(quota, store, clock.clone()),
             clock,
             limit: requests_per_minute.get(),
             interval_ns: quota.replenish_interval().as_nanos() as u64,
-            pacer,
+            until_sweep: AtomicU64::new(SWEEP_EVERY),
         }
     }
 
     /// Checks and counts one request for `key`.
-    pub fn check(&self, key: IpAddr) -> Decision {
-        let outcome = self.gcra.check_key(&ClientKey(key));
-        if self.pacer.count_check() {
+    pub(crate) fn check(&self, key: IpAddr) -> Decision {
+        let outcome = self.gcra.check_key(&key);
+        let due = self.until_sweep.fetch_sub(1, Relaxed) == 1;
+        if due {
             // One caller sweeps; the next sweep is paced by the keys left.
             self.sweep();
-            self.pacer.swept(SWEEP_EVERY.max(2 * self.len() as u64));
+            let gap = SWEEP_EVERY.max(2 * self.len() as u64);
+            self.until_sweep.store(gap, Relaxed);
         }
         match outcome {
             Ok(state) => {
@@ -158,19 +166,22 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
     }
 
     /// Forgets every key whose state is indistinguishable from a fresh one.
-    pub fn sweep(&self) {
+    pub(crate) fn sweep(&self) {
         self.gcra.retain_recent();
         self.gcra.shrink_to_fit();
     }
 
     /// Keys currently held.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.gcra.len()
     }
+}
 
-    /// Whether no key is held.
-    pub fn is_empty(&self) -> bool {
-        self.gcra.is_empty()
+impl<C: GovernorClock> std::fmt::Debug for LocalLimiter<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalLimiter")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
     }
 }
 
@@ -186,6 +197,19 @@ enum Backend {
 }
 
 /// The inbound limiter as a `tower::Layer` (configuration only).
+///
+/// Serve the app with connect info (as [`serve`](crate::serve) does), so
+/// the limiter keys by the TCP peer:
+///
+/// ```
+/// use fanout_budget::{Config, RateLimitLayer};
+///
+/// let config = Config::default();
+/// let app: axum::Router = axum::Router::new()
+///     .route("/graphql", axum::routing::post(|| async { "ok" }))
+///     .route_layer(RateLimitLayer::new(&config.rate_limit));
+/// # drop(app);
+/// ```
 #[derive(Clone)]
 pub struct RateLimitLayer {
     backend: Backend,
@@ -231,6 +255,24 @@ impl RateLimitLayer {
     }
 }
 
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Local(_) => f.write_str("Local"),
+            Self::Shared { mode, .. } => write!(f, "Shared({mode:?})"),
+        }
+    }
+}
+
+impl std::fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("backend", &self.backend)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S> tower::Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
@@ -243,7 +285,7 @@ impl<S> tower::Layer<S> for RateLimitLayer {
 }
 
 /// The inbound limiter in front of a service.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RateLimitService<S> {
     inner: S,
     // Shared: each request's future holds it, for one reference count.
@@ -287,22 +329,24 @@ where
             let client = match layer.proxies.client_ip(peer, request.headers()) {
                 Ok(ip) => layer.prefix.key(ip),
                 Err(unparsable) => {
-                    return Ok(refuse_unread(&FanoutError::BadRequest {
+                    let refused = Rejection::BadRequest {
                         message: unparsable.to_string(),
-                    }))
+                    };
+                    return Ok(refused.unread());
                 }
             };
             let decision = match layer.decide(client).await {
                 Ok(decision) => decision,
-                Err(unavailable) => return Ok(refuse_unread(&unavailable)),
+                Err(unavailable) => return Ok(unavailable.unread()),
             };
             match decision {
                 Decision::Deny { retry_after } => {
                     metrics::rate_limited();
                     let secs = whole_seconds(retry_after);
-                    let mut response = refuse_unread(&FanoutError::RateLimited {
+                    let refused = Rejection::RateLimited {
                         retry_after_secs: secs,
-                    });
+                    };
+                    let mut response = refused.unread();
                     layer.headers(&mut response, 0, secs);
                     Ok(response)
                 }
@@ -317,7 +361,7 @@ where
 }
 
 impl RateLimitLayer {
-    async fn decide(&self, client: IpAddr) -> Result<Decision, FanoutError> {
+    async fn decide(&self, client: IpAddr) -> Result<Decision, Rejection> {
         match &self.backend {
             Backend::Local(local) => Ok(local.check(client)),
             Backend::Shared {
@@ -333,7 +377,7 @@ impl RateLimitLayer {
                         tracing::debug!(error = %err, "shared rate limiter down; limiting in-process");
                         Ok(fallback.check(client))
                     }
-                    FailureMode::Closed => Err(FanoutError::Unavailable {
+                    FailureMode::Closed => Err(Rejection::Unavailable {
                         message: "the shared rate limiter is unreachable".into(),
                     }),
                 },
@@ -344,9 +388,8 @@ impl RateLimitLayer {
     /// `RateLimit: "per-ip";r=<remaining>;t=<seconds>` and the policy.
     fn headers<B>(&self, response: &mut Response<B>, remaining: u32, reset_secs: u64) {
         let headers = response.headers_mut();
-        if let Ok(v) =
-            HeaderValue::from_bytes(RateLimitValue::new(remaining, reset_secs).as_bytes())
-        {
+        let value = format!("\"per-ip\";r={remaining};t={reset_secs}");
+        if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert(RATELIMIT, v);
         }
         headers.insert(RATELIMIT_POLICY, self.policy_header.clone());

@@ -101,6 +101,6 @@ pub(crate) fn wrong_internal_token() {
 }
 
 /// Counts a check answered in-process because the shared backend was down.
-pub fn shared_state_fallback(backend: &'static str) {
+pub(crate) fn shared_state_fallback(backend: &'static str) {
     counter!("fanout_shared_state_fallback_total", "backend" => backend).increment(1);
 }

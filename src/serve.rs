@@ -43,7 +43,7 @@
 //! Only HTTP/1 is served (the gateway's axum is built with `http1` only).
 //!
 //! A refusal that answers before the request body was read carries
-//! `Connection: close` ([`refuse_unread`]) rather than draining the body:
+//! `Connection: close` ([`Rejection::unread`](crate::Rejection::unread)) rather than draining the body:
 //! draining would read up to `max_body_bytes` for a client that is being
 //! refused (a rate-limited one included), or wait for a slow one, while
 //! closing costs nothing. hyper then ends the connection after the response
@@ -51,13 +51,12 @@
 //! new one for its next request instead of writing into a closed connection.
 
 use crate::config::Config;
-use crate::error::FanoutError;
 use crate::identity::{ClientPrefix, TrustedProxies};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::Response;
 use futures::future::BoxFuture;
-use http::{header, HeaderValue, Request};
+use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -167,6 +166,15 @@ pub struct Serve<S> {
     clients: Arc<Clients>,
 }
 
+impl<S> std::fmt::Debug for Serve<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serve")
+            .field("listener", &self.listener)
+            .field("max_connections", &self.max_connections)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S> Serve<S>
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
@@ -255,16 +263,4 @@ where
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(self.run(std::future::pending()))
     }
-}
-
-/// A whole-request refusal answered before the request body was read (429,
-/// 413, 408, a 400 decided from the headers, 503): the error's response with
-/// `Connection: close`, so hyper ends the connection after it and the client
-/// does not send its next request into the unread body.
-pub fn refuse_unread(err: &FanoutError) -> Response {
-    let mut response = crate::http::error_response(err);
-    response
-        .headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    response
 }

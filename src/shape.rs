@@ -33,7 +33,7 @@
 //! fragment once too.
 
 use crate::documents::Documents;
-use crate::error::FanoutError;
+use crate::error::OperationError;
 use async_graphql::parser::types::{ExecutableDocument, Selection, SelectionSet};
 use async_graphql::{Name, Pos, Positioned};
 use std::collections::HashMap;
@@ -68,11 +68,11 @@ pub(crate) enum ShapeError {
     },
 }
 
-impl From<ShapeError> for FanoutError {
+impl From<ShapeError> for OperationError {
     fn from(err: ShapeError) -> Self {
-        FanoutError::ValidationFailed {
+        OperationError::ValidationFailed {
             message: err.message(),
-            locations: err.pos().into_iter().collect(),
+            at: err.pos().into_iter().collect(),
         }
     }
 }
@@ -85,12 +85,12 @@ pub(crate) fn admit(
     documents: &Documents,
     query: &str,
     max_selections: u64,
-) -> Result<(ExecutableDocument, Shape), FanoutError> {
+) -> Result<(ExecutableDocument, Shape), OperationError> {
     let doc = documents
         .parse(query)
-        .map_err(|err| FanoutError::ParseFailed {
+        .map_err(|err| OperationError::ParseFailed {
             message: err.to_string(),
-            locations: err.positions().collect(),
+            at: err.positions().collect(),
         })?;
     let shape = check(&doc, max_selections)?;
     Ok((doc, shape))

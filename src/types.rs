@@ -4,9 +4,8 @@
 //! ([`crate::cost`], before the operation runs) and null propagation
 //! ([`crate::nulls`], after it ran with errors). Both need, per object or
 //! interface type and field: the field's declared type (`[Tag!]!`), the
-//! named type under its wrappers (`Tag`), the numeric defaults of its
-//! arguments, and — when the engine has a [`CostTable`] — the field's
-//! declared cost.
+//! named type under its wrappers (`Tag`), and the numeric defaults of its
+//! arguments.
 //!
 //! [`SchemaTypes`] holds exactly that, nested by type then field name, so
 //! the walks look fields up with borrowed `&str`s and allocate nothing per
@@ -15,7 +14,6 @@
 //! registry the first time the extension runs ([`SchemaTypes::from_registry`]).
 //! The two sources describe the same schema and build the same value.
 
-use crate::cost::{CostTable, FieldCost};
 use async_graphql::parser::types::{BaseType, Type, TypeKind, TypeSystemDefinition};
 use async_graphql::registry::{MetaType, MetaTypeName, Registry};
 use async_graphql::Value;
@@ -39,8 +37,6 @@ pub(crate) struct FieldInfo {
     pub(crate) named: String,
     /// Arguments whose default is a non-negative integer.
     pub(crate) defaults: Vec<(String, u64)>,
-    /// The declared cost, if the engine's cost table has one.
-    pub(crate) cost: Option<FieldCost>,
 }
 
 impl FieldInfo {
@@ -54,7 +50,7 @@ impl FieldInfo {
 
 impl SchemaTypes {
     /// From async-graphql's registry (what the extension sees).
-    pub(crate) fn from_registry(registry: &Registry, costs: Option<&CostTable>) -> Self {
+    pub(crate) fn from_registry(registry: &Registry) -> Self {
         let mut out = Self {
             query: registry.query_type.clone(),
             mutation: registry.mutation_type.clone(),
@@ -81,7 +77,6 @@ impl SchemaTypes {
                         named: MetaTypeName::concrete_typename(&field.ty).to_string(),
                         ty: field.ty.clone(),
                         defaults,
-                        cost: cost_of(costs, type_name, &field.name),
                     };
                     (field.name.clone(), info)
                 })
@@ -94,7 +89,7 @@ impl SchemaTypes {
     /// From the schema's SDL (`Schema::sdl()`, what the HTTP integration
     /// sees). SDL that does not parse gives an empty value: nothing is
     /// priced and nothing repaired, and the schema still runs.
-    pub(crate) fn from_sdl(sdl: &str, costs: Option<&CostTable>) -> Self {
+    pub(crate) fn from_sdl(sdl: &str) -> Self {
         let mut out = Self {
             query: "Query".to_string(),
             ..Self::default()
@@ -133,7 +128,6 @@ impl SchemaTypes {
                                 ty: field.ty.node.to_string(),
                                 named: named(&field.ty.node).to_string(),
                                 defaults,
-                                cost: cost_of(costs, type_name, &field.name.node),
                             };
                             (field.name.node.to_string(), info)
                         })
@@ -174,10 +168,6 @@ impl SchemaTypes {
     pub(crate) fn field(&self, type_name: &str, field: &str) -> Option<&FieldInfo> {
         self.types.get(type_name)?.get(field)
     }
-}
-
-fn cost_of(costs: Option<&CostTable>, type_name: &str, field: &str) -> Option<FieldCost> {
-    costs?.get(type_name, field).cloned()
 }
 
 fn named(ty: &Type) -> &str {

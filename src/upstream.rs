@@ -1,236 +1,345 @@
 //! The acquisition point: the one way a resolver reaches the upstream.
 //!
-//! A resolver calls [`ctx.upstream()?`](FanoutContext::upstream) and gets an
-//! [`Upstream`] handle bound to the current inbound HTTP request and
-//! operation. Every read through it walks the same steps, in this order:
+//! A resolver calls [`ctx.upstream()?`](crate::FanoutContext::upstream) and
+//! gets an [`Upstream`] bound to the current inbound HTTP request and
+//! operation. [`Upstream::read`] walks these steps, in this order, each a
+//! call into a module below this one:
 //!
-//! 1. **de-duplication** — an identical read (same URL and `Accept`) already
-//!    made or in flight anywhere in this HTTP request answers instead
-//!    ([`crate::dedup`]); nothing below runs and nothing is charged;
+//! 1. **de-duplication** (`dedup.rs`) — an identical read (same URL and
+//!    `Accept`) already made or in flight anywhere in this HTTP request
+//!    answers instead; nothing below runs and nothing is charged;
 //! 2. **cheap refusals** — an exhausted budget or a passed deadline refuses
 //!    the read before it waits for anything;
-//! 3. **request slot** — one of the request's `max_concurrent_reads`
-//!    in-flight slots ([`RequestBudget`]), waited for up to the deadline;
-//! 4. **host slot** — a process-wide slot for the host ([`crate::hosts`]);
-//! 5. **charge** — one read from the budget, right before sending: a refused
-//!    read is never charged, a sent read always is;
-//! 6. **timed send** — the GET, body included, under
+//! 3. **request slot** (`budget.rs`) — one of the request's
+//!    `max_concurrent_reads` in-flight slots, waited for up to the deadline;
+//! 4. **host slot** (`hosts.rs`) — a process-wide slot for the host;
+//! 5. **charge** (`budget.rs`) — one read from the budget, right before
+//!    sending: a refused read is never charged, a sent read always is;
+//! 6. **timed send** (`transport.rs`) — the request, body included, under
 //!    `min(read_timeout, time left before the deadline)`; whichever of the two
-//!    cut it names the error (`UPSTREAM_TIMEOUT` or `DEADLINE_EXCEEDED`).
+//!    cut it names the error (`UPSTREAM_TIMEOUT` or `DEADLINE_EXCEEDED`);
+//! 7. **response** — its body counted against `upstream.max_request_bytes`,
+//!    kept for the rest of the request; a redirect is followed from step 1,
+//!    each hop a read of its own.
 //!
 //! The slots are guards held by the read's future, so they are released on
 //! every outcome, including the inbound request being cancelled.
-//!
-//! What a read costs the engine: a de-duplicated read stops at step 1 (one
-//! map lookup). A read that is sent resolves its host in the engine's host
-//! table (one lookup, no string built), takes its host slot synchronously
-//! when one is free, reads the request's clock once (again only after
-//! waiting for a slot) and arms one timer at
-//! `min(now + read_timeout, deadline)`.
 
-mod read;
-mod send;
-
-pub use read::{Read, UpstreamResponse, MAX_MESSAGE};
-
-use crate::budget::RequestBudget;
-use crate::dedup::Dedup;
-use crate::engine::Engine;
-use crate::error::FanoutError;
-use crate::identity::Caller;
-use async_graphql::Context;
-use send::ReadKey;
+use crate::budget::{bump, ReadStats, RequestBudget};
+use crate::dedup::{Dedup, Origin};
+use crate::error::ReadError;
+use crate::hosts::{HostEntry, HostLimiter, HostTable};
+use crate::metrics::{self, HostMetrics};
+use crate::transport::{Read, Transport, UpstreamResponse};
+use http::HeaderValue;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
-use tokio::sync::watch;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::Instrument;
 
-/// The fan-out scope of one inbound HTTP request: its budget and its
-/// de-duplication cache, shared (`Arc`) by every operation of a batch.
-#[derive(Clone)]
-pub struct FanoutRequest {
-    inner: Arc<RequestScope>,
+/// What every read of an engine needs; the engine hands it to each request
+/// once, when the request opens.
+pub(crate) struct ReadParts {
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) hosts: Arc<dyn HostLimiter>,
+    /// Each upstream host's name and metric handles, built once.
+    pub(crate) host_table: HostTable,
+    pub(crate) read_timeout: Duration,
+    pub(crate) max_redirects: u32,
+    pub(crate) max_request_bytes: u64,
 }
 
-struct RequestScope {
-    engine: Engine,
+/// The reads of one inbound HTTP request: its budget, its de-duplication
+/// cache, and the body bytes it keeps.
+pub(crate) struct RequestReads {
+    parts: Arc<ReadParts>,
     budget: RequestBudget,
     dedup: Dedup<ReadKey, ReadResult>,
-    caller: Caller,
-    /// Operations of the batch not yet priced (only with `refuse_over_estimate`).
-    unpriced: OnceLock<watch::Sender<usize>>,
-    /// Body bytes of every response this request has kept
-    /// (`upstream.max_request_bytes`).
+    /// Body bytes of every response this request keeps.
     kept_bytes: AtomicU64,
 }
 
-type ReadResult = Result<Arc<UpstreamResponse>, FanoutError>;
+type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
 
-/// How long an operation may run past its request's deadline: its reads
-/// stop at the deadline with `DEADLINE_EXCEEDED`, and this leaves the
-/// resolvers time to answer the rest of the page with those field errors
-/// before the whole operation is cut.
-pub const FINISH_GRACE: std::time::Duration = std::time::Duration::from_millis(100);
-
-impl FanoutRequest {
-    pub(crate) fn new(engine: Engine, budget: RequestBudget, caller: Caller) -> Self {
-        let dedup = Dedup::with_hasher(engine.inner.dedup_hasher.clone());
+impl RequestReads {
+    pub(crate) fn new(parts: Arc<ReadParts>, budget: RequestBudget) -> Self {
         Self {
-            inner: Arc::new(RequestScope {
-                engine,
-                budget,
-                dedup,
-                caller,
-                unpriced: OnceLock::new(),
-                kept_bytes: AtomicU64::new(0),
-            }),
+            parts,
+            budget,
+            dedup: Dedup::new(),
+            kept_bytes: AtomicU64::new(0),
         }
     }
 
-    /// Announces that a batch of `operations` will run in this request, so
-    /// that with `refuse_over_estimate` no operation starts before all are
-    /// priced. The HTTP integration calls it; without it nothing is refused.
-    pub fn expect_operations(&self, operations: usize) {
-        let engine = &self.inner.engine;
-        if engine.config().budget.refuse_over_estimate && engine.costs().is_some() {
-            let _ = self.inner.unpriced.set(watch::Sender::new(operations));
-        }
-    }
-
-    /// One operation has been priced.
-    pub(crate) fn estimate_arrived(&self) {
-        if let Some(unpriced) = self.inner.unpriced.get() {
-            unpriced.send_modify(|n| *n = n.saturating_sub(1));
-        }
-    }
-
-    /// Waits until every operation is priced, then refuses the batch if its
-    /// worst case exceeds the budget. `None`: run.
-    pub(crate) async fn refusal(&self) -> Option<FanoutError> {
-        let unpriced = self.inner.unpriced.get()?;
-        let budget = &self.inner.budget;
-        let mut rx = unpriced.subscribe();
-        let left = budget.time_left()?;
-        if tokio::time::timeout(left, rx.wait_for(|n| *n == 0))
-            .await
-            .is_err()
-        {
-            return Some(FanoutError::DeadlineExceeded);
-        }
-        let requested = budget.requested();
-        (requested > budget.limit()).then(|| FanoutError::EstimateExceedsBudget {
-            requested,
-            limit: budget.limit(),
-        })
-    }
-
-    /// The request's budget.
-    pub fn budget(&self) -> &RequestBudget {
-        &self.inner.budget
-    }
-
-    /// Runs one operation, but no longer than the request's deadline plus
-    /// [`FINISH_GRACE`]: past it the operation is dropped — whatever it was
-    /// doing, reads or not — and answers `DEADLINE_EXCEEDED`.
-    pub(crate) async fn within_deadline(
-        &self,
-        operation: impl std::future::Future<Output = async_graphql::Response>,
-    ) -> async_graphql::Response {
-        let left = self.inner.budget.time_left().unwrap_or_default() + FINISH_GRACE;
-        match tokio::time::timeout(left, operation).await {
-            Ok(response) => response,
-            Err(_elapsed) => crate::extension::refused(&FanoutError::DeadlineExceeded),
-        }
-    }
-
-    /// Who is calling.
-    pub fn caller(&self) -> Caller {
-        self.inner.caller
-    }
-
-    /// The engine the request runs on.
-    pub fn engine(&self) -> &Engine {
-        &self.inner.engine
-    }
-
-    /// A handle for one operation of this request; its reads are counted
-    /// for the operation as well as for the request.
-    pub fn operation(&self) -> Arc<Operation> {
-        Arc::new(Operation {
-            request: self.clone(),
-            reads: AtomicU64::new(0),
-        })
+    pub(crate) fn budget(&self) -> &RequestBudget {
+        &self.budget
     }
 }
 
-impl std::fmt::Debug for FanoutRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FanoutRequest")
-            .field("budget", &self.inner.budget)
-            .field("caller", &self.inner.caller)
-            .finish()
-    }
+/// What makes two reads the same read: the URL and the `Accept` header.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ReadKey {
+    url: Box<str>,
+    accept: Option<HeaderValue>,
 }
 
-/// One operation of an inbound request (the extension attaches it).
-pub struct Operation {
-    request: FanoutRequest,
-    reads: AtomicU64,
-}
-
-impl Operation {
-    /// The request this operation belongs to.
-    pub fn request(&self) -> &FanoutRequest {
-        &self.request
-    }
-
-    /// Reads this operation itself sent (not those it shared).
-    pub fn reads(&self) -> u64 {
-        self.reads.load(Relaxed)
-    }
-
-    /// The upstream handle for this operation.
-    pub fn upstream(&self) -> Upstream<'_> {
-        Upstream { op: self }
-    }
-}
-
-/// How resolvers reach the engine from an async-graphql [`Context`].
-pub trait FanoutContext {
-    /// The upstream handle for the current request and operation.
-    ///
-    /// Fails only when the operation runs outside the engine: served neither
-    /// by [`FanoutGraphQL`](crate::FanoutGraphQL) nor with the
-    /// [`FanoutExtension`](crate::FanoutExtension) mounted.
-    fn upstream(&self) -> async_graphql::Result<Upstream<'_>>;
-
-    /// The current inbound HTTP request's fan-out scope.
-    fn fanout_request(&self) -> async_graphql::Result<&FanoutRequest>;
-}
-
-impl FanoutContext for Context<'_> {
-    fn upstream(&self) -> async_graphql::Result<Upstream<'_>> {
-        Ok(operation(self)?.upstream())
-    }
-
-    fn fanout_request(&self) -> async_graphql::Result<&FanoutRequest> {
-        Ok(operation(self)?.request())
-    }
-}
-
-fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
-    ctx.data_opt::<Arc<Operation>>()
-        .map(|op| &**op)
-        .ok_or_else(|| "no fanout-budget scope: serve the schema with FanoutGraphQL or mount engine.extension()".into())
-}
 /// The upstream, as seen by one operation of one inbound HTTP request.
+///
+/// ```
+/// use async_graphql::{Context, Object};
+/// use fanout_budget::{FanoutContext, OrNull, Read};
+///
+/// struct Query;
+///
+/// #[Object]
+/// impl Query {
+///     /// A page of the upstream, or `null` and a coded error.
+///     async fn page(&self, ctx: &Context<'_>) -> Option<String> {
+///         let url = "http://registry.local/v2/_catalog".parse().unwrap();
+///         let read = async { ctx.upstream()?.read(Read::get(url)).await.map_err(Into::into) };
+///         let page: async_graphql::Result<_> = read.await;
+///         page.map(|r| String::from_utf8_lossy(&r.body).into_owned()).or_null(ctx)
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy)]
 pub struct Upstream<'a> {
-    op: &'a Operation,
+    reads: &'a RequestReads,
+    /// The operation's own reads (`operationReads`).
+    sent: &'a AtomicU64,
 }
 
-impl Upstream<'_> {
+impl<'a> Upstream<'a> {
+    pub(crate) fn new(reads: &'a RequestReads, sent: &'a AtomicU64) -> Self {
+        Self { reads, sent }
+    }
+
     /// The request's budget.
-    pub fn budget(&self) -> &RequestBudget {
-        self.op.request.budget()
+    pub fn budget(&self) -> &'a RequestBudget {
+        &self.reads.budget
+    }
+
+    /// Reads `read` through the acquisition point (see the module docs).
+    ///
+    /// A redirect (301, 302, 303, 307, 308 with a `Location`) is followed
+    /// here, up to `upstream.max_redirects` hops, each hop a read of its own
+    /// through every step (de-duplicated, capped per host and charged); a
+    /// hop back to a URL of the same chain, past the last hop, or to
+    /// something that is not `http(s)` ends the read with `UPSTREAM_ERROR`.
+    pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
+        let max_redirects = self.reads.parts.max_redirects;
+        let accept = read.accept.clone();
+        let mut url = read.url.clone();
+        let mut response = self.read_once(read).await?;
+        let mut chain: Vec<reqwest::Url> = Vec::new();
+        while let Some(location) = redirect(&response).filter(|_| max_redirects > 0) {
+            let fail = |message: String| Err(response.error(message));
+            let next = match url.join(location) {
+                Ok(next) if matches!(next.scheme(), "http" | "https") => next,
+                _ => return fail(format!("redirect to {location:?}, not an http(s) URL")),
+            };
+            if chain.len() as u32 >= max_redirects {
+                return fail(format!("more than {max_redirects} redirects"));
+            }
+            if next == url || chain.contains(&next) {
+                return fail(format!("redirect loop at {next}"));
+            }
+            chain.push(std::mem::replace(&mut url, next.clone()));
+            let hop = Read {
+                url: next,
+                accept: accept.clone(),
+            };
+            response = self.read_once(hop).await?;
+        }
+        Ok(response)
+    }
+
+    /// Step 1, then steps 2–7 unless an identical read answers.
+    async fn read_once(&self, read: Read) -> ReadResult {
+        let span = tracing::debug_span!(
+            "upstream.read",
+            url = %read.url,
+            dedup = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let key = ReadKey {
+            url: read.url.as_str().into(),
+            accept: read.accept.clone(),
+        };
+        let (result, origin) = self
+            .reads
+            .dedup
+            .get_or_run(key, || self.send(read))
+            .instrument(span.clone())
+            .await;
+        span.record("dedup", origin == Origin::Shared);
+        span.record("outcome", result.as_ref().map_or_else(|e| e.code(), |_| "ok"));
+        if origin == Origin::Shared {
+            bump(&self.reads.budget.stats().dedup_hits);
+            metrics::dedup_hit();
+        }
+        // A read answered at once (de-duplicated, refused) never waits, and
+        // the many fields woken together when one shared read lands all go on
+        // in the same poll; each read's end spends a unit of tokio's
+        // cooperative budget, so such an operation still yields — to other
+        // requests, and to its deadline.
+        tokio::task::consume_budget().await;
+        result
+    }
+
+    /// Steps 2–5 for a read no other caller answers, then the send.
+    async fn send(&self, read: Read) -> ReadResult {
+        let (parts, budget) = (&*self.reads.parts, &self.reads.budget);
+        let stats = budget.stats();
+        let host = parts.host_table.resolve(&read.url);
+        let refused = |err: ReadError| {
+            match &err {
+                ReadError::BudgetExhausted { .. } => {
+                    bump(&stats.refused_budget);
+                    metrics::budget_exhausted();
+                }
+                ReadError::DeadlineExceeded => bump(&stats.refused_deadline),
+                _ => {
+                    bump(&stats.refused_host);
+                    host.metrics.rejections.increment(1);
+                }
+            }
+            Err(err)
+        };
+        let exhausted = || ReadError::BudgetExhausted {
+            limit: budget.limit(),
+        };
+        if budget.is_exhausted() {
+            return refused(exhausted());
+        }
+        let Ok(_request_slot) = budget.in_flight_slot().await else {
+            return refused(ReadError::DeadlineExceeded);
+        };
+        let Some(left) = budget.time_left() else {
+            return refused(ReadError::DeadlineExceeded);
+        };
+        let _host_slot = match parts.hosts.acquire(&host.name, left).await {
+            Ok(slot) => slot,
+            Err(refusal) => return refused(refusal.for_host(&host.name)),
+        };
+        // Waiting may have used up the time and the budget: check again,
+        // and charge last.
+        let now = Instant::now();
+        if budget.time_left_at(now).is_none() {
+            return refused(ReadError::DeadlineExceeded);
+        }
+        if budget.try_charge().is_err() {
+            return refused(exhausted());
+        }
+        self.sent.fetch_add(1, Relaxed);
+        bump(&stats.issued);
+        self.timed_send(read, &host, now).await
+    }
+
+    /// Steps 6–7: sends the read under its time limit and keeps the answer.
+    async fn timed_send(&self, read: Read, host: &HostEntry, now: Instant) -> ReadResult {
+        let (parts, budget) = (&*self.reads.parts, &self.reads.budget);
+        let stats = budget.stats();
+        let by_read_timeout = now + parts.read_timeout;
+        let by_deadline = budget.deadline() < by_read_timeout;
+        let m = &host.metrics;
+        let fetch = parts.transport.fetch(read, &host.name);
+        // Owned by this future: if the inbound request is cancelled mid-read,
+        // dropping it still balances the gauge and the counters.
+        let mut sending = Sending::start(m, stats, now);
+        let sent = tokio::time::timeout_at(by_read_timeout.min(budget.deadline()), fetch).await;
+        sending.finished = true;
+        let outcome = match sent {
+            Ok(Ok(response)) => self.keep(response),
+            Ok(Err(err)) => Err(err),
+            Err(_elapsed) => {
+                bump(&stats.timed_out);
+                m.timeouts.increment(1);
+                return Err(if by_deadline {
+                    m.deadline.increment(1);
+                    ReadError::DeadlineExceeded
+                } else {
+                    m.timeout.increment(1);
+                    ReadError::UpstreamTimeout {
+                        host: host.name.to_string(),
+                        timeout_ms: parts.read_timeout.as_millis() as u64,
+                    }
+                });
+            }
+        };
+        let (counter, metric) = match &outcome {
+            Ok(_) => (&stats.succeeded, &m.ok),
+            Err(_) => (&stats.failed, &m.error),
+        };
+        bump(counter);
+        metric.increment(1);
+        outcome
+    }
+
+    /// Every answer is kept for the rest of the request (it may answer an
+    /// identical read): their bytes together are bounded, not only each one's.
+    fn keep(&self, response: UpstreamResponse) -> ReadResult {
+        let max = self.reads.parts.max_request_bytes;
+        let len = response.body.len() as u64;
+        let kept = &self.reads.kept_bytes;
+        if kept.fetch_add(len, Relaxed).saturating_add(len) > max {
+            kept.fetch_sub(len, Relaxed);
+            return Err(response.error(format!(
+                "this request's upstream answers would pass {max} bytes"
+            )));
+        }
+        Ok(Arc::new(response))
+    }
+}
+
+impl std::fmt::Debug for Upstream<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream")
+            .field("budget", &self.reads.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `Location` of a redirect answer, if `response` is one.
+fn redirect(response: &UpstreamResponse) -> Option<&str> {
+    match response.status.as_u16() {
+        301 | 302 | 303 | 307 | 308 => response.header("location"),
+        _ => None,
+    }
+}
+
+/// One read on the wire: the in-flight gauge is held while it exists, and a
+/// read dropped before it finished (its request was cancelled) counts as
+/// `cancelled`, so `issued = succeeded + failed + timed_out + cancelled`.
+struct Sending<'a> {
+    metrics: &'a HostMetrics,
+    stats: &'a ReadStats,
+    started: Instant,
+    finished: bool,
+}
+
+impl<'a> Sending<'a> {
+    fn start(metrics: &'a HostMetrics, stats: &'a ReadStats, started: Instant) -> Self {
+        metrics.in_flight.increment(1.0);
+        Self {
+            metrics,
+            stats,
+            started,
+            finished: false,
+        }
+    }
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.metrics.in_flight.decrement(1.0);
+        self.metrics
+            .latency
+            .record(self.started.elapsed().as_secs_f64());
+        if !self.finished {
+            bump(&self.stats.cancelled);
+            self.metrics.cancelled.increment(1);
+        }
     }
 }

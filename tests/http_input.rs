@@ -154,10 +154,10 @@ impl fanout_budget::InboundLimiter for Down {
     fn check(
         &self,
         _key: std::net::IpAddr,
-    ) -> futures::future::BoxFuture<'_, Result<fanout_budget::Decision, fanout_budget::FanoutError>>
+    ) -> futures::future::BoxFuture<'_, Result<fanout_budget::Decision, fanout_budget::Unavailable>>
     {
         Box::pin(async {
-            Err(fanout_budget::FanoutError::Unavailable {
+            Err(fanout_budget::Unavailable {
                 message: "down".into(),
             })
         })

@@ -1,3 +1,4 @@
+#![cfg(feature = "redis")]
 //! The Redis host caps through an outage, on a real `redis-server`: a hung
 //! Redis (SIGSTOP, SIGCONT) leaves no lease behind; a killed one costs no
 //! timeout per call while the breaker is open, and the backend recovers by

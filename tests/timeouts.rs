@@ -3,8 +3,7 @@ mod common;
 
 use common::*;
 use fanout_budget::config::Config;
-use fanout_budget::{Engine, ManualClock};
-use std::sync::Arc;
+use fanout_budget::Engine;
 use std::time::{Duration, Instant};
 
 fn engine(read_timeout_ms: u64, deadline_ms: u64, max_concurrent_reads: usize) -> Engine {
@@ -101,15 +100,16 @@ async fn rows_resolve_in_parallel_within_the_per_request_bound() {
 #[tokio::test]
 async fn a_passed_deadline_refuses_reads_without_sending_them() {
     let upstream = Upstream::start().await;
-    let clock = Arc::new(ManualClock::new());
+    // Tokio's clock is the engine's one clock: paused, it moves only when told.
+    tokio::time::pause();
     let mut config = Config::default();
     config.budget.deadline_ms = 1_000;
-    let engine = Engine::builder(config).clock(clock.clone()).build();
+    let engine = Engine::new(config);
     let request = engine.begin_request(fanout_budget::Caller::Public);
     assert!(request.budget().time_left().is_some());
-    clock.advance(Duration::from_millis(999));
+    tokio::time::advance(Duration::from_millis(999)).await;
     assert_eq!(request.budget().time_left(), Some(Duration::from_millis(1)));
-    clock.advance(Duration::from_millis(1));
+    tokio::time::advance(Duration::from_millis(1)).await;
     assert_eq!(request.budget().time_left(), None);
 
     let op = request.operation();
@@ -119,7 +119,7 @@ async fn a_passed_deadline_refuses_reads_without_sending_them() {
         .read(fanout_budget::Read::get(url))
         .await
         .unwrap_err();
-    assert_eq!(err, fanout_budget::FanoutError::DeadlineExceeded);
+    assert_eq!(err, fanout_budget::ReadError::DeadlineExceeded);
     assert_eq!(upstream.seen.requests(), 0);
     assert_eq!(request.budget().used(), 0, "a refused read is not charged");
 }

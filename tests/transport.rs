@@ -2,7 +2,7 @@
 //! refused once it passes the byte cap even without a `Content-Length`.
 use axum::body::Body;
 use axum::routing::get;
-use fanout_budget::{FanoutError, HttpTransport, Read, Transport};
+use fanout_budget::{ReadError, HttpTransport, Read, Transport};
 
 /// `n` chunks of `size` bytes each (chunk `i` is all `b'a' + i`), streamed
 /// without a `Content-Length`.
@@ -21,7 +21,7 @@ async fn serve() -> String {
     format!("http://{addr}")
 }
 
-async fn fetch(base: &str, path: &str, cap: usize) -> Result<bytes::Bytes, FanoutError> {
+async fn fetch(base: &str, path: &str, cap: usize) -> Result<bytes::Bytes, ReadError> {
     let transport = HttpTransport::new(reqwest::Client::new(), cap);
     let read = Read::get(format!("{base}{path}").parse().unwrap());
     let host = read.url().authority().to_string();
@@ -54,7 +54,7 @@ async fn a_streamed_body_over_the_cap_is_refused() {
     let base = serve().await;
     let err = fetch(&base, "/many", 120_000).await.unwrap_err();
     match err {
-        FanoutError::Upstream {
+        ReadError::Upstream {
             status, message, ..
         } => {
             assert_eq!(status, Some(200));

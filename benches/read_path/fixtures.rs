@@ -4,7 +4,7 @@ use crate::{CHUNK, HOST};
 use criterion::black_box;
 use fanout_budget::config::HostConfig;
 use fanout_budget::{
-    Caller, Config, Engine, FanoutError, FanoutRequest, Read, Transport, UpstreamResponse,
+    Caller, Config, Engine, ReadError, FanoutRequest, Read, Transport, UpstreamResponse,
 };
 use futures::future::BoxFuture;
 use std::future::Future;
@@ -27,7 +27,7 @@ impl Transport for MemTransport {
         &'a self,
         _read: Read,
         host: &'a str,
-    ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
+    ) -> BoxFuture<'a, Result<UpstreamResponse, ReadError>> {
         Box::pin(async move {
             if self.yields {
                 YieldOnce(false).await;

@@ -17,7 +17,7 @@ mod common;
 use axum::Router;
 use common::*;
 use fanout_budget::config::HostConfig;
-use fanout_budget::{Config, Engine, FanoutError, Read, Transport, UpstreamResponse};
+use fanout_budget::{Config, Engine, ReadError, Read, Transport, UpstreamResponse};
 use fanout_gateway::app;
 use fanout_gateway::oci::MANIFEST_ACCEPT;
 use fanout_gateway::schema;
@@ -44,7 +44,7 @@ impl Transport for MemRegistry {
         &'a self,
         read: Read,
         host: &'a str,
-    ) -> BoxFuture<'a, Result<UpstreamResponse, FanoutError>> {
+    ) -> BoxFuture<'a, Result<UpstreamResponse, ReadError>> {
         Box::pin(async move {
             YieldOnce(false).await;
             let (status, headers, body) = self

@@ -9,7 +9,7 @@
 
 use crate::names::{Digest, Invalid, RepoName, TagName};
 use async_graphql::Context;
-use fanout_budget::{FanoutContext, FanoutError, Read, UpstreamResponse};
+use fanout_budget::{FanoutContext, ReadError, Read, UpstreamResponse};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -38,8 +38,8 @@ pub struct RegistryUrl(pub reqwest::Url);
 pub struct EngineOff(pub reqwest::Client);
 
 impl EngineOff {
-    async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, FanoutError> {
-        let upstream = |e: reqwest::Error| FanoutError::Upstream {
+    async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
+        let upstream = |e: reqwest::Error| ReadError::Upstream {
             host: read.url().host_str().unwrap_or_default().to_string(),
             status: None,
             message: e.to_string(),
@@ -117,11 +117,11 @@ fn next_link(response: &UpstreamResponse, base: &reqwest::Url) -> Option<reqwest
 
 /// A registry answer that names something invalid (a catalog entry, a tag,
 /// a digest that is not in its grammar): the registry's fault.
-pub fn invalid_from_registry(ctx: &Context<'_>, invalid: Invalid) -> FanoutError {
+pub fn invalid_from_registry(ctx: &Context<'_>, invalid: Invalid) -> ReadError {
     let host = registry(ctx)
         .map(|u| u.authority().to_string())
         .unwrap_or_default();
-    FanoutError::Upstream {
+    ReadError::Upstream {
         host,
         status: None,
         message: format!("the registry answered with {invalid}"),
@@ -146,7 +146,7 @@ fn is_name_unknown(response: &UpstreamResponse) -> bool {
             .unwrap_or(false)
 }
 
-fn expect_success(response: &UpstreamResponse) -> Result<(), FanoutError> {
+fn expect_success(response: &UpstreamResponse) -> Result<(), ReadError> {
     if response.status.is_success() {
         Ok(())
     } else {
@@ -155,7 +155,7 @@ fn expect_success(response: &UpstreamResponse) -> Result<(), FanoutError> {
 }
 
 /// A registry API answer (not a blob) must be JSON of some media type.
-fn expect_json(response: &UpstreamResponse) -> Result<(), FanoutError> {
+fn expect_json(response: &UpstreamResponse) -> Result<(), ReadError> {
     expect_success(response)?;
     match response.header("content-type") {
         Some(ct) if !ct.contains("json") => {
@@ -340,7 +340,7 @@ pub async fn manifest(
 /// upstream trying to multiply the answer.
 pub const MAX_DESCRIPTORS: usize = 1000;
 
-fn parse_manifest(response: &UpstreamResponse) -> Result<ManifestDoc, FanoutError> {
+fn parse_manifest(response: &UpstreamResponse) -> Result<ManifestDoc, ReadError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Body {

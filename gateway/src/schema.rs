@@ -10,7 +10,7 @@ use async_graphql::{
     Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
     ScalarType, Schema, SimpleObject, Value,
 };
-use fanout_budget::{CostTable, FanoutContext, FanoutError, FieldCost, OrNull};
+use fanout_budget::{CostTable, FanoutContext, ReadError, FieldCost, OrNull};
 use std::sync::Arc;
 
 /// The gateway's schema type.
@@ -51,11 +51,11 @@ fn list_complexity(first: i32, child_complexity: usize) -> usize {
 const DESCRIPTOR_WEIGHT: usize = 16;
 
 /// `first` must be 1..=100.
-fn page_size(first: i32) -> Result<usize, FanoutError> {
+fn page_size(first: i32) -> Result<usize, ReadError> {
     if (1..=100).contains(&first) {
         Ok(first as usize)
     } else {
-        Err(FanoutError::BadUserInput {
+        Err(ReadError::BadUserInput {
             message: format!("first must be between 1 and 100, got {first}"),
         })
     }
@@ -70,7 +70,7 @@ impl Query {
     async fn repository(&self, ctx: &Context<'_>, name: String) -> Option<Repository> {
         // Checked against the OCI name grammar before any read.
         let name = RepoName::parse(&name)
-            .map_err(|e| FanoutError::BadUserInput {
+            .map_err(|e| ReadError::BadUserInput {
                 message: e.to_string(),
             })
             .or_null(ctx)?;
@@ -98,7 +98,7 @@ impl Query {
                 let name = RepoName::parse(name).map_err(|e| oci::invalid_from_registry(ctx, e))?;
                 Ok(Repository { name, tags: None })
             })
-            .collect::<Result<_, FanoutError>>()?;
+            .collect::<Result<_, ReadError>>()?;
         Ok(RepositoryConnection {
             nodes,
             page_info: PageInfo {
@@ -184,7 +184,7 @@ impl Repository {
                     // Not echoed whole: a long cursor in many fields would
                     // multiply into a huge answer.
                     let shown: String = cursor.chars().take(64).collect();
-                    return Err(FanoutError::BadUserInput {
+                    return Err(ReadError::BadUserInput {
                         message: format!("unknown cursor {shown:?}"),
                     }
                     .into());

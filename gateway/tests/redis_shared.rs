@@ -135,13 +135,12 @@ async fn a_crashed_replicas_slots_free_up_after_the_lease() {
             acquire_wait_ms: 20,
         },
     );
-    // The crashed replica took both slots and never released or renewed them.
-    let crashed = RedisHostCaps::new(
-        config.hosts.clone(),
-        RedisBackend::new(&config.redis).unwrap(),
-    );
-    assert!(crashed.lease_once(&host, "dead-1", 2).await.unwrap());
-    assert!(crashed.lease_once(&host, "dead-2", 2).await.unwrap());
+    // The crashed replica took both slots and never released or renewed
+    // them: two members of the host's set, scored by their expiry.
+    let key = format!("{}:host:{host}", config.redis.key_prefix);
+    for holder in ["dead-1", "dead-2"] {
+        lease_without_renewal(&redis.url(), &key, holder, config.redis.lease_ms).await;
+    }
     let taken_at = Instant::now();
     let alive = RedisHostCaps::new(
         config.hosts.clone(),
@@ -364,4 +363,26 @@ async fn a_dead_redis_costs_no_timeout_per_request() {
             "a request took {took:?} with Redis dead and its breaker open"
         );
     }
+}
+
+/// What a replica that crashed holding a slot leaves in Redis: its lease,
+/// scored by its expiry on Redis's clock, never renewed or removed.
+async fn lease_without_renewal(url: &str, key: &str, holder: &str, lease_ms: u64) {
+    let script = redis::Script::new(
+        "local t = redis.call('TIME') \
+         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
+         redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1]) \
+         redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2) \
+         return 1",
+    );
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let added: i64 = script
+        .key(key)
+        .arg(holder)
+        .arg(lease_ms)
+        .invoke_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(added, 1);
 }

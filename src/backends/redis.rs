@@ -46,7 +46,7 @@ pub use leases::RedisHostCaps;
 
 use super::breaker::Breaker;
 use crate::config::{FailureMode, RedisConfig};
-use crate::error::FanoutError;
+use crate::error::Unavailable;
 use crate::limiter::{Decision, InboundLimiter};
 use futures::future::BoxFuture;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -61,6 +61,24 @@ use tokio::time::Instant;
 
 /// A shared Redis connection with a call timeout, a key prefix and a
 /// circuit breaker.
+///
+/// ```
+/// use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
+/// use fanout_budget::{Config, Engine, RateLimitLayer};
+/// use std::num::NonZeroU32;
+/// use std::sync::Arc;
+///
+/// let mut config = Config::default();
+/// config.redis.url = "redis://127.0.0.1:6379".into();
+/// // Nothing connects until the first check.
+/// let redis = RedisBackend::new(&config.redis).unwrap();
+/// let caps = RedisHostCaps::new(config.hosts.clone(), redis.clone());
+/// let engine = Engine::builder(config.clone()).host_limiter(Arc::new(caps)).build();
+/// let rpm = NonZeroU32::new(config.rate_limit.requests_per_minute).unwrap();
+/// let mode = redis.failure_mode();
+/// let limiter = RateLimitLayer::new(&config.rate_limit).shared(Arc::new(RedisRateLimiter::new(redis, rpm)), mode);
+/// # drop((engine, limiter));
+/// ```
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -98,24 +116,33 @@ pub(crate) enum Route {
 pub(crate) struct Failure {
     /// Whether Redis may have received it (and may still run it).
     pub(crate) sent: bool,
-    pub(crate) error: FanoutError,
+    pub(crate) error: Unavailable,
 }
 
-impl From<Failure> for FanoutError {
+impl From<Failure> for Unavailable {
     fn from(failure: Failure) -> Self {
         failure.error
     }
 }
 
-fn down(err: impl std::fmt::Display) -> FanoutError {
-    FanoutError::Unavailable {
+fn down(err: impl std::fmt::Display) -> Unavailable {
+    Unavailable {
         message: format!("redis: {err}"),
+    }
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix)
+            .field("open", &self.is_open())
+            .finish_non_exhaustive()
     }
 }
 
 impl RedisBackend {
     /// A backend for `[redis]`; nothing is connected yet.
-    pub fn new(config: &RedisConfig) -> Result<Self, FanoutError> {
+    pub fn new(config: &RedisConfig) -> Result<Self, Unavailable> {
         let client = redis::Client::open(config.url.as_str()).map_err(down)?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -138,7 +165,7 @@ impl RedisBackend {
     }
 
     /// `<prefix>:<kind>:<name>`
-    pub fn key(&self, kind: &str, name: &str) -> String {
+    pub(crate) fn key(&self, kind: &str, name: &str) -> String {
         format!("{}:{kind}:{name}", self.inner.prefix)
     }
 
@@ -177,7 +204,7 @@ impl RedisBackend {
     }
 
     /// The connection, made if `route` may make one. `Err(None)`: skipped.
-    async fn connection(&self, route: Route) -> Result<ConnectionManager, Option<FanoutError>> {
+    async fn connection(&self, route: Route) -> Result<ConnectionManager, Option<Unavailable>> {
         let mut conn = self.inner.conn.lock().await;
         if let Some(c) = conn.as_ref() {
             return Ok(c.clone());
@@ -240,7 +267,7 @@ impl RedisBackend {
         Err(Failure { sent, error })
     }
 
-    fn trip(&self, error: &FanoutError) {
+    fn trip(&self, error: &Unavailable) {
         let backend = Arc::downgrade(&self.inner);
         let opened = Instant::now();
         self.inner.breaker.trip(error, move || {
@@ -256,7 +283,7 @@ impl RedisBackend {
 
     /// One probe: `TIME`. Still timing out `lease_ms` after the breaker
     /// opened, the connection is dropped and the next probe makes a new one.
-    async fn probe(&self, opened: Instant) -> Result<(), FanoutError> {
+    async fn probe(&self, opened: Instant) -> Result<(), Unavailable> {
         let (deadline, _) = self.deadline();
         let time = self.call(Route::Probe, deadline, |mut conn| async move {
             redis::cmd("TIME")
@@ -302,25 +329,9 @@ impl RedisBackend {
         .await
     }
 
-    /// Runs `script` on `key` with an optional string argument first, then
-    /// `ints`, bounded by the call timeout; skipped (an error) while the
-    /// breaker is open.
-    pub async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        script: &Script,
-        key: &str,
-        holder: Option<&str>,
-        ints: &[i64],
-    ) -> Result<T, FanoutError> {
-        let (deadline, _) = self.deadline();
-        Ok(self
-            .script(Route::Call, deadline, script, key, holder, ints)
-            .await?)
-    }
-
     /// `PING`, bounded by the call timeout (a health check and the benchmark
     /// floor). Sent even while the breaker is open; a failure opens it.
-    pub async fn ping(&self) -> Result<(), FanoutError> {
+    pub async fn ping(&self) -> Result<(), Unavailable> {
         let (deadline, _) = self.deadline();
         self.call(Route::Probe, deadline, |mut conn| async move {
             redis::cmd("PING").query_async::<String>(&mut conn).await
@@ -379,6 +390,7 @@ return {1, remaining, new_tat - now, now}
 "#;
 
 /// The per-IP limit on Redis.
+#[derive(Debug)]
 pub struct RedisRateLimiter {
     backend: RedisBackend,
     script: Script,
@@ -399,7 +411,7 @@ impl RedisRateLimiter {
 }
 
 impl InboundLimiter for RedisRateLimiter {
-    fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, FanoutError>> {
+    fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
         Box::pin(async move {
             let key = self.backend.key("ip", &key.to_string());
             let (deadline, redis_deadline) = self.backend.deadline();

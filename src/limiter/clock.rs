@@ -2,38 +2,29 @@
 
 use governor::clock::Clock as GovernorClock;
 use governor::nanos::Nanos;
+use tokio::time::Instant;
 
-/// [`LocalLimiter`](super::LocalLimiter)'s real clock: `std`'s monotonic
-/// clock (what governor's `DefaultClock` reads), as governor's `Nanos` since
-/// this clock was made. A check then subtracts two integers where governor's
-/// own clock compares and subtracts two `Instant`s, out of line.
+/// [`LocalLimiter`](super::LocalLimiter)'s real clock: tokio's — the one
+/// clock of every deadline and timer, so a test that pauses tokio's time
+/// pauses the limiter too — as governor's `Nanos` since this clock was made.
 #[derive(Clone, Copy, Debug)]
-pub struct MonotonicNanos {
-    origin: std::time::Instant,
+pub(crate) struct TokioNanos {
+    origin: Instant,
 }
 
-impl MonotonicNanos {
+impl TokioNanos {
     /// A clock whose zero is now.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
-            origin: std::time::Instant::now(),
+            origin: Instant::now(),
         }
     }
 }
 
-impl Default for MonotonicNanos {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl GovernorClock for MonotonicNanos {
+impl GovernorClock for TokioNanos {
     type Instant = Nanos;
 
-    #[inline]
     fn now(&self) -> Nanos {
-        let elapsed = self.origin.elapsed();
-        // Integer ns (governor's `From<Duration>` goes through `u128`).
-        Nanos::from(elapsed.as_secs() * 1_000_000_000 + u64::from(elapsed.subsec_nanos()))
+        Nanos::from(self.origin.elapsed())
     }
 }

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use fanout_budget::{Engine, FanoutContext, FanoutError, FanoutGraphQL, OrNull, Read};
+use fanout_budget::{Engine, FanoutContext, ReadError, FanoutGraphQL, OrNull, Read};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -205,8 +205,8 @@ impl Query {
         Ok(vec![b.limit, b.used, b.remaining])
     }
     /// Always fails with a field error (to check codes on non-null paths).
-    async fn exhausted(&self) -> Result<u64, FanoutError> {
-        Err(FanoutError::BudgetExhausted { limit: 7 })
+    async fn exhausted(&self) -> Result<u64, ReadError> {
+        Err(ReadError::BudgetExhausted { limit: 7 })
     }
 }
 

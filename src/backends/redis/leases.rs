@@ -3,8 +3,8 @@
 
 use super::{down, Failure, RedisBackend, Route};
 use crate::config::{FailureMode, HostConfig};
-use crate::error::FanoutError;
-use crate::hosts::{HostCap, HostLimiter, HostSlot, LocalHostCaps};
+use crate::error::{HostRefusal, Unavailable};
+use crate::hosts::{HostLimiter, HostSlot, LocalHostCaps};
 use futures::future::BoxFuture;
 use redis::Script;
 use std::collections::BTreeMap;
@@ -50,6 +50,7 @@ redis.call('PEXPIRE', KEYS[1], lease * 2)
 return 1
 "#;
 
+#[derive(Debug)]
 struct Scripts {
     acquire: Script,
     renew: Script,
@@ -65,6 +66,7 @@ enum Attempt {
 }
 
 /// Per-host caps held by the whole fleet: a local slot, then a cluster lease.
+#[derive(Debug)]
 pub struct RedisHostCaps {
     local: LocalHostCaps,
     configured: BTreeMap<String, HostConfig>,
@@ -118,13 +120,14 @@ impl RedisHostCaps {
     }
 
     /// Takes one cluster lease for `host` without renewal or release (what a
-    /// replica that then crashes leaves behind). Used by tests and tools.
-    pub async fn lease_once(
+    /// replica that then crashes leaves behind). Used by tests.
+    #[cfg(test)]
+    pub(crate) async fn lease_once(
         &self,
         host: &str,
         holder: &str,
         cap: u32,
-    ) -> Result<bool, FanoutError> {
+    ) -> Result<bool, Unavailable> {
         let key = self.backend.key("host", host);
         match self.attempt(&key, holder, cap).await? {
             Attempt::Leased => Ok(true),
@@ -138,7 +141,7 @@ impl RedisHostCaps {
         host: &str,
         config: &HostConfig,
         wait: Duration,
-    ) -> Result<Option<Lease>, FanoutError> {
+    ) -> Result<Option<Lease>, Unavailable> {
         let holder = format!(
             "{}-{}",
             self.holder_prefix,
@@ -255,7 +258,7 @@ impl HostLimiter for RedisHostCaps {
         &'a self,
         host: &'a str,
         time_left: Duration,
-    ) -> BoxFuture<'a, Result<HostSlot, FanoutError>> {
+    ) -> BoxFuture<'a, Result<HostSlot, HostRefusal>> {
         Box::pin(async move {
             let started = Instant::now();
             let local = self.local.acquire(host, time_left).await?;
@@ -268,8 +271,7 @@ impl HostLimiter for RedisHostCaps {
                 .saturating_sub(started.elapsed());
             match self.cluster_lease(host, config, wait).await {
                 Ok(Some(lease)) => Ok(local.join(HostSlot::new(lease))),
-                Ok(None) => Err(FanoutError::HostSaturated {
-                    host: host.to_string(),
+                Ok(None) => Err(HostRefusal::Saturated {
                     max_concurrent: config.max_concurrent,
                 }),
                 Err(err) => match self.backend.failure_mode() {
@@ -279,7 +281,9 @@ impl HostLimiter for RedisHostCaps {
                         tracing::debug!(error = %err, host, "shared host caps down; capping in-process");
                         Ok(local)
                     }
-                    FailureMode::Closed => Err(err),
+                    FailureMode::Closed => Err(HostRefusal::Unavailable {
+                        message: err.message,
+                    }),
                 },
             }
         })
@@ -287,16 +291,6 @@ impl HostLimiter for RedisHostCaps {
 
     fn in_flight(&self, host: &str) -> u64 {
         self.local.in_flight(host)
-    }
-
-    /// A host without a `[hosts]` table has no cluster cap: its slots are the
-    /// local limiter's alone. A capped host always needs a cluster lease.
-    fn local_cap(&self, host: &str) -> Option<Arc<HostCap>> {
-        if self.configured.contains_key(host) {
-            None
-        } else {
-            self.local.local_cap(host)
-        }
     }
 }
 

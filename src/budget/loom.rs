@@ -2,18 +2,16 @@
 //! concurrent charges, exactly `min(limit, attempts)` succeed and `used`
 //! never passes the limit.
 //!
-//! Run: `cargo test -p fanout-budget --features loom --test loom_budget`
-//! (`.ci/run` does).
-#![cfg(feature = "loom")]
+//! Built only with `--cfg loom` (`.ci/run`: `cargo rustc -p fanout-budget
+//! --lib --profile test -- --cfg loom`, then the binary with `loom`).
 
-use fanout_budget::{Clock, ManualClock, RequestBudget};
+use super::RequestBudget;
 use std::sync::Arc;
 use std::time::Duration;
 
 fn budget(limit: u64) -> Arc<RequestBudget> {
-    let clock = Arc::new(ManualClock::new());
-    let deadline = clock.now() + Duration::from_secs(60);
-    Arc::new(RequestBudget::new(limit, 8, deadline, clock))
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    Arc::new(RequestBudget::new(limit, 8, deadline))
 }
 
 fn model(limit: u64, threads: usize, attempts: usize) {

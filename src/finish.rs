@@ -1,0 +1,136 @@
+//! What an operation answers, whichever integration ran it: a failed read
+//! as a `null` row with its coded error, every error's code, and the
+//! budget's report.
+//!
+//! - **A row error.** GraphQL says a nullable field whose resolver fails is
+//!   `null`, with the error at the field's path. async-graphql 7.2 instead
+//!   drops the key from the parent object when a resolver returns `Err`.
+//!   [`OrNull::or_null`] does it the spec's way: it reports the error at the
+//!   current field's path (list indices as integers) and resolves the field
+//!   to `None`, so the field is present and `null`.
+//! - **Finishing** (`finish`, both integrations, after the operation ran or
+//!   was refused): every error without a code gets one — a [`ReadError`]
+//!   carried as a source its own; async-graphql's validation and variable
+//!   errors `GRAPHQL_VALIDATION_FAILED` or `BAD_USER_INPUT` — `null`s are put
+//!   back where async-graphql dropped a failed field's key (`nulls.rs`), and
+//!   `extensions.fanout = {limit, used, remaining, operationReads, requested}`.
+
+use crate::error::ReadError;
+use crate::request::Operation;
+use crate::types::SchemaTypes;
+use async_graphql::{Context, ErrorExtensionValues, Name, Response, ServerError, Value};
+use std::sync::LazyLock;
+
+/// Turns a resolver's `Result` into a nullable field value plus a located error.
+///
+/// ```
+/// use async_graphql::{Context, Object};
+/// use fanout_budget::{OrNull, ReadError};
+///
+/// struct Row;
+///
+/// #[Object]
+/// impl Row {
+///     /// `null`, and a `FANOUT_BUDGET_EXHAUSTED` error at this field's path.
+///     async fn manifest(&self, ctx: &Context<'_>) -> Option<String> {
+///         let read: Result<String, ReadError> = Err(ReadError::BudgetExhausted { limit: 0 });
+///         read.or_null(ctx)
+///     }
+/// }
+/// ```
+pub trait OrNull<T> {
+    /// `Some(value)` on success; on error, the error is added at this
+    /// field's path and the field resolves to `null`.
+    fn or_null(self, ctx: &Context<'_>) -> Option<T>;
+}
+
+impl<T, E: Into<async_graphql::Error>> OrNull<T> for Result<T, E> {
+    fn or_null(self, ctx: &Context<'_>) -> Option<T> {
+        match self {
+            Ok(value) => Some(value),
+            Err(err) => {
+                let err = err.into().into_server_error(ctx.item.pos);
+                ctx.add_error(ctx.set_error_path(err));
+                None
+            }
+        }
+    }
+}
+
+/// Finishes one operation's response (see the module docs).
+pub(crate) fn finish(
+    response: &mut Response,
+    operation: &Operation,
+    requested: u64,
+    types: &SchemaTypes,
+    query: &str,
+    operation_name: Option<&str>,
+) {
+    if !response.errors.is_empty() {
+        code_errors(&mut response.errors, query);
+        crate::nulls::propagate(response, types, query, operation_name);
+    }
+    response
+        .extensions
+        .insert("fanout".to_string(), report(operation, requested));
+}
+
+fn report(operation: &Operation, requested: u64) -> Value {
+    // The keys are built once (a `Name` is a shared string).
+    static KEYS: LazyLock<[Name; 5]> = LazyLock::new(|| {
+        ["limit", "used", "remaining", "operationReads", "requested"].map(Name::new)
+    });
+    let budget = operation.request().budget().snapshot();
+    let values = [
+        budget.limit,
+        budget.used,
+        budget.remaining,
+        operation.reads(),
+        requested,
+    ];
+    let map = KEYS.iter().cloned().zip(values.map(Value::from)).collect();
+    Value::Object(map)
+}
+
+/// Gives a code to every error that has none: a [`ReadError`] carried as a
+/// source (a resolver that built an `async_graphql::Error` by hand) its own;
+/// async-graphql's errors, given the operation's text:
+///
+/// - a variable missing or `null` for a non-null argument (async-graphql
+///   reports it while executing, at the field's path) is `BAD_USER_INPUT`;
+/// - an error without a path was raised before the operation ran, by
+///   async-graphql's validation: `BAD_USER_INPUT` when it is an invalid
+///   argument value that came from a variable (variable coercion), else
+///   `GRAPHQL_VALIDATION_FAILED`.
+pub(crate) fn code_errors(errors: &mut [ServerError], query: &str) {
+    let mut doc = None;
+    for error in errors {
+        if error.extensions.is_some() {
+            continue;
+        }
+        if let Some(read) = error.source::<ReadError>() {
+            error.extensions = Some(read.extensions());
+            continue;
+        }
+        let undefined_variable =
+            error.message.starts_with("Variable ") && error.message.ends_with(" is not defined.");
+        let code = if undefined_variable {
+            "BAD_USER_INPUT"
+        } else if !error.path.is_empty() {
+            continue;
+        } else if error.message.starts_with("Invalid value for argument")
+            && error.locations.first().is_some_and(|pos| {
+                let doc = doc.get_or_insert_with(|| async_graphql::parser::parse_query(query).ok());
+                doc.as_ref()
+                    .is_some_and(|doc| crate::shape::argument_is_variable(doc, *pos))
+            })
+        {
+            "BAD_USER_INPUT"
+        } else {
+            "GRAPHQL_VALIDATION_FAILED"
+        };
+        let mut ext = ErrorExtensionValues::default();
+        ext.set("code", code);
+        error.extensions = Some(ext);
+    }
+}

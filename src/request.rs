@@ -1,0 +1,227 @@
+//! The request scope: what one inbound HTTP request owns, shared by every
+//! operation of its batch.
+//!
+//! [`Engine::begin_request`](crate::Engine::begin_request) opens a
+//! [`FanoutRequest`] — the budget, the deadline (it starts now), the
+//! de-duplication cache, and what its reads need from the engine, handed
+//! over once. Each operation of the batch gets an [`Operation`] handle on it
+//! (the integrations put it into the operation's data), and a resolver
+//! reaches the acquisition point with [`FanoutContext::upstream`].
+//!
+//! The scope also holds the batch's **pricing barrier**: with
+//! `refuse_over_estimate` and a cost table, no operation runs before every
+//! operation of the batch is priced, and all are refused together when
+//! their worst case exceeds the budget. Both integrations use it.
+
+use crate::budget::RequestBudget;
+use crate::error::{refused, OperationError};
+use crate::identity::Caller;
+use crate::upstream::{ReadParts, RequestReads, Upstream};
+use async_graphql::Context;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// The fan-out scope of one inbound HTTP request: its budget and its
+/// de-duplication cache, shared (`Arc`) by every operation of a batch.
+///
+/// ```
+/// use fanout_budget::{Caller, Config, Engine};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let engine = Engine::new(Config::default());
+/// let request = engine.begin_request(Caller::Public);
+/// // Two operations of one batch: one budget.
+/// let (a, b) = (request.operation(), request.operation());
+/// assert!(std::ptr::eq(a.request().budget(), b.request().budget()));
+/// assert_eq!(request.budget().limit(), Config::default().budget.max_reads);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct FanoutRequest {
+    inner: Arc<Scope>,
+}
+
+struct Scope {
+    reads: RequestReads,
+    caller: Caller,
+    /// Whether the batch is priced before it runs (`refuse_over_estimate`
+    /// with a cost table).
+    price_first: bool,
+    /// Operations of the batch not yet priced, once announced.
+    unpriced: OnceLock<watch::Sender<usize>>,
+}
+
+/// How long an operation may run past its request's deadline: its reads
+/// stop at the deadline with `DEADLINE_EXCEEDED`, and this leaves the
+/// resolvers time to answer the rest of the page with those field errors
+/// before the whole operation is cut.
+pub(crate) const FINISH_GRACE: Duration = Duration::from_millis(100);
+
+impl FanoutRequest {
+    pub(crate) fn new(
+        parts: Arc<ReadParts>,
+        budget: RequestBudget,
+        caller: Caller,
+        price_first: bool,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Scope {
+                reads: RequestReads::new(parts, budget),
+                caller,
+                price_first,
+                unpriced: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Announces that a batch of `operations` will run in this request, so
+    /// that with `refuse_over_estimate` no operation starts before all are
+    /// priced. Both integrations call it; an app running the extension
+    /// under its own executor calls it before the batch runs (without it,
+    /// nothing is refused).
+    pub fn expect_operations(&self, operations: usize) {
+        if self.inner.price_first {
+            let _ = self.inner.unpriced.set(watch::Sender::new(operations));
+        }
+    }
+
+    /// One operation has been priced at `requested` reads.
+    pub(crate) fn priced(&self, requested: u64) {
+        self.budget().add_requested(requested);
+        if let Some(unpriced) = self.inner.unpriced.get() {
+            unpriced.send_modify(|n| *n = n.saturating_sub(1));
+        }
+    }
+
+    /// Waits until every announced operation is priced, then refuses the
+    /// batch if its worst case exceeds the budget. `None`: run.
+    pub(crate) async fn refusal(&self) -> Option<OperationError> {
+        let unpriced = self.inner.unpriced.get()?;
+        let budget = self.budget();
+        let mut rx = unpriced.subscribe();
+        if tokio::time::timeout_at(budget.deadline(), rx.wait_for(|n| *n == 0))
+            .await
+            .is_err()
+        {
+            return Some(OperationError::DeadlineExceeded);
+        }
+        let requested = budget.requested();
+        (requested > budget.limit()).then(|| OperationError::EstimateExceedsBudget {
+            requested,
+            limit: budget.limit(),
+        })
+    }
+
+    /// Runs one operation, but no longer than the request's deadline plus
+    /// [`FINISH_GRACE`]: past it the operation is dropped — whatever it was
+    /// doing, reads or not — and answers `DEADLINE_EXCEEDED`.
+    pub(crate) async fn within_deadline(
+        &self,
+        operation: impl std::future::Future<Output = async_graphql::Response>,
+    ) -> async_graphql::Response {
+        let until = self.budget().deadline() + FINISH_GRACE;
+        match tokio::time::timeout_at(until, operation).await {
+            Ok(response) => response,
+            Err(_elapsed) => refused(&OperationError::DeadlineExceeded),
+        }
+    }
+
+    /// The request's budget.
+    pub fn budget(&self) -> &RequestBudget {
+        self.inner.reads.budget()
+    }
+
+    /// Who is calling.
+    pub fn caller(&self) -> Caller {
+        self.inner.caller
+    }
+
+    /// A handle for one operation of this request; its reads are counted
+    /// for the operation as well as for the request.
+    pub fn operation(&self) -> Arc<Operation> {
+        Arc::new(Operation {
+            request: self.clone(),
+            sent: AtomicU64::new(0),
+        })
+    }
+}
+
+impl std::fmt::Debug for FanoutRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FanoutRequest")
+            .field("budget", self.budget())
+            .field("caller", &self.inner.caller)
+            .finish()
+    }
+}
+
+/// One operation of an inbound request (the integrations attach it to the
+/// operation's data).
+#[derive(Debug)]
+pub struct Operation {
+    request: FanoutRequest,
+    sent: AtomicU64,
+}
+
+impl Operation {
+    /// The request this operation belongs to.
+    pub fn request(&self) -> &FanoutRequest {
+        &self.request
+    }
+
+    /// Reads this operation itself sent (not those it shared).
+    pub fn reads(&self) -> u64 {
+        self.sent.load(Relaxed)
+    }
+
+    /// The upstream handle for this operation.
+    pub fn upstream(&self) -> Upstream<'_> {
+        Upstream::new(&self.request.inner.reads, &self.sent)
+    }
+}
+
+/// How resolvers reach the engine from an async-graphql [`Context`].
+///
+/// ```
+/// use async_graphql::{Context, Object};
+/// use fanout_budget::FanoutContext;
+///
+/// struct Query;
+///
+/// #[Object]
+/// impl Query {
+///     /// Reads left to this inbound request.
+///     async fn reads_left(&self, ctx: &Context<'_>) -> async_graphql::Result<u64> {
+///         Ok(ctx.fanout_request()?.budget().remaining())
+///     }
+/// }
+/// ```
+pub trait FanoutContext {
+    /// The upstream handle for the current request and operation.
+    ///
+    /// Fails only when the operation runs outside the engine: served neither
+    /// by [`FanoutGraphQL`](crate::FanoutGraphQL) nor with the
+    /// [`FanoutExtension`](crate::FanoutExtension) mounted.
+    fn upstream(&self) -> async_graphql::Result<Upstream<'_>>;
+
+    /// The current inbound HTTP request's fan-out scope.
+    fn fanout_request(&self) -> async_graphql::Result<&FanoutRequest>;
+}
+
+impl FanoutContext for Context<'_> {
+    fn upstream(&self) -> async_graphql::Result<Upstream<'_>> {
+        Ok(operation(self)?.upstream())
+    }
+
+    fn fanout_request(&self) -> async_graphql::Result<&FanoutRequest> {
+        Ok(operation(self)?.request())
+    }
+}
+
+fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
+    ctx.data_opt::<Arc<Operation>>()
+        .map(|op| &**op)
+        .ok_or_else(|| "no fanout-budget scope: serve the schema with FanoutGraphQL or mount engine.extension()".into())
+}
