@@ -24,7 +24,7 @@
 //! ([`Exhausted`], [`TimedOut`]); the acquisition point names them.
 
 #[cfg(loom)]
-use loom::sync::atomic::AtomicU64 as ChargeCounter;
+use ::loom::sync::atomic::AtomicU64 as ChargeCounter;
 #[cfg(not(loom))]
 use std::sync::atomic::AtomicU64 as ChargeCounter;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 #[cfg(all(test, loom))]
-mod loom;
+mod loom_model;
 #[cfg(all(test, not(loom)))]
 mod tests;
 

@@ -10,6 +10,15 @@ use std::fmt;
 use std::time::Duration;
 
 /// The whole configuration file.
+///
+/// ```
+/// use fanout_budget::Config;
+///
+/// let config = Config::from_toml("[budget]\nmax_reads = 20\n").unwrap();
+/// assert_eq!(config.budget.max_reads, 20);
+/// let typo = Config::from_toml("[budget]\nmax_read = 20\n").unwrap_err();
+/// assert!(typo.to_string().contains("max_read"), "{typo}");
+/// ```
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {

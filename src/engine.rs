@@ -4,23 +4,21 @@
 //! owns what must outlive any single request: the configuration, the
 //! transport (a pooled `reqwest::Client` by default), the per-host
 //! [`HostLimiter`], the parsed-document cache and the internal callers'
-//! token. For each inbound HTTP request it opens one [`FanoutRequest`] and
-//! hands it, once, what the request's reads need (the read path's parts).
+//! token. For each inbound HTTP request it opens one
+//! [`FanoutRequest`](crate::FanoutRequest) (`request.rs`) and hands it, once,
+//! what the request's reads need (the read path's parts).
 //!
 //! Time is tokio's clock everywhere — deadlines, read timeouts, waits — so
 //! a test that pauses it (`tokio::time::pause`) moves all of them together.
 
-use crate::budget::RequestBudget;
 use crate::config::Config;
 use crate::cost::CostTable;
 use crate::documents::Documents;
 use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
-use crate::request::FanoutRequest;
 use crate::transport::{HttpTransport, Transport};
 use crate::upstream::ReadParts;
 use std::sync::Arc;
-use tokio::time::Instant;
 
 /// The long-lived engine state. Clone it freely.
 ///
@@ -192,18 +190,9 @@ impl Engine {
         self.inner.token.identify(headers)
     }
 
-    /// Opens the budget and de-duplication scope of one inbound HTTP request.
-    ///
-    /// The deadline starts now; the limit depends on who calls.
-    pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
-        let b = &self.inner.config.budget;
-        let limit = match caller {
-            Caller::Internal => b.internal_max_reads,
-            Caller::Public => b.max_reads,
-        };
-        let budget = RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
-        let price_first = b.refuse_over_estimate && self.inner.costs.is_some();
-        FanoutRequest::new(self.inner.reads.clone(), budget, caller, price_first)
+    /// What every request's reads need (handed to each request as it opens).
+    pub(crate) fn read_parts(&self) -> &Arc<ReadParts> {
+        &self.inner.reads
     }
 }
 

@@ -1,37 +1,16 @@
 //! The HTTP integration: one inbound HTTP request → one budget → one batch.
 //!
 //! [`FanoutGraphQL`] is a `tower::Service` (mount it with axum's
-//! `route_service`) that does, per request, in this order:
-//!
-//! 1. identifies the caller (the [`Caller`] the rate-limit layer left in the
-//!    request's extensions, else the internal-token header) and opens the
-//!    request's [`FanoutRequest`] — the deadline starts now;
-//! 2. reads the body up to `max_body_bytes` (413 `PAYLOAD_TOO_LARGE`), the
-//!    whole of it within `min(body_read_timeout_ms, time left before the
-//!    deadline)` (408 `REQUEST_TIMEOUT`) — one bound for the whole body, so
-//!    a trickle cannot stretch it; both refusals close the connection;
-//! 3. parses one operation (`{…}`) or a batch (`[…]`); malformed JSON, an
-//!    empty batch or something that is not a GraphQL request is 400
-//!    `BAD_REQUEST`, more than `max_batch_operations` is 400
-//!    `BATCH_TOO_LARGE` — in every such case nothing runs and nothing is read;
-//! 4. parses each operation's query once, or takes a copy of its parsed
-//!    document when the same text was seen before (`documents.rs`;
-//!    async-graphql then validates and runs that document), checks its shape
-//!    (`shape.rs`); with a [`CostTable`](crate::CostTable) prices it, and —
-//!    with `refuse_over_estimate` — the request's pricing barrier refuses
-//!    the whole batch before anything runs when the sum exceeds the budget;
-//! 5. gives each operation its own [`Operation`] handle on the one
-//!    `FanoutRequest` (`Request::data`) and runs the operations concurrently
-//!    on the schema, as async-graphql's `execute_batch` does;
-//! 6. finishes each response (`finish.rs`): contract codes, null
-//!    propagation, `extensions.fanout`.
-//!
-//! It needs no async-graphql extension on the schema, so async-graphql keeps
-//! its fast path for every field (see [`crate::extension`] for when the
-//! extension is the right tool). Stock async-graphql-axum has neither a
-//! batch limit nor a body limit; this service has both, and answers its own
-//! refusals in the GraphQL error shape with the contract's codes. `GET`
-//! answers the GraphiQL page.
+//! `route_service`). Per request it opens the request's scope, reads the body
+//! within its bounds (413 `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, both
+//! with `Connection: close`), parses one operation or a batch (400
+//! `BAD_REQUEST`, 400 `BATCH_TOO_LARGE`: nothing runs, nothing is read),
+//! checks and prices each operation, runs them concurrently on the schema as
+//! async-graphql's `execute_batch` does, and finishes each response
+//! (`finish.rs`). It needs no async-graphql extension on the schema, so
+//! async-graphql keeps its fast path for every field (see the extension for
+//! when that is the right tool). Its place in the walk of one read:
+//! ARCHITECTURE.md (the crate's docs). `GET` answers the GraphiQL page.
 
 use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};

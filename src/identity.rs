@@ -34,6 +34,19 @@ pub const INTERNAL_TOKEN_HEADER: http::HeaderName =
 const FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
 
 /// Who is calling.
+///
+/// ```
+/// use fanout_budget::{Caller, Config, Engine, INTERNAL_TOKEN_HEADER};
+///
+/// let mut config = Config::default();
+/// config.rate_limit.internal_token = "s3cret".into();
+/// let engine = Engine::new(config);
+/// let mut headers = http::HeaderMap::new();
+/// headers.insert(INTERNAL_TOKEN_HEADER, "s3cret".parse().unwrap());
+/// assert_eq!(engine.identify(&headers), Caller::Internal);
+/// headers.insert(INTERNAL_TOKEN_HEADER, "forged".parse().unwrap());
+/// assert_eq!(engine.identify(&headers), Caller::Public);
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Caller {
     /// Presented the exact internal token: exempt from the per-IP limit,

@@ -14,14 +14,16 @@
 //! their worst case exceeds the budget. Both integrations use it.
 
 use crate::budget::RequestBudget;
+use crate::engine::Engine;
 use crate::error::{refused, OperationError};
 use crate::identity::Caller;
-use crate::upstream::{ReadParts, RequestReads, Upstream};
+use crate::upstream::{RequestReads, Upstream};
 use async_graphql::Context;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// The fan-out scope of one inbound HTTP request: its budget and its
 /// de-duplication cache, shared (`Arc`) by every operation of a batch.
@@ -53,6 +55,30 @@ struct Scope {
     unpriced: OnceLock<watch::Sender<usize>>,
 }
 
+impl Engine {
+    /// Opens the budget and de-duplication scope of one inbound HTTP request.
+    ///
+    /// The deadline starts now; the limit depends on who calls
+    /// (`max_reads`, or `internal_max_reads` for [`Caller::Internal`]).
+    pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
+        let b = &self.config().budget;
+        let limit = match caller {
+            Caller::Internal => b.internal_max_reads,
+            Caller::Public => b.max_reads,
+        };
+        let budget = RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
+        let price_first = b.refuse_over_estimate && self.costs().is_some();
+        FanoutRequest {
+            inner: Arc::new(Scope {
+                reads: RequestReads::new(self.read_parts().clone(), budget),
+                caller,
+                price_first,
+                unpriced: OnceLock::new(),
+            }),
+        }
+    }
+}
+
 /// How long an operation may run past its request's deadline: its reads
 /// stop at the deadline with `DEADLINE_EXCEEDED`, and this leaves the
 /// resolvers time to answer the rest of the page with those field errors
@@ -60,22 +86,6 @@ struct Scope {
 pub(crate) const FINISH_GRACE: Duration = Duration::from_millis(100);
 
 impl FanoutRequest {
-    pub(crate) fn new(
-        parts: Arc<ReadParts>,
-        budget: RequestBudget,
-        caller: Caller,
-        price_first: bool,
-    ) -> Self {
-        Self {
-            inner: Arc::new(Scope {
-                reads: RequestReads::new(parts, budget),
-                caller,
-                price_first,
-                unpriced: OnceLock::new(),
-            }),
-        }
-    }
-
     /// Announces that a batch of `operations` will run in this request, so
     /// that with `refuse_over_estimate` no operation starts before all are
     /// priced. Both integrations call it; an app running the extension

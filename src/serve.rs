@@ -83,6 +83,20 @@ mod write_timeout;
 ///
 /// Await the result to serve until the process ends, or call
 /// [`Serve::with_graceful_shutdown`] first.
+///
+/// ```
+/// use fanout_budget::Config;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> std::io::Result<()> {
+/// let config = Config::default();
+/// let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// let server = fanout_budget::serve(listener, app, &config);
+/// let addr = server.local_addr()?;
+/// let stop = async {};  // e.g. tokio::signal::ctrl_c()
+/// server.with_graceful_shutdown(stop).await?;
+/// # let _ = addr; Ok(()) }
+/// ```
 pub fn serve<S>(listener: TcpListener, service: S, config: &Config) -> Serve<S>
 where
     S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,

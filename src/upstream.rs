@@ -1,29 +1,12 @@
 //! The acquisition point: the one way a resolver reaches the upstream.
 //!
-//! A resolver calls [`ctx.upstream()?`](crate::FanoutContext::upstream) and
-//! gets an [`Upstream`] bound to the current inbound HTTP request and
-//! operation. [`Upstream::read`] walks these steps, in this order, each a
-//! call into a module below this one:
-//!
-//! 1. **de-duplication** (`dedup.rs`) — an identical read (same URL and
-//!    `Accept`) already made or in flight anywhere in this HTTP request
-//!    answers instead; nothing below runs and nothing is charged;
-//! 2. **cheap refusals** — an exhausted budget or a passed deadline refuses
-//!    the read before it waits for anything;
-//! 3. **request slot** (`budget.rs`) — one of the request's
-//!    `max_concurrent_reads` in-flight slots, waited for up to the deadline;
-//! 4. **host slot** (`hosts.rs`) — a process-wide slot for the host;
-//! 5. **charge** (`budget.rs`) — one read from the budget, right before
-//!    sending: a refused read is never charged, a sent read always is;
-//! 6. **timed send** (`transport.rs`) — the request, body included, under
-//!    `min(read_timeout, time left before the deadline)`; whichever of the two
-//!    cut it names the error (`UPSTREAM_TIMEOUT` or `DEADLINE_EXCEEDED`);
-//! 7. **response** — its body counted against `upstream.max_request_bytes`,
-//!    kept for the rest of the request; a redirect is followed from step 1,
-//!    each hop a read of its own.
-//!
-//! The slots are guards held by the read's future, so they are released on
-//! every outcome, including the inbound request being cancelled.
+//! [`Upstream::read`] runs a read through the steps below it, each in its
+//! own module: de-duplication (`dedup.rs`), cheap refusals, the request slot
+//! and the charge (`budget.rs`), the host slot (`hosts.rs`), the timed send
+//! (`transport.rs`); then it keeps the answer (bounded in bytes per request)
+//! and follows a redirect as a read of its own. The slots are guards owned by
+//! the read's future, released on every outcome, cancellation included. The
+//! whole walk is ARCHITECTURE.md (the crate's docs).
 
 use crate::budget::{bump, ReadStats, RequestBudget};
 use crate::dedup::{Dedup, Origin};
