@@ -79,9 +79,8 @@ pub struct RedisHostCaps {
 impl RedisHostCaps {
     /// Caps for the `[hosts]` tables, shared on `backend`.
     pub fn new(hosts: BTreeMap<String, HostConfig>, backend: RedisBackend) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
+        // Unique per replica and restart: no clock involved.
+        let nonce = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id());
         Self {
             local: LocalHostCaps::new(hosts.clone()),
             configured: hosts,
@@ -90,7 +89,7 @@ impl RedisHostCaps {
                 acquire: Script::new(ACQUIRE),
                 renew: Script::new(RENEW),
             }),
-            holder_prefix: format!("{}-{nanos:x}", std::process::id()),
+            holder_prefix: format!("{}-{nonce:x}", std::process::id()),
             next_holder: AtomicU64::new(0),
         }
     }
