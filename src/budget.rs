@@ -102,7 +102,8 @@ pub struct ReadCounts {
     pub dedup_hits: u64,
     /// Reads refused because the budget was exhausted.
     pub refused_budget: u64,
-    /// Reads refused because their host was saturated.
+    /// Reads refused a host slot: the host saturated, or the shared host
+    /// caps unreachable with `failure_mode = "closed"`.
     pub refused_host: u64,
     /// Reads refused because the deadline passed before they could be sent.
     pub refused_deadline: u64,

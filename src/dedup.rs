@@ -21,7 +21,8 @@
 //! waiters are woken; the first of them runs the read itself, the others wait
 //! for it. The map lives exactly as long as the request.
 
-use foldhash::fast::RandomState;
+use crate::seed::random_state;
+use foldhash::fast::SeedableRandomState;
 use std::collections::hash_map::{Entry, HashMap};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,8 +37,8 @@ pub(crate) struct Dedup<K, V> {
 }
 
 /// Keys are URLs a client can steer, so the hash is seeded per table
-/// (foldhash's `RandomState`).
-type Cells<K, V> = HashMap<K, Arc<Cell<V>>, RandomState>;
+/// (`seed.rs`).
+type Cells<K, V> = HashMap<K, Arc<Cell<V>>, SeedableRandomState>;
 
 /// Whether a value came from a read this caller ran or from one it shared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +102,7 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
     /// An empty cache.
     pub(crate) fn new() -> Self {
         Self {
-            cells: Mutex::new(HashMap::default()),
+            cells: Mutex::new(HashMap::with_hasher(random_state())),
         }
     }
 

@@ -32,7 +32,8 @@
 //! the cache, never memory. A text that does not parse is not kept
 //! (async-graphql parses it again and reports the error).
 
-use foldhash::fast::RandomState;
+use crate::seed::random_state;
+use foldhash::fast::SeedableRandomState;
 use crate::metrics::DocumentMetrics;
 use async_graphql::parser::types::{
     BaseType, Directive, DocumentOperations, ExecutableDocument, OperationDefinition, Selection,
@@ -55,7 +56,7 @@ pub(crate) struct Documents {
 }
 
 struct Table {
-    docs: HashMap<Box<str>, Arc<ExecutableDocument>, RandomState>,
+    docs: HashMap<Box<str>, Arc<ExecutableDocument>, SeedableRandomState>,
     /// The kept entries' weight (see the module docs).
     bytes: usize,
 }
@@ -78,7 +79,7 @@ impl Documents {
     pub(crate) fn new(max_bytes: usize) -> Self {
         Self {
             table: RwLock::new(Table {
-                docs: HashMap::default(),
+                docs: HashMap::with_hasher(random_state()),
                 bytes: 0,
             }),
             max_bytes,
@@ -128,7 +129,10 @@ impl Documents {
             let emptied = if table.bytes + entry > self.max_bytes {
                 metrics.kept_bytes.decrement(table.bytes as f64);
                 table.bytes = 0;
-                Some(std::mem::take(&mut table.docs))
+                Some(std::mem::replace(
+                    &mut table.docs,
+                    HashMap::with_hasher(random_state()),
+                ))
             } else {
                 None
             };

@@ -125,6 +125,19 @@ impl ReadError {
         }
     }
 
+    /// The error, for a log line or an error chain: `tracing::warn!(error =
+    /// %err.display())`, `anyhow::anyhow!("{}", err.display())` (the type
+    /// itself has no `Display`; see the module docs).
+    pub fn display(&self) -> impl fmt::Display + '_ {
+        struct Shown<'a>(&'a ReadError);
+        impl fmt::Display for Shown<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{} ({})", self.0.message(), self.0.code())
+            }
+        }
+        Shown(self)
+    }
+
     /// The contract's `extensions` for this error, `code` included.
     pub fn extensions(&self) -> ErrorExtensionValues {
         let mut ext = ErrorExtensionValues::default();
@@ -157,10 +170,7 @@ impl ReadError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::BudgetExhausted { .. }
-                | Self::HostSaturated { .. }
-                | Self::Unavailable { .. }
-                | Self::BadUserInput { .. }
+            Self::BudgetExhausted { .. } | Self::HostSaturated { .. } | Self::Unavailable { .. }
         )
     }
 }

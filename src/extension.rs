@@ -148,7 +148,21 @@ impl Extension for PerOperation {
         // After the extensions registered after this one: the query text
         // and the operation name as they will run (an extension may rewrite
         // them, e.g. a persisted-query lookup).
-        let mut request = next.run(ctx, request).await?;
+        // An operation refused here never reaches `parse_query`, where it
+        // would be priced: it counts as priced at 0, so the rest of an
+        // announced batch does not wait for it until the deadline.
+        let scope = request
+            .data
+            .get(&TypeId::of::<FanoutRequest>())
+            .and_then(|data| data.downcast_ref::<FanoutRequest>())
+            .cloned();
+        let refused = |err| {
+            if let Some(scope) = &scope {
+                scope.priced(0);
+            }
+            err
+        };
+        let mut request = next.run(ctx, request).await.map_err(refused)?;
         if request.data.contains_key(&TypeId::of::<Arc<Operation>>()) {
             self.aside.store(true, Relaxed);
             return Ok(request);
@@ -160,7 +174,7 @@ impl Extension for PerOperation {
         let engine = &self.factory.engine;
         let max = engine.config().http.max_selections;
         let (doc, shape) = shape::admit(engine.documents(), &request.query, max)
-            .map_err(|err| operation_error(&err))?;
+            .map_err(|err| refused(operation_error(&err)))?;
         request.set_parsed_query(doc);
         // Kept for pricing in `parse_query`, which gets this document.
         *lock(&self.shape) = Some(shape);

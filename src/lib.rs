@@ -51,6 +51,7 @@ mod limiter;
 mod metrics;
 mod nulls;
 mod request;
+mod seed;
 mod serve;
 mod shape;
 mod transport;

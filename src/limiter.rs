@@ -15,8 +15,8 @@
 //!    forwarded entry that is not an address is 400 `BAD_REQUEST`, charged to
 //!    no one ([`crate::identity`]).
 //! 3. **The check** is GCRA (the `governor` crate, its keyed `DashMap`
-//!    store as it is, hashed by foldhash's seeded `RandomState` — client
-//!    addresses are chosen by clients) with a burst of `requests_per_minute`,
+//!    store as it is, hashed by foldhash under random seeds (`seed.rs`) —
+//!    client addresses are chosen by clients) with a burst of `requests_per_minute`,
 //!    refilled evenly over the minute. Idle keys are evicted
 //!    (`retain_recent`) every `max(SWEEP_EVERY, 2 × keys left)` checks, so a
 //!    flood of distinct addresses cannot grow memory without bound and the
@@ -38,7 +38,8 @@ use crate::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedPr
 use crate::metrics;
 use axum::extract::ConnectInfo;
 use clock::TokioNanos;
-use foldhash::fast::RandomState;
+use crate::seed::random_state;
+use foldhash::fast::SeedableRandomState;
 use futures::future::BoxFuture;
 use governor::clock::Clock as GovernorClock;
 use governor::middleware::StateInformationMiddleware;
@@ -103,7 +104,7 @@ pub trait InboundLimiter: Send + Sync + 'static {
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>>;
 }
 
-type Gcra<C> = RateLimiter<IpAddr, DashMapStateStore<IpAddr, RandomState>, C, StateInformationMiddleware>;
+type Gcra<C> = RateLimiter<IpAddr, DashMapStateStore<IpAddr, SeedableRandomState>, C, StateInformationMiddleware>;
 
 /// The in-process GCRA limiter (governor), keyed by client IP.
 pub(crate) struct LocalLimiter<C: GovernorClock = TokioNanos> {
@@ -128,7 +129,7 @@ impl<C: GovernorClock + Clone> LocalLimiter<C> {
     /// `FakeRelativeClock`).
     pub(crate) fn with_clock(requests_per_minute: NonZeroU32, clock: C) -> Self {
         let quota = Quota::per_minute(requests_per_minute);
-        let store = DashMapStateStore::with_hasher(RandomState::default());
+        let store = DashMapStateStore::with_hasher(random_state());
         Self {
             gcra: RateLimiter::new(quota, store, clock.clone()),
             clock,

@@ -140,9 +140,11 @@ impl<'a> Upstream<'a> {
 
     /// Step 1, then steps 2–7 unless an identical read answers.
     async fn read_once(&self, read: Read) -> ReadResult {
+        // Host and path only: a query string or userinfo may carry secrets.
         let span = tracing::debug_span!(
             "upstream.read",
-            url = %read.url,
+            host = read.url.host_str(),
+            path = read.url.path(),
             dedup = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
@@ -183,10 +185,12 @@ impl<'a> Upstream<'a> {
                     metrics::budget_exhausted();
                 }
                 ReadError::DeadlineExceeded => bump(&stats.refused_deadline),
-                _ => {
+                // Refused a host slot: saturated, or the shared caps down.
+                ReadError::HostSaturated { .. } => {
                     bump(&stats.refused_host);
                     host.metrics.rejections.increment(1);
                 }
+                _ => bump(&stats.refused_host),
             }
             Err(err)
         };

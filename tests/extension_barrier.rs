@@ -1,0 +1,43 @@
+//! The extension's pricing barrier never waits for an operation that was
+//! refused before it could be priced: in an announced batch with
+//! `refuse_over_estimate`, a text that does not parse is priced at 0, and the
+//! rest of the batch runs at once (not at the deadline).
+use async_graphql::{BatchRequest, Context, EmptyMutation, EmptySubscription, Object, Request, Schema};
+use fanout_budget::{Caller, Config, CostTable, Engine, FanoutContext, FieldCost};
+
+struct Query;
+
+#[Object]
+impl Query {
+    async fn limit(&self, ctx: &Context<'_>) -> async_graphql::Result<u64> {
+        Ok(ctx.fanout_request()?.budget().limit())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_operation_does_not_hold_the_batch_until_the_deadline() {
+    let mut config = Config::default();
+    config.budget.refuse_over_estimate = true;
+    config.budget.deadline_ms = 30_000;
+    let costs = CostTable::new().field("Query", "limit", FieldCost::reads(1));
+    let engine = Engine::builder(config).costs(costs).build();
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension())
+        .finish();
+    for broken in ["{ limit ", "fragment A on Query { ...A } { ...A }"] {
+        let fanout = engine.begin_request(Caller::Public);
+        fanout.expect_operations(2);
+        let started = tokio::time::Instant::now();
+        let batch = BatchRequest::Batch(vec![Request::new("{ limit }"), Request::new(broken)]);
+        let responses = match schema.execute_batch(batch.data(fanout)).await {
+            async_graphql::BatchResponse::Batch(responses) => responses,
+            single => panic!("a batch answered {single:?}"),
+        };
+        // On paused time a wait for the deadline would jump straight to it.
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{broken}: waited");
+        let ok = &responses[0];
+        assert!(ok.errors.is_empty(), "{broken}: {:?}", ok.errors);
+        assert_eq!(ok.data.to_string(), "{limit: 100}");
+        assert!(!responses[1].errors.is_empty(), "{broken} is refused");
+    }
+}
