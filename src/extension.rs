@@ -112,6 +112,7 @@ impl ExtensionFactory for FanoutExtension {
             operation_name: Mutex::new(None),
             query: Mutex::new(String::new()),
             shape: Mutex::new(None),
+            scope: Mutex::new(None),
             requested: AtomicU64::new(0),
         })
     }
@@ -125,6 +126,8 @@ struct PerOperation {
     query: Mutex<String>,
     /// The checked document's shape, from `prepare_request`.
     shape: Mutex<Option<Shape>>,
+    /// The request's scope, found in `prepare_request`.
+    scope: Mutex<Option<FanoutRequest>>,
     requested: AtomicU64,
 }
 
@@ -151,11 +154,16 @@ impl Extension for PerOperation {
         // An operation refused here never reaches `parse_query`, where it
         // would be priced: it counts as priced at 0, so the rest of an
         // announced batch does not wait for it until the deadline.
+        // The request's scope: the one the integrator put into the
+        // operation's data, else the one `FanoutLayer` opened for the HTTP
+        // request this task serves.
         let scope = request
             .data
             .get(&TypeId::of::<FanoutRequest>())
             .and_then(|data| data.downcast_ref::<FanoutRequest>())
-            .cloned();
+            .cloned()
+            .or_else(FanoutRequest::current);
+        lock(&self.scope).clone_from(&scope);
         let refused = |err| {
             if let Some(scope) = &scope {
                 scope.priced(0);
@@ -203,8 +211,8 @@ impl Extension for PerOperation {
             _ => 0,
         };
         self.requested.store(requested, Relaxed);
-        if let Some(request) = ctx.data_opt::<FanoutRequest>() {
-            request.priced(requested);
+        if let Some(scope) = &*lock(&self.scope) {
+            scope.priced(requested);
         }
         parsed
     }
@@ -233,8 +241,9 @@ impl Extension for PerOperation {
             return next.run(ctx, operation_name).await;
         }
         let requested = self.requested.load(Relaxed);
-        let request = match ctx.data_opt::<FanoutRequest>() {
-            Some(request) => request.clone(),
+        let scope = lock(&self.scope).take();
+        let request = match scope {
+            Some(request) => request,
             None => {
                 let request = self.factory.engine.begin_request(Caller::Public);
                 request.priced(requested);

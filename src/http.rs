@@ -15,7 +15,6 @@
 use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};
 use crate::finish::finish;
-use crate::identity::Caller;
 use crate::request::{FanoutRequest, Operation};
 use crate::shape;
 use crate::types::SchemaTypes;
@@ -31,7 +30,6 @@ use http::{header, Method, StatusCode};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tracing::Instrument;
 
 /// The GraphQL endpoint as a `tower::Service`.
@@ -106,19 +104,10 @@ impl<E: Executor> FanoutGraphQL<E> {
             return StatusCode::METHOD_NOT_ALLOWED.into_response();
         }
         let (parts, body) = request.into_parts();
-        let caller = parts
-            .extensions
-            .get::<Caller>()
-            .copied()
-            .unwrap_or_else(|| self.engine.identify(&parts.headers));
-        let fanout = self.engine.begin_request(caller);
-        crate::metrics::request(caller == Caller::Internal);
+        let fanout = self.engine.open_request(&parts);
+        let caller = fanout.caller();
         let http = &self.engine.config().http;
-        let within = fanout
-            .budget()
-            .time_left()
-            .map_or(Duration::ZERO, |left| left.min(http.body_read_timeout()));
-        let bytes = match read_body(body, http.max_body_bytes, within).await {
+        let bytes = match fanout.read_body(body, http).await {
             Ok(bytes) => bytes,
             Err(err) => return err.unread(),
         };
@@ -269,35 +258,6 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.handle(request).await) })
-    }
-}
-
-/// The body, or `PAYLOAD_TOO_LARGE` past `max` bytes (checked against
-/// `Content-Length` first, then while reading), or `REQUEST_TIMEOUT` unless
-/// all of it arrived `within` (a bound on the whole body, not on each chunk;
-/// an `Expect: 100-continue` client is sent its `100 Continue` when the
-/// reading starts, inside the same bound).
-async fn read_body(body: Body, max: usize, within: Duration) -> Result<bytes::Bytes, Rejection> {
-    let timeout = || Rejection::RequestTimeout {
-        timeout_ms: within.as_millis().try_into().unwrap_or(u64::MAX),
-    };
-    if within.is_zero() {
-        return Err(timeout());
-    }
-    let read = tokio::time::timeout(within, axum::body::to_bytes(body, max)).await;
-    match read.map_err(|_elapsed| timeout())? {
-        Ok(bytes) => Ok(bytes),
-        Err(err) => {
-            let too_large = std::error::Error::source(&err)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            Err(if too_large {
-                Rejection::PayloadTooLarge { max }
-            } else {
-                Rejection::BadRequest {
-                    message: format!("could not read the request body: {err}"),
-                }
-            })
-        }
     }
 }
 

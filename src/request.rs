@@ -15,7 +15,8 @@
 
 use crate::budget::RequestBudget;
 use crate::engine::Engine;
-use crate::error::{refused, OperationError};
+use crate::config::HttpConfig;
+use crate::error::{refused, OperationError, Rejection};
 use crate::identity::Caller;
 use crate::upstream::{RequestReads, Upstream};
 use async_graphql::Context;
@@ -56,6 +57,19 @@ struct Scope {
 }
 
 impl Engine {
+    /// Opens the scope of the inbound HTTP request `parts` belongs to: the
+    /// caller is the [`Caller`] the rate-limit layer left in its extensions,
+    /// else whoever its internal-token header says.
+    pub(crate) fn open_request(&self, parts: &http::request::Parts) -> FanoutRequest {
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .copied()
+            .unwrap_or_else(|| self.identify(&parts.headers));
+        crate::metrics::request(caller == Caller::Internal);
+        self.begin_request(caller)
+    }
+
     /// Opens the budget and de-duplication scope of one inbound HTTP request.
     ///
     /// The deadline starts now; the limit depends on who calls
@@ -77,6 +91,15 @@ impl Engine {
             }),
         }
     }
+}
+
+tokio::task_local! {
+    /// The scope of the HTTP request the current task serves, set by
+    /// `FanoutLayer` around the service that runs the schema: async-graphql's
+    /// executor runs a batch's operations inside that task (it joins them, it
+    /// does not spawn), so the extension finds the scope without the service
+    /// passing anything along.
+    static CURRENT: FanoutRequest;
 }
 
 /// How long an operation may run past its request's deadline: its reads
@@ -141,6 +164,59 @@ impl FanoutRequest {
     /// The request's budget.
     pub fn budget(&self) -> &RequestBudget {
         self.inner.reads.budget()
+    }
+
+    /// The request's body: at most `http.max_body_bytes` (else
+    /// `PAYLOAD_TOO_LARGE`, checked against `Content-Length` first, then
+    /// while reading), all of it within `min(http.body_read_timeout_ms, time
+    /// left before the deadline)` (else `REQUEST_TIMEOUT`: one bound for the
+    /// whole body, so a trickle cannot stretch it; an `Expect: 100-continue`
+    /// client is sent its `100 Continue` when the reading starts, inside the
+    /// same bound).
+    pub(crate) async fn read_body(
+        &self,
+        body: axum::body::Body,
+        http: &HttpConfig,
+    ) -> Result<bytes::Bytes, Rejection> {
+        let within = self
+            .budget()
+            .time_left()
+            .map_or(Duration::ZERO, |left| left.min(http.body_read_timeout()));
+        let max = http.max_body_bytes;
+        let timeout = || Rejection::RequestTimeout {
+            timeout_ms: within.as_millis().try_into().unwrap_or(u64::MAX),
+        };
+        if within.is_zero() {
+            return Err(timeout());
+        }
+        let read = tokio::time::timeout(within, axum::body::to_bytes(body, max)).await;
+        match read.map_err(|_elapsed| timeout())? {
+            Ok(bytes) => Ok(bytes),
+            Err(err) => {
+                let too_large = std::error::Error::source(&err)
+                    .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+                Err(if too_large {
+                    Rejection::PayloadTooLarge { max }
+                } else {
+                    Rejection::BadRequest {
+                        message: format!("could not read the request body: {err}"),
+                    }
+                })
+            }
+        }
+    }
+
+    /// Runs `work` — a service handling the HTTP request — with this scope
+    /// as the request's current one (what [`FanoutLayer`](crate::FanoutLayer)
+    /// does, so the extension finds it).
+    pub(crate) async fn scope<F: std::future::Future>(self, work: F) -> F::Output {
+        CURRENT.scope(self, work).await
+    }
+
+    /// The scope a [`FanoutLayer`](crate::FanoutLayer) opened for the HTTP
+    /// request this task serves, if any.
+    pub(crate) fn current() -> Option<FanoutRequest> {
+        CURRENT.try_with(FanoutRequest::clone).ok()
     }
 
     /// Who is calling.

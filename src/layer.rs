@@ -1,0 +1,170 @@
+//! The request scope for any service that runs the schema: a tower layer.
+//!
+//! [`FanoutLayer`] is the way in for an app that already serves its schema
+//! with a stock service — async-graphql-axum's `GraphQL`, or its own handler —
+//! and mounts [`engine.extension()`](crate::Engine::extension) on the schema.
+//! Per HTTP request the layer:
+//!
+//! 1. opens the request's scope (the caller from the rate-limit layer's
+//!    [`Caller`](crate::Caller), else the internal-token header) — one budget,
+//!    one de-duplication cache, one deadline;
+//! 2. for a `POST`, reads the body within the request's bounds (413
+//!    `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, with `Connection: close`)
+//!    and counts the operations of a JSON batch: an empty batch is 400
+//!    `BAD_REQUEST`, more than `max_batch_operations` is 400
+//!    `BATCH_TOO_LARGE` — nothing runs, nothing is read. The count announces
+//!    the batch to the scope's pricing barrier
+//!    ([`FanoutRequest::expect_operations`](crate::FanoutRequest::expect_operations)), so with `refuse_over_estimate`
+//!    no operation runs before every one is priced;
+//! 3. hands the request on — the body as it was read, the scope in the
+//!    request's extensions (a handler can take it with
+//!    `Extension<FanoutRequest>`) — and runs the inner service with the scope
+//!    as the task's current one, where the extension finds it.
+//!
+//! **Which integration?** [`FanoutGraphQL`](crate::FanoutGraphQL) runs the
+//! batch itself and needs no extension, so async-graphql keeps its per-field
+//! fast path: prefer it for a new endpoint. The layer fits an endpoint that
+//! exists already; it costs what any async-graphql extension costs per field.
+//! A body other than JSON (a multipart upload) is passed on uncounted: its
+//! operations run, but are not held for the batch's pricing.
+
+use crate::engine::Engine;
+use crate::error::Rejection;
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
+use http::{header, Method};
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+/// Opens one fan-out scope per HTTP request for the service it wraps.
+///
+/// ```
+/// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
+/// use fanout_budget::{Config, Engine, FanoutLayer};
+///
+/// struct Query;
+///
+/// #[Object]
+/// impl Query {
+///     async fn hello(&self) -> &str {
+///         "world"
+///     }
+/// }
+///
+/// let engine = Engine::new(Config::default());
+/// let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+///     .extension(engine.extension())
+///     .finish();
+/// # let graphql = axum::routing::post(|| async { "the stock service" });
+/// // With async-graphql-axum: `let graphql = async_graphql_axum::GraphQL::new(schema);`
+/// let app: axum::Router = axum::Router::new()
+///     .route_service("/graphql", graphql)
+///     .layer(FanoutLayer::new(engine));
+/// # drop((app, schema));
+/// ```
+#[derive(Clone, Debug)]
+pub struct FanoutLayer {
+    engine: Engine,
+}
+
+impl FanoutLayer {
+    /// A layer opening `engine`'s request scopes.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine }
+    }
+}
+
+impl<S> tower::Layer<S> for FanoutLayer {
+    type Service = FanoutService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        FanoutService {
+            inner,
+            engine: self.engine.clone(),
+        }
+    }
+}
+
+/// The service [`FanoutLayer`] wraps around another.
+#[derive(Clone, Debug)]
+pub struct FanoutService<S> {
+    inner: S,
+    engine: Engine,
+}
+
+impl<S> tower::Service<http::Request<Body>> for FanoutService<S>
+where
+    S: tower::Service<http::Request<Body>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        // The clone is ready (`poll_ready` ran on `self.inner`); keep it.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let engine = self.engine.clone();
+        Box::pin(async move {
+            let (mut parts, body) = request.into_parts();
+            let fanout = engine.open_request(&parts);
+            let body = if parts.method == Method::POST {
+                let bytes = match fanout.read_body(body, &engine.config().http).await {
+                    Ok(bytes) => bytes,
+                    Err(refused) => return Ok(refused.unread()),
+                };
+                if is_json(&parts) {
+                    match operations(&bytes, engine.config().http.max_batch_operations) {
+                        Ok(n) => fanout.expect_operations(n),
+                        Err(refused) => return Ok(refused.into_response()),
+                    }
+                }
+                Body::from(bytes)
+            } else {
+                fanout.expect_operations(1);
+                body
+            };
+            parts.extensions.insert(fanout.clone());
+            let request = http::Request::from_parts(parts, body);
+            fanout.scope(inner.call(request)).await
+        })
+    }
+}
+
+/// Whether the body is JSON (no content type counts as JSON, as
+/// async-graphql-axum reads it).
+fn is_json(parts: &http::request::Parts) -> bool {
+    parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|ct| ct.starts_with("application/json") || ct.contains("+json"))
+}
+
+/// How many operations a JSON body holds: 1 for an object, the length of a
+/// non-empty array of at most `max`. Anything else is left to the service
+/// (it answers its own 400) and counts as one.
+fn operations(body: &[u8], max: usize) -> Result<usize, Rejection> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'[') {
+        return Ok(1);
+    }
+    match serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(body) {
+        Ok(batch) if batch.is_empty() => Err(Rejection::BadRequest {
+            message: "an empty batch has nothing to run".into(),
+        }),
+        Ok(batch) if batch.len() > max => Err(Rejection::BatchTooLarge { max }),
+        Ok(batch) => Ok(batch.len()),
+        Err(err) => Err(Rejection::BadRequest {
+            message: format!("not a batch of GraphQL requests: {err}"),
+        }),
+    }
+}
