@@ -116,20 +116,18 @@ impl Upstream {
     /// Starts one on a free loopback port.
     pub async fn start() -> Self {
         let seen = Arc::new(Seen::default());
-        let app = Router::new()
+        let mut app = Router::new()
             .route("/list", get(list))
             .route("/item/{id}", get(item))
-            .route("/ok", get(fixed))
-            .route("/numbers", get(fixed))
-            .route("/one", get(fixed))
-            .route("/many", get(fixed))
-            .route("/file", get(fixed))
             .route("/loop/{side}", get(redirect_loop))
             .route("/chain/{n}", get(chain))
             .route("/to/{port}", get(to_port))
             .route("/endless", get(endless))
-            .route("/trickle", get(trickle))
-            .with_state(seen.clone());
+            .route("/trickle", get(trickle));
+        for path in FIXED {
+            app = app.route(path, get(fixed));
+        }
+        let app = app.with_state(seen.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -185,6 +183,9 @@ async fn item(State(seen): State<Arc<Seen>>, Path(id): Path<u64>) -> Response {
     }
     axum::Json(json!({ "id": id, "value": format!("item-{id}") })).into_response()
 }
+
+/// The routes with one fixed answer each (see [`fixed`]).
+const FIXED: [&str; 5] = ["/ok", "/numbers", "/one", "/many", "/file"];
 
 /// The routes with one fixed answer each.
 async fn fixed(State(s): State<Arc<Seen>>, uri: Uri) -> Response {
