@@ -1,38 +1,45 @@
 //! The inbound limiter against `governor` alone, and the Redis limiter
-//! against a Redis `PING` (issue 8, part 1).
+//! against a Redis `PING` (issue 8, part 1), through the public API only.
 //!
 //! `cargo bench --bench limiter` measures, on the same keys:
 //!
-//! - `governor`: a keyed GCRA limiter (DashMap store), nothing else;
-//! - `local`: [`LocalLimiter::check`] (governor with state information over
-//!   the limiter's own key store — a `DashMap` with a keyed folded-multiply
-//!   hash —, the idle-key sweep's pacing, the `Decision`);
-//! - `inbound`: what the rate-limit layer decides per request — the internal
-//!   token check (no token header: an ordinary caller), the client IP, then
-//!   `LocalLimiter::check` — and the same with a wrong token (a SHA-256);
-//! - the internal caller's exemption, and the whole `RateLimitLayer` service
-//!   around an empty inner service (headers included);
-//! - with `redis-server` on `PATH`: `RedisRateLimiter::check` (one `EVALSHA`)
-//!   vs `PING` on the same connection.
+//! - `governor`: a keyed GCRA limiter over governor's `DashMapStateStore`
+//!   hashed by foldhash's seeded `RandomState` (the store the library uses
+//!   inside), nothing else;
+//! - `layer`: the whole [`RateLimitLayer`] service per request
+//!   (`tower::ServiceExt::oneshot` over an inner service that answers an
+//!   empty 200): the internal-token check (no token header: an ordinary
+//!   caller), the client IP from `ConnectInfo`, the GCRA check, and the
+//!   `RateLimit` / `RateLimit-Policy` headers on the answer;
+//! - with 1024 keys, the same service for a wrong token (a SHA-256 of the
+//!   presented value) and for the internal caller (exempt, not counted);
+//! - with `redis-server` on `PATH`: `RedisRateLimiter::check` through the
+//!   [`InboundLimiter`] trait (one `EVALSHA`) vs `RedisBackend::ping` on the
+//!   same connection.
 //!
-//! Keys are client IPs cycled in order. The quota is chosen so that, for the
-//! whole bench, every check is admitted and no key is ever idle (so the sweep
-//! scans but never evicts): the figures are the admitted path with a
-//! resident key, for governor and for the layer alike. Refusals are counted
-//! and printed; they must be 0.
+//! Keys are client IPs cycled in order, each inserted before timing; the
+//! requests are built before timing too. The quota is chosen so that, for the
+//! whole bench, every check is admitted and no key is ever idle: the figures
+//! are the admitted path with a resident key, for governor and for the layer
+//! alike. Refusals are counted and printed; they must be 0.
 //!
-//! After criterion, a paired pass measures the inbound check against governor
-//! alone (fresh limiters) and the Redis check against `PING`, turn about, 31
-//! rounds; the targets are judged on the medians of those per-round ratios.
+//! After criterion, a paired pass measures the layer against governor alone
+//! (fresh limiters) and the Redis check against `PING`, turn about, 31
+//! rounds, and prints the medians of the per-round differences and ratios.
+//! (The target "limiter check ≤ 1.1 × governor alone" was judged on the
+//! limiter's check alone, which is private to the library now; the layer
+//! here is the whole middleware, so its ratio is no verdict on that target.)
 
 mod support;
 
 use criterion::{black_box, BenchmarkGroup, Criterion};
 use fanout_budget::backends::redis::{RedisBackend, RedisRateLimiter};
 use fanout_budget::config::{RateLimitConfig, RedisConfig};
-use fanout_budget::identity::{ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
-use fanout_budget::{Decision, InboundLimiter, LocalLimiter, RateLimitLayer};
-use fanout_testkit::RedisServer;
+use fanout_budget::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
+use fanout_testkit::{graphql_request, RedisServer};
+use foldhash::fast::RandomState;
+use governor::clock::DefaultClock;
+use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::num::NonZeroU32;
@@ -40,7 +47,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use support::{human, paired, ratio, show, verdict, Medians, Paired};
-use tower::{Service, ServiceExt};
+use tokio::runtime::Runtime;
+use tower::ServiceExt;
 
 const TOKEN: &str = "bench-internal-token-0123456789abcdef";
 const REDIS_GROUP: &str = "redis";
@@ -76,23 +84,6 @@ fn keys(n: usize) -> Arc<Vec<IpAddr>> {
     )
 }
 
-/// The headers of an ordinary GraphQL POST (no internal token).
-fn public_headers() -> http::HeaderMap {
-    let mut h = http::HeaderMap::new();
-    h.insert("host", "gateway.local:8080".parse().unwrap());
-    h.insert("content-type", "application/json".parse().unwrap());
-    h.insert("accept", "application/json".parse().unwrap());
-    h.insert("user-agent", "bench/1.0".parse().unwrap());
-    h.insert("content-length", "96".parse().unwrap());
-    h
-}
-
-fn with_token(token: &str) -> http::HeaderMap {
-    let mut h = public_headers();
-    h.insert("x-internal-token", token.parse().unwrap());
-    h
-}
-
 /// Checks cycle through the keys; `denied` counts refusals (must stay 0).
 struct Cycle {
     keys: Arc<Vec<IpAddr>>,
@@ -122,13 +113,17 @@ fn count(decision: Decision, denied: &AtomicU64) {
     }
 }
 
-/// `governor` alone: a fresh keyed limiter, its keys inserted untimed.
+/// `governor` alone: a fresh keyed limiter (governor's `DashMap` store,
+/// hashed by foldhash), its keys inserted untimed.
 fn governor_routine<'a>(
     keys: &Arc<Vec<IpAddr>>,
     rpm: NonZeroU32,
     denied: &'a AtomicU64,
 ) -> impl FnMut(u64) -> Duration + 'a {
-    let governor = RateLimiter::dashmap(Quota::per_minute(rpm));
+    let store: DashMapStateStore<IpAddr, RandomState> =
+        DashMapStateStore::with_hasher(RandomState::default());
+    let governor: RateLimiter<IpAddr, _, DefaultClock> =
+        RateLimiter::new(Quota::per_minute(rpm), store, DefaultClock::default());
     for k in keys.iter() {
         let _ = governor.check_key(k);
     }
@@ -144,46 +139,92 @@ fn governor_routine<'a>(
     }
 }
 
-/// A fresh `LocalLimiter`, its keys inserted untimed.
-fn local_limiter(keys: &Arc<Vec<IpAddr>>, rpm: NonZeroU32) -> LocalLimiter {
-    let local = LocalLimiter::per_minute(rpm);
-    for k in keys.iter() {
-        local.check(*k);
+/// An inner service that answers an empty 200.
+#[derive(Clone, Copy)]
+struct Empty;
+
+impl tower::Service<http::Request<axum::body::Body>> for Empty {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
     }
-    local
+
+    fn call(&mut self, _: http::Request<axum::body::Body>) -> Self::Future {
+        std::future::ready(Ok(axum::response::Response::new(axum::body::Body::empty())))
+    }
 }
 
-/// What `RateLimitService` decides per request, in its order: the internal
-/// token (with `headers`), the client IP, then `LocalLimiter::check`.
-fn inbound_routine<'a>(
+fn current_thread() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// A fresh `RateLimitLayer` service (the internal token [`TOKEN`]), its keys
+/// inserted untimed.
+fn layer_service(
+    rt: &Runtime,
     keys: &Arc<Vec<IpAddr>>,
     rpm: NonZeroU32,
-    headers: http::HeaderMap,
+) -> RateLimitService<Empty> {
+    let config = RateLimitConfig {
+        requests_per_minute: rpm.get(),
+        internal_token: TOKEN.into(),
+        trusted_proxies: Vec::new(),
+        ..RateLimitConfig::default()
+    };
+    let service = tower::Layer::layer(&RateLimitLayer::new(&config), Empty);
+    rt.block_on(async {
+        for k in keys.iter() {
+            let _ = service.clone().oneshot(request(*k, &[])).await;
+        }
+    });
+    service
+}
+
+/// A GraphQL POST from `ip` (as `ConnectInfo`) with `headers`.
+fn request(ip: IpAddr, headers: &[(&str, &str)]) -> http::Request<axum::body::Body> {
+    graphql_request(String::new(), headers, Some(SocketAddr::new(ip, 40000)))
+}
+
+/// Requests through the whole layer service, one after another; only the
+/// calls are timed (the requests are built first). A refusal (any answer
+/// but 200) is counted in `denied`.
+fn layer_routine<'a>(
+    rt: &'a Runtime,
+    service: RateLimitService<Empty>,
+    keys: &Arc<Vec<IpAddr>>,
+    headers: &'a [(&'a str, &'a str)],
     denied: &'a AtomicU64,
 ) -> impl FnMut(u64) -> Duration + 'a {
-    let local = local_limiter(keys, rpm);
-    let token = InternalToken::new(TOKEN);
-    let proxies = TrustedProxies::new::<&str>(&[]);
-    let prefix = ClientPrefix::default();
     let mut cycle = Cycle::new(keys);
     move |iters| {
-        let started = Instant::now();
-        for _ in 0..iters {
-            let check = token.check(black_box(&headers));
-            if check == TokenCheck::Valid {
-                continue;
+        let requests: Vec<_> = (0..iters).map(|_| request(cycle.key(), headers)).collect();
+        let service = service.clone();
+        rt.block_on(async move {
+            let started = Instant::now();
+            for request in requests {
+                let response = service.clone().oneshot(request).await.unwrap();
+                if response.status() != http::StatusCode::OK {
+                    denied.fetch_add(1, Relaxed);
+                }
+                black_box(response);
             }
-            let Ok(client) = proxies.client_ip(cycle.key(), &headers) else {
-                continue;
-            };
-            count(black_box(local.check(prefix.key(client))), denied);
-        }
-        started.elapsed()
+            started.elapsed()
+        })
     }
 }
 
-fn local_population(
+fn population(
     g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &Runtime,
     p: Population,
     denied: &AtomicU64,
 ) {
@@ -195,33 +236,23 @@ fn local_population(
     g.bench_function("governor", |b| b.iter_custom(&mut governor));
     drop(governor);
 
-    let local = local_limiter(&keys, rpm);
-    let mut cycle = Cycle::new(&keys);
-    g.bench_function("local", |b| {
-        b.iter(|| count(black_box(local.check(cycle.key())), denied))
-    });
-    drop(local);
-
-    for (id, headers) in [
-        ("inbound", public_headers()),
-        ("inbound_wrong_token", with_token("not-the-token")),
-    ] {
-        let mut inbound = inbound_routine(&keys, rpm, headers, denied);
-        g.bench_function(id, |b| b.iter_custom(&mut inbound));
-    }
+    let service = layer_service(rt, &keys, rpm);
+    let mut layer = layer_routine(rt, service, &keys, &[], denied);
+    g.bench_function("layer", |b| b.iter_custom(&mut layer));
 }
 
-/// The inbound check vs governor alone, turn about, for each population.
-fn paired_limiter(denied: &AtomicU64) -> Vec<(usize, Paired)> {
+/// The layer vs governor alone, turn about, for each population.
+fn paired_limiter(rt: &Runtime, denied: &AtomicU64) -> Vec<(usize, Paired)> {
     POPULATIONS
         .iter()
         .map(|p| {
             let keys = keys(p.keys);
             let rpm = NonZeroU32::new(p.per_minute).unwrap();
+            let service = layer_service(rt, &keys, rpm);
             let pair = paired(
                 ROUNDS,
                 100_000,
-                inbound_routine(&keys, rpm, public_headers(), denied),
+                layer_routine(rt, service, &keys, &[], denied),
                 governor_routine(&keys, rpm, denied),
             );
             (p.keys, pair)
@@ -231,74 +262,24 @@ fn paired_limiter(denied: &AtomicU64) -> Vec<(usize, Paired)> {
 
 const ROUNDS: usize = 31;
 
-fn layer(c: &mut Criterion, denied: &Arc<AtomicU64>) {
+/// The layer for a wrong token and for the internal caller, 1024 keys.
+fn tokens(c: &mut Criterion, rt: &Runtime, denied: &AtomicU64) {
     let mut g = c.benchmark_group(MISC_GROUP);
-    let token = InternalToken::new(TOKEN);
-    let headers = with_token(TOKEN);
-    g.bench_function("exempt_internal", |b| {
-        b.iter(|| black_box(token.check(black_box(&headers))))
-    });
-    // An ordinary caller: no token header, so the check is one header lookup.
-    let public = public_headers();
-    g.bench_function("token_check_absent", |b| {
-        b.iter(|| black_box(token.check(black_box(&public))))
-    });
-
-    // The whole middleware, per request: identity, key, check, and the
-    // `RateLimit` / `RateLimit-Policy` headers on the answer.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let p = POPULATIONS[0];
-    let config = RateLimitConfig {
-        requests_per_minute: p.per_minute,
-        internal_token: TOKEN.into(),
-        trusted_proxies: Vec::new(),
-        ..RateLimitConfig::default()
-    };
-    let inner = tower::service_fn(|_req: http::Request<axum::body::Body>| async {
-        Ok::<_, std::convert::Infallible>(axum::response::Response::new(axum::body::Body::empty()))
-    });
-    let service = tower::Layer::layer(&RateLimitLayer::new(&config), inner);
     let keys = keys(p.keys);
-    let request = |ip: IpAddr| {
-        let mut request = http::Request::post("/graphql")
-            .header("content-type", "application/json")
-            .body(axum::body::Body::empty())
-            .unwrap();
-        request
-            .extensions_mut()
-            .insert(axum::extract::ConnectInfo(SocketAddr::new(ip, 40000)));
-        request
-    };
-    let mut cycle = Cycle::new(&keys);
-    g.bench_function("layer_call", |b| {
-        b.iter_custom(|iters| {
-            let requests: Vec<_> = (0..iters).map(|_| request(cycle.key())).collect();
-            let mut service = service.clone();
-            let denied = denied.clone();
-            rt.block_on(async move {
-                let started = Instant::now();
-                for request in requests {
-                    let response = service.ready().await.unwrap().call(request).await.unwrap();
-                    if response.status() != http::StatusCode::OK {
-                        denied.fetch_add(1, Relaxed);
-                    }
-                    black_box(response);
-                }
-                started.elapsed()
-            })
-        })
-    });
+    let rpm = NonZeroU32::new(p.per_minute).unwrap();
+    let wrong = [("x-internal-token", "not-the-token")];
+    let internal = [("x-internal-token", TOKEN)];
+    for (id, headers) in [("layer_wrong_token", &wrong), ("layer_internal", &internal)] {
+        let service = layer_service(rt, &keys, rpm);
+        let mut routine = layer_routine(rt, service, &keys, headers, denied);
+        g.bench_function(id, |b| b.iter_custom(&mut routine));
+    }
     g.finish();
 }
 
-fn redis(c: &mut Criterion, denied: &Arc<AtomicU64>, run_paired: bool) -> Option<Paired> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+fn redis(c: &mut Criterion, denied: &AtomicU64, run_paired: bool) -> Option<Paired> {
+    let rt = current_thread();
     let server = rt.block_on(RedisServer::start())?;
     let config = RedisConfig {
         url: format!("redis://127.0.0.1:{}", server.port),
@@ -334,7 +315,9 @@ fn redis(c: &mut Criterion, denied: &Arc<AtomicU64>, run_paired: bool) -> Option
         rt.block_on(async {
             let started = Instant::now();
             for ip in ips {
-                count(limiter.check(ip).await.expect("a decision"), denied);
+                // Through the trait, as the layer calls a shared limiter.
+                let shared: &dyn InboundLimiter = &limiter;
+                count(shared.check(ip).await.expect("a decision"), denied);
             }
             started.elapsed()
         })
@@ -356,15 +339,13 @@ fn summary(m: &Medians, denied: u64, limiter: &[(usize, Paired)], redis: Option<
     for p in POPULATIONS {
         let gov = m.get(p.group, "governor");
         for (id, name) in [
-            ("governor", "governor alone"),
-            ("local", "`LocalLimiter::check`"),
             (
-                "inbound",
-                "**inbound check** (token check + client IP + `LocalLimiter::check`)",
+                "governor",
+                "governor alone (foldhash-keyed `DashMap` store)",
             ),
             (
-                "inbound_wrong_token",
-                "inbound check, wrong token (SHA-256)",
+                "layer",
+                "**the whole `RateLimitLayer` service** (identity, client IP, check, headers)",
             ),
         ] {
             let v = m.get(p.group, id);
@@ -379,16 +360,12 @@ fn summary(m: &Medians, denied: u64, limiter: &[(usize, Paired)], redis: Option<
     let gov = m.get(POPULATIONS[0].group, "governor");
     for (id, name) in [
         (
-            "token_check_absent",
-            "token check, no token header (an ordinary caller)",
+            "layer_wrong_token",
+            "the layer, a wrong token (SHA-256), 1024 keys",
         ),
         (
-            "exempt_internal",
-            "internal caller's exemption (token check only)",
-        ),
-        (
-            "layer_call",
-            "the whole `RateLimitLayer` service, 1024 keys",
+            "layer_internal",
+            "the layer, the internal caller (exempt), 1024 keys",
         ),
     ] {
         let v = m.get(MISC_GROUP, id);
@@ -419,7 +396,7 @@ fn summary(m: &Medians, denied: u64, limiter: &[(usize, Paired)], redis: Option<
     println!("|---|---|---|---|---|");
     for (keys, x) in limiter {
         println!(
-            "| {keys} keys: inbound check vs governor alone | {} | {} | {} | {:.3}× |",
+            "| {keys} keys: the layer vs governor alone | {} | {} | {} | {:.3}× |",
             human(x.a_ns),
             human(x.b_ns),
             human(x.diff_ns),
@@ -438,9 +415,9 @@ fn summary(m: &Medians, denied: u64, limiter: &[(usize, Paired)], redis: Option<
     println!();
     for (keys, x) in limiter {
         println!(
-            "target: limiter check ≤ 1.1 × governor alone ({keys} keys, paired): {:.3}× — {}",
-            x.ratio,
-            verdict(Some(x.ratio <= 1.1))
+            "the layer over governor alone ({keys} keys, paired): {} per request, {:.3}× (informational: the 1.1× target was on the private check)",
+            human(x.diff_ns),
+            x.ratio
         );
     }
     match redis {
@@ -458,16 +435,17 @@ fn main() {
     let denied = Arc::new(AtomicU64::new(0));
     let run_paired = !support::quick_mode();
     let mut c = support::criterion();
+    let rt = current_thread();
     for p in POPULATIONS {
         let mut g = c.benchmark_group(p.group);
-        local_population(&mut g, p, &denied);
+        population(&mut g, &rt, p, &denied);
         g.finish();
     }
-    layer(&mut c, &denied);
+    tokens(&mut c, &rt, &denied);
     let redis = redis(&mut c, &denied, run_paired);
     c.final_summary();
     let limiter = if run_paired {
-        paired_limiter(&denied)
+        paired_limiter(&rt, &denied)
     } else {
         Vec::new()
     };

@@ -2,140 +2,16 @@
 //! bodies that never end. Every HTTP request sent upstream is a charged
 //! read, capped per host; nothing runs past its bounds.
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::http::StatusCode;
 use fanout_budget::config::{Config, HostConfig};
 use fanout_budget::{Engine, FanoutContext, FanoutGraphQL, Read};
+// The hostile routes (`/loop`, `/chain`, `/to`, `/file`, `/endless`,
+// `/trickle`, `/numbers`) are the testkit upstream's.
+use fanout_testkit::Upstream as Hostile;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tower::ServiceExt;
-
-/// What the hostile server saw.
-#[derive(Default)]
-struct Seen {
-    requests: AtomicU64,
-    /// Bytes of never-ending bodies sent so far.
-    streamed: AtomicU64,
-}
-
-struct Hostile {
-    addr: std::net::SocketAddr,
-    seen: Arc<Seen>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Hostile {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-fn counted(seen: &Seen) {
-    seen.requests.fetch_add(1, SeqCst);
-}
-
-fn found(location: String) -> Response {
-    (StatusCode::FOUND, [(header::LOCATION, location)]).into_response()
-}
-
-impl Hostile {
-    /// `/loop/a` ↔ `/loop/b`; `/chain/N` → `/chain/N+1` for ever;
-    /// `/to/PORT` → `http://127.0.0.1:PORT/ok`; `/ok`; `/endless`: a body
-    /// that never ends; `/trickle`: one that never ends, slowly; `/file`: a redirect to `file:///etc/passwd`.
-    async fn start() -> Self {
-        let seen = Arc::new(Seen::default());
-        let app = axum::Router::new()
-            .route(
-                "/loop/{side}",
-                get(
-                    |State(s): State<Arc<Seen>>, Path(side): Path<String>| async move {
-                        counted(&s);
-                        found(if side == "a" { "/loop/b" } else { "/loop/a" }.into())
-                    },
-                ),
-            )
-            .route(
-                "/chain/{n}",
-                get(
-                    |State(s): State<Arc<Seen>>, Path(n): Path<u64>| async move {
-                        counted(&s);
-                        found(format!("/chain/{}", n + 1))
-                    },
-                ),
-            )
-            .route(
-                "/to/{port}",
-                get(
-                    |State(s): State<Arc<Seen>>, Path(port): Path<u16>| async move {
-                        counted(&s);
-                        found(format!("http://127.0.0.1:{port}/ok"))
-                    },
-                ),
-            )
-            .route(
-                "/file",
-                get(|State(s): State<Arc<Seen>>| async move {
-                    counted(&s);
-                    found("file:///etc/passwd".into())
-                }),
-            )
-            .route(
-                "/ok",
-                get(|State(s): State<Arc<Seen>>| async move {
-                    counted(&s);
-                    "fine"
-                }),
-            )
-            .route(
-                "/endless",
-                get(|State(s): State<Arc<Seen>>| async move {
-                    counted(&s);
-                    let chunks = futures::stream::unfold(s, |s| async move {
-                        s.streamed.fetch_add(1024, SeqCst);
-                        tokio::task::yield_now().await;
-                        Some((Ok::<_, std::io::Error>(vec![b'x'; 1024]), s))
-                    });
-                    Body::from_stream(chunks)
-                }),
-            )
-            .route(
-                "/numbers",
-                get(|State(s): State<Arc<Seen>>| async move {
-                    counted(&s);
-                    serde_json::to_string(&(0..100_000u64).collect::<Vec<_>>()).unwrap()
-                }),
-            )
-            .route(
-                "/trickle",
-                get(|State(s): State<Arc<Seen>>| async move {
-                    counted(&s);
-                    let chunks = futures::stream::unfold((), |()| async move {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        Some((Ok::<_, std::io::Error>(vec![b'x'; 16]), ()))
-                    });
-                    Body::from_stream(chunks)
-                }),
-            )
-            .with_state(seen.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { addr, seen, task }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    fn requests(&self) -> u64 {
-        self.seen.requests.load(SeqCst)
-    }
-}
 
 struct Query;
 
@@ -195,15 +71,8 @@ async fn run_counting(engine: &Engine, query: &str, parses: Arc<AtomicU64>) -> V
     let app =
         axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine.clone()));
     let body = json!({ "query": query }).to_string();
-    let request = axum::http::Request::post("/graphql")
-        .header("content-type", "application/json")
-        .body(Body::from(body))
-        .unwrap();
-    let response = app.oneshot(request).await.unwrap();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    serde_json::from_slice(&bytes).unwrap()
+    let answer = fanout_testkit::post(&app, body, &[]).await;
+    serde_json::from_slice(&answer.body).unwrap()
 }
 
 fn code(answer: &Value) -> &str {

@@ -3,14 +3,12 @@
 use fanout_budget::config::HostConfig;
 use fanout_budget::{
     Caller, Config, Engine, HostLimiter, HostRefusal, HostSlot, LocalHostCaps, Read, ReadError,
-    Transport, UpstreamResponse,
 };
-use futures::future::BoxFuture;
+use fanout_testkit::MemTransport;
 use futures::poll;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// Caps for host `h:1` alone.
 fn cap(max_concurrent: u32, acquire_wait_ms: u64) -> LocalHostCaps {
@@ -26,9 +24,10 @@ const LONG: Duration = Duration::from_secs(5);
 #[tokio::test(start_paused = true)]
 async fn a_cap_counts_and_releases_its_slots() {
     let caps = cap(2, 50);
-    let unlimited: Vec<HostSlot> = futures::future::try_join_all((0..3).map(|_| caps.acquire("u:1", LONG)))
-        .await
-        .expect("a host without a table is unlimited");
+    let unlimited: Vec<HostSlot> =
+        futures::future::try_join_all((0..3).map(|_| caps.acquire("u:1", LONG)))
+            .await
+            .expect("a host without a table is unlimited");
     assert_eq!(caps.in_flight("u:1"), 3);
     drop(unlimited);
     assert_eq!(caps.in_flight("u:1"), 0);
@@ -38,7 +37,10 @@ async fn a_cap_counts_and_releases_its_slots() {
     assert!(caps.acquire("h:1", LONG).await.is_err(), "at the cap");
     assert_eq!(caps.in_flight("h:1"), 2);
     drop(a);
-    let c = caps.acquire("h:1", LONG).await.expect("a released slot is free");
+    let c = caps
+        .acquire("h:1", LONG)
+        .await
+        .expect("a released slot is free");
     drop((b, c));
     assert_eq!(caps.in_flight("h:1"), 0);
 
@@ -69,8 +71,14 @@ async fn a_waiting_slot_gets_a_released_one_times_out_or_is_cancelled_without_a_
     drop(waiting);
     drop(held);
     assert_eq!(one.in_flight("h:1"), 0);
-    let again = one.acquire("h:1", LONG).await.expect("the permit came back");
-    assert!(one.acquire("h:1", Duration::ZERO).await.is_err(), "and only one");
+    let again = one
+        .acquire("h:1", LONG)
+        .await
+        .expect("the permit came back");
+    assert!(
+        one.acquire("h:1", Duration::ZERO).await.is_err(),
+        "and only one"
+    );
     drop(again);
 }
 
@@ -94,47 +102,9 @@ async fn a_joined_slot_releases_both_parts() {
 }
 
 /// Answers by the URL's last segment: `ok`, `fail`, `hang`, anything else after
-/// `gate` opens.
-struct Scripted {
-    gate: Notify,
-}
-
-impl Transport for Scripted {
-    fn fetch<'a>(
-        &'a self,
-        read: Read,
-        host: &'a str,
-    ) -> BoxFuture<'a, Result<UpstreamResponse, ReadError>> {
-        Box::pin(async move {
-            let ok = || {
-                UpstreamResponse::new(
-                    host.to_string(),
-                    http::StatusCode::OK,
-                    http::HeaderMap::new(),
-                    bytes::Bytes::from_static(b"{}"),
-                )
-            };
-            match read.url().path().rsplit('/').next() {
-                Some("ok") => Ok(ok()),
-                Some("fail") => Err(ReadError::Upstream {
-                    host: host.into(),
-                    status: None,
-                    message: "refused".into(),
-                }),
-                Some("hang") => std::future::pending().await,
-                _ => {
-                    self.gate.notified().await;
-                    Ok(ok())
-                }
-            }
-        })
-    }
-}
-
-fn engine(config: Config) -> (Engine, Arc<Scripted>) {
-    let transport = Arc::new(Scripted {
-        gate: Notify::new(),
-    });
+/// the gate opens (the testkit's scripted in-memory transport).
+fn engine(config: Config) -> (Engine, Arc<MemTransport>) {
+    let transport = Arc::new(MemTransport::new().scripted());
     let engine = Engine::builder(config).transport(transport.clone()).build();
     (engine, transport)
 }

@@ -1,25 +1,9 @@
 //! The default transport's body: gathered whole from any number of chunks,
 //! refused once it passes the byte cap even without a `Content-Length`.
-use axum::body::Body;
-use axum::routing::get;
-use fanout_budget::{ReadError, HttpTransport, Read, Transport};
-
-/// `n` chunks of `size` bytes each (chunk `i` is all `b'a' + i`), streamed
-/// without a `Content-Length`.
-fn streamed(n: u8, size: usize) -> Body {
-    let chunks = (0..n).map(move |i| Ok::<_, std::io::Error>(vec![b'a' + i; size]));
-    Body::from_stream(futures::stream::iter(chunks))
-}
-
-async fn serve() -> String {
-    let app = axum::Router::new()
-        .route("/one", get(|| async { "just one chunk" }))
-        .route("/many", get(|| async { streamed(4, 50_000) }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}")
-}
+//! (The testkit upstream's `/one`: one chunk; `/many`: four of 50,000 bytes,
+//! chunk `i` all `b'a' + i`, without a `Content-Length`.)
+use fanout_budget::{HttpTransport, Read, ReadError, Transport};
+use fanout_testkit::Upstream;
 
 async fn fetch(base: &str, path: &str, cap: usize) -> Result<bytes::Bytes, ReadError> {
     let transport = HttpTransport::new(reqwest::Client::new(), cap);
@@ -32,7 +16,8 @@ async fn fetch(base: &str, path: &str, cap: usize) -> Result<bytes::Bytes, ReadE
 
 #[tokio::test]
 async fn a_body_comes_whole_however_it_is_chunked() {
-    let base = serve().await;
+    let upstream = Upstream::start().await;
+    let base = upstream.base();
     assert_eq!(
         &fetch(&base, "/one", 1 << 20).await.unwrap()[..],
         b"just one chunk"
@@ -51,7 +36,8 @@ async fn a_body_comes_whole_however_it_is_chunked() {
 
 #[tokio::test]
 async fn a_streamed_body_over_the_cap_is_refused() {
-    let base = serve().await;
+    let upstream = Upstream::start().await;
+    let base = upstream.base();
     let err = fetch(&base, "/many", 120_000).await.unwrap_err();
     match err {
         ReadError::Upstream {

@@ -3,50 +3,22 @@
 use crate::{CHUNK, HOST};
 use criterion::black_box;
 use fanout_budget::config::HostConfig;
-use fanout_budget::{
-    Caller, Config, Engine, ReadError, FanoutRequest, Read, Transport, UpstreamResponse,
-};
-use futures::future::BoxFuture;
+use fanout_budget::{Caller, Config, Engine, FanoutRequest, Read};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 
-pub(crate) use fanout_testkit::YieldOnce;
+pub(crate) use fanout_testkit::{MemTransport, YieldOnce};
 
-/// An upstream in memory: answers 200 with a fixed body, at once or after
-/// pending once.
-pub(crate) struct MemTransport {
-    yields: bool,
-    body: bytes::Bytes,
-}
-
-impl Transport for MemTransport {
-    fn fetch<'a>(
-        &'a self,
-        _read: Read,
-        host: &'a str,
-    ) -> BoxFuture<'a, Result<UpstreamResponse, ReadError>> {
-        Box::pin(async move {
-            if self.yields {
-                YieldOnce(false).await;
-            }
-            Ok(UpstreamResponse::new(
-                host.to_string(),
-                http::StatusCode::OK,
-                http::HeaderMap::new(),
-                self.body.clone(),
-            ))
-        })
-    }
-}
-
+/// The in-memory upstream: 200 with a fixed body, at once or after pending once.
 pub(crate) fn mem_transport(yields: bool) -> Arc<MemTransport> {
-    Arc::new(MemTransport {
-        yields,
-        body: bytes::Bytes::from_static(br#"{"schemaVersion":2}"#),
-    })
+    Arc::new(
+        MemTransport::new()
+            .body(&br#"{"schemaVersion":2}"#[..])
+            .pending_once(yields),
+    )
 }
 
 /// The engine on the in-memory transport, with a cap on `HOST`.

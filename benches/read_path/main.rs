@@ -21,10 +21,14 @@
 //! ratios: on a shared machine two benches run seconds apart can drift apart
 //! by tens of percent, a pair measured turn about does not.
 //!
-//! The bench is split per concern: [`fixtures`] (the in-memory upstream and
-//! the engine on it), [`path`] (floors and the engine, one thread), [`parts`]
-//! (the miss path taken apart), [`contended`] (two threads), [`loopback`] (a
-//! real GET) and [`summary`] (the tables printed at the end).
+//! Everything here goes through the library's public API only (the parts of
+//! the miss path — de-duplication, host caps — are private to the engine and
+//! no longer measured one by one).
+//!
+//! The bench is split per concern: [`fixtures`] (the engine on the testkit's
+//! in-memory transport), [`path`] (floors and the engine, one thread),
+//! [`contended`] (two threads), [`loopback`] (a real GET) and [`summary`]
+//! (the tables printed at the end).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -32,7 +36,6 @@ mod support;
 mod contended;
 mod fixtures;
 mod loopback;
-mod parts;
 mod path;
 mod summary;
 
@@ -49,7 +52,6 @@ const LONG: Duration = Duration::from_secs(5);
 const UNCONTENDED: &str = "read_path";
 const CONTENDED: &str = "read_path_2_threads";
 const LOOPBACK: &str = "loopback_get";
-const PARTS: &str = "read_path_parts";
 
 /// The same routines again, turn about (see `support::paired`): the figures
 /// the targets are judged on, since they do not drift apart with the load
@@ -76,7 +78,6 @@ fn main() {
         path::engine_uncontended(&mut g, &rt);
         g.finish();
     }
-    parts::parts(&mut c, &rt);
     contended::contended(&mut c);
     let run_paired = !support::quick_mode();
     let get = loopback::loopback(&mut c, run_paired);

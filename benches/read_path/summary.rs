@@ -1,7 +1,7 @@
 //! The tables printed after criterion: medians of this run, then the paired figures.
 
 use crate::support::{human, ratio, show, verdict, Medians, Paired};
-use crate::{PairedFigures, CONTENDED, LOOPBACK, PARTS, UNCONTENDED};
+use crate::{PairedFigures, CONTENDED, LOOPBACK, UNCONTENDED};
 
 pub(crate) fn summary(m: &Medians, paired: Option<&PairedFigures>) {
     let u = |id| m.get(UNCONTENDED, id);
@@ -106,38 +106,6 @@ pub(crate) fn summary(m: &Medians, paired: Option<&PairedFigures>) {
         "2 threads: engine path, one request",
         one,
         format!("{} of 1 thread", ratio(one, path)),
-    );
-    let p = |id| m.get(PARTS, id);
-    row(
-        "part: `host:port` string (as `Read::host`)",
-        p("host_string"),
-        format!(
-            "{} of the path (no longer on it: hosts are resolved once)",
-            ratio(p("host_string"), path)
-        ),
-    );
-    row(
-        "part: one clock read",
-        p("clock_read"),
-        format!(
-            "×2 per miss (was ×7) = {}",
-            show(p("clock_read").map(|c| c * 2.0))
-        ),
-    );
-    row(
-        "part: `Dedup::get_or_run`, miss",
-        p("dedup_miss"),
-        format!("{} of the path", ratio(p("dedup_miss"), path)),
-    );
-    row(
-        "part: `LocalHostCaps::acquire` + release",
-        p("host_slot"),
-        format!("{} of the path", ratio(p("host_slot"), path)),
-    );
-    row(
-        "part: `HostCap::try_acquire` + release (the engine's host slot)",
-        p("host_cap_try"),
-        format!("{} of the path", ratio(p("host_cap_try"), path)),
     );
     row("loopback GET, reqwest", get, "1.00× (reference)".into());
     row(

@@ -97,57 +97,7 @@ pub fn verdict(ok: Option<bool>) -> &'static str {
     }
 }
 
-pub use fanout_testkit::median;
-
-/// Two routines measured turn about, so that what the shared machine does
-/// meanwhile hits both alike.
-pub struct Paired {
-    /// Median ns per iteration of `a`.
-    pub a_ns: f64,
-    /// Median ns per iteration of `b`.
-    pub b_ns: f64,
-    /// Median over the rounds of `a / b`.
-    pub ratio: f64,
-    /// Median over the rounds of `a - b`, ns per iteration.
-    pub diff_ns: f64,
-    /// Rounds run.
-    pub rounds: usize,
-}
-
-/// Runs `a` and `b` alternately (`a b`, then `b a`, …), `rounds` times each,
-/// `iters` iterations a turn (each routine returns the time its `iters` took).
-pub fn paired(
-    rounds: usize,
-    iters: u64,
-    mut a: impl FnMut(u64) -> Duration,
-    mut b: impl FnMut(u64) -> Duration,
-) -> Paired {
-    // One turn each first, unrecorded: warm caches, pools and maps.
-    a(iters);
-    b(iters);
-    let per = |d: Duration| d.as_secs_f64() * 1e9 / iters as f64;
-    let (mut av, mut bv, mut ratios, mut diffs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for round in 0..rounds {
-        let (ta, tb) = if round % 2 == 0 {
-            let ta = per(a(iters));
-            (ta, per(b(iters)))
-        } else {
-            let tb = per(b(iters));
-            (per(a(iters)), tb)
-        };
-        av.push(ta);
-        bv.push(tb);
-        ratios.push(ta / tb);
-        diffs.push(ta - tb);
-    }
-    Paired {
-        a_ns: median(&mut av),
-        b_ns: median(&mut bv),
-        ratio: median(&mut ratios),
-        diff_ns: median(&mut diffs),
-        rounds,
-    }
-}
+pub use fanout_testkit::{paired, Paired};
 
 /// Whether criterion was asked only to list or test the benches (then the
 /// paired passes are skipped too), or to run a filtered subset.

@@ -1,6 +1,7 @@
 //! Hostile query shapes: wall time and peak memory of one request, for the
 //! gateway (engine on, `FanoutGraphQL`) and for stock async-graphql 7.2 on
-//! the same schema (`schema.execute`, no extension, reads by plain reqwest).
+//! the same schema (`schema.execute`, no extension, no engine: no shape
+//! reads the registry, so nothing of the engine would run on that side).
 //!
 //! Each (shape, side) runs in a child process of its own — this binary run
 //! again with `HOSTILE_CASE` set — under a 6 GiB address-space limit and a
@@ -15,13 +16,12 @@ mod common;
 use async_graphql::Request;
 use fanout_budget::Config;
 use fanout_gateway::embedded::EmbeddedRegistry;
-use fanout_gateway::oci::{EngineOff, RegistryUrl};
+use fanout_gateway::oci::RegistryUrl;
 use fanout_gateway::{app, schema};
 use fanout_testkit::doubling_chain;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tower::ServiceExt;
 
 const LIMIT: Duration = Duration::from_secs(20);
 const ADDRESS_SPACE_KIB: u64 = 6 << 20;
@@ -56,30 +56,19 @@ fn shapes() -> Vec<(&'static str, String)> {
 fn child(case: usize, side: &str) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let registry = EmbeddedRegistry::start(common::store()).await.unwrap();
+        let registry = EmbeddedRegistry::fixture().await.unwrap();
         let url: reqwest::Url = registry.url().parse().unwrap();
         let query = shapes().swap_remove(case).1;
         let started = Instant::now();
         let answer: Value = match side {
             "engine" => {
                 let gateway = app::build(Config::default(), url, None);
-                let request = axum::http::Request::post("/graphql")
-                    .header("content-type", "application/json")
-                    .body(axum::body::Body::from(
-                        json!({ "query": query }).to_string(),
-                    ))
-                    .unwrap();
-                let response = gateway.router.oneshot(request).await.unwrap();
-                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                fanout_testkit::post(&gateway.router, common::single(&query), &[])
                     .await
-                    .unwrap();
-                serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+                    .json()
             }
             _ => {
-                let stock = schema::builder()
-                    .data(RegistryUrl(url))
-                    .data(EngineOff(reqwest::Client::new()))
-                    .finish();
+                let stock = schema::builder().data(RegistryUrl(url)).finish();
                 serde_json::to_value(stock.execute(Request::new(query)).await).unwrap()
             }
         };

@@ -17,53 +17,25 @@ mod common;
 use axum::Router;
 use common::*;
 use fanout_budget::config::HostConfig;
-use fanout_budget::{Config, Engine, ReadError, Read, Transport, UpstreamResponse};
+use fanout_budget::{Config, Engine};
 use fanout_gateway::app;
 use fanout_gateway::oci::MANIFEST_ACCEPT;
 use fanout_gateway::schema;
-use futures::future::BoxFuture;
-use std::collections::HashMap;
+use fanout_testkit::{graphql_request, MemTransport};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tower::ServiceExt;
 
-const QUERY: &str = r#"{ repository(name: "bench/app") { tags(first: 4) { nodes { name manifest { digest } } } } }"#;
+const QUERY: &str =
+    r#"{ repository(name: "acme/app") { tags(first: 4) { nodes { name manifest { digest } } } } }"#;
 const ROUNDS: usize = 31;
 const ITERS: u64 = 300;
 
-use fanout_testkit::YieldOnce;
-
-/// The registry's answers, copied once over HTTP, served from memory.
-struct MemRegistry {
-    responses: HashMap<String, (http::StatusCode, http::HeaderMap, bytes::Bytes)>,
-}
-
-impl Transport for MemRegistry {
-    fn fetch<'a>(
-        &'a self,
-        read: Read,
-        host: &'a str,
-    ) -> BoxFuture<'a, Result<UpstreamResponse, ReadError>> {
-        Box::pin(async move {
-            YieldOnce(false).await;
-            let (status, headers, body) = self
-                .responses
-                .get(read.url().path())
-                .unwrap_or_else(|| panic!("no stored answer for {}", read.url()));
-            Ok(UpstreamResponse::new(
-                host.to_string(),
-                *status,
-                headers.clone(),
-                body.clone(),
-            ))
-        })
-    }
-}
-
-async fn copy_registry(base: &str) -> Arc<MemRegistry> {
+/// The registry's answers, copied once over HTTP, served from memory (each
+/// read pending once first).
+async fn copy_registry(base: &str) -> Arc<MemTransport> {
     let client = reqwest::Client::new();
-    let mut responses = HashMap::new();
+    let mut transport = MemTransport::new().pending_once(true);
     let mut paths = vec![(format!("/v2/{REPO}/tags/list"), None)];
     for i in 0..4 {
         paths.push((
@@ -80,12 +52,12 @@ async fn copy_registry(base: &str) -> Arc<MemRegistry> {
         let status = response.status();
         let headers = response.headers().clone();
         let body = response.bytes().await.expect("a body");
-        responses.insert(path, (status, headers, body));
+        transport = transport.stored(path, status, headers, body);
     }
-    Arc::new(MemRegistry { responses })
+    Arc::new(transport)
 }
 
-fn engine(config: &Config, transport: &Arc<MemRegistry>, costs: bool) -> Engine {
+fn engine(config: &Config, transport: &Arc<MemTransport>, costs: bool) -> Engine {
     let mut engine = Engine::builder(config.clone()).transport(transport.clone());
     if costs {
         engine = engine.costs(schema::costs());
@@ -93,23 +65,10 @@ fn engine(config: &Config, transport: &Arc<MemRegistry>, costs: bool) -> Engine 
     engine.build()
 }
 
-fn request() -> http::Request<axum::body::Body> {
-    let mut request = http::Request::post("/graphql")
-        .header("content-type", "application/json")
-        .body(axum::body::Body::from(single(QUERY)))
-        .expect("a request");
-    let peer: SocketAddr = "127.0.0.1:40000".parse().expect("an address");
-    request
-        .extensions_mut()
-        .insert(axum::extract::ConnectInfo(peer));
-    request
-}
-
 async fn call(router: &Router) -> bytes::Bytes {
-    let response = router.clone().oneshot(request()).await.expect("infallible");
-    axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("a body")
+    let peer: SocketAddr = "127.0.0.1:40000".parse().expect("an address");
+    let request = graphql_request(single(QUERY), &[], Some(peer));
+    fanout_testkit::call(router, request).await.body
 }
 
 /// `iters` requests through `router`, one after another; the time they took.
@@ -128,35 +87,11 @@ fn routine<'a>(
     }
 }
 
-/// `a` and `b` turn about; medians of a, b (µs per request) and of the
-/// per-round `a - b` and `a / b`.
-fn paired(
-    mut a: impl FnMut(u64) -> Duration,
-    mut b: impl FnMut(u64) -> Duration,
-) -> (f64, f64, f64, f64) {
-    a(ITERS);
-    b(ITERS);
-    let per = |d: Duration| d.as_secs_f64() * 1e6 / ITERS as f64;
-    let (mut av, mut bv, mut diff, mut ratio) = (vec![], vec![], vec![], vec![]);
-    for round in 0..ROUNDS {
-        let (x, y) = if round % 2 == 0 {
-            let x = per(a(ITERS));
-            (x, per(b(ITERS)))
-        } else {
-            let y = per(b(ITERS));
-            (per(a(ITERS)), y)
-        };
-        av.push(x);
-        bv.push(y);
-        diff.push(x - y);
-        ratio.push(x / y);
-    }
-    (
-        median(&mut av),
-        median(&mut bv),
-        median(&mut diff),
-        median(&mut ratio),
-    )
+/// `a` and `b` turn about (`fanout_testkit::paired`); medians of a, b (µs
+/// per request) and of the per-round `a - b` (µs) and `a / b`.
+fn paired(a: impl FnMut(u64) -> Duration, b: impl FnMut(u64) -> Duration) -> (f64, f64, f64, f64) {
+    let p = fanout_testkit::paired(ROUNDS, ITERS, a, b);
+    (p.a_ns / 1e3, p.b_ns / 1e3, p.diff_ns / 1e3, p.ratio)
 }
 
 fn main() {

@@ -9,7 +9,7 @@
 
 use crate::names::{Digest, Invalid, RepoName, TagName};
 use async_graphql::Context;
-use fanout_budget::{FanoutContext, ReadError, Read, UpstreamResponse};
+use fanout_budget::{FanoutContext, Read, ReadError, UpstreamResponse};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 use std::collections::HashMap;
@@ -29,40 +29,8 @@ pub static MANIFEST_ACCEPT_HEADER: reqwest::header::HeaderValue =
 #[derive(Clone, Debug)]
 pub struct RegistryUrl(pub reqwest::Url);
 
-/// **Benchmarks only: the engine switched off.** With this in the schema's
-/// data, every read below bypasses the engine's acquisition point and is a
-/// plain reqwest GET — no budget, no de-duplication, no caps, no per-read
-/// timeout — so the load benchmark can run the gateway's own schema and
-/// resolvers with the engine off (BENCHMARKS.md §4). The gateway never sets it.
-#[derive(Clone, Debug)]
-pub struct EngineOff(pub reqwest::Client);
-
-impl EngineOff {
-    async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
-        let upstream = |e: reqwest::Error| ReadError::Upstream {
-            host: read.url().host_str().unwrap_or_default().to_string(),
-            status: None,
-            message: e.to_string(),
-        };
-        let mut request = self.0.get(read.url().clone());
-        if let Some(accept) = read.accept_header() {
-            request = request.header(reqwest::header::ACCEPT, accept.clone());
-        }
-        let response = request.send().await.map_err(upstream)?;
-        let status = response.status();
-        let headers = response.headers().clone();
-        let body = response.bytes().await.map_err(upstream)?;
-        let host = read.url().host_str().unwrap_or_default();
-        Ok(Arc::new(UpstreamResponse::new(host, status, headers, body)))
-    }
-}
-
-/// One read: through the engine's acquisition point (always, unless a
-/// benchmark switched the engine off with [`EngineOff`]).
+/// One read: through the engine's acquisition point.
 async fn read(ctx: &Context<'_>, read: Read) -> async_graphql::Result<Arc<UpstreamResponse>> {
-    if let Some(off) = ctx.data_opt::<EngineOff>() {
-        return Ok(off.read(read).await?);
-    }
     Ok(ctx.upstream()?.read(read).await?)
 }
 

@@ -1,8 +1,5 @@
 //! A client that disconnects mid-request cancels its reads: the upstream
 //! sees the connection close and every slot is freed.
-mod common;
-
-use common::*;
 use fanout_budget::config::HostConfig;
 use fanout_budget::Config;
 use fanout_gateway::embedded::{EmbeddedRegistry, Fault};
@@ -11,7 +8,7 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_disconnect_cancels_its_reads_over_real_tcp() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     for i in 0..4 {
         registry.set_tag_fault("acme/app", &format!("t{i:02}"), Some(Fault::Hang));
     }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn every_kind_of_bad_upstream_answer_degrades_only_its_row() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let mut config = Config::default();
     config.budget.read_timeout_ms = 600;
     config.upstream.max_response_bytes = 256 * 1024;
@@ -80,7 +80,7 @@ async fn every_kind_of_bad_upstream_answer_degrades_only_its_row() {
 
 #[tokio::test]
 async fn an_oversized_body_is_refused_with_its_status() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let mut config = Config::default();
     config.upstream.max_response_bytes = 1024;
     let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);

@@ -51,7 +51,7 @@ fn codes(body: &Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cap_of_four_holds_at_the_upstream_and_a_generous_wait_serves_every_row() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     registry.set_latency(Some(Duration::from_millis(50)));
     let gateway = app::build(
         capped(&registry.host(), 4, 30_000),
@@ -82,7 +82,7 @@ async fn a_cap_of_four_holds_at_the_upstream_and_a_generous_wait_serves_every_ro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_saturated_host_nulls_rows_with_host_saturated_and_used_matches_the_upstream() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let gateway = app::build(
         capped(&registry.host(), 2, 20),
         registry.url().parse().unwrap(),
@@ -144,7 +144,7 @@ async fn a_saturated_host_nulls_rows_with_host_saturated_and_used_matches_the_up
 
 #[tokio::test]
 async fn a_cap_of_zero_sends_nothing() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let gateway = app::build(
         capped(&registry.host(), 0, 50),
         registry.url().parse().unwrap(),
@@ -169,7 +169,7 @@ async fn a_cap_of_zero_sends_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unlisted_host_is_not_capped() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     registry.set_latency(Some(Duration::from_millis(100)));
     // A cap of 0 on another host does not touch this one.
     let gateway = app::build(
@@ -188,8 +188,8 @@ async fn an_unlisted_host_is_not_capped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hosts_with_different_caps_are_enforced_independently() {
-    let a = EmbeddedRegistry::start(store()).await.unwrap();
-    let b = EmbeddedRegistry::start(store()).await.unwrap();
+    let a = EmbeddedRegistry::fixture().await.unwrap();
+    let b = EmbeddedRegistry::fixture().await.unwrap();
     a.set_latency(Some(Duration::from_millis(40)));
     b.set_latency(Some(Duration::from_millis(40)));
     let mut config = capped(&a.host(), 1, 30_000);
@@ -221,7 +221,7 @@ async fn two_hosts_with_different_caps_are_enforced_independently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_thousand_cancelled_requests_leak_no_slot() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let host = registry.host();
     let cap = 64;
     let mut config = capped(&host, cap, 60_000);

@@ -24,7 +24,7 @@ fn rss_kib(field: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_requests() {
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     registry.set_latency(Some(Duration::from_millis(5)));
     registry.set_tag_fault("acme/app", "t03", Some(Fault::Hang));
     registry.set_tag_fault("acme/app", "t05", Some(Fault::Status(500)));

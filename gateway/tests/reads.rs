@@ -192,7 +192,7 @@ async fn catalog_pages_follow_registry_order_and_each_distinct_page_is_a_read() 
         after = conn["pageInfo"]["endCursor"].as_str().map(String::from);
         assert!(pages < 20);
     }
-    let mut expected: Vec<String> = store().repos.keys().cloned().collect();
+    let mut expected: Vec<String> = Store::fixture().repos.keys().cloned().collect();
     expected.sort();
     assert_eq!(names, expected);
     assert_eq!(f.reads(), pages);

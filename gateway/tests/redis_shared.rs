@@ -30,7 +30,7 @@ async fn two_replicas_share_one_per_ip_limit() {
     let Some(redis) = RedisServer::start().await else {
         return;
     };
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let config = config(&redis, FailureMode::Closed, 5);
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
     let mut admitted = 0;
@@ -71,7 +71,7 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
     let Some(redis) = RedisServer::start().await else {
         return;
     };
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     registry.set_latency(Some(Duration::from_millis(40)));
     let mut config = config(&redis, FailureMode::Closed, 10_000);
     config.hosts.insert(
@@ -231,7 +231,7 @@ async fn redis_killed_with_open_keeps_serving_and_shared_limits_resume() {
     let Some(mut redis) = RedisServer::start().await else {
         return;
     };
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let gateway = replica(&config(&redis, FailureMode::Open, 10_000), &registry);
     assert!(load(&gateway, 5).await.iter().all(|(s, _)| *s == 200));
     redis.kill();
@@ -263,7 +263,7 @@ async fn redis_killed_with_closed_answers_503_and_recovers() {
     let Some(mut redis) = RedisServer::start().await else {
         return;
     };
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let gateway = replica(&config(&redis, FailureMode::Closed, 10_000), &registry);
     assert!(load(&gateway, 3).await.iter().all(|(s, _)| *s == 200));
     redis.kill();
@@ -293,7 +293,7 @@ async fn a_paused_redis_is_bounded_by_the_call_timeout() {
     let Some(redis) = RedisServer::start().await else {
         return;
     };
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let gateway = replica(&config(&redis, FailureMode::Open, 10_000), &registry);
     assert!(load(&gateway, 2).await.iter().all(|(s, _)| *s == 200));
     redis.signal("STOP");
@@ -314,7 +314,7 @@ async fn redis_down_at_start_up_does_not_stop_start_up() {
         return;
     };
     redis.kill();
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let gateway = replica(&config(&redis, FailureMode::Open, 10_000), &registry);
     assert_eq!(load(&gateway, 1).await[0].0, 200);
 }
@@ -324,7 +324,7 @@ async fn a_dead_redis_costs_no_timeout_per_request() {
     let Some(mut redis) = RedisServer::start().await else {
         return;
     };
-    let registry = EmbeddedRegistry::start(store()).await.unwrap();
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
     let mut config = config(&redis, FailureMode::Open, 10_000);
     config.redis.timeout_ms = 2_000;
     config.redis.backoff_ms = 200;

@@ -1,14 +1,25 @@
 //! Fixtures shared by the test suites and benchmarks of `fanout-budget` and
 //! the gateway (a workspace-only crate, never published): external binaries
 //! found or skipped by the contract's rule, a throwaway `redis-server`, a
-//! future that pends once, a median, and the sum of a batch's
-//! `operationReads`.
+//! future that pends once, a median and a paired (turn-about) measure, the sum of a batch's
+//! `operationReads`, one in-memory [`Transport`](fanout_budget::Transport)
+//! ([`MemTransport`]), one fault-injecting loopback upstream ([`Upstream`])
+//! and one in-process GraphQL POST ([`post`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod post;
+mod transport;
+mod upstream;
+
+pub use post::{call, graphql_request, post, Answer};
+pub use transport::MemTransport;
+pub use upstream::{Behaviour, Seen, Upstream};
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// `SKIPPED: …` and `None` when `binary` is missing, unless
 /// `FANOUT_REQUIRE_EXTERNAL=1`, where a missing binary fails the test.
@@ -210,6 +221,56 @@ pub fn median(values: &mut [f64]) -> f64 {
         values[n / 2]
     } else {
         (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// Two routines measured turn about, so that what the shared machine does
+/// meanwhile hits both alike.
+pub struct Paired {
+    /// Median ns per iteration of `a`.
+    pub a_ns: f64,
+    /// Median ns per iteration of `b`.
+    pub b_ns: f64,
+    /// Median over the rounds of `a / b`.
+    pub ratio: f64,
+    /// Median over the rounds of `a - b`, ns per iteration.
+    pub diff_ns: f64,
+    /// Rounds run.
+    pub rounds: usize,
+}
+
+/// Runs `a` and `b` alternately (`a b`, then `b a`, …), `rounds` times each,
+/// `iters` iterations a turn (each routine returns the time its `iters` took).
+pub fn paired(
+    rounds: usize,
+    iters: u64,
+    mut a: impl FnMut(u64) -> Duration,
+    mut b: impl FnMut(u64) -> Duration,
+) -> Paired {
+    // One turn each first, unrecorded: warm caches, pools and maps.
+    a(iters);
+    b(iters);
+    let per = |d: Duration| d.as_secs_f64() * 1e9 / iters as f64;
+    let (mut av, mut bv, mut ratios, mut diffs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (ta, tb) = if round % 2 == 0 {
+            let ta = per(a(iters));
+            (ta, per(b(iters)))
+        } else {
+            let tb = per(b(iters));
+            (per(a(iters)), tb)
+        };
+        av.push(ta);
+        bv.push(tb);
+        ratios.push(ta / tb);
+        diffs.push(ta - tb);
+    }
+    Paired {
+        a_ns: median(&mut av),
+        b_ns: median(&mut bv),
+        ratio: median(&mut ratios),
+        diff_ns: median(&mut diffs),
+        rounds,
     }
 }
 

@@ -1,135 +1,14 @@
-//! Shared test fixtures: a counting loopback upstream and a small schema
-//! whose resolvers read it through the engine, as a user's would.
-#![allow(dead_code)]
+//! Shared test fixtures: a small schema whose resolvers read the testkit's
+//! counting loopback upstream through the engine, as a user's would.
+#![allow(dead_code, unused_imports)] // each test uses a part
 
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use axum::Router;
-use fanout_budget::{Engine, FanoutContext, ReadError, FanoutGraphQL, OrNull, Read};
+use fanout_budget::{Engine, FanoutContext, FanoutGraphQL, OrNull, Read, ReadError};
 use serde_json::{json, Value};
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tower::ServiceExt;
 
-/// How the upstream answers one item.
-#[derive(Clone, Copy, Debug)]
-pub enum Behaviour {
-    Ok,
-    Delay(Duration),
-    Hang,
-    Status(u16),
-    Garbage,
-}
-
-/// What the upstream saw.
-#[derive(Default)]
-pub struct Seen {
-    pub requests: AtomicU64,
-    pub in_flight: AtomicU64,
-    pub peak: AtomicU64,
-    pub paths: Mutex<HashMap<String, u64>>,
-    pub behaviour: Mutex<HashMap<u64, Behaviour>>,
-    pub default_delay: Mutex<Option<Duration>>,
-}
-
-impl Seen {
-    pub fn requests(&self) -> u64 {
-        self.requests.load(SeqCst)
-    }
-    pub fn peak(&self) -> u64 {
-        self.peak.load(SeqCst)
-    }
-    pub fn in_flight(&self) -> u64 {
-        self.in_flight.load(SeqCst)
-    }
-    pub fn count(&self, path: &str) -> u64 {
-        *self.paths.lock().unwrap().get(path).unwrap_or(&0)
-    }
-    pub fn set(&self, id: u64, b: Behaviour) {
-        self.behaviour.lock().unwrap().insert(id, b);
-    }
-}
-
-struct InFlight(Arc<Seen>);
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, SeqCst);
-    }
-}
-
-fn enter(seen: &Arc<Seen>, path: String) -> InFlight {
-    seen.requests.fetch_add(1, SeqCst);
-    *seen.paths.lock().unwrap().entry(path).or_default() += 1;
-    let now = seen.in_flight.fetch_add(1, SeqCst) + 1;
-    seen.peak.fetch_max(now, SeqCst);
-    InFlight(seen.clone())
-}
-
-/// A running loopback upstream; stops when dropped.
-pub struct Upstream {
-    pub addr: SocketAddr,
-    pub seen: Arc<Seen>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Upstream {
-    pub async fn start() -> Self {
-        let seen = Arc::new(Seen::default());
-        let app = Router::new()
-            .route("/list", get(list))
-            .route("/item/{id}", get(item))
-            .with_state(seen.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        Self { addr, seen, task }
-    }
-
-    pub fn base(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    pub fn host(&self) -> String {
-        self.addr.to_string()
-    }
-}
-
-async fn list(State(seen): State<Arc<Seen>>) -> impl IntoResponse {
-    let _g = enter(&seen, "/list".into());
-    axum::Json(json!({ "ids": (0..1000).collect::<Vec<u64>>() }))
-}
-
-async fn item(State(seen): State<Arc<Seen>>, Path(id): Path<u64>) -> axum::response::Response {
-    let _g = enter(&seen, format!("/item/{id}"));
-    let behaviour = seen.behaviour.lock().unwrap().get(&id).copied();
-    let default_delay = *seen.default_delay.lock().unwrap();
-    match behaviour.unwrap_or(Behaviour::Ok) {
-        Behaviour::Hang => std::future::pending::<()>().await,
-        Behaviour::Delay(d) => tokio::time::sleep(d).await,
-        Behaviour::Status(s) => return (StatusCode::from_u16(s).unwrap(), "boom").into_response(),
-        Behaviour::Garbage => return "<html>not json".into_response(),
-        Behaviour::Ok => {
-            if let Some(d) = default_delay {
-                tokio::time::sleep(d).await
-            }
-        }
-    }
-    axum::Json(json!({ "id": id, "value": format!("item-{id}") })).into_response()
-}
+pub use fanout_testkit::{Behaviour, Upstream};
 
 /// The test schema's upstream base URL.
 pub struct Base(pub String);
@@ -236,22 +115,8 @@ pub async fn post_with(
     body: impl Into<String>,
     headers: &[(&str, &str)],
 ) -> (StatusCode, Value) {
-    let mut request =
-        axum::http::Request::post("/graphql").header("content-type", "application/json");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let response = app
-        .clone()
-        .oneshot(request.body(axum::body::Body::from(body.into())).unwrap())
-        .await
-        .unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, value)
+    let answer = fanout_testkit::post(app, body, headers).await;
+    (answer.status, answer.json())
 }
 
 /// A JSON batch of `queries`.

@@ -1,8 +1,8 @@
-//! What the gateway benches share: the registry's data, the gateway served
-//! over loopback, and the "engine off" baseline — the same queries answered by
-//! a minimal schema that reads the registry with plain reqwest (no budget, no
-//! caps, no de-duplication, no per-read timeout, no rate limit; the request
-//! deadline is its only bound).
+//! What the gateway benches share: the registry (the tests' known data,
+//! `Store::fixture`), the gateway served over loopback, and the "engine off"
+//! baseline — the same queries answered by a minimal schema that reads the
+//! registry with plain reqwest (no budget, no caps, no de-duplication, no
+//! per-read timeout, no rate limit; the request deadline is its only bound).
 #![allow(dead_code, unused_imports)] // each bench uses a part
 
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
@@ -12,36 +12,19 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use fanout_budget::{Caller, Engine, FanoutGraphQL};
 use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
-use fanout_gateway::oci::{EngineOff, RegistryUrl, MANIFEST_ACCEPT};
+use fanout_gateway::oci::{RegistryUrl, MANIFEST_ACCEPT};
 use fanout_gateway::schema::{self, RegistrySchema};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The repository every bench query reads.
-pub const REPO: &str = "bench/app";
-
-/// `bench/app` with tags t00..t59 (single images), and 20 filler repositories.
-pub fn store() -> Store {
-    let mut store = Store::default();
-    for i in 0..60 {
-        let tag = format!("t{i:02}");
-        store.put_image(REPO, Some(&tag), &Image::demo("linux", "amd64", &tag));
-    }
-    for i in 0..20 {
-        store.put_image(
-            &format!("filler/r{i:02}"),
-            Some("latest"),
-            &Image::demo("linux", "amd64", "f"),
-        );
-    }
-    store
-}
+/// The repository every bench query reads: 60 tags, t00..t59, single images.
+pub const REPO: &str = "acme/app";
 
 /// The embedded registry on a free loopback port, with a fixed latency.
 pub async fn registry(latency: Option<Duration>) -> EmbeddedRegistry {
-    let registry = EmbeddedRegistry::start(store())
+    let registry = EmbeddedRegistry::fixture()
         .await
         .expect("the embedded registry starts");
     registry.set_latency(latency);
@@ -268,26 +251,15 @@ struct Baseline<E> {
     deadline: Duration,
 }
 
-/// The baseline's `/graphql`: one operation or a batch, bounded only by the
-/// request `deadline` (past it the whole answer is a 504 with no data).
+/// The baseline's `/graphql` — the benches' "engine off": one operation or
+/// a batch, bounded only by the request `deadline` (past it the whole answer
+/// is a 504 with no data).
 pub fn baseline_router(registry: reqwest::Url, deadline: Duration) -> Router {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .data(Registry {
             client: reqwest::Client::new(),
             base: registry,
         })
-        .finish();
-    deadline_router(schema, deadline)
-}
-
-/// The gateway's own schema and resolvers with the engine switched off
-/// ([`EngineOff`]: every read a plain reqwest GET — no budget, no
-/// de-duplication, no caps, no per-read timeout, no rate limit), bounded
-/// only by the request `deadline`: the load benchmark's "engine off".
-pub fn engine_off_router(registry: reqwest::Url, deadline: Duration) -> Router {
-    let schema = schema::builder()
-        .data(RegistryUrl(registry))
-        .data(EngineOff(reqwest::Client::new()))
         .finish();
     deadline_router(schema, deadline)
 }

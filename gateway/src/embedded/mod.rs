@@ -167,6 +167,11 @@ impl EmbeddedRegistry {
         Self::start(Store::demo()).await
     }
 
+    /// Serves the tests' and benchmarks' known data ([`Store::fixture`]).
+    pub async fn fixture() -> std::io::Result<Self> {
+        Self::start(Store::fixture()).await
+    }
+
     /// `http://127.0.0.1:PORT`
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)

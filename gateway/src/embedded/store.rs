@@ -176,6 +176,44 @@ impl Store {
         self.put_manifest(name, Some(tag), OCI_INDEX, index)
     }
 
+    /// The known data the gateway's tests and benchmarks read: `acme/app`
+    /// with tags t00..t59 (single images), `acme/multi` with an index tag
+    /// (`latest`) and a single one, `org/team/deep` (a namespaced name), and
+    /// 30 filler repositories (`filler/r00`..`filler/r29`, tag `latest`).
+    pub fn fixture() -> Self {
+        let mut store = Store::default();
+        for i in 0..60 {
+            let tag = format!("t{i:02}");
+            store.put_image("acme/app", Some(&tag), &Image::demo("linux", "amd64", &tag));
+        }
+        let images = [
+            Image::demo("linux", "amd64", "m"),
+            Image {
+                variant: Some("v8".into()),
+                ..Image::demo("linux", "arm64", "m")
+            },
+        ];
+        store.put_index("acme/multi", "latest", &images);
+        store.put_image(
+            "acme/multi",
+            Some("single"),
+            &Image::demo("linux", "amd64", "single"),
+        );
+        store.put_image(
+            "org/team/deep",
+            Some("v1"),
+            &Image::demo("linux", "arm64", "deep"),
+        );
+        for i in 0..30 {
+            store.put_image(
+                &format!("filler/r{i:02}"),
+                Some("latest"),
+                &Image::demo("linux", "amd64", "f"),
+            );
+        }
+        store
+    }
+
     /// The demo data `cargo run` serves: dozens of repositories, single images
     /// with config blobs, multi-arch indexes and namespaced names.
     pub fn demo() -> Self {

@@ -5,47 +5,10 @@
 use axum::Router;
 use fanout_budget::Config;
 use fanout_gateway::app::{self, Gateway};
-use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
+pub use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 pub use fanout_testkit::{free_port, require_binary, RedisServer};
-
-/// `acme/app` with tags t00..t59 (images), `acme/multi` with an index tag,
-/// `org/team/deep` (a namespaced name), and 30 filler repositories.
-pub fn store() -> Store {
-    let mut store = Store::default();
-    for i in 0..60 {
-        let tag = format!("t{i:02}");
-        store.put_image("acme/app", Some(&tag), &Image::demo("linux", "amd64", &tag));
-    }
-    let images = [
-        Image::demo("linux", "amd64", "m"),
-        Image {
-            variant: Some("v8".into()),
-            ..Image::demo("linux", "arm64", "m")
-        },
-    ];
-    store.put_index("acme/multi", "latest", &images);
-    store.put_image(
-        "acme/multi",
-        Some("single"),
-        &Image::demo("linux", "amd64", "single"),
-    );
-    store.put_image(
-        "org/team/deep",
-        Some("v1"),
-        &Image::demo("linux", "arm64", "deep"),
-    );
-    for i in 0..30 {
-        store.put_image(
-            &format!("filler/r{i:02}"),
-            Some("latest"),
-            &Image::demo("linux", "amd64", "f"),
-        );
-    }
-    store
-}
 
 pub struct Fixture {
     pub registry: EmbeddedRegistry,
@@ -54,7 +17,7 @@ pub struct Fixture {
 
 impl Fixture {
     pub async fn new(config: Config) -> Self {
-        let registry = EmbeddedRegistry::start(store()).await.unwrap();
+        let registry = EmbeddedRegistry::fixture().await.unwrap();
         let gateway = app::build(config, registry.url().parse().unwrap(), None);
         Self { registry, gateway }
     }
@@ -85,25 +48,10 @@ impl Fixture {
     }
 }
 
+/// POSTs `body` with `headers` in process; status and JSON.
 pub async fn post(router: &Router, body: String, headers: &[(&str, &str)]) -> (u16, Value) {
-    let mut request =
-        axum::http::Request::post("/graphql").header("content-type", "application/json");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let response = router
-        .clone()
-        .oneshot(request.body(axum::body::Body::from(body)).unwrap())
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    let answer = fanout_testkit::post(router, body, headers).await;
+    (answer.status.as_u16(), answer.json())
 }
 
 /// POSTs from a TCP peer (as `ConnectInfo`), with headers; status, headers, JSON.
@@ -113,28 +61,12 @@ pub async fn post_from(
     peer: &str,
     headers: &[(&str, &str)],
 ) -> (u16, axum::http::HeaderMap, Value) {
-    let mut request =
-        axum::http::Request::post("/graphql").header("content-type", "application/json");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let mut request = request
-        .body(axum::body::Body::from(body.to_string()))
-        .unwrap();
-    let addr: std::net::SocketAddr = peer.parse().unwrap();
-    request
-        .extensions_mut()
-        .insert(axum::extract::ConnectInfo(addr));
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
+    let request = fanout_testkit::graphql_request(body, headers, Some(peer.parse().unwrap()));
+    let answer = fanout_testkit::call(router, request).await;
     (
-        status,
-        headers,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        answer.status.as_u16(),
+        answer.headers.clone(),
+        answer.json(),
     )
 }
 
