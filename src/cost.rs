@@ -38,6 +38,7 @@ enum Multiplier {
     One,
     Fixed(u64),
     Arg(String),
+    Len(String),
 }
 
 impl FieldCost {
@@ -53,6 +54,15 @@ impl FieldCost {
     /// the value of argument `arg` (its default when absent).
     pub fn times_arg(mut self, arg: &str) -> Self {
         self.times = Multiplier::Arg(arg.to_string());
+        self
+    }
+
+    /// The sub-selection is resolved once per element of list argument
+    /// `arg` (`items(ids: [1, 2, 3])`: 3 times, given inline or as a
+    /// variable). Absent, it is the argument's numeric default, else 0: give
+    /// a priced list argument no default list.
+    pub fn times_len(mut self, arg: &str) -> Self {
+        self.times = Multiplier::Len(arg.to_string());
         self
     }
 
@@ -211,7 +221,7 @@ impl Walk<'_> {
         let arg = match times {
             Multiplier::One => return 1,
             Multiplier::Fixed(n) => return *n,
-            Multiplier::Arg(arg) => arg,
+            Multiplier::Arg(arg) | Multiplier::Len(arg) => arg,
         };
         let given = field.get_argument(arg).map(|v| {
             v.node
@@ -226,6 +236,9 @@ impl Walk<'_> {
         };
         match value {
             Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+            // A list argument counts its elements, whichever multiplier
+            // names it: a list is never "0 items".
+            Some(Value::List(items)) => items.len() as u64,
             _ => 0,
         }
     }

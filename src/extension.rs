@@ -38,7 +38,7 @@ use crate::engine::Engine;
 use crate::error::{operation_error, refused};
 use crate::finish::{code_errors, finish};
 use crate::identity::Caller;
-use crate::request::{FanoutRequest, Operation};
+use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
 use async_graphql::extensions::{
@@ -83,6 +83,19 @@ pub struct FanoutExtension {
     engine: Engine,
     /// The schema's types, read from its registry on first use.
     types: Arc<OnceLock<Arc<SchemaTypes>>>,
+    data: Option<OperationData>,
+}
+
+impl FanoutExtension {
+    /// Adds `data(operation, data)` to each operation's data before it runs
+    /// (see [`FanoutGraphQL::operation_data`](crate::FanoutGraphQL::operation_data)).
+    pub fn operation_data(
+        mut self,
+        data: impl Fn(&Arc<Operation>, &mut Data) + Send + Sync + 'static,
+    ) -> Self {
+        self.data = Some(Arc::new(data));
+        self
+    }
 }
 
 impl Engine {
@@ -92,6 +105,7 @@ impl Engine {
         FanoutExtension {
             engine: self.clone(),
             types: Arc::default(),
+            data: None,
         }
     }
 }
@@ -255,7 +269,7 @@ impl Extension for PerOperation {
             Some(refusal) => refused(&refusal),
             None => {
                 let mut data = Data::default();
-                data.insert(operation.clone());
+                operation_data(&operation, &mut data, self.factory.data.as_ref());
                 let span =
                     tracing::debug_span!("graphql.operation", name = operation_name, requested);
                 let run = next

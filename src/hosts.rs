@@ -247,8 +247,12 @@ pub(crate) struct HostTable {
 impl HostTable {
     /// The entry for `url`'s host, built on first use.
     pub(crate) fn resolve(&self, url: &reqwest::Url) -> Arc<HostEntry> {
-        let name = host_name(url);
-        if let Some(entry) = self.entries.get(name.as_str()) {
+        self.resolve_name(&host_name(url))
+    }
+
+    /// The entry for host `name` (`host:port`), built on first use.
+    pub(crate) fn resolve_name(&self, name: &str) -> Arc<HostEntry> {
+        if let Some(entry) = self.entries.get(name) {
             return entry.clone();
         }
         let name: Box<str> = name.into();

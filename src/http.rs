@@ -15,7 +15,7 @@
 use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};
 use crate::finish::finish;
-use crate::request::{FanoutRequest, Operation};
+use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use crate::shape;
 use crate::types::SchemaTypes;
 use async_graphql::http::GraphiQLSource;
@@ -57,6 +57,7 @@ pub struct FanoutGraphQL<E> {
     executor: E,
     engine: Engine,
     types: Arc<SchemaTypes>,
+    data: Option<OperationData>,
 }
 
 impl<E> std::fmt::Debug for FanoutGraphQL<E> {
@@ -90,7 +91,21 @@ impl<E: Executor> FanoutGraphQL<E> {
             executor,
             engine,
             types,
+            data: None,
         }
+    }
+
+    /// Adds `data(operation, data)` to each operation's data before it runs:
+    /// per-operation state built with the operation's handle — a
+    /// `DataLoader` whose loads read through it (`examples/dataloader.rs`),
+    /// or anything taken from the HTTP request's extensions
+    /// (`operation.request().extensions()`).
+    pub fn operation_data(
+        mut self,
+        data: impl Fn(&Arc<Operation>, &mut async_graphql::Data) + Send + Sync + 'static,
+    ) -> Self {
+        self.data = Some(Arc::new(data));
+        self
     }
 
     async fn handle(self, request: http::Request<Body>) -> HttpResponse {
@@ -189,7 +204,7 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// given; a text that fails here never reaches it.
     fn prepare(&self, fanout: &FanoutRequest, mut request: Request) -> Op {
         let operation = fanout.operation();
-        request.data.insert(operation.clone());
+        operation_data(&operation, &mut request.data, self.data.as_ref());
         let http = &self.engine.config().http;
         let mut requested = 0;
         let admitted = shape::admit(self.engine.documents(), &request.query, http.max_selections)

@@ -75,4 +75,7 @@ pub use limiter::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
 pub use request::{FanoutContext, FanoutRequest, Operation};
 pub use serve::{serve, Serve};
 pub use transport::{HttpTransport, Read, Transport, UpstreamResponse};
-pub use upstream::Upstream;
+pub use upstream::{Permit, Upstream};
+
+/// The HTTP client the default transport uses (its `Url` names every read).
+pub use reqwest;

@@ -49,6 +49,9 @@ pub struct FanoutRequest {
 struct Scope {
     reads: RequestReads,
     caller: Caller,
+    /// The HTTP request's typed extensions, carried into the scope (what a
+    /// middleware put there: an authenticated user, a tenant).
+    extensions: http::Extensions,
     /// Whether the batch is priced before it runs (`refuse_over_estimate`
     /// with a cost table).
     price_first: bool,
@@ -67,7 +70,7 @@ impl Engine {
             .copied()
             .unwrap_or_else(|| self.identify(&parts.headers));
         crate::metrics::request(caller == Caller::Internal);
-        self.begin_request(caller)
+        self.open(caller, parts.extensions.clone())
     }
 
     /// Opens the budget and de-duplication scope of one inbound HTTP request.
@@ -75,6 +78,10 @@ impl Engine {
     /// The deadline starts now; the limit depends on who calls
     /// (`max_reads`, or `internal_max_reads` for [`Caller::Internal`]).
     pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
+        self.open(caller, http::Extensions::new())
+    }
+
+    fn open(&self, caller: Caller, extensions: http::Extensions) -> FanoutRequest {
         let b = &self.config().budget;
         let limit = match caller {
             Caller::Internal => b.internal_max_reads,
@@ -86,6 +93,7 @@ impl Engine {
             inner: Arc::new(Scope {
                 reads: RequestReads::new(self.read_parts().clone(), budget),
                 caller,
+                extensions,
                 price_first,
                 unpriced: OnceLock::new(),
             }),
@@ -224,6 +232,32 @@ impl FanoutRequest {
         self.inner.caller
     }
 
+    /// The HTTP request's typed extensions, as they were when its scope
+    /// opened (both integrations carry them over): what a middleware put
+    /// there — an authenticated user, a tenant — for resolvers to read.
+    ///
+    /// ```
+    /// use async_graphql::{Context, Object};
+    /// use fanout_budget::FanoutContext;
+    ///
+    /// /// Put into the HTTP request's extensions by the app's auth middleware.
+    /// #[derive(Clone)]
+    /// struct User(String);
+    ///
+    /// struct Query;
+    ///
+    /// #[Object]
+    /// impl Query {
+    ///     async fn me(&self, ctx: &Context<'_>) -> async_graphql::Result<Option<String>> {
+    ///         let user = ctx.fanout_request()?.extensions().get::<User>();
+    ///         Ok(user.map(|u| u.0.clone()))
+    ///     }
+    /// }
+    /// ```
+    pub fn extensions(&self) -> &http::Extensions {
+        &self.inner.extensions
+    }
+
     /// A handle for one operation of this request; its reads are counted
     /// for the operation as well as for the request.
     pub fn operation(&self) -> Arc<Operation> {
@@ -240,6 +274,23 @@ impl std::fmt::Debug for FanoutRequest {
             .field("budget", self.budget())
             .field("caller", &self.inner.caller)
             .finish()
+    }
+}
+
+/// What an app adds to each operation's data, given the operation's handle
+/// (both integrations take one: `FanoutGraphQL::operation_data`,
+/// `FanoutExtension::operation_data`).
+pub(crate) type OperationData = Arc<dyn Fn(&Arc<Operation>, &mut async_graphql::Data) + Send + Sync>;
+
+/// The operation's data: its handle, then what the app adds.
+pub(crate) fn operation_data(
+    operation: &Arc<Operation>,
+    data: &mut async_graphql::Data,
+    app: Option<&OperationData>,
+) {
+    data.insert(operation.clone());
+    if let Some(app) = app {
+        app(operation, data);
     }
 }
 
@@ -294,6 +345,13 @@ pub trait FanoutContext {
 
     /// The current inbound HTTP request's fan-out scope.
     fn fanout_request(&self) -> async_graphql::Result<&FanoutRequest>;
+
+    /// The current operation's handle, owned (`Clone + Send + Sync +
+    /// 'static`): for work that outlives the resolver's borrow — a
+    /// `DataLoader`'s loader, a spawned task. Its reads go through the same
+    /// acquisition point and count for the request (`used`) and for this
+    /// operation (`operationReads`).
+    fn fanout_operation(&self) -> async_graphql::Result<Arc<Operation>>;
 }
 
 impl FanoutContext for Context<'_> {
@@ -304,10 +362,19 @@ impl FanoutContext for Context<'_> {
     fn fanout_request(&self) -> async_graphql::Result<&FanoutRequest> {
         Ok(operation(self)?.request())
     }
+
+    fn fanout_operation(&self) -> async_graphql::Result<Arc<Operation>> {
+        self.data_opt::<Arc<Operation>>()
+            .cloned()
+            .ok_or_else(|| NO_SCOPE.into())
+    }
 }
+
+const NO_SCOPE: &str =
+    "no fanout-budget scope: serve the schema with FanoutGraphQL or mount engine.extension()";
 
 fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
     ctx.data_opt::<Arc<Operation>>()
         .map(|op| &**op)
-        .ok_or_else(|| "no fanout-budget scope: serve the schema with FanoutGraphQL or mount engine.extension()".into())
+        .ok_or_else(|| NO_SCOPE.into())
 }

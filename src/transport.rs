@@ -183,6 +183,28 @@ impl UpstreamResponse {
         }
     }
 
+    /// This response if its status is a success (2xx), else an
+    /// `UPSTREAM_ERROR` with the status: a read answers whatever the upstream
+    /// said (a 404 may be an answer), and this is the one call that makes
+    /// any other status an error.
+    ///
+    /// ```
+    /// use fanout_budget::UpstreamResponse;
+    /// use http::{HeaderMap, StatusCode};
+    ///
+    /// let page = UpstreamResponse::new("api:80", StatusCode::BAD_GATEWAY, HeaderMap::new(), "<html>".into());
+    /// let err = page.error_for_status().unwrap_err();
+    /// assert_eq!(err.code(), "UPSTREAM_ERROR");
+    /// assert_eq!(err.extensions().get("status"), Some(&async_graphql::Value::from(502)));
+    /// ```
+    pub fn error_for_status(&self) -> Result<&Self, ReadError> {
+        if self.status.is_success() {
+            Ok(self)
+        } else {
+            Err(self.error(format!("unexpected status {}", self.status)))
+        }
+    }
+
     /// The body as JSON, or `UPSTREAM_ERROR` if it is not the expected JSON.
     pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, ReadError> {
         serde_json::from_slice(&self.body)

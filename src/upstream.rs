@@ -8,10 +8,10 @@
 //! the read's future, released on every outcome, cancellation included. The
 //! whole walk is ARCHITECTURE.md (the crate's docs).
 
-use crate::budget::{bump, ReadStats, RequestBudget};
+use crate::budget::{bump, InFlightSlot, ReadStats, RequestBudget};
 use crate::dedup::{Dedup, Origin};
 use crate::error::ReadError;
-use crate::hosts::{HostEntry, HostLimiter, HostTable};
+use crate::hosts::{HostEntry, HostLimiter, HostSlot, HostTable};
 use crate::metrics::{self, HostMetrics};
 use crate::transport::{Read, Transport, UpstreamResponse};
 use http::HeaderValue;
@@ -175,9 +175,17 @@ impl<'a> Upstream<'a> {
 
     /// Steps 2–5 for a read no other caller answers, then the send.
     async fn send(&self, read: Read) -> ReadResult {
+        let host = self.reads.parts.host_table.resolve(&read.url);
+        let admitted = self.admit(&host).await?;
+        self.timed_send(read, &host, admitted).await
+    }
+
+    /// Steps 2–5: the cheap refusals, the request slot, the host slot and
+    /// the charge, for one read to `host` (counted and named as refused when
+    /// one of them refuses).
+    async fn admit(&self, host: &HostEntry) -> Result<Admitted<'a>, ReadError> {
         let (parts, budget) = (&*self.reads.parts, &self.reads.budget);
         let stats = budget.stats();
-        let host = parts.host_table.resolve(&read.url);
         let refused = |err: ReadError| {
             match &err {
                 ReadError::BudgetExhausted { .. } => {
@@ -200,13 +208,13 @@ impl<'a> Upstream<'a> {
         if budget.is_exhausted() {
             return refused(exhausted());
         }
-        let Ok(_request_slot) = budget.in_flight_slot().await else {
+        let Ok(request_slot) = budget.in_flight_slot().await else {
             return refused(ReadError::DeadlineExceeded);
         };
         let Some(left) = budget.time_left() else {
             return refused(ReadError::DeadlineExceeded);
         };
-        let _host_slot = match parts.hosts.acquire(&host.name, left).await {
+        let host_slot = match parts.hosts.acquire(&host.name, left).await {
             Ok(slot) => slot,
             Err(refusal) => return refused(refusal.for_host(&host.name)),
         };
@@ -221,21 +229,70 @@ impl<'a> Upstream<'a> {
         }
         self.sent.fetch_add(1, Relaxed);
         bump(&stats.issued);
-        self.timed_send(read, &host, now).await
+        Ok(Admitted {
+            _request_slot: request_slot,
+            _host_slot: host_slot,
+            now,
+        })
+    }
+
+    /// A permit for one call that is not an HTTP read (a SQL query, a gRPC
+    /// call, a cache) to `host` (the name its `[hosts]` table uses): charged
+    /// as one read, holding a request slot and a host slot while it lives —
+    /// every refusal a read can meet, with the same codes. Run the call
+    /// inside [`Permit::timeout`] to bound it like a read.
+    ///
+    /// ```
+    /// use async_graphql::{Context, Object};
+    /// use fanout_budget::FanoutContext;
+    ///
+    /// struct Query;
+    ///
+    /// #[Object]
+    /// impl Query {
+    ///     async fn count(&self, ctx: &Context<'_>) -> async_graphql::Result<u64> {
+    ///         let upstream = ctx.upstream()?;
+    ///         let mut permit = upstream.permit("postgres:5432").await?;
+    ///         // A stand-in for `sqlx::query("…").fetch_one(&pool)`.
+    ///         let rows = permit.timeout(async { 42 }).await?;
+    ///         Ok(rows)
+    ///     }
+    /// }
+    /// ```
+    pub async fn permit(&self, host: &str) -> Result<Permit<'a>, ReadError> {
+        let entry = self.reads.parts.host_table.resolve_name(host);
+        let admitted = self.admit(&entry).await?;
+        let (timeout_at, by_deadline) = self.limit(admitted.now);
+        Ok(Permit {
+            admitted,
+            timeout_at,
+            by_deadline,
+            read_timeout: self.reads.parts.read_timeout,
+            stats: self.reads.budget.stats(),
+            host: entry,
+            timed_out: false,
+        })
+    }
+
+    /// When a read sent at `now` is cut: `min(now + read_timeout, deadline)`,
+    /// and whether the deadline is the nearer.
+    fn limit(&self, now: Instant) -> (Instant, bool) {
+        let by_read_timeout = now + self.reads.parts.read_timeout;
+        let deadline = self.reads.budget.deadline();
+        (by_read_timeout.min(deadline), deadline < by_read_timeout)
     }
 
     /// Steps 6–7: sends the read under its time limit and keeps the answer.
-    async fn timed_send(&self, read: Read, host: &HostEntry, now: Instant) -> ReadResult {
+    async fn timed_send(&self, read: Read, host: &HostEntry, admitted: Admitted<'_>) -> ReadResult {
         let (parts, budget) = (&*self.reads.parts, &self.reads.budget);
         let stats = budget.stats();
-        let by_read_timeout = now + parts.read_timeout;
-        let by_deadline = budget.deadline() < by_read_timeout;
+        let (until, by_deadline) = self.limit(admitted.now);
         let m = &host.metrics;
         let fetch = parts.transport.fetch(read, &host.name);
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the gauge and the counters.
-        let mut sending = Sending::start(m, stats, now);
-        let sent = tokio::time::timeout_at(by_read_timeout.min(budget.deadline()), fetch).await;
+        let mut sending = Sending::start(m, stats, admitted.now);
+        let sent = tokio::time::timeout_at(until, fetch).await;
         sending.finished = true;
         let outcome = match sent {
             Ok(Ok(response)) => self.keep(response),
@@ -277,6 +334,82 @@ impl<'a> Upstream<'a> {
             )));
         }
         Ok(Arc::new(response))
+    }
+}
+
+/// What a read admitted holds until it ends: its slots, and when it was
+/// admitted.
+struct Admitted<'a> {
+    _request_slot: InFlightSlot<'a>,
+    _host_slot: HostSlot,
+    now: Instant,
+}
+
+/// Permission for one call that is not an HTTP read, charged as one read
+/// ([`Upstream::permit`]): its request and host slots are held until it is
+/// dropped. It counts as a read that succeeded unless [`timeout`](Self::timeout)
+/// cut the call.
+#[must_use = "the slots are released as soon as the permit is dropped"]
+pub struct Permit<'a> {
+    admitted: Admitted<'a>,
+    timeout_at: Instant,
+    by_deadline: bool,
+    read_timeout: Duration,
+    stats: &'a ReadStats,
+    host: Arc<HostEntry>,
+    timed_out: bool,
+}
+
+impl Permit<'_> {
+    /// When the call must be done: `min(admitted + read_timeout, deadline)`.
+    pub fn deadline(&self) -> Instant {
+        self.timeout_at
+    }
+
+    /// Runs `call` until [`deadline`](Self::deadline): its output, or
+    /// `UPSTREAM_TIMEOUT` (the read timeout cut it) / `DEADLINE_EXCEEDED`
+    /// (the request's deadline did).
+    pub async fn timeout<F: std::future::Future>(&mut self, call: F) -> Result<F::Output, ReadError> {
+        match tokio::time::timeout_at(self.timeout_at, call).await {
+            Ok(output) => Ok(output),
+            Err(_elapsed) => {
+                self.timed_out = true;
+                let m = &self.host.metrics;
+                m.timeouts.increment(1);
+                Err(if self.by_deadline {
+                    m.deadline.increment(1);
+                    ReadError::DeadlineExceeded
+                } else {
+                    m.timeout.increment(1);
+                    ReadError::UpstreamTimeout {
+                        host: self.host.name.to_string(),
+                        timeout_ms: self.read_timeout.as_millis() as u64,
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl Drop for Permit<'_> {
+    fn drop(&mut self) {
+        let m = &self.host.metrics;
+        m.latency.record(self.admitted.now.elapsed().as_secs_f64());
+        if self.timed_out {
+            bump(&self.stats.timed_out);
+        } else {
+            bump(&self.stats.succeeded);
+            m.ok.increment(1);
+        }
+    }
+}
+
+impl std::fmt::Debug for Permit<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("host", &self.host.name)
+            .field("deadline", &self.timeout_at)
+            .finish_non_exhaustive()
     }
 }
 
