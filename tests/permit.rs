@@ -40,9 +40,9 @@ async fn queries_are_charged_capped_and_cut_like_reads() {
     assert_eq!(status, 200);
     assert_eq!(db.queries.load(SeqCst), 4, "{answer}");
     assert_eq!(db.peak.load(SeqCst), 2, "the host cap holds");
-    let mut codes = codes(&answer);
-    codes.sort();
-    assert_eq!(codes, ["FANOUT_BUDGET_EXHAUSTED", "FANOUT_BUDGET_EXHAUSTED"]);
+    let mut refused = codes(&answer);
+    refused.sort();
+    assert_eq!(refused, ["FANOUT_BUDGET_EXHAUSTED", "FANOUT_BUDGET_EXHAUSTED"]);
     assert_eq!(answer["extensions"]["fanout"]["used"], 4);
     assert_eq!(answer["extensions"]["fanout"]["operationReads"], 4);
 

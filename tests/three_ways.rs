@@ -1,0 +1,117 @@
+//! One budget and one de-duplication cache per HTTP request, whichever way
+//! the schema runs: a 5-operation batch whose operations share keys reads
+//! each distinct key once —
+//!
+//! 1. async-graphql-axum's stock `GraphQL` service under `FanoutLayer`, the
+//!    extension on the schema;
+//! 2. `FanoutGraphQL`;
+//! 3. `schema.execute_batch` with one `FanoutRequest` in the batch's data.
+mod common;
+
+use async_graphql::{BatchRequest, BatchResponse, EmptyMutation, EmptySubscription, Request, Schema};
+use axum::Router;
+use common::*;
+use fanout_budget::{Caller, Config, Engine, FanoutLayer};
+use serde_json::Value;
+
+/// Operation `i` reads items `i` and `i + 1`: 10 reads asked, 6 distinct.
+fn operations() -> Vec<String> {
+    (0..5)
+        .map(|i| format!("{{ a: item(id: {i}) {{ detail {{ value }} }} b: item(id: {}) {{ detail {{ value }} }} }}", i + 1))
+        .collect()
+}
+const DISTINCT: u64 = 6;
+
+fn with_extension(engine: &Engine, upstream: &Upstream) -> TestSchema {
+    Schema::build(Query, EmptyMutation, EmptySubscription)
+        .data(Base(upstream.base()))
+        .extension(engine.extension())
+        .finish()
+}
+
+fn stock_service(engine: &Engine, upstream: &Upstream) -> Router {
+    let schema = with_extension(engine, upstream);
+    Router::new()
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+        .layer(FanoutLayer::new(engine.clone()))
+}
+
+/// Every operation answered, each row's detail present; the reads the
+/// operations report sum to what the upstream saw.
+fn check(responses: &[Value], upstream: &Upstream, way: &str) {
+    assert_eq!(responses.len(), 5, "{way}: {responses:?}");
+    for r in responses {
+        assert!(r.get("errors").is_none(), "{way}: {r}");
+        assert!(r["data"]["a"]["detail"]["value"].is_string(), "{way}: {r}");
+        assert!(r["data"]["b"]["detail"]["value"].is_string(), "{way}: {r}");
+    }
+    assert_eq!(upstream.seen.requests(), DISTINCT, "{way}: reads sent");
+    let own = fanout_testkit::operation_reads(responses);
+    assert_eq!(own, DISTINCT, "{way}: operationReads summed");
+    let used: Vec<u64> = responses
+        .iter()
+        .map(|r| r["extensions"]["fanout"]["used"].as_u64().unwrap())
+        .collect();
+    assert_eq!(used.iter().max(), Some(&DISTINCT), "{way}: one budget, {used:?}");
+}
+
+#[tokio::test]
+async fn a_batch_over_shared_keys_reads_each_key_once_all_three_ways() {
+    let engine = Engine::new(Config::default());
+
+    let upstream = Upstream::start().await;
+    let (status, answer) = post(&stock_service(&engine, &upstream), batch(operations())).await;
+    assert_eq!(status, 200);
+    check(answer.as_array().expect("a batch answer"), &upstream, "stock service + layer");
+
+    let upstream = Upstream::start().await;
+    let (status, answer) = post(&app(&engine, &upstream), batch(operations())).await;
+    assert_eq!(status, 200);
+    check(answer.as_array().expect("a batch answer"), &upstream, "FanoutGraphQL");
+
+    let upstream = Upstream::start().await;
+    let schema = with_extension(&engine, &upstream);
+    let fanout = engine.begin_request(Caller::Public);
+    fanout.expect_operations(5);
+    let batch = BatchRequest::Batch(operations().into_iter().map(Request::new).collect());
+    let responses = match schema.execute_batch(batch.data(fanout)).await {
+        BatchResponse::Batch(responses) => responses,
+        single => panic!("a batch answered {single:?}"),
+    };
+    let responses: Vec<Value> = responses
+        .iter()
+        .map(|r| serde_json::to_value(r).unwrap())
+        .collect();
+    check(&responses, &upstream, "schema.execute_batch");
+}
+
+#[tokio::test]
+async fn without_the_layer_the_stock_service_gives_each_operation_its_own_budget() {
+    // What the layer answers: the stock service runs each operation of a
+    // batch as its own request, so the extension alone opens five scopes.
+    let engine = Engine::new(Config::default());
+    let upstream = Upstream::start().await;
+    let schema = with_extension(&engine, &upstream);
+    let bare = Router::new().route_service("/graphql", async_graphql_axum::GraphQL::new(schema));
+    let (status, _) = post(&bare, batch(operations())).await;
+    assert_eq!(status, 200);
+    assert_eq!(upstream.seen.requests(), 10, "no shared de-duplication");
+}
+
+#[tokio::test]
+async fn the_layer_refuses_a_bad_batch_before_anything_runs() {
+    let mut config = Config::default();
+    config.http.max_batch_operations = 3;
+    config.http.max_body_bytes = 4096;
+    let engine = Engine::new(config);
+    let upstream = Upstream::start().await;
+    let app = stock_service(&engine, &upstream);
+    let (status, answer) = post(&app, batch(operations())).await;
+    assert_eq!((status.as_u16(), codes(&answer)), (400, vec!["BATCH_TOO_LARGE".to_string()]));
+    let (status, answer) = post(&app, "[]").await;
+    assert_eq!((status.as_u16(), codes(&answer)), (400, vec!["BAD_REQUEST".to_string()]));
+    let huge = format!("{{\"query\": \"{{ item(id: 1) {{ id }} }}\", \"x\": \"{}\"}}", "y".repeat(5000));
+    let (status, answer) = post(&app, huge).await;
+    assert_eq!((status.as_u16(), codes(&answer)), (413, vec!["PAYLOAD_TOO_LARGE".to_string()]));
+    assert_eq!(upstream.seen.requests(), 0);
+}
