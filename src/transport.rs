@@ -14,23 +14,59 @@
 use crate::error::ReadError;
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use std::any::Any;
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::OnceCell;
 
-/// One upstream GET: a URL and, optionally, an `Accept` header.
+/// One upstream request: a method, a URL, headers and a body.
+///
+/// A read's identity for de-duplication is its method, URL and headers: a
+/// `GET` or `HEAD` is de-duplicated with every identical one of the inbound
+/// request (headers that change the answer — `Accept`, `Authorization` —
+/// tell reads apart). Any other method is sent every time, unless the
+/// caller names the answer with [`dedup_key`](Self::dedup_key).
+///
+/// ```
+/// use fanout_budget::Read;
+/// use http::{header, HeaderValue, Method};
+///
+/// // A GraphQL subgraph answering a query: POST, de-duplicated by its text.
+/// let url: fanout_budget::reqwest::Url = "http://books.local/graphql".parse().unwrap();
+/// let query = r#"{"query":"{ book(id: 1) { title } }"}"#;
+/// let read = Read::new(Method::POST, url)
+///     .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
+///     .header(header::AUTHORIZATION, HeaderValue::from_static("Bearer s3cret"))
+///     .body(query)
+///     .dedup_key(query);
+/// assert_eq!(read.method(), Method::POST);
+/// assert_eq!(read.body_bytes(), query.as_bytes());
+/// ```
 #[derive(Clone, Debug)]
 pub struct Read {
+    pub(crate) method: http::Method,
     pub(crate) url: reqwest::Url,
-    pub(crate) accept: Option<HeaderValue>,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Bytes,
+    pub(crate) key: Option<Box<str>>,
 }
 
 impl Read {
     /// A GET of `url`.
     pub fn get(url: reqwest::Url) -> Self {
-        Self { url, accept: None }
+        Self::new(http::Method::GET, url)
+    }
+
+    /// A `method` request to `url`, with no headers and no body yet.
+    pub fn new(method: http::Method, url: reqwest::Url) -> Self {
+        Self {
+            method,
+            url,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            key: None,
+        }
     }
 
     /// Sends `Accept: accept` (part of the read's identity for de-duplication).
@@ -47,9 +83,33 @@ impl Read {
     /// let read = Read::get(url).accept(MANIFEST.clone());
     /// assert_eq!(read.accept_header(), Some(&MANIFEST));
     /// ```
-    pub fn accept(mut self, accept: HeaderValue) -> Self {
-        self.accept = Some(accept);
+    pub fn accept(self, accept: HeaderValue) -> Self {
+        self.header(http::header::ACCEPT, accept)
+    }
+
+    /// Sends header `name: value` too (part of the read's identity).
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
         self
+    }
+
+    /// Sends `body`.
+    pub fn body(mut self, body: impl Into<Bytes>) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    /// De-duplicates this read with every other read of the inbound request
+    /// given the same `key` (and the same method and URL), whatever its
+    /// method: say that `key` names the answer (a query's text, a search).
+    pub fn dedup_key(mut self, key: impl Into<Box<str>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The method.
+    pub fn method(&self) -> http::Method {
+        self.method.clone()
     }
 
     /// The URL.
@@ -57,14 +117,27 @@ impl Read {
         &self.url
     }
 
-    /// The `Accept` header, if any.
-    pub fn accept_header(&self) -> Option<&HeaderValue> {
-        self.accept.as_ref()
+    /// The headers, in the order they were added.
+    pub fn headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.headers
     }
 
-    /// The URL and the `Accept` header, for a transport sending the read.
-    pub fn into_parts(self) -> (reqwest::Url, Option<HeaderValue>) {
-        (self.url, self.accept)
+    /// The `Accept` header, if any.
+    pub fn accept_header(&self) -> Option<&HeaderValue> {
+        self.headers
+            .iter()
+            .find_map(|(name, value)| (name == http::header::ACCEPT).then_some(value))
+    }
+
+    /// The body (empty for none).
+    pub fn body_bytes(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// Whether reads are de-duplicated without a key: `GET` and `HEAD`
+    /// answer the same to the same request.
+    pub(crate) fn is_safe(&self) -> bool {
+        matches!(self.method, http::Method::GET | http::Method::HEAD)
     }
 }
 
@@ -286,7 +359,7 @@ impl Transport for HttpTransport {
     }
 }
 
-/// The GET itself: headers, then the body up to the byte cap.
+/// The request itself: its headers, then the answer's body up to the byte cap.
 async fn fetch(
     transport: &HttpTransport,
     read: Read,
@@ -297,10 +370,19 @@ async fn fetch(
         status: None,
         message,
     };
-    let (url, accept) = read.into_parts();
-    let mut request = transport.client.get(url.clone());
-    if let Some(accept) = accept {
-        request = request.header(http::header::ACCEPT, accept);
+    let Read {
+        method,
+        url,
+        headers,
+        body,
+        ..
+    } = read;
+    let mut request = transport.client.request(method, url.clone());
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    if !body.is_empty() {
+        request = request.body(body);
     }
     let mut response = request
         .send()

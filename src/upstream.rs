@@ -14,7 +14,7 @@ use crate::error::ReadError;
 use crate::hosts::{HostEntry, HostLimiter, HostSlot, HostTable};
 use crate::metrics::{self, HostMetrics};
 use crate::transport::{Read, Transport, UpstreamResponse};
-use http::HeaderValue;
+use http::{header, HeaderName, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,11 +60,26 @@ impl RequestReads {
     }
 }
 
-/// What makes two reads the same read: the URL and the `Accept` header.
+/// What makes two reads the same read: the method, the URL, the headers,
+/// and the caller's key (a read that is not a `GET` or `HEAD` has one, or is
+/// never shared).
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct ReadKey {
+    method: http::Method,
     url: Box<str>,
-    accept: Option<HeaderValue>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    key: Option<Box<str>>,
+}
+
+impl ReadKey {
+    fn of(read: &Read) -> Option<Self> {
+        (read.is_safe() || read.key.is_some()).then(|| Self {
+            method: read.method.clone(),
+            url: read.url.as_str().into(),
+            headers: read.headers.clone(),
+            key: read.key.clone(),
+        })
+    }
 }
 
 /// The upstream, as seen by one operation of one inbound HTTP request.
@@ -110,29 +125,29 @@ impl<'a> Upstream<'a> {
     /// through every step (de-duplicated, capped per host and charged); a
     /// hop back to a URL of the same chain, past the last hop, or to
     /// something that is not `http(s)` ends the read with `UPSTREAM_ERROR`.
+    /// A 303 — and a 301 or 302 answering a `POST` — is followed with a
+    /// `GET` without the body; a 307 or 308 with the same method and body.
+    /// A hop to another origin drops the credentials (`Authorization`,
+    /// `Cookie`, `Proxy-Authorization`).
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
         let max_redirects = self.reads.parts.max_redirects;
-        let accept = read.accept.clone();
-        let mut url = read.url.clone();
+        let mut sent = read.clone();
         let mut response = self.read_once(read).await?;
         let mut chain: Vec<reqwest::Url> = Vec::new();
         while let Some(location) = redirect(&response).filter(|_| max_redirects > 0) {
             let fail = |message: String| Err(response.error(message));
-            let next = match url.join(location) {
+            let next = match sent.url.join(location) {
                 Ok(next) if matches!(next.scheme(), "http" | "https") => next,
                 _ => return fail(format!("redirect to {location:?}, not an http(s) URL")),
             };
             if chain.len() as u32 >= max_redirects {
                 return fail(format!("more than {max_redirects} redirects"));
             }
-            if next == url || chain.contains(&next) {
+            if next == sent.url || chain.contains(&next) {
                 return fail(format!("redirect loop at {next}"));
             }
-            chain.push(std::mem::replace(&mut url, next.clone()));
-            let hop = Read {
-                url: next,
-                accept: accept.clone(),
-            };
+            let hop = hop(&sent, response.status.as_u16(), next);
+            chain.push(std::mem::replace(&mut sent, hop.clone()).url);
             response = self.read_once(hop).await?;
         }
         Ok(response)
@@ -148,16 +163,17 @@ impl<'a> Upstream<'a> {
             dedup = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let key = ReadKey {
-            url: read.url.as_str().into(),
-            accept: read.accept.clone(),
+        let (result, origin) = match ReadKey::of(&read) {
+            Some(key) => {
+                self.reads
+                    .dedup
+                    .get_or_run(key, || self.send(read))
+                    .instrument(span.clone())
+                    .await
+            }
+            // Not safe to share: sent every time.
+            None => (self.send(read).instrument(span.clone()).await, Origin::Ran),
         };
-        let (result, origin) = self
-            .reads
-            .dedup
-            .get_or_run(key, || self.send(read))
-            .instrument(span.clone())
-            .await;
         span.record("dedup", origin == Origin::Shared);
         span.record("outcome", result.as_ref().map_or_else(|e| e.code(), |_| "ok"));
         if origin == Origin::Shared {
@@ -418,6 +434,31 @@ impl std::fmt::Debug for Upstream<'_> {
         f.debug_struct("Upstream")
             .field("budget", &self.reads.budget)
             .finish_non_exhaustive()
+    }
+}
+
+/// The read a redirect `status` to `next` makes of `sent` (see
+/// [`Upstream::read`]).
+fn hop(sent: &Read, status: u16, next: reqwest::Url) -> Read {
+    let same_origin = sent.url.origin() == next.origin();
+    let to_get = status == 303 && sent.method != http::Method::HEAD
+        || matches!(status, 301 | 302) && sent.method == http::Method::POST;
+    let credential = |name: &HeaderName| {
+        [header::AUTHORIZATION, header::COOKIE, header::PROXY_AUTHORIZATION].contains(name)
+    };
+    let headers = sent
+        .headers
+        .iter()
+        .filter(|(name, _)| same_origin || !credential(name))
+        .filter(|(name, _)| !to_get || !matches!(*name, header::CONTENT_TYPE | header::CONTENT_LENGTH))
+        .cloned()
+        .collect();
+    Read {
+        method: if to_get { http::Method::GET } else { sent.method.clone() },
+        url: next,
+        headers,
+        body: if to_get { bytes::Bytes::new() } else { sent.body.clone() },
+        key: if to_get { None } else { sent.key.clone() },
     }
 }
 

@@ -27,6 +27,8 @@ pub struct MemTransport {
     scripted: bool,
     stored: HashMap<String, (StatusCode, HeaderMap, Bytes)>,
     gate: Notify,
+    /// Every read fetched, in order.
+    sent: std::sync::Mutex<Vec<Read>>,
 }
 
 impl Default for MemTransport {
@@ -44,6 +46,7 @@ impl MemTransport {
             scripted: false,
             stored: HashMap::new(),
             gate: Notify::new(),
+            sent: Default::default(),
         }
     }
 
@@ -77,6 +80,11 @@ impl MemTransport {
         self
     }
 
+    /// Every read fetched so far, in order (method, URL, headers, body).
+    pub fn sent(&self) -> Vec<Read> {
+        self.sent.lock().unwrap().clone()
+    }
+
     /// Opens the gate: the scripted reads waiting on it are answered.
     pub fn open(&self) {
         self.gate.notify_waiters();
@@ -93,6 +101,7 @@ impl Transport for MemTransport {
         read: Read,
         host: &'a str,
     ) -> BoxFuture<'a, Result<UpstreamResponse, ReadError>> {
+        self.sent.lock().unwrap().push(read.clone());
         Box::pin(async move {
             if self.pending_once {
                 YieldOnce::new().await;
