@@ -278,6 +278,13 @@ pub enum Rejection {
         /// The configured maximum.
         max: usize,
     },
+    /// The app is wired so that a bound cannot hold (500), e.g. the rate
+    /// limiter without the TCP peer, which would put every client in one
+    /// bucket.
+    Misconfigured {
+        /// What is wrong, and how to fix it.
+        message: String,
+    },
 }
 
 impl Rejection {
@@ -291,6 +298,7 @@ impl Rejection {
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Unavailable { .. } => "UNAVAILABLE",
             Self::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
+            Self::Misconfigured { .. } => "INTERNAL_SERVER_ERROR",
         }
     }
 
@@ -303,6 +311,7 @@ impl Rejection {
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResponseTooLarge { .. } => StatusCode::OK,
+            Self::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -315,7 +324,7 @@ impl Rejection {
             | Self::ResponseTooLarge { max } => ext["max"] = (*max as u64).into(),
             Self::RequestTimeout { timeout_ms } => ext["timeoutMs"] = (*timeout_ms).into(),
             Self::RateLimited { retry_after_secs } => ext["retryAfter"] = (*retry_after_secs).into(),
-            Self::BadRequest { .. } | Self::Unavailable { .. } => {}
+            Self::BadRequest { .. } | Self::Unavailable { .. } | Self::Misconfigured { .. } => {}
         }
         let mut body = serde_json::json!({
             "errors": [{ "message": self.to_string(), "extensions": ext }]
@@ -369,6 +378,7 @@ impl fmt::Display for Rejection {
             Self::ResponseTooLarge { max } => {
                 write!(f, "the answer would be larger than {max} bytes")
             }
+            Self::Misconfigured { message } => f.write_str(message),
         }
     }
 }

@@ -280,10 +280,11 @@ impl Extension for PerOperation {
         };
         let query = std::mem::take(&mut *lock(&self.query));
         let types = self.types(ctx);
+        let priced = self.factory.engine.costs().map(|_| requested);
         finish(
             &mut response,
             &operation,
-            requested,
+            priced,
             &types,
             &query,
             operation_name,

@@ -61,7 +61,7 @@ impl<T, E: Into<async_graphql::Error>> OrNull<T> for Result<T, E> {
 pub(crate) fn finish(
     response: &mut Response,
     operation: &Operation,
-    requested: u64,
+    requested: Option<u64>,
     types: &SchemaTypes,
     query: &str,
     operation_name: Option<&str>,
@@ -75,20 +75,24 @@ pub(crate) fn finish(
         .insert("fanout".to_string(), report(operation, requested));
 }
 
-fn report(operation: &Operation, requested: u64) -> Value {
+fn report(operation: &Operation, requested: Option<u64>) -> Value {
     // The keys are built once (a `Name` is a shared string).
     static KEYS: LazyLock<[Name; 5]> = LazyLock::new(|| {
         ["limit", "used", "remaining", "operationReads", "requested"].map(Name::new)
     });
     let budget = operation.request().budget().snapshot();
     let values = [
-        budget.limit,
-        budget.used,
-        budget.remaining,
-        operation.reads(),
+        Some(budget.limit),
+        Some(budget.used),
+        Some(budget.remaining),
+        Some(operation.reads()),
         requested,
     ];
-    let map = KEYS.iter().cloned().zip(values.map(Value::from)).collect();
+    let map = KEYS
+        .iter()
+        .zip(values)
+        .filter_map(|(key, value)| Some((key.clone(), Value::from(value?))))
+        .collect();
     Value::Object(map)
 }
 

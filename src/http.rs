@@ -187,7 +187,7 @@ impl<E: Executor> FanoutGraphQL<E> {
                 let span = tracing::debug_span!(
                     "graphql.operation",
                     name = op.name.as_deref(),
-                    requested = op.requested
+                    requested = op.requested.unwrap_or(0)
                 );
                 let run = self.executor.execute(request).instrument(span);
                 op.operation.request().within_deadline(run).await
@@ -206,22 +206,22 @@ impl<E: Executor> FanoutGraphQL<E> {
         let operation = fanout.operation();
         operation_data(&operation, &mut request.data, self.data.as_ref());
         let http = &self.engine.config().http;
-        let mut requested = 0;
+        let mut requested = self.engine.costs().map(|_| 0);
         let admitted = shape::admit(self.engine.documents(), &request.query, http.max_selections)
             .map(|(doc, shape)| {
                 if let Some(costs) = self.engine.costs() {
-                    requested = crate::cost::estimate(
+                    requested = Some(crate::cost::estimate(
                         costs,
                         &self.types,
                         &doc,
                         &shape,
                         &request.variables,
                         request.operation_name.as_deref(),
-                    );
+                    ));
                 }
                 doc
             });
-        fanout.priced(requested);
+        fanout.priced(requested.unwrap_or(0));
         let query = request.query.clone();
         let name = request.operation_name.clone();
         let request = admitted.map(|doc| {
@@ -243,7 +243,8 @@ struct Op {
     /// The request to run, or why it is refused before running.
     request: Option<Result<Request, OperationError>>,
     operation: Arc<Operation>,
-    requested: u64,
+    /// The estimate, when a cost table priced the operation.
+    requested: Option<u64>,
     query: String,
     name: Option<String>,
 }

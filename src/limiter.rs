@@ -46,7 +46,7 @@ use governor::middleware::StateInformationMiddleware;
 use governor::state::keyed::DashMapStateStore;
 use governor::{Quota, RateLimiter};
 use http::{HeaderName, HeaderValue, Request, Response};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -323,10 +323,20 @@ where
                 TokenCheck::Absent => {}
             }
             request.extensions_mut().insert(Caller::Public);
-            let peer = request
+            // Without the TCP peer every client would share one bucket:
+            // refuse loudly instead (the app is served without connect info).
+            let Some(peer) = request
                 .extensions()
                 .get::<ConnectInfo<SocketAddr>>()
-                .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+                .map(|c| c.0.ip())
+            else {
+                static LOGGED: std::sync::Once = std::sync::Once::new();
+                LOGGED.call_once(|| tracing::error!("{NO_PEER}"));
+                let refused = Rejection::Misconfigured {
+                    message: NO_PEER.into(),
+                };
+                return Ok(refused.unread());
+            };
             let client = match layer.proxies.client_ip(peer, request.headers()) {
                 Ok(ip) => layer.prefix.key(ip),
                 Err(unparsable) => {
@@ -396,6 +406,10 @@ impl RateLimitLayer {
         headers.insert(RATELIMIT_POLICY, self.policy_header.clone());
     }
 }
+
+/// Why a request without its TCP peer is refused.
+const NO_PEER: &str = "RateLimitLayer needs each request's TCP peer: serve the app with \
+    fanout_budget::serve, or axum's into_make_service_with_connect_info::<SocketAddr>()";
 
 /// The IETF `RateLimit` field.
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

@@ -41,3 +41,25 @@ async fn a_refused_operation_does_not_hold_the_batch_until_the_deadline() {
         assert!(!responses[1].errors.is_empty(), "{broken} is refused");
     }
 }
+
+#[tokio::test]
+async fn a_refused_batch_names_no_invalid_location() {
+    let mut config = Config::default();
+    config.budget.refuse_over_estimate = true;
+    config.budget.max_reads = 1;
+    let costs = CostTable::new().field("Query", "limit", FieldCost::reads(1));
+    let engine = Engine::builder(config).costs(costs).build();
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension())
+        .finish();
+    let fanout = engine.begin_request(Caller::Public);
+    fanout.expect_operations(2);
+    let batch = BatchRequest::Batch(vec![Request::new("{ limit }"), Request::new("{ limit }")]);
+    let answer = serde_json::to_value(schema.execute_batch(batch.data(fanout)).await).unwrap();
+    for response in answer.as_array().unwrap() {
+        let error = &response["errors"][0];
+        assert_eq!(error["extensions"]["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET", "{response}");
+        assert!(error.get("locations").is_none(), "no location at all: {error}");
+        assert!(response["data"].is_null());
+    }
+}

@@ -172,11 +172,28 @@ async fn a_closed_mode_503_closes_the_connection() {
         std::sync::Arc::new(Down),
         fanout_budget::config::FailureMode::Closed,
     );
-    let request = axum::http::Request::post("/graphql")
-        .header("content-type", "application/json")
-        .body(axum::body::Body::from(r#"{"query":"{ items { id } }"}"#))
-        .unwrap();
+    let peer = Some(fanout_testkit::PEER.parse().unwrap());
+    let request = fanout_testkit::graphql_request(r#"{"query":"{ items { id } }"}"#, &[], peer);
     let response = app.route_layer(layer).oneshot(request).await.unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["connection"], "close");
+}
+
+#[tokio::test]
+async fn the_rate_limiter_without_the_tcp_peer_refuses_loudly_not_into_one_bucket() {
+    let (upstream, app) = setup().await;
+    let config = Config::default();
+    let limited = app.route_layer(fanout_budget::RateLimitLayer::new(&config.rate_limit));
+    let body = r#"{"query":"{ item(id: 1) { detail { value } } }"}"#;
+    // Served without connect info: every client would share one bucket.
+    let bare = fanout_testkit::call(&limited, fanout_testkit::graphql_request(body, &[], None)).await;
+    assert_eq!(bare.status, 500);
+    assert_eq!(codes(&bare.json()), vec!["INTERNAL_SERVER_ERROR"]);
+    assert!(bare.json()["errors"][0]["message"].as_str().unwrap().contains("connect_info"));
+    assert_eq!(bare.headers["connection"], "close");
+    assert_eq!(upstream.seen.requests(), 0);
+    // With the peer, as `fanout_budget::serve` records it: served.
+    let (status, _) = post(&limited, body).await;
+    assert_eq!(status, 200);
+    assert_eq!(upstream.seen.requests(), 1);
 }

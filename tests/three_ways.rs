@@ -53,6 +53,10 @@ fn check(responses: &[Value], upstream: &Upstream, way: &str) {
         .map(|r| r["extensions"]["fanout"]["used"].as_u64().unwrap())
         .collect();
     assert_eq!(used.iter().max(), Some(&DISTINCT), "{way}: one budget, {used:?}");
+    for r in responses {
+        let fanout = &r["extensions"]["fanout"];
+        assert!(fanout.get("requested").is_none(), "{way}: no cost table, no estimate: {fanout}");
+    }
 }
 
 #[tokio::test]

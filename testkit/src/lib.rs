@@ -12,7 +12,7 @@ mod post;
 mod transport;
 mod upstream;
 
-pub use post::{call, graphql_request, post, Answer};
+pub use post::{call, graphql_request, post, Answer, PEER};
 pub use transport::MemTransport;
 pub use upstream::{Behaviour, Seen, Upstream};
 

@@ -61,7 +61,11 @@ pub async fn call(router: &Router, request: http::Request<Body>) -> Answer {
     }
 }
 
-/// POSTs `body` to `router`'s `/graphql` in process, with `headers`.
+/// The TCP peer of [`post`], as a server with connect info would record it.
+pub const PEER: &str = "127.0.0.1:40000";
+
+/// POSTs `body` to `router`'s `/graphql` in process, with `headers`, from
+/// [`PEER`].
 pub async fn post(router: &Router, body: impl Into<String>, headers: &[(&str, &str)]) -> Answer {
-    call(router, graphql_request(body, headers, None)).await
+    call(router, graphql_request(body, headers, Some(PEER.parse().unwrap()))).await
 }
