@@ -14,16 +14,24 @@ impl Query {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_refused_operation_does_not_hold_the_batch_until_the_deadline() {
+/// An engine that refuses over its estimate (`limit` costs one read, the
+/// budget is `max_reads`), and the schema with its extension.
+fn priced(max_reads: u64) -> (Engine, Schema<Query, EmptyMutation, EmptySubscription>) {
     let mut config = Config::default();
     config.budget.refuse_over_estimate = true;
+    config.budget.max_reads = max_reads;
     config.budget.deadline_ms = 30_000;
     let costs = CostTable::new().field("Query", "limit", FieldCost::reads(1));
     let engine = Engine::builder(config).costs(costs).build();
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .extension(engine.extension())
         .finish();
+    (engine, schema)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_operation_does_not_hold_the_batch_until_the_deadline() {
+    let (engine, schema) = priced(30);
     for broken in ["{ limit ", "fragment A on Query { ...A } { ...A }"] {
         let fanout = engine.begin_request(Caller::Public);
         fanout.expect_operations(2);
@@ -37,21 +45,14 @@ async fn a_refused_operation_does_not_hold_the_batch_until_the_deadline() {
         assert!(started.elapsed() < std::time::Duration::from_secs(1), "{broken}: waited");
         let ok = &responses[0];
         assert!(ok.errors.is_empty(), "{broken}: {:?}", ok.errors);
-        assert_eq!(ok.data.to_string(), "{limit: 100}");
+        assert_eq!(ok.data.to_string(), "{limit: 30}");
         assert!(!responses[1].errors.is_empty(), "{broken} is refused");
     }
 }
 
 #[tokio::test]
 async fn a_refused_batch_names_no_invalid_location() {
-    let mut config = Config::default();
-    config.budget.refuse_over_estimate = true;
-    config.budget.max_reads = 1;
-    let costs = CostTable::new().field("Query", "limit", FieldCost::reads(1));
-    let engine = Engine::builder(config).costs(costs).build();
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
-        .finish();
+    let (engine, schema) = priced(1);
     let fanout = engine.begin_request(Caller::Public);
     fanout.expect_operations(2);
     let batch = BatchRequest::Batch(vec![Request::new("{ limit }"), Request::new("{ limit }")]);
