@@ -25,8 +25,10 @@
 //! batch itself and needs no extension, so async-graphql keeps its per-field
 //! fast path: prefer it for a new endpoint. The layer fits an endpoint that
 //! exists already; it costs what any async-graphql extension costs per field.
-//! A body other than JSON (a multipart upload) is passed on uncounted: its
-//! operations run, but are not held for the batch's pricing.
+//! Every `POST` body but a multipart one is read as JSON whatever its
+//! content type says, as async-graphql reads it (a `text/plain` batch is
+//! still counted and capped); a multipart upload is refused with 400
+//! `BAD_REQUEST`, since its batch could not be counted before it runs.
 
 use crate::engine::Engine;
 use crate::error::Rejection;
@@ -122,11 +124,12 @@ where
                     Ok(bytes) => bytes,
                     Err(refused) => return Ok(refused.unread()),
                 };
-                if is_json(&parts) {
-                    match operations(&bytes, engine.config().http.max_batch_operations) {
-                        Ok(n) => fanout.expect_operations(n),
-                        Err(refused) => return Ok(refused.into_response()),
-                    }
+                if is_multipart(&parts) {
+                    return Ok(MULTIPART.clone().into_response());
+                }
+                match operations(&bytes, engine.config().http.max_batch_operations) {
+                    Ok(n) => fanout.expect_operations(n),
+                    Err(refused) => return Ok(refused.into_response()),
                 }
                 Body::from(bytes)
             } else {
@@ -140,15 +143,23 @@ where
     }
 }
 
-/// Whether the body is JSON (no content type counts as JSON, as
-/// async-graphql-axum reads it).
-fn is_json(parts: &http::request::Parts) -> bool {
+/// Whether the body is a multipart upload (whose operations are in one of
+/// its parts).
+fn is_multipart(parts: &http::request::Parts) -> bool {
     parts
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_none_or(|ct| ct.starts_with("application/json") || ct.contains("+json"))
+        .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("multipart/"))
 }
+
+/// A multipart body's batch cannot be counted before the service reads it,
+/// so the layer would hold neither the batch cap nor the pricing.
+static MULTIPART: std::sync::LazyLock<Rejection> = std::sync::LazyLock::new(|| Rejection::BadRequest {
+    message: "multipart requests (uploads) are not served under FanoutLayer: its batch \
+              cannot be counted before it runs; serve uploads on a route of their own"
+        .into(),
+});
 
 /// How many operations a JSON body holds: 1 for an object, the length of a
 /// non-empty array of at most `max`. Anything else is left to the service

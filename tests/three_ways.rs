@@ -119,3 +119,30 @@ async fn the_layer_refuses_a_bad_batch_before_anything_runs() {
     assert_eq!((status.as_u16(), codes(&answer)), (413, vec!["PAYLOAD_TOO_LARGE".to_string()]));
     assert_eq!(upstream.seen.requests(), 0);
 }
+
+#[tokio::test]
+async fn the_layer_counts_a_batch_whatever_its_content_type_says() {
+    let mut config = Config::default();
+    config.http.max_batch_operations = 3;
+    let engine = Engine::new(config);
+    let upstream = Upstream::start().await;
+    let app = stock_service(&engine, &upstream);
+    let send = |content_type: &str, body: String| {
+        let request = axum::http::Request::post("/graphql")
+            .header("content-type", content_type)
+            .body(axum::body::Body::from(body))
+            .unwrap();
+        fanout_testkit::call(&app, request)
+    };
+    for content_type in ["text/plain", "application/x-www-form-urlencoded", "application/graphql"] {
+        let answer = send(content_type, batch(operations())).await;
+        assert_eq!(
+            (answer.status.as_u16(), codes(&answer.json())),
+            (400, vec!["BATCH_TOO_LARGE".to_string()]),
+            "{content_type}"
+        );
+    }
+    let upload = send("multipart/form-data; boundary=x", "--x--".into()).await;
+    assert_eq!((upload.status.as_u16(), codes(&upload.json())), (400, vec!["BAD_REQUEST".to_string()]));
+    assert_eq!(upstream.seen.requests(), 0);
+}
