@@ -30,6 +30,10 @@ use std::collections::HashMap;
 pub struct FieldCost {
     reads: u64,
     times: Multiplier,
+    /// The read of its object this field's reads are, if shared.
+    shared: Option<String>,
+    /// The read of the object it returns this field's reads are.
+    provides: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,7 +51,29 @@ impl FieldCost {
         Self {
             reads,
             times: Multiplier::One,
+            shared: None,
+            provides: None,
         }
+    }
+
+    /// The field's reads are its object's read named `key` — one read
+    /// however many fields of the object need it (a repository's tag list,
+    /// needed by its `tags` and its `tag`): priced once per object, free when
+    /// the field that returned the object [provides](Self::provides) it or an
+    /// earlier field of the same object made it. (Inside a fragment, priced
+    /// once for every place it is spread, it is counted again: the estimate
+    /// stays an upper bound.)
+    pub fn shared(mut self, key: &str) -> Self {
+        self.shared = Some(key.to_string());
+        self
+    }
+
+    /// The field's reads are the read named `key` of the object it returns
+    /// (`repository(name)` reads the repository's tag list): that object's
+    /// [`shared`](Self::shared) fields of `key` are then free.
+    pub fn provides(mut self, key: &str) -> Self {
+        self.provides = Some(key.to_string());
+        self
     }
 
     /// The sub-selection is resolved once per item, and the number of items is
@@ -158,10 +184,11 @@ pub(crate) fn estimate(
             continue;
         };
         let def = &def.node;
-        let price = walk.selection(&def.selection_set, &def.type_condition.node.on.node);
+        let on = &def.type_condition.node.on.node;
+        let price = walk.selection(&def.selection_set, on, &mut Vec::new());
         walk.fragments.insert(name, price);
     }
-    walk.selection(&op.selection_set, root)
+    walk.selection(&op.selection_set, root, &mut Vec::new())
 }
 
 struct Walk<'a> {
@@ -177,7 +204,10 @@ impl Walk<'_> {
     /// The price of `set` on type `ty`, at multiplier 1. Recursion follows
     /// nested selection sets only (at most 64 deep, the parser's limit),
     /// never a spread.
-    fn selection(&self, set: &Positioned<SelectionSet>, ty: &str) -> u64 {
+    ///
+    /// `made`: the shared reads ([`FieldCost::shared`]) this object already
+    /// has — from the field that returned it, then from its earlier fields.
+    fn selection<'s>(&'s self, set: &Positioned<SelectionSet>, ty: &str, made: &mut Vec<&'s str>) -> u64 {
         let mut total = 0u64;
         for item in &set.node.items {
             let cost = match &item.node {
@@ -186,14 +216,26 @@ impl Walk<'_> {
                     let Some(info) = self.types.field(ty, &field.name.node) else {
                         continue;
                     };
-                    let (reads, times) = match self.costs.get(ty, &field.name.node) {
+                    let cost = self.costs.get(ty, &field.name.node);
+                    let shared = cost.and_then(|c| c.shared.as_deref());
+                    let provides = cost.and_then(|c| c.provides.as_deref());
+                    let (reads, times) = match cost {
                         None => (0, 1),
-                        Some(cost) => (cost.reads, self.times(&cost.times, field, info)),
+                        Some(cost) => {
+                            let made_already = shared.is_some_and(|key| made.contains(&key));
+                            let reads = if made_already { 0 } else { cost.reads };
+                            (reads, self.times(&cost.times, field, info))
+                        }
                     };
+                    if let Some(key) = shared.filter(|key| !made.contains(key)) {
+                        made.push(key);
+                    }
                     let nested = if field.selection_set.node.items.is_empty() {
                         0
                     } else {
-                        self.selection(&field.selection_set, &info.named)
+                        // The object this field returns has what it provides.
+                        let mut child: Vec<&str> = provides.into_iter().collect();
+                        self.selection(&field.selection_set, &info.named, &mut child)
                     };
                     reads.saturating_add(times.saturating_mul(nested))
                 }
@@ -203,7 +245,8 @@ impl Walk<'_> {
                         .type_condition
                         .as_ref()
                         .map_or(ty, |c| c.node.on.node.as_str());
-                    self.selection(&fragment.selection_set, on)
+                    // The same object: its shared reads carry on.
+                    self.selection(&fragment.selection_set, on, made)
                 }
                 Selection::FragmentSpread(spread) => self
                     .fragments

@@ -16,17 +16,27 @@ use std::sync::Arc;
 /// The gateway's schema type.
 pub type RegistrySchema = Schema<Query, EmptyMutation, EmptySubscription>;
 
+/// The shared read of a repository: its tag list.
+const TAG_LIST: &str = "tag list";
+
 /// What each field may read (CONTRACT §5), for the cost preview.
 pub fn costs() -> CostTable {
     CostTable::new()
-        .field("Query", "repository", FieldCost::reads(1))
+        // A repository's tag list is one read (CONTRACT §5): made by
+        // `repository(name)` itself, else by the first of `tags` and `tag`
+        // that a repository of `repositories` asks for.
+        .field("Query", "repository", FieldCost::reads(1).provides(TAG_LIST))
         .field(
             "Query",
             "repositories",
             FieldCost::reads(1).times_arg("first"),
         )
-        .field("Repository", "tags", FieldCost::reads(1).times_arg("first"))
-        .field("Repository", "tag", FieldCost::reads(1))
+        .field(
+            "Repository",
+            "tags",
+            FieldCost::reads(1).shared(TAG_LIST).times_arg("first"),
+        )
+        .field("Repository", "tag", FieldCost::reads(1).shared(TAG_LIST))
         .field("Tag", "manifest", FieldCost::reads(1))
         .field("Manifest", "config", FieldCost::reads(1))
 }

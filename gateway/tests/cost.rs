@@ -62,7 +62,8 @@ async fn a_batch_sums_its_operations() {
         .iter()
         .map(|r| r["extensions"]["fanout"]["requested"].as_u64().unwrap())
         .collect();
-    assert_eq!(each, vec![4, 4, 0]);
+    // CONTRACT §5: a tag list and 2 manifests; a tag list, a manifest, a config.
+    assert_eq!(each, vec![3, 3, 0]);
 }
 
 fn refusing(max_reads: u64) -> Config {
@@ -75,7 +76,7 @@ fn refusing(max_reads: u64) -> Config {
 #[tokio::test]
 async fn over_budget_batch_is_refused_before_any_read() {
     let f = Fixture::new(refusing(10)).await;
-    // 2 × (1 + 1 + 5) = 14 > 10, though de-duplication would make it 7.
+    // 2 × (1 + 5) = 12 > 10, though de-duplication would make it 6.
     let op =
         r#"{ repository(name: "acme/app") { tags(first: 5) { nodes { manifest { digest } } } } }"#
             .to_string();
@@ -85,7 +86,7 @@ async fn over_budget_batch_is_refused_before_any_read() {
         assert!(r["data"].is_null());
         let e = &r["errors"][0]["extensions"];
         assert_eq!(e["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET");
-        assert_eq!(e["requested"], 14);
+        assert_eq!(e["requested"], 12);
         assert_eq!(e["limit"], 10);
     }
     // A single over-budget operation too.
@@ -117,7 +118,7 @@ async fn under_budget_batch_runs() {
     let responses = f.batch(&ops).await;
     assert!(responses.iter().all(|r| r.get("errors").is_none()));
     assert_eq!(f.reads(), 4);
-    assert_eq!(responses[1]["extensions"]["fanout"]["requested"], 3);
+    assert_eq!(responses[1]["extensions"]["fanout"]["requested"], 2);
 }
 
 #[tokio::test]
@@ -127,7 +128,7 @@ async fn refusal_is_off_by_default() {
     let f = Fixture::new(config).await;
     let body = f.query(r#"{ repository(name: "acme/app") { tags(first: 5) { nodes { manifest { digest } } } } }"#).await;
     assert_eq!(f.reads(), 3);
-    assert_eq!(body["extensions"]["fanout"]["requested"], 7);
+    assert_eq!(body["extensions"]["fanout"]["requested"], 6);
     assert_eq!(
         body["errors"][0]["extensions"]["code"],
         "FANOUT_BUDGET_EXHAUSTED"

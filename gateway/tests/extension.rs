@@ -105,7 +105,8 @@ async fn the_extension_alone_reads_reports_and_codes() {
     let fanout = &response["extensions"]["fanout"];
     assert_eq!(fanout["used"], reads);
     assert_eq!(fanout["operationReads"], reads);
-    assert_eq!(fanout["requested"], 1 + 1 + 3);
+    // CONTRACT §5: one tag list, three manifests.
+    assert_eq!(fanout["requested"], 1 + 3);
     assert_eq!(
         response["errors"][0]["extensions"]["code"],
         "UPSTREAM_ERROR"
@@ -157,7 +158,7 @@ async fn the_extension_refuses_an_announced_batch_over_its_estimate() {
         assert!(r["data"].is_null(), "{r}");
         let e = &r["errors"][0]["extensions"];
         assert_eq!(e["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET");
-        assert_eq!(e["requested"], 14);
+        assert_eq!(e["requested"], 12);
     }
 }
 
@@ -178,7 +179,7 @@ async fn mounted_with_the_service_it_stands_aside() {
     assert_eq!(reads_both, 4, "one tag list, three manifests: {answer}");
     // Same data, same figures: `requested` is the sum, counted once.
     assert_eq!(answer, plain);
-    assert_eq!(answer[0]["extensions"]["fanout"]["requested"], 5);
+    assert_eq!(answer[0]["extensions"]["fanout"]["requested"], 4);
     assert_eq!(answer[1]["extensions"]["fanout"]["used"], 4);
 }
 
@@ -233,7 +234,7 @@ async fn a_query_rewritten_by_a_later_extension_is_the_one_that_runs() {
         );
         assert_eq!(
             response["extensions"]["fanout"]["requested"],
-            1 + 1 + 3,
+            1 + 3,
             "send {send}"
         );
     }

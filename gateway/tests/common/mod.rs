@@ -78,17 +78,30 @@ pub fn cost_cases() -> Vec<(&'static str, Value, u64)> {
         (r#"{ repository(name: "acme/app") { name } }"#, json!({}), 1),
         // Nothing that reads.
         ("{ fanoutBudget { limit } }", json!({}), 0),
-        // A nested list, first: 20 (manifest + config per tag).
+        // A nested list, first: 20 (manifest + config per tag); the tag
+        // list is the repository's one read, not a second.
         (
             r#"{ repository(name: "acme/app") { tags(first: 20) { nodes { manifest { config { os } } } } } }"#,
             json!({}),
-            1 + 1 + 20 * 2,
+            1 + 20 * 2,
         ),
         // The default first (20) counts when first is absent.
         (
             r#"{ repository(name: "acme/app") { tags { nodes { manifest { digest } } } } }"#,
             json!({}),
-            1 + 1 + 20,
+            1 + 20,
+        ),
+        // CONTRACT §5's worst case: tag list, manifest, config.
+        (
+            r#"{ repository(name: "acme/app") { tag(name: "t01") { manifest { config { os } } } } }"#,
+            json!({}),
+            3,
+        ),
+        // Two fields of one repository share its tag list.
+        (
+            r#"{ repository(name: "acme/app") { tag(name: "t01") { name } tags(first: 2) { nodes { name } } } }"#,
+            json!({}),
+            1,
         ),
         // Aliases count separately (the worst case ignores de-duplication).
         (
@@ -96,15 +109,17 @@ pub fn cost_cases() -> Vec<(&'static str, Value, u64)> {
             json!({}),
             2,
         ),
-        // Fragments and inline fragments.
+        // Fragments and inline fragments (a fragment is priced on its own,
+        // so its `tag` counts the tag list again: still an upper bound).
         (
             r#"query { repository(name: "acme/app") { ...T } } fragment T on Repository { tag(name: "t01") { ... on Tag { manifest { digest } } } }"#,
             json!({}),
             1 + 1 + 1,
         ),
-        // Catalog pages multiply through repositories' own tag lists.
+        // Catalog pages multiply through repositories' own tag lists; a
+        // repository's `tags` and `tag` share its one.
         (
-            r#"{ repositories(first: 3) { nodes { tags(first: 2) { nodes { manifest { digest } } } } } }"#,
+            r#"{ repositories(first: 3) { nodes { tags(first: 2) { nodes { manifest { digest } } } tag(name: "x") { name } } } }"#,
             json!({}),
             1 + 3 * (1 + 2),
         ),
