@@ -46,7 +46,7 @@ impl Query {
         let query = async {
             let db = ctx.data::<Arc<Database>>()?;
             let upstream = ctx.upstream()?;
-            let mut permit = upstream.permit(DB).await?;
+            let permit = upstream.permit(DB).await?;
             Ok::<_, async_graphql::Error>(permit.timeout(db.row(id)).await?)
         };
         query.await.or_null(ctx)

@@ -128,6 +128,7 @@ impl ExtensionFactory for FanoutExtension {
             shape: Mutex::new(None),
             scope: Mutex::new(None),
             requested: AtomicU64::new(0),
+            priced: AtomicBool::new(false),
         })
     }
 }
@@ -142,10 +143,19 @@ struct PerOperation {
     shape: Mutex<Option<Shape>>,
     /// The request's scope, found in `prepare_request`.
     scope: Mutex<Option<FanoutRequest>>,
+    /// This operation counted at the scope's pricing barrier.
+    priced: AtomicBool,
     requested: AtomicU64,
 }
 
 impl PerOperation {
+    /// Counts this operation at `scope`'s pricing barrier, once.
+    fn price(&self, scope: &FanoutRequest, requested: u64) {
+        if !self.priced.swap(true, Relaxed) {
+            scope.priced(requested);
+        }
+    }
+
     fn types(&self, ctx: &ExtensionContext<'_>) -> Arc<SchemaTypes> {
         self.factory
             .types
@@ -180,7 +190,7 @@ impl Extension for PerOperation {
         lock(&self.scope).clone_from(&scope);
         let refused = |err| {
             if let Some(scope) = &scope {
-                scope.priced(0);
+                self.price(scope, 0);
             }
             err
         };
@@ -226,7 +236,7 @@ impl Extension for PerOperation {
         };
         self.requested.store(requested, Relaxed);
         if let Some(scope) = &*lock(&self.scope) {
-            scope.priced(requested);
+            self.price(scope, requested);
         }
         parsed
     }
@@ -259,7 +269,10 @@ impl Extension for PerOperation {
         let request = match scope {
             Some(request) => request,
             None => {
+                // Outside any HTTP request's scope (a bare `schema.execute`,
+                // a subscription): a scope of its own, still priced first.
                 let request = self.factory.engine.begin_request(Caller::Public);
+                request.expect_operations(1);
                 request.priced(requested);
                 request
             }
@@ -290,6 +303,23 @@ impl Extension for PerOperation {
             operation_name,
         );
         response
+    }
+}
+
+/// An operation that ended before this extension priced it — refused by an
+/// extension registered before this one, say — still counts at the barrier
+/// (at 0), so the rest of an announced batch does not wait for it until the
+/// deadline. (The operation ends inside the HTTP request's task, where the
+/// layer's scope is still current.)
+impl Drop for PerOperation {
+    fn drop(&mut self) {
+        if self.priced.load(Relaxed) || self.aside.load(Relaxed) {
+            return;
+        }
+        let scope = lock(&self.scope).take().or_else(FanoutRequest::current);
+        if let Some(scope) = scope {
+            self.price(&scope, 0);
+        }
     }
 }
 

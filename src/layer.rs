@@ -8,7 +8,8 @@
 //! 1. opens the request's scope (the caller from the rate-limit layer's
 //!    [`Caller`](crate::Caller), else the internal-token header) — one budget,
 //!    one de-duplication cache, one deadline;
-//! 2. for a `POST`, reads the body within the request's bounds (413
+//! 2. for any method but `GET` and `HEAD` (whose operation is in the query
+//!    string), reads the body within the request's bounds (413
 //!    `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, with `Connection: close`)
 //!    and counts the operations of a JSON batch: an empty batch is 400
 //!    `BAD_REQUEST`, more than `max_batch_operations` is 400
@@ -25,10 +26,15 @@
 //! batch itself and needs no extension, so async-graphql keeps its per-field
 //! fast path: prefer it for a new endpoint. The layer fits an endpoint that
 //! exists already; it costs what any async-graphql extension costs per field.
-//! Every `POST` body but a multipart one is read as JSON whatever its
-//! content type says, as async-graphql reads it (a `text/plain` batch is
-//! still counted and capped); a multipart upload is refused with 400
-//! `BAD_REQUEST`, since its batch could not be counted before it runs.
+//! Every body but a multipart one is read as JSON whatever its content type
+//! says and whatever the method, as async-graphql reads it (a `text/plain`
+//! batch or a `PUT` is still counted and capped). Refused with 400
+//! `BAD_REQUEST`: a multipart upload (its batch could not be counted before it
+//! runs) and a subscription stream over HTTP (`Accept: multipart/mixed;
+//! subscriptionSpec="1.0"`: its body would be polled after the layer
+//! returned, outside the request's scope). Register `engine.extension()`
+//! first among the schema's extensions: an extension before it that refuses
+//! an operation is seen only when that operation ends.
 
 use crate::engine::Engine;
 use crate::error::Rejection;
@@ -118,8 +124,13 @@ where
         let engine = self.engine.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
+            if accepts_a_stream(&parts) {
+                return Ok(STREAM.clone().into_response());
+            }
             let fanout = engine.open_request(&parts);
-            let body = if parts.method == Method::POST {
+            // async-graphql-axum reads the query string of a GET (and HEAD)
+            // and the body of every other method, as a batch.
+            let body = if !matches!(parts.method, Method::GET | Method::HEAD) {
                 let bytes = match fanout.read_body(body, &engine.config().http).await {
                     Ok(bytes) => bytes,
                     Err(refused) => return Ok(refused.unread()),
@@ -142,6 +153,25 @@ where
         })
     }
 }
+
+/// Whether the client asks for a subscription stream over HTTP
+/// (`multipart/mixed`, `subscriptionSpec="1.0"`): async-graphql-axum then
+/// answers with a body it polls after the service returned, outside the
+/// request's scope.
+fn accepts_a_stream(parts: &http::request::Parts) -> bool {
+    parts
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(async_graphql::http::is_accept_multipart_mixed)
+}
+
+/// A stream would run outside the request's budget and deadline.
+static STREAM: std::sync::LazyLock<Rejection> = std::sync::LazyLock::new(|| Rejection::BadRequest {
+    message: "subscriptions over HTTP (multipart/mixed) are not served under FanoutLayer: \
+              the stream would outlive the request's budget and deadline"
+        .into(),
+});
 
 /// Whether the body is a multipart upload (whose operations are in one of
 /// its parts).

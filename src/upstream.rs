@@ -61,13 +61,15 @@ impl RequestReads {
 }
 
 /// What makes two reads the same read: the method, the URL, the headers,
-/// and the caller's key (a read that is not a `GET` or `HEAD` has one, or is
-/// never shared).
+/// the body, and the caller's key (a read that is not a `GET` or `HEAD` has
+/// one, or is never shared).
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct ReadKey {
     method: http::Method,
     url: Box<str>,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// A `GET` with a body (a search API's) answers by its body too.
+    body: bytes::Bytes,
     key: Option<Box<str>>,
 }
 
@@ -77,6 +79,7 @@ impl ReadKey {
             method: read.method.clone(),
             url: read.url.as_str().into(),
             headers: read.headers.clone(),
+            body: read.body.clone(),
             key: read.key.clone(),
         })
     }
@@ -126,14 +129,17 @@ impl<'a> Upstream<'a> {
     /// hop back to a URL of the same chain, past the last hop, or to
     /// something that is not `http(s)` ends the read with `UPSTREAM_ERROR`.
     /// A 303 — and a 301 or 302 answering a `POST` — is followed with a
-    /// `GET` without the body; a 307 or 308 with the same method and body.
-    /// A hop to another origin drops the credentials (`Authorization`,
-    /// `Cookie`, `Proxy-Authorization`).
+    /// `GET` without the body; a 307 or 308 with the same method and body,
+    /// but never to another origin (`UPSTREAM_ERROR`). A hop to another
+    /// origin carries only `Accept` and `Content-Type` of the read's headers
+    /// (any other may be a credential).
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
         let max_redirects = self.reads.parts.max_redirects;
         let mut sent = read.clone();
         let mut response = self.read_once(read).await?;
-        let mut chain: Vec<reqwest::Url> = Vec::new();
+        // The requests of the chain so far, as (method, URL): a POST
+        // redirected (303) to a GET of its own URL is no loop.
+        let mut chain: Vec<(http::Method, reqwest::Url)> = Vec::new();
         while let Some(location) = redirect(&response).filter(|_| max_redirects > 0) {
             let fail = |message: String| Err(response.error(message));
             let next = match sent.url.join(location) {
@@ -143,11 +149,14 @@ impl<'a> Upstream<'a> {
             if chain.len() as u32 >= max_redirects {
                 return fail(format!("more than {max_redirects} redirects"));
             }
-            if next == sent.url || chain.contains(&next) {
-                return fail(format!("redirect loop at {next}"));
+            let Some(hop) = hop(&sent, response.status.as_u16(), next) else {
+                return fail("a redirect to another origin would carry the request's body".into());
+            };
+            chain.push((sent.method.clone(), sent.url.clone()));
+            if chain.contains(&(hop.method.clone(), hop.url.clone())) {
+                return fail(format!("redirect loop at {}", hop.url));
             }
-            let hop = hop(&sent, response.status.as_u16(), next);
-            chain.push(std::mem::replace(&mut sent, hop.clone()).url);
+            sent = hop.clone();
             response = self.read_once(hop).await?;
         }
         Ok(response)
@@ -268,7 +277,7 @@ impl<'a> Upstream<'a> {
     /// impl Query {
     ///     async fn count(&self, ctx: &Context<'_>) -> async_graphql::Result<u64> {
     ///         let upstream = ctx.upstream()?;
-    ///         let mut permit = upstream.permit("postgres:5432").await?;
+    ///         let permit = upstream.permit("postgres:5432").await?;
     ///         // A stand-in for `sqlx::query("…").fetch_one(&pool)`.
     ///         let rows = permit.timeout(async { 42 }).await?;
     ///         Ok(rows)
@@ -276,7 +285,12 @@ impl<'a> Upstream<'a> {
     /// }
     /// ```
     pub async fn permit(&self, host: &str) -> Result<Permit<'a>, ReadError> {
-        let entry = self.reads.parts.host_table.resolve_name(host);
+        // Named as the `[hosts]` tables name it, whatever the case.
+        let entry = self
+            .reads
+            .parts
+            .host_table
+            .resolve_name(&host.to_ascii_lowercase());
         let admitted = self.admit(&entry).await?;
         let (timeout_at, by_deadline) = self.limit(admitted.now);
         Ok(Permit {
@@ -286,7 +300,7 @@ impl<'a> Upstream<'a> {
             read_timeout: self.reads.parts.read_timeout,
             stats: self.reads.budget.stats(),
             host: entry,
-            timed_out: false,
+            outcome: Outcome::Succeeded,
         })
     }
 
@@ -363,8 +377,9 @@ struct Admitted<'a> {
 
 /// Permission for one call that is not an HTTP read, charged as one read
 /// ([`Upstream::permit`]): its request and host slots are held until it is
-/// dropped. It counts as a read that succeeded unless [`timeout`](Self::timeout)
-/// cut the call.
+/// dropped, or until the call given to [`timeout`](Self::timeout) ends. It
+/// counts as a read that succeeded — or, in `timeout`, that timed out, or
+/// was cancelled when its future was dropped mid-call.
 #[must_use = "the slots are released as soon as the permit is dropped"]
 pub struct Permit<'a> {
     admitted: Admitted<'a>,
@@ -373,7 +388,16 @@ pub struct Permit<'a> {
     read_timeout: Duration,
     stats: &'a ReadStats,
     host: Arc<HostEntry>,
-    timed_out: bool,
+    outcome: Outcome,
+}
+
+/// How a permit's call ended, as the read counters count it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Succeeded,
+    TimedOut,
+    /// In `timeout`'s call: a drop now is a cancellation.
+    Calling,
 }
 
 impl Permit<'_> {
@@ -382,28 +406,29 @@ impl Permit<'_> {
         self.timeout_at
     }
 
-    /// Runs `call` until [`deadline`](Self::deadline): its output, or
-    /// `UPSTREAM_TIMEOUT` (the read timeout cut it) / `DEADLINE_EXCEEDED`
-    /// (the request's deadline did).
-    pub async fn timeout<F: std::future::Future>(&mut self, call: F) -> Result<F::Output, ReadError> {
-        match tokio::time::timeout_at(self.timeout_at, call).await {
-            Ok(output) => Ok(output),
-            Err(_elapsed) => {
-                self.timed_out = true;
-                let m = &self.host.metrics;
-                m.timeouts.increment(1);
-                Err(if self.by_deadline {
-                    m.deadline.increment(1);
-                    ReadError::DeadlineExceeded
-                } else {
-                    m.timeout.increment(1);
-                    ReadError::UpstreamTimeout {
-                        host: self.host.name.to_string(),
-                        timeout_ms: self.read_timeout.as_millis() as u64,
-                    }
-                })
-            }
+    /// Runs `call` holding the permit, until [`deadline`](Self::deadline):
+    /// its output, or `UPSTREAM_TIMEOUT` (the read timeout cut it) /
+    /// `DEADLINE_EXCEEDED` (the request's deadline did). The slots are
+    /// released when it returns.
+    pub async fn timeout<F: std::future::Future>(mut self, call: F) -> Result<F::Output, ReadError> {
+        self.outcome = Outcome::Calling;
+        if let Ok(output) = tokio::time::timeout_at(self.timeout_at, call).await {
+            self.outcome = Outcome::Succeeded;
+            return Ok(output);
         }
+        self.outcome = Outcome::TimedOut;
+        let m = &self.host.metrics;
+        m.timeouts.increment(1);
+        Err(if self.by_deadline {
+            m.deadline.increment(1);
+            ReadError::DeadlineExceeded
+        } else {
+            m.timeout.increment(1);
+            ReadError::UpstreamTimeout {
+                host: self.host.name.to_string(),
+                timeout_ms: self.read_timeout.as_millis() as u64,
+            }
+        })
     }
 }
 
@@ -411,11 +436,16 @@ impl Drop for Permit<'_> {
     fn drop(&mut self) {
         let m = &self.host.metrics;
         m.latency.record(self.admitted.now.elapsed().as_secs_f64());
-        if self.timed_out {
-            bump(&self.stats.timed_out);
-        } else {
-            bump(&self.stats.succeeded);
-            m.ok.increment(1);
+        match self.outcome {
+            Outcome::Succeeded => {
+                bump(&self.stats.succeeded);
+                m.ok.increment(1);
+            }
+            Outcome::TimedOut => bump(&self.stats.timed_out),
+            Outcome::Calling => {
+                bump(&self.stats.cancelled);
+                m.cancelled.increment(1);
+            }
         }
     }
 }
@@ -438,28 +468,33 @@ impl std::fmt::Debug for Upstream<'_> {
 }
 
 /// The read a redirect `status` to `next` makes of `sent` (see
-/// [`Upstream::read`]).
-fn hop(sent: &Read, status: u16, next: reqwest::Url) -> Read {
+/// [`Upstream::read`]); `None` when it would carry a body to another origin.
+fn hop(sent: &Read, status: u16, next: reqwest::Url) -> Option<Read> {
     let same_origin = sent.url.origin() == next.origin();
     let to_get = status == 303 && sent.method != http::Method::HEAD
         || matches!(status, 301 | 302) && sent.method == http::Method::POST;
-    let credential = |name: &HeaderName| {
-        [header::AUTHORIZATION, header::COOKIE, header::PROXY_AUTHORIZATION].contains(name)
+    if !same_origin && !to_get && !sent.body.is_empty() {
+        return None;
+    }
+    // To another origin only what describes the content goes: a header
+    // the caller added may be a credential (`x-api-key`), whatever its name.
+    let kept = |name: &HeaderName| {
+        same_origin || matches!(*name, header::ACCEPT | header::CONTENT_TYPE)
     };
     let headers = sent
         .headers
         .iter()
-        .filter(|(name, _)| same_origin || !credential(name))
+        .filter(|(name, _)| kept(name))
         .filter(|(name, _)| !to_get || !matches!(*name, header::CONTENT_TYPE | header::CONTENT_LENGTH))
         .cloned()
         .collect();
-    Read {
+    Some(Read {
         method: if to_get { http::Method::GET } else { sent.method.clone() },
         url: next,
         headers,
         body: if to_get { bytes::Bytes::new() } else { sent.body.clone() },
         key: if to_get { None } else { sent.key.clone() },
-    }
+    })
 }
 
 /// The `Location` of a redirect answer, if `response` is one.

@@ -97,3 +97,73 @@ async fn a_redirect_keeps_or_drops_method_body_and_credentials() {
     );
     assert_eq!(request.budget().used(), 6, "every hop a charged read");
 }
+
+#[tokio::test]
+async fn a_get_with_a_body_answers_by_its_body() {
+    let transport = Arc::new(MemTransport::new());
+    let engine = engine(&transport);
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    let search = |query: &'static str| Read::get(url("http://search.test/_search")).body(query);
+    op.upstream().read(search(r#"{"q":"alice"}"#)).await.unwrap();
+    op.upstream().read(search(r#"{"q":"bob"}"#)).await.unwrap();
+    op.upstream().read(search(r#"{"q":"alice"}"#)).await.unwrap();
+    assert_eq!(transport.sent().len(), 2, "two searches, two reads; the repeat shared");
+}
+
+#[tokio::test]
+async fn redirects_follow_browser_rules_and_carry_nothing_across_origins() {
+    let mut t = MemTransport::new();
+    for (path, status, to) in [
+        ("/submit-303", 303, "/submit-303"),        // post/redirect/get to its own URL
+        ("/moved-301", 301, "/landing"),             // a POST becomes a GET
+        ("/permanent-308", 308, "/landing-308"),     // method and body kept
+        ("/away-307", 307, "http://evil.test/take"), // a body never leaves its origin
+        ("/away-302", 302, "http://other.test/page"),
+    ] {
+        let (status, headers, body) = moved(status, to);
+        t = t.stored(path, status, headers, body);
+    }
+    for path in ["/landing", "/landing-308", "/page"] {
+        t = t.stored(path, StatusCode::OK, HeaderMap::new(), "{}".into());
+    }
+    // `/submit-303` answered again, now to the GET: 200.
+    let transport = Arc::new(t);
+    let engine = engine(&transport);
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    let key = header::HeaderName::from_static("x-api-key");
+    let post = |path: &str| {
+        Read::new(Method::POST, url(&format!("http://api.test{path}")))
+            .header(key.clone(), HeaderValue::from_static("k3y"))
+            .body("payload")
+    };
+    // PRG to the same URL is no loop: the GET finds the same stored 303
+    // and its own URL in the chain, which is.
+    let err = op.upstream().read(post("/submit-303")).await.unwrap_err();
+    assert!(err.message().contains("redirect loop"), "{}", err.message());
+    assert_eq!(transport.sent().len(), 2, "the POST and its GET were both sent");
+    assert_eq!(transport.sent()[1].method(), Method::GET);
+
+    op.upstream().read(post("/moved-301")).await.unwrap();
+    let landing = transport.sent().pop().unwrap();
+    assert_eq!((landing.method(), landing.body_bytes().len()), (Method::GET, 0));
+
+    op.upstream().read(post("/permanent-308")).await.unwrap();
+    let kept = transport.sent().pop().unwrap();
+    assert_eq!((kept.method(), kept.body_bytes().as_ref()), (Method::POST, &b"payload"[..]));
+
+    let err = op.upstream().read(post("/away-307")).await.unwrap_err();
+    assert_eq!(err.code(), "UPSTREAM_ERROR");
+    assert!(transport.sent().iter().all(|r| r.url().host_str() != Some("evil.test")));
+
+    let get = Read::get(url("http://api.test/away-302"))
+        .header(key.clone(), HeaderValue::from_static("k3y"))
+        .header(header::COOKIE, HeaderValue::from_static("s=1"))
+        .accept(HeaderValue::from_static("application/json"));
+    op.upstream().read(get).await.unwrap();
+    let other = transport.sent().pop().unwrap();
+    assert_eq!(other.url().host_str(), Some("other.test"));
+    let names: Vec<_> = other.headers().iter().map(|(n, _)| n.as_str().to_string()).collect();
+    assert_eq!(names, ["accept"], "only what describes the content crosses origins");
+}

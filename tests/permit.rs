@@ -59,3 +59,30 @@ async fn queries_are_charged_capped_and_cut_like_reads() {
     assert_eq!(started.elapsed(), Duration::from_millis(300));
     assert!(answer["data"]["row"].is_null());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_permit_counts_as_a_read_on_every_outcome() {
+    let engine = Engine::new(config(10, 1, 300));
+    let request = engine.begin_request(fanout_budget::Caller::Public);
+    let op = request.operation();
+    let upstream = op.upstream();
+    // Succeeded, timed out, cancelled mid-call, held without a call.
+    upstream.permit(DB).await.unwrap().timeout(async {}).await.unwrap();
+    let slow = tokio::time::sleep(Duration::from_secs(5));
+    let err = upstream.permit(DB).await.unwrap().timeout(slow).await.unwrap_err();
+    assert_eq!(err.code(), "UPSTREAM_TIMEOUT");
+    let permit = upstream.permit(DB).await.unwrap();
+    let mut call = Box::pin(permit.timeout(std::future::pending::<()>()));
+    assert!(futures::poll!(call.as_mut()).is_pending());
+    assert_eq!(engine.hosts().in_flight(DB), 1, "the slot is held during the call");
+    drop(call);
+    drop(upstream.permit("DB:5432").await.unwrap());
+    assert_eq!(engine.hosts().in_flight(DB), 0, "every slot came back");
+    let counts = request.budget().counts();
+    assert_eq!(
+        (counts.issued, counts.succeeded, counts.timed_out, counts.cancelled),
+        (4, 2, 1, 1),
+        "{counts:?}"
+    );
+    assert!(counts.balanced());
+}

@@ -146,3 +146,94 @@ async fn the_layer_counts_a_batch_whatever_its_content_type_says() {
     assert_eq!((upload.status.as_u16(), codes(&upload.json())), (400, vec!["BAD_REQUEST".to_string()]));
     assert_eq!(upstream.seen.requests(), 0);
 }
+
+#[tokio::test]
+async fn the_layer_counts_a_batch_sent_with_any_method_and_refuses_a_stream() {
+    let mut config = Config::default();
+    config.http.max_batch_operations = 3;
+    config.http.max_body_bytes = 4096;
+    let engine = Engine::new(config);
+    let upstream = Upstream::start().await;
+    let app = stock_service(&engine, &upstream);
+    let send = |method: &str, accept: Option<&str>, body: String| {
+        let mut request = axum::http::Request::builder()
+            .method(method)
+            .uri("/graphql")
+            .header("content-type", "application/json");
+        if let Some(accept) = accept {
+            request = request.header("accept", accept);
+        }
+        fanout_testkit::call(&app, request.body(axum::body::Body::from(body)).unwrap())
+    };
+    for method in ["PUT", "PATCH", "DELETE"] {
+        let answer = send(method, None, batch(operations())).await;
+        assert_eq!(answer.status, 400, "{method}: a 5-operation batch");
+        assert_eq!(codes(&answer.json()), vec!["BATCH_TOO_LARGE".to_string()]);
+        let big = send(method, None, format!("{{\"query\":\"{{ item(id: 1) {{ id }} }}\",\"x\":\"{}\"}}", "y".repeat(5000))).await;
+        assert_eq!(big.status, 413, "{method}: past max_body_bytes");
+    }
+    let stream = r#"multipart/mixed;boundary="graphql";subscriptionSpec="1.0""#;
+    let answer = send("POST", Some(stream), r#"{"query":"{ item(id: 1) { detail { value } } }"}"#.into()).await;
+    assert_eq!((answer.status.as_u16(), codes(&answer.json())), (400, vec!["BAD_REQUEST".to_string()]));
+    assert_eq!(upstream.seen.requests(), 0);
+}
+
+/// Refuses every operation whose text carries `#deny`, before the
+/// extensions registered after it run (as an allow-list would).
+struct Deny;
+
+impl async_graphql::extensions::ExtensionFactory for Deny {
+    fn create(&self) -> std::sync::Arc<dyn async_graphql::extensions::Extension> {
+        std::sync::Arc::new(Deny)
+    }
+}
+
+#[async_graphql::async_trait::async_trait]
+impl async_graphql::extensions::Extension for Deny {
+    async fn prepare_request(
+        &self,
+        ctx: &async_graphql::extensions::ExtensionContext<'_>,
+        request: Request,
+        next: async_graphql::extensions::NextPrepareRequest<'_>,
+    ) -> async_graphql::ServerResult<Request> {
+        if request.query.contains("#deny") {
+            return Err(async_graphql::ServerError::new("denied", None));
+        }
+        next.run(ctx, request).await
+    }
+}
+
+#[tokio::test]
+async fn under_the_layer_the_batch_is_priced_first_and_never_waits_for_a_refused_operation() {
+    let costs = fanout_budget::CostTable::new()
+        .field("Item", "detail", fanout_budget::FieldCost::reads(1));
+    let mut config = Config::default();
+    config.budget.refuse_over_estimate = true;
+    config.budget.max_reads = 6;
+    config.budget.deadline_ms = 60_000;
+    let engine = Engine::builder(config).costs(costs).build();
+    let upstream = Upstream::start().await;
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .data(Base(upstream.base()))
+        .extension(Deny)
+        .extension(engine.extension())
+        .finish();
+    let app = Router::new()
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+        .layer(FanoutLayer::new(engine.clone()));
+    // Priced 10 > 6: every operation refused before any read.
+    let (_, answer) = post(&app, batch(operations())).await;
+    let refused = codes(&answer);
+    assert_eq!(refused.len(), 5, "{answer}");
+    assert!(refused.iter().all(|c| c == "FANOUT_ESTIMATE_EXCEEDS_BUDGET"), "{answer}");
+    assert_eq!(upstream.seen.requests(), 0);
+    // An operation refused by the extension before ours still counts at
+    // the barrier: the other runs at once, not at the deadline.
+    let started = std::time::Instant::now();
+    let ops = [operations()[0].clone(), format!("{} #deny", operations()[1])];
+    let (_, answer) = post(&app, batch(ops)).await;
+    // Real time, a 60 s deadline: anything near it is the wait.
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "waited for the deadline");
+    assert!(answer[0].get("errors").is_none(), "{answer}");
+    assert_eq!(answer[1]["errors"][0]["message"], "denied");
+}
