@@ -102,14 +102,21 @@ async fn without_the_layer_the_stock_service_gives_each_operation_its_own_budget
     assert_eq!(upstream.seen.requests(), 10, "no shared de-duplication");
 }
 
-#[tokio::test]
-async fn the_layer_refuses_a_bad_batch_before_anything_runs() {
+/// The stock service under the layer, batches capped at 3 operations and
+/// bodies at 4096 bytes.
+async fn capped() -> (Upstream, Router) {
     let mut config = Config::default();
     config.http.max_batch_operations = 3;
     config.http.max_body_bytes = 4096;
     let engine = Engine::new(config);
     let upstream = Upstream::start().await;
     let app = stock_service(&engine, &upstream);
+    (upstream, app)
+}
+
+#[tokio::test]
+async fn the_layer_refuses_a_bad_batch_before_anything_runs() {
+    let (upstream, app) = capped().await;
     let (status, answer) = post(&app, batch(operations())).await;
     assert_eq!((status.as_u16(), codes(&answer)), (400, vec!["BATCH_TOO_LARGE".to_string()]));
     let (status, answer) = post(&app, "[]").await;
@@ -122,11 +129,7 @@ async fn the_layer_refuses_a_bad_batch_before_anything_runs() {
 
 #[tokio::test]
 async fn the_layer_counts_a_batch_whatever_its_content_type_says() {
-    let mut config = Config::default();
-    config.http.max_batch_operations = 3;
-    let engine = Engine::new(config);
-    let upstream = Upstream::start().await;
-    let app = stock_service(&engine, &upstream);
+    let (upstream, app) = capped().await;
     let send = |content_type: &str, body: String| {
         let request = axum::http::Request::post("/graphql")
             .header("content-type", content_type)
@@ -149,12 +152,7 @@ async fn the_layer_counts_a_batch_whatever_its_content_type_says() {
 
 #[tokio::test]
 async fn the_layer_counts_a_batch_sent_with_any_method_and_refuses_a_stream() {
-    let mut config = Config::default();
-    config.http.max_batch_operations = 3;
-    config.http.max_body_bytes = 4096;
-    let engine = Engine::new(config);
-    let upstream = Upstream::start().await;
-    let app = stock_service(&engine, &upstream);
+    let (upstream, app) = capped().await;
     let send = |method: &str, accept: Option<&str>, body: String| {
         let mut request = axum::http::Request::builder()
             .method(method)
