@@ -6,8 +6,7 @@
 //! Run: `cargo run --example stock_service -- http://127.0.0.1:5000` (any JSON
 //! API), then `curl -s localhost:3000/graphql -H 'content-type: application/json'
 //! -d '[{"query":"{ get(path: \"/v2/\") }"},{"query":"{ get(path: \"/v2/\") }"}]'`
-//! — two operations, one budget, one read. (`tests/three_ways.rs` sends
-//! batches through exactly this stack.)
+//! — two operations, one budget, one read (`tests/stock_service.rs`).
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
 use fanout_budget::{Config, Engine, FanoutContext, FanoutLayer, OrNull, Read};
@@ -29,6 +28,18 @@ async fn read(ctx: &Context<'_>, path: &str) -> async_graphql::Result<String> {
     Ok(String::from_utf8_lossy(&response.body).into_owned())
 }
 
+/// The app: the stock service, the extension on the schema, the layer around.
+pub fn app(engine: Engine, upstream: reqwest::Url) -> Router {
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .data(Upstream(upstream))
+        .extension(engine.extension()) // counts reads, codes errors
+        .finish();
+    Router::new()
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+        .layer(FanoutLayer::new(engine)) // one scope per HTTP request
+}
+
+#[allow(dead_code)] // the tests use `app`
 #[tokio::main]
 async fn main() {
     let upstream = std::env::args()
@@ -36,13 +47,7 @@ async fn main() {
         .unwrap_or_else(|| "http://127.0.0.1:5000".into());
     let config = Config::default();
     let engine = Engine::new(config.clone()); // one per process
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .data(Upstream(upstream.parse().expect("an upstream URL")))
-        .extension(engine.extension()) // counts reads, codes errors
-        .finish();
-    let app = Router::new()
-        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
-        .layer(FanoutLayer::new(engine)); // one scope per HTTP request
+    let app = app(engine, upstream.parse().expect("an upstream URL"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000")
         .await
         .unwrap();

@@ -46,6 +46,19 @@ async fn queries_are_charged_capped_and_cut_like_reads() {
     assert_eq!(answer["extensions"]["fanout"]["used"], 4);
     assert_eq!(answer["extensions"]["fanout"]["operationReads"], 4);
 
+    // A batch shares one budget: 3 + 3 rows asked of a budget of 4 — four
+    // run, two are refused, across both operations.
+    let db = Arc::new(Database {
+        latency: Duration::from_millis(50),
+        ..Database::default()
+    });
+    let app = example::app(Engine::new(config(4, 2, 1_000)), db.clone());
+    let ops = ["{ a: row(id: 1) b: row(id: 2) c: row(id: 3) }".to_string(), "{ d: row(id: 4) e: row(id: 5) f: row(id: 6) }".to_string()];
+    let (_, answer) = post(&app, batch(ops)).await;
+    assert_eq!(db.queries.load(SeqCst), 4, "{answer}");
+    assert_eq!(codes(&answer).len(), 2, "{answer}");
+    assert_eq!(fanout_testkit::operation_reads(answer.as_array().unwrap()), 4);
+
     // A query slower than the read timeout is cut, named UPSTREAM_TIMEOUT.
     let slow = Arc::new(Database {
         latency: Duration::from_secs(5),
