@@ -76,7 +76,9 @@ async fn main() {
         ..Database::default()
     });
     let app = app(Engine::new(config.clone()), db);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000")
+        .await
+        .unwrap();
     println!("listening on http://127.0.0.1:3000/graphql");
     fanout_budget::serve(listener, app, &config).await.unwrap();
 }

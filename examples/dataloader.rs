@@ -39,7 +39,9 @@ impl Loader<u64> for Items {
                 Ok::<_, ReadError>((*id, body["value"].as_str().unwrap_or_default().to_string()))
             }
         });
-        futures::future::try_join_all(reads).await.map(HashMap::from_iter)
+        futures::future::try_join_all(reads)
+            .await
+            .map(HashMap::from_iter)
     }
 }
 
@@ -85,8 +87,13 @@ async fn main() {
         .nth(1)
         .unwrap_or_else(|| "http://127.0.0.1:5000/".into());
     let config = Config::default();
-    let app = app(Engine::new(config.clone()), base.parse().expect("an upstream URL"));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await.unwrap();
+    let app = app(
+        Engine::new(config.clone()),
+        base.parse().expect("an upstream URL"),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000")
+        .await
+        .unwrap();
     println!("listening on http://127.0.0.1:3000/graphql (upstream {base})");
     fanout_budget::serve(listener, app, &config).await.unwrap();
 }

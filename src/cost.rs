@@ -207,7 +207,12 @@ impl Walk<'_> {
     ///
     /// `made`: the shared reads ([`FieldCost::shared`]) this object already
     /// has — from the field that returned it, then from its earlier fields.
-    fn selection<'s>(&'s self, set: &Positioned<SelectionSet>, ty: &str, made: &mut Vec<&'s str>) -> u64 {
+    fn selection<'s>(
+        &'s self,
+        set: &Positioned<SelectionSet>,
+        ty: &str,
+        made: &mut Vec<&'s str>,
+    ) -> u64 {
         let mut total = 0u64;
         for item in &set.node.items {
             let cost = match &item.node {

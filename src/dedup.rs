@@ -168,7 +168,6 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
             }
         }
     }
-
 }
 
 /// Runs the read for `cell`, which the caller has marked running.

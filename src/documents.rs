@@ -32,9 +32,8 @@
 //! the cache, never memory. A text that does not parse is not kept
 //! (async-graphql parses it again and reports the error).
 
-use crate::seed::random_state;
-use foldhash::fast::SeedableRandomState;
 use crate::metrics::DocumentMetrics;
+use crate::seed::random_state;
 use async_graphql::parser::types::{
     BaseType, Directive, DocumentOperations, ExecutableDocument, OperationDefinition, Selection,
     SelectionSet, Type,
@@ -42,6 +41,7 @@ use async_graphql::parser::types::{
 use async_graphql::parser::{parse_query, Error as ParseError, Positioned};
 use async_graphql::Name;
 use async_graphql_value::{ConstValue, Value};
+use foldhash::fast::SeedableRandomState;
 use std::collections::HashMap;
 use std::mem::size_of;
 use std::sync::OnceLock;

@@ -105,7 +105,9 @@ impl ReadError {
             Self::UpstreamTimeout { host, timeout_ms } => {
                 format!("upstream {host} did not answer within {timeout_ms} ms")
             }
-            Self::DeadlineExceeded => "the request deadline passed before this read finished".into(),
+            Self::DeadlineExceeded => {
+                "the request deadline passed before this read finished".into()
+            }
             Self::Upstream {
                 host,
                 status: Some(status),
@@ -323,7 +325,9 @@ impl Rejection {
             | Self::PayloadTooLarge { max }
             | Self::ResponseTooLarge { max } => ext["max"] = (*max as u64).into(),
             Self::RequestTimeout { timeout_ms } => ext["timeoutMs"] = (*timeout_ms).into(),
-            Self::RateLimited { retry_after_secs } => ext["retryAfter"] = (*retry_after_secs).into(),
+            Self::RateLimited { retry_after_secs } => {
+                ext["retryAfter"] = (*retry_after_secs).into()
+            }
             Self::BadRequest { .. } | Self::Unavailable { .. } | Self::Misconfigured { .. } => {}
         }
         let mut body = serde_json::json!({
@@ -402,7 +406,9 @@ pub(crate) enum OperationError {
 pub(crate) fn operation_error(err: &OperationError) -> ServerError {
     let mut ext = ErrorExtensionValues::default();
     let (code, message, at) = match err {
-        OperationError::ParseFailed { message, at } => ("GRAPHQL_PARSE_FAILED", message.clone(), at),
+        OperationError::ParseFailed { message, at } => {
+            ("GRAPHQL_PARSE_FAILED", message.clone(), at)
+        }
         OperationError::ValidationFailed { message, at } => {
             ("GRAPHQL_VALIDATION_FAILED", message.clone(), at)
         }

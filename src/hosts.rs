@@ -296,7 +296,10 @@ mod tests {
         assert_eq!(&*c.name, "reg.example:443");
         assert!(Arc::ptr_eq(&c, &d));
         assert!(!Arc::ptr_eq(&a, &c));
-        assert_eq!(&*table.resolve(&url("http://[::1]:8080/")).name, "[::1]:8080");
+        assert_eq!(
+            &*table.resolve(&url("http://[::1]:8080/")).name,
+            "[::1]:8080"
+        );
     }
 
     #[tokio::test]
@@ -320,8 +323,12 @@ mod tests {
         assert_eq!(caps.in_flight("a:1"), 0);
         let started = tokio::time::Instant::now();
         assert!(caps.acquire("z:1", left).await.is_err());
-        assert!(started.elapsed() < Duration::from_secs(5), "no wait at cap 0");
-        let unlimited: Vec<_> = futures::future::join_all((0..3).map(|_| caps.acquire("u:1", left))).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no wait at cap 0"
+        );
+        let unlimited: Vec<_> =
+            futures::future::join_all((0..3).map(|_| caps.acquire("u:1", left))).await;
         assert_eq!(caps.in_flight("u:1"), 3);
         drop(unlimited);
         assert_eq!(caps.in_flight("u:1"), 0);

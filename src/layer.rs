@@ -167,11 +167,12 @@ fn accepts_a_stream(parts: &http::request::Parts) -> bool {
 }
 
 /// A stream would run outside the request's budget and deadline.
-static STREAM: std::sync::LazyLock<Rejection> = std::sync::LazyLock::new(|| Rejection::BadRequest {
-    message: "subscriptions over HTTP (multipart/mixed) are not served under FanoutLayer: \
+static STREAM: std::sync::LazyLock<Rejection> =
+    std::sync::LazyLock::new(|| Rejection::BadRequest {
+        message: "subscriptions over HTTP (multipart/mixed) are not served under FanoutLayer: \
               the stream would outlive the request's budget and deadline"
-        .into(),
-});
+            .into(),
+    });
 
 /// Whether the body is a multipart upload (whose operations are in one of
 /// its parts).
@@ -180,16 +181,21 @@ fn is_multipart(parts: &http::request::Parts) -> bool {
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.trim_start().to_ascii_lowercase().starts_with("multipart/"))
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/")
+        })
 }
 
 /// A multipart body's batch cannot be counted before the service reads it,
 /// so the layer would hold neither the batch cap nor the pricing.
-static MULTIPART: std::sync::LazyLock<Rejection> = std::sync::LazyLock::new(|| Rejection::BadRequest {
-    message: "multipart requests (uploads) are not served under FanoutLayer: its batch \
+static MULTIPART: std::sync::LazyLock<Rejection> =
+    std::sync::LazyLock::new(|| Rejection::BadRequest {
+        message: "multipart requests (uploads) are not served under FanoutLayer: its batch \
               cannot be counted before it runs; serve uploads on a route of their own"
-        .into(),
-});
+            .into(),
+    });
 
 /// How many operations a JSON body holds: 1 for an object, the length of a
 /// non-empty array of at most `max`. Anything else is left to the service

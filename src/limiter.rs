@@ -36,9 +36,9 @@ use crate::config::{FailureMode, RateLimitConfig};
 use crate::error::{Rejection, Unavailable};
 use crate::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
 use crate::metrics;
+use crate::seed::random_state;
 use axum::extract::ConnectInfo;
 use clock::TokioNanos;
-use crate::seed::random_state;
 use foldhash::fast::SeedableRandomState;
 use futures::future::BoxFuture;
 use governor::clock::Clock as GovernorClock;
@@ -104,7 +104,12 @@ pub trait InboundLimiter: Send + Sync + 'static {
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>>;
 }
 
-type Gcra<C> = RateLimiter<IpAddr, DashMapStateStore<IpAddr, SeedableRandomState>, C, StateInformationMiddleware>;
+type Gcra<C> = RateLimiter<
+    IpAddr,
+    DashMapStateStore<IpAddr, SeedableRandomState>,
+    C,
+    StateInformationMiddleware,
+>;
 
 /// The in-process GCRA limiter (governor), keyed by client IP.
 pub(crate) struct LocalLimiter<C: GovernorClock = TokioNanos> {

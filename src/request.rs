@@ -14,8 +14,8 @@
 //! their worst case exceeds the budget. Both integrations use it.
 
 use crate::budget::RequestBudget;
-use crate::engine::Engine;
 use crate::config::HttpConfig;
+use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};
 use crate::identity::Caller;
 use crate::upstream::{RequestReads, Upstream};
@@ -87,7 +87,8 @@ impl Engine {
             Caller::Internal => b.internal_max_reads,
             Caller::Public => b.max_reads,
         };
-        let budget = RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
+        let budget =
+            RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
         let price_first = b.refuse_over_estimate && self.costs().is_some();
         FanoutRequest {
             inner: Arc::new(Scope {
@@ -280,7 +281,8 @@ impl std::fmt::Debug for FanoutRequest {
 /// What an app adds to each operation's data, given the operation's handle
 /// (both integrations take one: `FanoutGraphQL::operation_data`,
 /// `FanoutExtension::operation_data`).
-pub(crate) type OperationData = Arc<dyn Fn(&Arc<Operation>, &mut async_graphql::Data) + Send + Sync>;
+pub(crate) type OperationData =
+    Arc<dyn Fn(&Arc<Operation>, &mut async_graphql::Data) + Send + Sync>;
 
 /// The operation's data: its handle, then what the app adds.
 pub(crate) fn operation_data(

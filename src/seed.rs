@@ -15,7 +15,8 @@ use std::sync::OnceLock;
 /// A hasher builder with a fresh random seed, for one map.
 pub(crate) fn random_state() -> SeedableRandomState {
     static SHARED: OnceLock<SharedSeed> = OnceLock::new();
-    let shared = SHARED.get_or_init(|| SharedSeed::from_u64(RandomState::new().hash_one(0x5eed_u64)));
+    let shared =
+        SHARED.get_or_init(|| SharedSeed::from_u64(RandomState::new().hash_one(0x5eed_u64)));
     SeedableRandomState::with_seed(RandomState::new().hash_one(0x5eed_u64), shared)
 }
 
@@ -27,8 +28,13 @@ mod tests {
     #[test]
     fn every_map_hashes_its_own_way() {
         let (a, b) = (random_state(), random_state());
-        let keys: Vec<String> = (0..256).map(|i| format!("http://registry/v2/r{i}/manifests/latest")).collect();
-        let same = keys.iter().filter(|k| a.hash_one(k) == b.hash_one(k)).count();
+        let keys: Vec<String> = (0..256)
+            .map(|i| format!("http://registry/v2/r{i}/manifests/latest"))
+            .collect();
+        let same = keys
+            .iter()
+            .filter(|k| a.hash_one(k) == b.hash_one(k))
+            .count();
         assert_eq!(same, 0, "two maps, one hash");
         assert!(keys.iter().all(|k| a.hash_one(k) == a.hash_one(k)));
     }

@@ -184,7 +184,10 @@ impl<'a> Upstream<'a> {
             None => (self.send(read).instrument(span.clone()).await, Origin::Ran),
         };
         span.record("dedup", origin == Origin::Shared);
-        span.record("outcome", result.as_ref().map_or_else(|e| e.code(), |_| "ok"));
+        span.record(
+            "outcome",
+            result.as_ref().map_or_else(|e| e.code(), |_| "ok"),
+        );
         if origin == Origin::Shared {
             bump(&self.reads.budget.stats().dedup_hits);
             metrics::dedup_hit();
@@ -410,7 +413,10 @@ impl Permit<'_> {
     /// its output, or `UPSTREAM_TIMEOUT` (the read timeout cut it) /
     /// `DEADLINE_EXCEEDED` (the request's deadline did). The slots are
     /// released when it returns.
-    pub async fn timeout<F: std::future::Future>(mut self, call: F) -> Result<F::Output, ReadError> {
+    pub async fn timeout<F: std::future::Future>(
+        mut self,
+        call: F,
+    ) -> Result<F::Output, ReadError> {
         self.outcome = Outcome::Calling;
         if let Ok(output) = tokio::time::timeout_at(self.timeout_at, call).await {
             self.outcome = Outcome::Succeeded;
@@ -478,21 +484,30 @@ fn hop(sent: &Read, status: u16, next: reqwest::Url) -> Option<Read> {
     }
     // To another origin only what describes the content goes: a header
     // the caller added may be a credential (`x-api-key`), whatever its name.
-    let kept = |name: &HeaderName| {
-        same_origin || matches!(*name, header::ACCEPT | header::CONTENT_TYPE)
-    };
+    let kept =
+        |name: &HeaderName| same_origin || matches!(*name, header::ACCEPT | header::CONTENT_TYPE);
     let headers = sent
         .headers
         .iter()
         .filter(|(name, _)| kept(name))
-        .filter(|(name, _)| !to_get || !matches!(*name, header::CONTENT_TYPE | header::CONTENT_LENGTH))
+        .filter(|(name, _)| {
+            !to_get || !matches!(*name, header::CONTENT_TYPE | header::CONTENT_LENGTH)
+        })
         .cloned()
         .collect();
     Some(Read {
-        method: if to_get { http::Method::GET } else { sent.method.clone() },
+        method: if to_get {
+            http::Method::GET
+        } else {
+            sent.method.clone()
+        },
         url: next,
         headers,
-        body: if to_get { bytes::Bytes::new() } else { sent.body.clone() },
+        body: if to_get {
+            bytes::Bytes::new()
+        } else {
+            sent.body.clone()
+        },
         key: if to_get { None } else { sent.key.clone() },
     })
 }

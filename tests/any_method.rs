@@ -29,13 +29,20 @@ async fn a_post_is_shared_only_under_a_key_and_headers_tell_reads_apart() {
     for _ in 0..3 {
         upstream.read(post()).await.unwrap();
     }
-    assert_eq!(transport.sent().len(), 3, "a POST without a key is never shared");
+    assert_eq!(
+        transport.sent().len(),
+        3,
+        "a POST without a key is never shared"
+    );
     for _ in 0..3 {
         upstream.read(post().dedup_key(query)).await.unwrap();
     }
     assert_eq!(transport.sent().len(), 4, "keyed: one POST for the three");
     let sent = transport.sent().pop().unwrap();
-    assert_eq!((sent.method(), sent.body_bytes().as_ref()), (Method::POST, query.as_bytes()));
+    assert_eq!(
+        (sent.method(), sent.body_bytes().as_ref()),
+        (Method::POST, query.as_bytes())
+    );
 
     let as_user = |token: &'static str| {
         Read::get(url("http://books.test/me"))
@@ -44,7 +51,11 @@ async fn a_post_is_shared_only_under_a_key_and_headers_tell_reads_apart() {
     upstream.read(as_user("Bearer alice")).await.unwrap();
     upstream.read(as_user("Bearer bob")).await.unwrap();
     upstream.read(as_user("Bearer alice")).await.unwrap();
-    assert_eq!(transport.sent().len(), 6, "two users, two reads; the repeat is shared");
+    assert_eq!(
+        transport.sent().len(),
+        6,
+        "two users, two reads; the repeat is shared"
+    );
     assert_eq!(request.budget().used(), 6);
     assert_eq!(request.budget().counts().dedup_hits, 3);
 }
@@ -52,12 +63,18 @@ async fn a_post_is_shared_only_under_a_key_and_headers_tell_reads_apart() {
 fn moved(status: u16, to: &str) -> (StatusCode, HeaderMap, bytes::Bytes) {
     let mut headers = HeaderMap::new();
     headers.insert(header::LOCATION, to.parse().unwrap());
-    (StatusCode::from_u16(status).unwrap(), headers, bytes::Bytes::new())
+    (
+        StatusCode::from_u16(status).unwrap(),
+        headers,
+        bytes::Bytes::new(),
+    )
 }
 
 #[tokio::test]
 async fn a_redirect_keeps_or_drops_method_body_and_credentials() {
-    let stored = |t: MemTransport, path: &str, (status, headers, body): (StatusCode, HeaderMap, bytes::Bytes)| {
+    let stored = |t: MemTransport,
+                  path: &str,
+                  (status, headers, body): (StatusCode, HeaderMap, bytes::Bytes)| {
         t.stored(path, status, headers, body)
     };
     let mut t = MemTransport::new();
@@ -79,20 +96,43 @@ async fn a_redirect_keeps_or_drops_method_body_and_credentials() {
     };
     op.upstream().read(post("/see-other")).await.unwrap();
     op.upstream().read(post("/temporary")).await.unwrap();
-    let get = Read::get(url("http://api.test/elsewhere")).header(header::AUTHORIZATION, auth.clone());
+    let get =
+        Read::get(url("http://api.test/elsewhere")).header(header::AUTHORIZATION, auth.clone());
     op.upstream().read(get).await.unwrap();
 
     let sent = transport.sent();
-    let hop = |path: &str| sent.iter().find(|r| r.url().path() == path).unwrap().clone();
+    let hop = |path: &str| {
+        sent.iter()
+            .find(|r| r.url().path() == path)
+            .unwrap()
+            .clone()
+    };
     let result = hop("/result");
-    assert_eq!((result.method(), result.body_bytes().len()), (Method::GET, 0), "303: GET, no body");
-    assert!(result.headers().iter().any(|(n, _)| n == header::AUTHORIZATION), "same origin keeps it");
+    assert_eq!(
+        (result.method(), result.body_bytes().len()),
+        (Method::GET, 0),
+        "303: GET, no body"
+    );
+    assert!(
+        result
+            .headers()
+            .iter()
+            .any(|(n, _)| n == header::AUTHORIZATION),
+        "same origin keeps it"
+    );
     let again = hop("/again");
-    assert_eq!((again.method(), again.body_bytes().as_ref()), (Method::POST, &b"payload"[..]), "307 keeps both");
+    assert_eq!(
+        (again.method(), again.body_bytes().as_ref()),
+        (Method::POST, &b"payload"[..]),
+        "307 keeps both"
+    );
     let landing = hop("/landing");
     assert_eq!(landing.url().host_str(), Some("other.test"));
     assert!(
-        landing.headers().iter().all(|(n, _)| n != header::AUTHORIZATION),
+        landing
+            .headers()
+            .iter()
+            .all(|(n, _)| n != header::AUTHORIZATION),
         "another origin never sees the credentials"
     );
     assert_eq!(request.budget().used(), 6, "every hop a charged read");
@@ -105,19 +145,29 @@ async fn a_get_with_a_body_answers_by_its_body() {
     let request = engine.begin_request(Caller::Public);
     let op = request.operation();
     let search = |query: &'static str| Read::get(url("http://search.test/_search")).body(query);
-    op.upstream().read(search(r#"{"q":"alice"}"#)).await.unwrap();
+    op.upstream()
+        .read(search(r#"{"q":"alice"}"#))
+        .await
+        .unwrap();
     op.upstream().read(search(r#"{"q":"bob"}"#)).await.unwrap();
-    op.upstream().read(search(r#"{"q":"alice"}"#)).await.unwrap();
-    assert_eq!(transport.sent().len(), 2, "two searches, two reads; the repeat shared");
+    op.upstream()
+        .read(search(r#"{"q":"alice"}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        transport.sent().len(),
+        2,
+        "two searches, two reads; the repeat shared"
+    );
 }
 
 #[tokio::test]
 async fn redirects_follow_browser_rules_and_carry_nothing_across_origins() {
     let mut t = MemTransport::new();
     for (path, status, to) in [
-        ("/submit-303", 303, "/submit-303"),        // post/redirect/get to its own URL
-        ("/moved-301", 301, "/landing"),             // a POST becomes a GET
-        ("/permanent-308", 308, "/landing-308"),     // method and body kept
+        ("/submit-303", 303, "/submit-303"), // post/redirect/get to its own URL
+        ("/moved-301", 301, "/landing"),     // a POST becomes a GET
+        ("/permanent-308", 308, "/landing-308"), // method and body kept
         ("/away-307", 307, "http://evil.test/take"), // a body never leaves its origin
         ("/away-302", 302, "http://other.test/page"),
     ] {
@@ -142,20 +192,33 @@ async fn redirects_follow_browser_rules_and_carry_nothing_across_origins() {
     // and its own URL in the chain, which is.
     let err = op.upstream().read(post("/submit-303")).await.unwrap_err();
     assert!(err.message().contains("redirect loop"), "{}", err.message());
-    assert_eq!(transport.sent().len(), 2, "the POST and its GET were both sent");
+    assert_eq!(
+        transport.sent().len(),
+        2,
+        "the POST and its GET were both sent"
+    );
     assert_eq!(transport.sent()[1].method(), Method::GET);
 
     op.upstream().read(post("/moved-301")).await.unwrap();
     let landing = transport.sent().pop().unwrap();
-    assert_eq!((landing.method(), landing.body_bytes().len()), (Method::GET, 0));
+    assert_eq!(
+        (landing.method(), landing.body_bytes().len()),
+        (Method::GET, 0)
+    );
 
     op.upstream().read(post("/permanent-308")).await.unwrap();
     let kept = transport.sent().pop().unwrap();
-    assert_eq!((kept.method(), kept.body_bytes().as_ref()), (Method::POST, &b"payload"[..]));
+    assert_eq!(
+        (kept.method(), kept.body_bytes().as_ref()),
+        (Method::POST, &b"payload"[..])
+    );
 
     let err = op.upstream().read(post("/away-307")).await.unwrap_err();
     assert_eq!(err.code(), "UPSTREAM_ERROR");
-    assert!(transport.sent().iter().all(|r| r.url().host_str() != Some("evil.test")));
+    assert!(transport
+        .sent()
+        .iter()
+        .all(|r| r.url().host_str() != Some("evil.test")));
 
     let get = Read::get(url("http://api.test/away-302"))
         .header(key.clone(), HeaderValue::from_static("k3y"))
@@ -164,6 +227,14 @@ async fn redirects_follow_browser_rules_and_carry_nothing_across_origins() {
     op.upstream().read(get).await.unwrap();
     let other = transport.sent().pop().unwrap();
     assert_eq!(other.url().host_str(), Some("other.test"));
-    let names: Vec<_> = other.headers().iter().map(|(n, _)| n.as_str().to_string()).collect();
-    assert_eq!(names, ["accept"], "only what describes the content crosses origins");
+    let names: Vec<_> = other
+        .headers()
+        .iter()
+        .map(|(n, _)| n.as_str().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["accept"],
+        "only what describes the content crosses origins"
+    );
 }

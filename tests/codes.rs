@@ -40,9 +40,16 @@ async fn codes_survive_a_bare_schema_execute() {
             .unwrap_or_else(|| panic!("no error at {field}: {:?}", response.errors))
     };
     let failed = by_path("failed");
-    assert_eq!(extension(failed, "code"), Some(Value::from("HOST_SATURATED")));
+    assert_eq!(
+        extension(failed, "code"),
+        Some(Value::from("HOST_SATURATED"))
+    );
     assert_eq!(extension(failed, "maxConcurrent"), Some(Value::from(4)));
-    assert!(failed.message.contains("registry:5000"), "{}", failed.message);
+    assert!(
+        failed.message.contains("registry:5000"),
+        "{}",
+        failed.message
+    );
     let nulled = by_path("nulled");
     assert_eq!(
         extension(nulled, "code"),

@@ -29,6 +29,9 @@ async fn a_request_scoped_loader_reads_through_the_acquisition_point() {
     // Items 1–4, each read once for the whole batch.
     assert_eq!(upstream.seen.requests(), 4);
     assert_eq!(fanout_testkit::operation_reads(responses), 4);
-    let used: Vec<_> = responses.iter().map(|r| r["extensions"]["fanout"]["used"].as_u64()).collect();
+    let used: Vec<_> = responses
+        .iter()
+        .map(|r| r["extensions"]["fanout"]["used"].as_u64())
+        .collect();
     assert!(used.contains(&Some(4)), "{used:?}");
 }

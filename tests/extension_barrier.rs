@@ -2,7 +2,9 @@
 //! refused before it could be priced: in an announced batch with
 //! `refuse_over_estimate`, a text that does not parse is priced at 0, and the
 //! rest of the batch runs at once (not at the deadline).
-use async_graphql::{BatchRequest, Context, EmptyMutation, EmptySubscription, Object, Request, Schema};
+use async_graphql::{
+    BatchRequest, Context, EmptyMutation, EmptySubscription, Object, Request, Schema,
+};
 use fanout_budget::{Caller, Config, CostTable, Engine, FanoutContext, FieldCost};
 
 struct Query;
@@ -42,7 +44,10 @@ async fn a_refused_operation_does_not_hold_the_batch_until_the_deadline() {
             single => panic!("a batch answered {single:?}"),
         };
         // On paused time a wait for the deadline would jump straight to it.
-        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{broken}: waited");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{broken}: waited"
+        );
         let ok = &responses[0];
         assert!(ok.errors.is_empty(), "{broken}: {:?}", ok.errors);
         assert_eq!(ok.data.to_string(), "{limit: 30}");
@@ -59,8 +64,14 @@ async fn a_refused_batch_names_no_invalid_location() {
     let answer = serde_json::to_value(schema.execute_batch(batch.data(fanout)).await).unwrap();
     for response in answer.as_array().unwrap() {
         let error = &response["errors"][0];
-        assert_eq!(error["extensions"]["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET", "{response}");
-        assert!(error.get("locations").is_none(), "no location at all: {error}");
+        assert_eq!(
+            error["extensions"]["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET",
+            "{response}"
+        );
+        assert!(
+            error.get("locations").is_none(),
+            "no location at all: {error}"
+        );
         assert!(response["data"].is_null());
     }
 }

@@ -186,10 +186,14 @@ async fn the_rate_limiter_without_the_tcp_peer_refuses_loudly_not_into_one_bucke
     let limited = app.route_layer(fanout_budget::RateLimitLayer::new(&config.rate_limit));
     let body = r#"{"query":"{ item(id: 1) { detail { value } } }"}"#;
     // Served without connect info: every client would share one bucket.
-    let bare = fanout_testkit::call(&limited, fanout_testkit::graphql_request(body, &[], None)).await;
+    let bare =
+        fanout_testkit::call(&limited, fanout_testkit::graphql_request(body, &[], None)).await;
     assert_eq!(bare.status, 500);
     assert_eq!(codes(&bare.json()), vec!["INTERNAL_SERVER_ERROR"]);
-    assert!(bare.json()["errors"][0]["message"].as_str().unwrap().contains("connect_info"));
+    assert!(bare.json()["errors"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("connect_info"));
     assert_eq!(bare.headers["connection"], "close");
     assert_eq!(upstream.seen.requests(), 0);
     // With the peer, as `fanout_budget::serve` records it: served.

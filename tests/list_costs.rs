@@ -3,7 +3,9 @@
 //! selections, the estimate is an upper bound of the reads sent, and exact
 //! when no read repeats.
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
-use fanout_budget::{Config, CostTable, Engine, FanoutContext, FanoutGraphQL, FieldCost, OrNull, Read};
+use fanout_budget::{
+    Config, CostTable, Engine, FanoutContext, FanoutGraphQL, FieldCost, OrNull, Read,
+};
 use fanout_testkit::MemTransport;
 use proptest::prelude::*;
 use std::sync::Arc;
@@ -56,7 +58,10 @@ fn app() -> axum::Router {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 proptest! {

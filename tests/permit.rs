@@ -35,14 +35,18 @@ async fn queries_are_charged_capped_and_cut_like_reads() {
     });
     // A budget of 4, a cap of 2: six rows asked, four run, two at a time.
     let app = example::app(Engine::new(config(4, 2, 1_000)), db.clone());
-    let query = "{ a: row(id: 1) b: row(id: 2) c: row(id: 3) d: row(id: 4) e: row(id: 5) f: row(id: 6) }";
+    let query =
+        "{ a: row(id: 1) b: row(id: 2) c: row(id: 3) d: row(id: 4) e: row(id: 5) f: row(id: 6) }";
     let (status, answer) = post(&app, serde_json::json!({ "query": query }).to_string()).await;
     assert_eq!(status, 200);
     assert_eq!(db.queries.load(SeqCst), 4, "{answer}");
     assert_eq!(db.peak.load(SeqCst), 2, "the host cap holds");
     let mut refused = codes(&answer);
     refused.sort();
-    assert_eq!(refused, ["FANOUT_BUDGET_EXHAUSTED", "FANOUT_BUDGET_EXHAUSTED"]);
+    assert_eq!(
+        refused,
+        ["FANOUT_BUDGET_EXHAUSTED", "FANOUT_BUDGET_EXHAUSTED"]
+    );
     assert_eq!(answer["extensions"]["fanout"]["used"], 4);
     assert_eq!(answer["extensions"]["fanout"]["operationReads"], 4);
 
@@ -53,11 +57,17 @@ async fn queries_are_charged_capped_and_cut_like_reads() {
         ..Database::default()
     });
     let app = example::app(Engine::new(config(4, 2, 1_000)), db.clone());
-    let ops = ["{ a: row(id: 1) b: row(id: 2) c: row(id: 3) }".to_string(), "{ d: row(id: 4) e: row(id: 5) f: row(id: 6) }".to_string()];
+    let ops = [
+        "{ a: row(id: 1) b: row(id: 2) c: row(id: 3) }".to_string(),
+        "{ d: row(id: 4) e: row(id: 5) f: row(id: 6) }".to_string(),
+    ];
     let (_, answer) = post(&app, batch(ops)).await;
     assert_eq!(db.queries.load(SeqCst), 4, "{answer}");
     assert_eq!(codes(&answer).len(), 2, "{answer}");
-    assert_eq!(fanout_testkit::operation_reads(answer.as_array().unwrap()), 4);
+    assert_eq!(
+        fanout_testkit::operation_reads(answer.as_array().unwrap()),
+        4
+    );
 
     // A query slower than the read timeout is cut, named UPSTREAM_TIMEOUT.
     let slow = Arc::new(Database {
@@ -80,20 +90,41 @@ async fn a_permit_counts_as_a_read_on_every_outcome() {
     let op = request.operation();
     let upstream = op.upstream();
     // Succeeded, timed out, cancelled mid-call, held without a call.
-    upstream.permit(DB).await.unwrap().timeout(async {}).await.unwrap();
+    upstream
+        .permit(DB)
+        .await
+        .unwrap()
+        .timeout(async {})
+        .await
+        .unwrap();
     let slow = tokio::time::sleep(Duration::from_secs(5));
-    let err = upstream.permit(DB).await.unwrap().timeout(slow).await.unwrap_err();
+    let err = upstream
+        .permit(DB)
+        .await
+        .unwrap()
+        .timeout(slow)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), "UPSTREAM_TIMEOUT");
     let permit = upstream.permit(DB).await.unwrap();
     let mut call = Box::pin(permit.timeout(std::future::pending::<()>()));
     assert!(futures::poll!(call.as_mut()).is_pending());
-    assert_eq!(engine.hosts().in_flight(DB), 1, "the slot is held during the call");
+    assert_eq!(
+        engine.hosts().in_flight(DB),
+        1,
+        "the slot is held during the call"
+    );
     drop(call);
     drop(upstream.permit("DB:5432").await.unwrap());
     assert_eq!(engine.hosts().in_flight(DB), 0, "every slot came back");
     let counts = request.budget().counts();
     assert_eq!(
-        (counts.issued, counts.succeeded, counts.timed_out, counts.cancelled),
+        (
+            counts.issued,
+            counts.succeeded,
+            counts.timed_out,
+            counts.cancelled
+        ),
         (4, 2, 1, 1),
         "{counts:?}"
     );

@@ -11,7 +11,10 @@ use fanout_budget::{Config, Engine};
 #[tokio::test]
 async fn a_batch_through_the_stock_service_shares_one_budget() {
     let upstream = Upstream::start().await;
-    let app = example::app(Engine::new(Config::default()), upstream.base().parse().unwrap());
+    let app = example::app(
+        Engine::new(Config::default()),
+        upstream.base().parse().unwrap(),
+    );
     let get = |path: &str| format!("{{ get(path: \"{path}\") }}");
     let queries = [get("/item/1"), get("/item/2"), get("/item/1")];
     let (status, answer) = post(&app, batch(queries)).await;
@@ -23,6 +26,9 @@ async fn a_batch_through_the_stock_service_shares_one_budget() {
     // Items 1 and 2, item 1 shared: 2 reads for the batch, one budget.
     assert_eq!(upstream.seen.requests(), 2);
     assert_eq!(fanout_testkit::operation_reads(responses), 2);
-    let used: Vec<_> = responses.iter().map(|r| r["extensions"]["fanout"]["used"].as_u64()).collect();
+    let used: Vec<_> = responses
+        .iter()
+        .map(|r| r["extensions"]["fanout"]["used"].as_u64())
+        .collect();
     assert!(used.contains(&Some(2)), "{used:?}");
 }

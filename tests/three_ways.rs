@@ -8,7 +8,9 @@
 //! 3. `schema.execute_batch` with one `FanoutRequest` in the batch's data.
 mod common;
 
-use async_graphql::{BatchRequest, BatchResponse, EmptyMutation, EmptySubscription, Request, Schema};
+use async_graphql::{
+    BatchRequest, BatchResponse, EmptyMutation, EmptySubscription, Request, Schema,
+};
 use axum::Router;
 use common::*;
 use fanout_budget::{Caller, Config, Engine, FanoutLayer};
@@ -52,10 +54,17 @@ fn check(responses: &[Value], upstream: &Upstream, way: &str) {
         .iter()
         .map(|r| r["extensions"]["fanout"]["used"].as_u64().unwrap())
         .collect();
-    assert_eq!(used.iter().max(), Some(&DISTINCT), "{way}: one budget, {used:?}");
+    assert_eq!(
+        used.iter().max(),
+        Some(&DISTINCT),
+        "{way}: one budget, {used:?}"
+    );
     for r in responses {
         let fanout = &r["extensions"]["fanout"];
-        assert!(fanout.get("requested").is_none(), "{way}: no cost table, no estimate: {fanout}");
+        assert!(
+            fanout.get("requested").is_none(),
+            "{way}: no cost table, no estimate: {fanout}"
+        );
     }
 }
 
@@ -66,12 +75,20 @@ async fn a_batch_over_shared_keys_reads_each_key_once_all_three_ways() {
     let upstream = Upstream::start().await;
     let (status, answer) = post(&stock_service(&engine, &upstream), batch(operations())).await;
     assert_eq!(status, 200);
-    check(answer.as_array().expect("a batch answer"), &upstream, "stock service + layer");
+    check(
+        answer.as_array().expect("a batch answer"),
+        &upstream,
+        "stock service + layer",
+    );
 
     let upstream = Upstream::start().await;
     let (status, answer) = post(&app(&engine, &upstream), batch(operations())).await;
     assert_eq!(status, 200);
-    check(answer.as_array().expect("a batch answer"), &upstream, "FanoutGraphQL");
+    check(
+        answer.as_array().expect("a batch answer"),
+        &upstream,
+        "FanoutGraphQL",
+    );
 
     let upstream = Upstream::start().await;
     let schema = with_extension(&engine, &upstream);
@@ -118,12 +135,24 @@ async fn capped() -> (Upstream, Router) {
 async fn the_layer_refuses_a_bad_batch_before_anything_runs() {
     let (upstream, app) = capped().await;
     let (status, answer) = post(&app, batch(operations())).await;
-    assert_eq!((status.as_u16(), codes(&answer)), (400, vec!["BATCH_TOO_LARGE".to_string()]));
+    assert_eq!(
+        (status.as_u16(), codes(&answer)),
+        (400, vec!["BATCH_TOO_LARGE".to_string()])
+    );
     let (status, answer) = post(&app, "[]").await;
-    assert_eq!((status.as_u16(), codes(&answer)), (400, vec!["BAD_REQUEST".to_string()]));
-    let huge = format!("{{\"query\": \"{{ item(id: 1) {{ id }} }}\", \"x\": \"{}\"}}", "y".repeat(5000));
+    assert_eq!(
+        (status.as_u16(), codes(&answer)),
+        (400, vec!["BAD_REQUEST".to_string()])
+    );
+    let huge = format!(
+        "{{\"query\": \"{{ item(id: 1) {{ id }} }}\", \"x\": \"{}\"}}",
+        "y".repeat(5000)
+    );
     let (status, answer) = post(&app, huge).await;
-    assert_eq!((status.as_u16(), codes(&answer)), (413, vec!["PAYLOAD_TOO_LARGE".to_string()]));
+    assert_eq!(
+        (status.as_u16(), codes(&answer)),
+        (413, vec!["PAYLOAD_TOO_LARGE".to_string()])
+    );
     assert_eq!(upstream.seen.requests(), 0);
 }
 
@@ -137,7 +166,11 @@ async fn the_layer_counts_a_batch_whatever_its_content_type_says() {
             .unwrap();
         fanout_testkit::call(&app, request)
     };
-    for content_type in ["text/plain", "application/x-www-form-urlencoded", "application/graphql"] {
+    for content_type in [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "application/graphql",
+    ] {
         let answer = send(content_type, batch(operations())).await;
         assert_eq!(
             (answer.status.as_u16(), codes(&answer.json())),
@@ -146,7 +179,10 @@ async fn the_layer_counts_a_batch_whatever_its_content_type_says() {
         );
     }
     let upload = send("multipart/form-data; boundary=x", "--x--".into()).await;
-    assert_eq!((upload.status.as_u16(), codes(&upload.json())), (400, vec!["BAD_REQUEST".to_string()]));
+    assert_eq!(
+        (upload.status.as_u16(), codes(&upload.json())),
+        (400, vec!["BAD_REQUEST".to_string()])
+    );
     assert_eq!(upstream.seen.requests(), 0);
 }
 
@@ -167,12 +203,28 @@ async fn the_layer_counts_a_batch_sent_with_any_method_and_refuses_a_stream() {
         let answer = send(method, None, batch(operations())).await;
         assert_eq!(answer.status, 400, "{method}: a 5-operation batch");
         assert_eq!(codes(&answer.json()), vec!["BATCH_TOO_LARGE".to_string()]);
-        let big = send(method, None, format!("{{\"query\":\"{{ item(id: 1) {{ id }} }}\",\"x\":\"{}\"}}", "y".repeat(5000))).await;
+        let big = send(
+            method,
+            None,
+            format!(
+                "{{\"query\":\"{{ item(id: 1) {{ id }} }}\",\"x\":\"{}\"}}",
+                "y".repeat(5000)
+            ),
+        )
+        .await;
         assert_eq!(big.status, 413, "{method}: past max_body_bytes");
     }
     let stream = r#"multipart/mixed;boundary="graphql";subscriptionSpec="1.0""#;
-    let answer = send("POST", Some(stream), r#"{"query":"{ item(id: 1) { detail { value } } }"}"#.into()).await;
-    assert_eq!((answer.status.as_u16(), codes(&answer.json())), (400, vec!["BAD_REQUEST".to_string()]));
+    let answer = send(
+        "POST",
+        Some(stream),
+        r#"{"query":"{ item(id: 1) { detail { value } } }"}"#.into(),
+    )
+    .await;
+    assert_eq!(
+        (answer.status.as_u16(), codes(&answer.json())),
+        (400, vec!["BAD_REQUEST".to_string()])
+    );
     assert_eq!(upstream.seen.requests(), 0);
 }
 
@@ -203,8 +255,8 @@ impl async_graphql::extensions::Extension for Deny {
 
 #[tokio::test]
 async fn under_the_layer_the_batch_is_priced_first_and_never_waits_for_a_refused_operation() {
-    let costs = fanout_budget::CostTable::new()
-        .field("Item", "detail", fanout_budget::FieldCost::reads(1));
+    let costs =
+        fanout_budget::CostTable::new().field("Item", "detail", fanout_budget::FieldCost::reads(1));
     let mut config = Config::default();
     config.budget.refuse_over_estimate = true;
     config.budget.max_reads = 6;
@@ -223,15 +275,26 @@ async fn under_the_layer_the_batch_is_priced_first_and_never_waits_for_a_refused
     let (_, answer) = post(&app, batch(operations())).await;
     let refused = codes(&answer);
     assert_eq!(refused.len(), 5, "{answer}");
-    assert!(refused.iter().all(|c| c == "FANOUT_ESTIMATE_EXCEEDS_BUDGET"), "{answer}");
+    assert!(
+        refused
+            .iter()
+            .all(|c| c == "FANOUT_ESTIMATE_EXCEEDS_BUDGET"),
+        "{answer}"
+    );
     assert_eq!(upstream.seen.requests(), 0);
     // An operation refused by the extension before ours still counts at
     // the barrier: the other runs at once, not at the deadline.
     let started = std::time::Instant::now();
-    let ops = [operations()[0].clone(), format!("{} #deny", operations()[1])];
+    let ops = [
+        operations()[0].clone(),
+        format!("{} #deny", operations()[1]),
+    ];
     let (_, answer) = post(&app, batch(ops)).await;
     // Real time, a 60 s deadline: anything near it is the wait.
-    assert!(started.elapsed() < std::time::Duration::from_secs(30), "waited for the deadline");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "waited for the deadline"
+    );
     assert!(answer[0].get("errors").is_none(), "{answer}");
     assert_eq!(answer[1]["errors"][0]["message"], "denied");
 }

@@ -10,7 +10,7 @@ use async_graphql::{
     Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
     ScalarType, Schema, SimpleObject, Value,
 };
-use fanout_budget::{CostTable, FanoutContext, ReadError, FieldCost, OrNull};
+use fanout_budget::{CostTable, FanoutContext, FieldCost, OrNull, ReadError};
 use std::sync::Arc;
 
 /// The gateway's schema type.
@@ -25,7 +25,11 @@ pub fn costs() -> CostTable {
         // A repository's tag list is one read (CONTRACT §5): made by
         // `repository(name)` itself, else by the first of `tags` and `tag`
         // that a repository of `repositories` asks for.
-        .field("Query", "repository", FieldCost::reads(1).provides(TAG_LIST))
+        .field(
+            "Query",
+            "repository",
+            FieldCost::reads(1).provides(TAG_LIST),
+        )
         .field(
             "Query",
             "repositories",

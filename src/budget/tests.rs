@@ -51,10 +51,7 @@ fn a_refused_charge_changes_nothing() {
     let b = budget(2);
     assert!(b.try_charge().is_ok());
     assert!(b.try_charge().is_ok());
-    assert_eq!(
-        b.try_charge(),
-        Err(Exhausted)
-    );
+    assert_eq!(b.try_charge(), Err(Exhausted));
     assert_eq!(b.used(), 2);
     assert_eq!(b.remaining(), 0);
     assert!(b.is_exhausted());
@@ -64,7 +61,11 @@ fn a_refused_charge_changes_nothing() {
 // The request's in-flight slots (`max_concurrent_reads`).
 
 fn slots(max: usize) -> Arc<RequestBudget> {
-    Arc::new(RequestBudget::new(1000, max, Instant::now() + Duration::from_secs(60)))
+    Arc::new(RequestBudget::new(
+        1000,
+        max,
+        Instant::now() + Duration::from_secs(60),
+    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -166,7 +167,11 @@ async fn a_waiter_that_gives_up_passes_its_wake_up_on() {
 
 #[tokio::test(start_paused = true)]
 async fn waiting_for_a_slot_ends_at_the_deadline() {
-    let budget = Arc::new(RequestBudget::new(10, 1, Instant::now() + Duration::from_millis(200)));
+    let budget = Arc::new(RequestBudget::new(
+        10,
+        1,
+        Instant::now() + Duration::from_millis(200),
+    ));
     let _held = budget.slots.try_acquire().expect("a free slot");
     let started = Instant::now();
     let waited = tokio::time::timeout(Duration::from_secs(10), budget.in_flight_slot())

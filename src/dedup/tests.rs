@@ -4,8 +4,8 @@
 use super::{Dedup, Origin};
 use futures::poll;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
-use std::time::Duration;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::Notify;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

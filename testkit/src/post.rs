@@ -67,5 +67,9 @@ pub const PEER: &str = "127.0.0.1:40000";
 /// POSTs `body` to `router`'s `/graphql` in process, with `headers`, from
 /// [`PEER`].
 pub async fn post(router: &Router, body: impl Into<String>, headers: &[(&str, &str)]) -> Answer {
-    call(router, graphql_request(body, headers, Some(PEER.parse().unwrap()))).await
+    call(
+        router,
+        graphql_request(body, headers, Some(PEER.parse().unwrap())),
+    )
+    .await
 }

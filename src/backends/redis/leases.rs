@@ -80,7 +80,8 @@ impl RedisHostCaps {
     /// Caps for the `[hosts]` tables, shared on `backend`.
     pub fn new(hosts: BTreeMap<String, HostConfig>, backend: RedisBackend) -> Self {
         // Unique per replica and restart: no clock involved.
-        let nonce = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id());
+        let nonce =
+            std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id());
         Self {
             local: LocalHostCaps::new(hosts.clone()),
             configured: hosts,
