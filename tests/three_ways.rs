@@ -298,3 +298,31 @@ async fn under_the_layer_the_batch_is_priced_first_and_never_waits_for_a_refused
     assert!(answer[0].get("errors").is_none(), "{answer}");
     assert_eq!(answer[1]["errors"][0]["message"], "denied");
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_the_layer_a_body_that_trickles_is_cut_at_its_bound() {
+    let mut config = Config::default();
+    config.http.body_read_timeout_ms = 500;
+    let engine = Engine::new(config);
+    let upstream = Upstream::start().await;
+    let app = stock_service(&engine, &upstream);
+    // One chunk, then nothing: a slow client holding its request open.
+    let first = futures::stream::once(async {
+        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"[{\"query\":"))
+    });
+    let body =
+        axum::body::Body::from_stream(futures::StreamExt::chain(first, futures::stream::pending()));
+    let request = axum::http::Request::post("/graphql")
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let answer = fanout_testkit::call(&app, request).await;
+    assert_eq!(started.elapsed(), std::time::Duration::from_millis(500));
+    assert_eq!(
+        (answer.status.as_u16(), codes(&answer.json())),
+        (408, vec!["REQUEST_TIMEOUT".to_string()])
+    );
+    assert_eq!(answer.headers["connection"], "close");
+    assert_eq!(upstream.seen.requests(), 0);
+}
