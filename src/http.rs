@@ -18,7 +18,6 @@ use crate::finish::finish;
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use crate::shape;
 use crate::types::SchemaTypes;
-use async_graphql::http::GraphiQLSource;
 use async_graphql::{
     BatchRequest, BatchResponse, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
 };
@@ -110,10 +109,24 @@ impl<E: Executor> FanoutGraphQL<E> {
 
     async fn handle(self, request: http::Request<Body>) -> HttpResponse {
         if request.method() == Method::GET {
-            let page = GraphiQLSource::build()
-                .endpoint(request.uri().path())
-                .finish();
-            return axum::response::Html(page).into_response();
+            let path = request.uri().path();
+            if let Some((_, name)) = path.rsplit_once("/graphiql/") {
+                return match crate::graphiql::asset(name) {
+                    Some((content_type, bytes)) => {
+                        ([(header::CONTENT_TYPE, content_type)], bytes).into_response()
+                    }
+                    None => StatusCode::NOT_FOUND.into_response(),
+                };
+            }
+            let page = crate::graphiql::page(path.trim_end_matches('/'));
+            return (
+                [(
+                    header::CONTENT_SECURITY_POLICY,
+                    crate::graphiql::CONTENT_SECURITY_POLICY,
+                )],
+                axum::response::Html(page),
+            )
+                .into_response();
         }
         if request.method() != Method::POST {
             return StatusCode::METHOD_NOT_ALLOWED.into_response();

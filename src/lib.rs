@@ -44,6 +44,7 @@ mod engine;
 mod error;
 mod extension;
 mod finish;
+mod graphiql;
 mod hosts;
 mod http;
 mod identity;

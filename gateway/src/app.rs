@@ -85,12 +85,12 @@ pub fn build_with(
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
     // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.
     let limiter = rate_limit_layer(engine.config());
+    let graphql = FanoutGraphQL::new(schema.clone(), engine.clone());
     let router = Router::new()
-        .route_service(
-            "/graphql",
-            FanoutGraphQL::new(schema.clone(), engine.clone()),
-        )
+        .route_service("/graphql", graphql.clone())
         .route_layer(limiter)
+        // GraphiQL's own scripts and styles: never rate limited.
+        .route_service("/graphql/graphiql/{file}", graphql)
         .route("/metrics", get(move || async move { render() }))
         .route("/healthz", get(|| async { "ok" }));
     Gateway {
