@@ -1,5 +1,5 @@
 //! Fixtures shared by the test suites and benchmarks of `fanout-budget` and
-//! the gateway (a workspace-only crate, never published): external binaries
+//! the gateway (a workspace-only crate, never published): external binaries (and installed paths)
 //! found or skipped by the contract's rule, a throwaway `redis-server`, a
 //! future that pends once, a median and a paired (turn-about) measure, the sum of a batch's
 //! `operationReads`, one in-memory [`Transport`](fanout_budget::Transport)
@@ -30,13 +30,30 @@ pub fn require_binary(binary: &str, package: &str) -> Option<std::path::PathBuf>
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        let message = format!("SKIPPED: {binary} not on PATH (Debian package {package})");
-        if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
-            panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
-        }
-        println!("{message}");
+        skip(&format!(
+            "SKIPPED: {binary} not on PATH (Debian package {package})"
+        ));
     }
     found
+}
+
+/// `SKIPPED: {shown} missing ({how})` and `false` when `path` does not exist
+/// (e.g. an installed `node_modules`, `how` the command that installs it),
+/// unless `FANOUT_REQUIRE_EXTERNAL=1`, where a missing path fails the test.
+pub fn require_path(path: &std::path::Path, shown: &str, how: &str) -> bool {
+    let found = path.exists();
+    if !found {
+        skip(&format!("SKIPPED: {shown} missing ({how})"));
+    }
+    found
+}
+
+/// Prints the `SKIPPED:` line, or panics with it under `FANOUT_REQUIRE_EXTERNAL=1`.
+fn skip(message: &str) {
+    if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
+        panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
+    }
+    println!("{message}");
 }
 
 /// A free loopback port (bound and released).

@@ -8,7 +8,7 @@ use fanout_gateway::app::{self, Gateway};
 pub use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
 use serde_json::{json, Value};
 
-pub use fanout_testkit::{free_port, require_binary, RedisServer};
+pub use fanout_testkit::{free_port, require_binary, require_path, RedisServer};
 
 pub struct Fixture {
     pub registry: EmbeddedRegistry,
