@@ -48,7 +48,8 @@ export function recordingFetch(log) {
     };
     log.push(entry);
     const timeout = AbortSignal.timeout(EXCHANGE_TIMEOUT_MS);
-    const signal = init.signal ? AbortSignal.any([init.signal, timeout]) : timeout;
+    // AbortSignal.any is Node >= 20.3; without it the client's own signal wins.
+    const signal = !init.signal ? timeout : AbortSignal.any ? AbortSignal.any([init.signal, timeout]) : init.signal;
     try {
       const response = await fetch(input, { ...init, signal });
       const text = await response.clone().text();
