@@ -1,16 +1,21 @@
 //! The HTTP integration: one inbound HTTP request → one budget → one batch.
 //!
 //! [`FanoutGraphQL`] is a `tower::Service` (mount it with axum's
-//! `route_service`). Per request it opens the request's scope, reads the body
-//! within its bounds (413 `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, both
-//! with `Connection: close`), parses one operation or a batch (400
-//! `BAD_REQUEST`, 400 `BATCH_TOO_LARGE`: nothing runs, nothing is read),
-//! checks and prices each operation, runs them concurrently on the schema as
-//! async-graphql's `execute_batch` does, and finishes each response
-//! (`finish.rs`). It needs no async-graphql extension on the schema, so
+//! `route_service`). Per request it checks what the protocol asks of the
+//! request's method and headers (`protocol.rs`: GET or POST, `Accept`, CSRF),
+//! opens the request's scope, reads the body within its bounds (413
+//! `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, both with `Connection: close`)
+//! or the query string of a GET (bounded like a body), parses one operation
+//! or a batch (400 `BAD_REQUEST`, 400 `BATCH_TOO_LARGE`: nothing runs,
+//! nothing is read), resolves persisted queries (`persisted.rs`), checks and
+//! prices each operation, runs them concurrently on the schema as
+//! async-graphql's `execute_batch` does, finishes each response
+//! (`finish.rs`) and writes the answers in the negotiated media type
+//! (`protocol.rs`). It needs no async-graphql extension on the schema, so
 //! async-graphql keeps its fast path for every field (see the extension for
 //! when that is the right tool). Its place in the walk of one read:
-//! ARCHITECTURE.md (the crate's docs). `GET` answers the GraphiQL page.
+//! ARCHITECTURE.md (the crate's docs). A browser's `GET` without a query
+//! gets GraphiQL (`graphiql.rs`).
 
 use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};
@@ -135,7 +140,15 @@ impl<E: Executor> FanoutGraphQL<E> {
         let caller = fanout.caller();
         let http = &self.engine.config().http;
         let batch = if get {
-            protocol::parse_query_string(parts.uri.query().unwrap_or("")).map(BatchRequest::Single)
+            // The query string carries what a body would: bounded like one.
+            let query = parts.uri.query().unwrap_or("");
+            if query.len() > http.max_body_bytes {
+                return Rejection::PayloadTooLarge {
+                    max: http.max_body_bytes,
+                }
+                .into_response();
+            }
+            protocol::parse_query_string(query).map(BatchRequest::Single)
         } else {
             match fanout.read_body(body, http).await {
                 Ok(bytes) => protocol::parse_body(&bytes, http.max_batch_operations),

@@ -78,6 +78,20 @@ async fn a_get_runs_a_query_with_variables_and_its_operation_name() {
 }
 
 #[tokio::test]
+async fn a_get_is_bounded_like_a_body() {
+    let mut config = Config::default();
+    config.http.max_body_bytes = 1024;
+    let fixture = Fixture::new(config).await;
+    // Aliases padded past the bound, in the URL instead of a body.
+    let padded = format!("{{ {} }}", "a: fanoutBudget { used } ".repeat(60));
+    let answer = send(&fixture, "GET", &get_uri(&[("query", &padded)]), &[], "").await;
+    assert_eq!(answer.status, 413);
+    assert_eq!(code(&answer.json()), "PAYLOAD_TOO_LARGE");
+    let answer = send(&fixture, "GET", &get_uri(&[("query", REPO)]), &[], "").await;
+    assert_eq!(answer.status, 200);
+}
+
+#[tokio::test]
 async fn a_mutation_over_get_is_405_and_reads_nothing() {
     let fixture = Fixture::default().await;
     for query in ["mutation { __typename }", "subscription { __typename }"] {
