@@ -449,6 +449,9 @@ pub(crate) enum OperationError {
     PersistedQueryHashMismatch,
     /// A persisted-query extension this server cannot use.
     PersistedQueryNotSupported { message: String },
+    /// A mutation or subscription sent over `GET` (under `FanoutLayer`;
+    /// `FanoutGraphQL` answers 405 instead).
+    NotAQuery,
 }
 
 /// The operation error as async-graphql's error (no path).
@@ -484,6 +487,11 @@ pub(crate) fn operation_error(err: &OperationError) -> ServerError {
         OperationError::PersistedQueryHashMismatch => (
             "PERSISTED_QUERY_HASH_MISMATCH",
             "the query's SHA-256 is not the persisted query's sha256Hash".to_string(),
+            &Vec::new(),
+        ),
+        OperationError::NotAQuery => (
+            "BAD_REQUEST",
+            "only queries run over GET; send a mutation as a POST".to_string(),
             &Vec::new(),
         ),
         OperationError::PersistedQueryNotSupported { message } => (

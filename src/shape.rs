@@ -192,15 +192,17 @@ pub(crate) fn check(doc: &ExecutableDocument, max_selections: u64) -> Result<Sha
     })
 }
 
-/// The operation of `doc` that runs for `name`, as GraphQL selects it: the
-/// only one, or the one named (`None`: no such operation, which
-/// async-graphql reports).
+/// The operation of `doc` that runs for `name`, as async-graphql selects
+/// it: the anonymous one without a name, the one named, or the only named
+/// one without a name (`None`: no such operation, which async-graphql
+/// reports).
 pub(crate) fn operation<'d>(
     doc: &'d ExecutableDocument,
     name: Option<&str>,
 ) -> Option<&'d OperationDefinition> {
     match (&doc.operations, name) {
-        (DocumentOperations::Single(op), _) => Some(&op.node),
+        (DocumentOperations::Single(op), None) => Some(&op.node),
+        (DocumentOperations::Single(_), Some(_)) => None,
         (DocumentOperations::Multiple(ops), Some(name)) => Some(&ops.get(name)?.node),
         (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => {
             Some(&ops.values().next()?.node)

@@ -359,3 +359,71 @@ async fn under_the_layer_a_body_that_trickles_is_cut_at_its_bound() {
     assert_eq!(answer.headers["connection"], "close");
     assert_eq!(upstream.seen.requests(), 0);
 }
+
+/// A mutation that reads upstream (so running it shows in the count).
+struct Touch;
+
+#[async_graphql::Object]
+impl Touch {
+    async fn touch(&self, ctx: &async_graphql::Context<'_>) -> Option<String> {
+        use fanout_budget::{FanoutContext, Read};
+        let base = &ctx.data::<Base>().ok()?.0;
+        let url = format!("{base}/item/1").parse().ok()?;
+        ctx.upstream().ok()?.read(Read::get(url)).await.ok()?;
+        Some("touched".into())
+    }
+}
+
+#[tokio::test]
+async fn under_the_layer_a_get_runs_queries_only() {
+    let engine = Engine::new(Config::default());
+    let upstream = Upstream::start().await;
+    let schema = Schema::build(Query, Touch, EmptySubscription)
+        .data(Base(upstream.base()))
+        .extension(engine.extension())
+        .finish();
+    let app = Router::new()
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+        .layer(FanoutLayer::new(engine.clone()));
+    let get = |query: &str, name: Option<&str>| {
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        params.append_pair("query", query);
+        if let Some(name) = name {
+            // async-graphql 7.2's GET parser reads `operation_name`, not
+            // the spec's `operationName`.
+            params.append_pair("operation_name", name);
+        }
+        let uri = format!("/graphql?{}", params.finish());
+        let request = axum::http::Request::get(uri)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        fanout_testkit::call(&app, request)
+    };
+    // async-graphql-axum alone would run it: a page on any site could.
+    for (mutation, name) in [
+        ("mutation { touch }", None),
+        (
+            "query Q { item(id: 1) { id } } mutation M { touch }",
+            Some("M"),
+        ),
+    ] {
+        let answer = get(mutation, name).await.json();
+        assert_eq!(codes(&answer), vec!["BAD_REQUEST".to_string()], "{answer}");
+    }
+    assert_eq!(upstream.seen.requests(), 0);
+    let answer = get("{ item(id: 1) { detail { value } } }", None)
+        .await
+        .json();
+    assert!(
+        answer["data"]["item"]["detail"]["value"].is_string(),
+        "{answer}"
+    );
+    assert_eq!(upstream.seen.requests(), 1);
+    // The same mutation as a POST runs.
+    let (status, answer) = post(&app, r#"{"query": "mutation { touch }"}"#).await;
+    assert_eq!(
+        (status.as_u16(), &answer["data"]["touch"]),
+        (200, &Value::from("touched")),
+        "{answer}"
+    );
+}
