@@ -142,6 +142,15 @@ pub struct HttpConfig {
     /// client reads nothing), in milliseconds; then the connection is closed
     /// and its response dropped.
     pub write_timeout_ms: u64,
+    /// Memory for the query texts of Apollo automatic persisted queries,
+    /// kept by their SHA-256 (each weighed as its text plus 64 bytes); when
+    /// full the table is emptied and refills. `0`: persisted queries are off
+    /// (a hash-only request is `PERSISTED_QUERY_NOT_SUPPORTED`).
+    pub persisted_queries_bytes: usize,
+    /// Origins a browser app may call the endpoint from (CORS), each
+    /// `scheme://host[:port]`, or `["*"]` for any; empty: no CORS headers,
+    /// so browsers keep the endpoint same-origin.
+    pub cors_allowed_origins: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -157,6 +166,8 @@ impl Default for HttpConfig {
             max_connections_per_client: 64,
             max_response_bytes: 16 << 20,
             write_timeout_ms: 10_000,
+            persisted_queries_bytes: 1 << 20,
+            cors_allowed_origins: Vec::new(),
         }
     }
 }
@@ -386,6 +397,7 @@ impl Config {
                 )));
             }
         }
+        check_origins(&self.http.cors_allowed_origins).map_err(ConfigError)?;
         let r = &self.rate_limit;
         if r.ipv4_prefix > 32 {
             return Err(ConfigError(
@@ -467,5 +479,50 @@ mod tests {
         assert_eq!(set.http.write_timeout_ms, 300);
         let err = Config::from_toml("[http]\nwrite_timeout_ms = 0\n").unwrap_err();
         assert_eq!(err.0, "http.write_timeout_ms must be at least 1");
+    }
+}
+
+/// Checks `[http] cors_allowed_origins` (the message names the key).
+fn check_origins(origins: &[String]) -> Result<(), String> {
+    let key = "http.cors_allowed_origins";
+    if origins.iter().any(|o| o == "*") && origins.len() > 1 {
+        return Err(format!("{key}: \"*\" allows every origin; list it alone"));
+    }
+    for origin in origins.iter().filter(|o| *o != "*") {
+        let ok = origin.split_once("://").is_some_and(|(scheme, rest)| {
+            matches!(scheme, "http" | "https")
+                && !rest.is_empty()
+                && !rest.contains(['/', '?', '#', ' ', '*'])
+        }) && http::HeaderValue::from_str(origin).is_ok();
+        if !ok {
+            return Err(format!(
+                "{key}: \"{origin}\" is not an origin (scheme://host[:port], e.g. \"https://app.example\", no path)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod origin_tests {
+    use super::check_origins;
+
+    #[test]
+    fn origins_are_checked() {
+        let ok =
+            |list: &[&str]| check_origins(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(ok(&[]).is_ok());
+        assert!(ok(&["*"]).is_ok());
+        assert!(ok(&["https://app.example", "http://localhost:3000"]).is_ok());
+        for bad in [
+            &["*", "https://a.example"][..],
+            &["https://app.example/"],
+            &["app.example"],
+            &["ftp://app.example"],
+            &["https://"],
+        ] {
+            let err = ok(bad).unwrap_err();
+            assert!(err.starts_with("http.cors_allowed_origins"), "{err}");
+        }
     }
 }

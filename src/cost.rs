@@ -20,7 +20,7 @@
 use crate::shape::Shape;
 use crate::types::{FieldInfo, SchemaTypes};
 use async_graphql::parser::types::{
-    DocumentOperations, ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
+    ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
 };
 use async_graphql::{Name, Positioned, Value, Variables};
 use std::collections::HashMap;
@@ -156,17 +156,8 @@ pub(crate) fn estimate(
     variables: &Variables,
     operation_name: Option<&str>,
 ) -> u64 {
-    let op = match (&doc.operations, operation_name) {
-        (DocumentOperations::Single(op), _) => &op.node,
-        (DocumentOperations::Multiple(ops), Some(name)) => match ops.get(name) {
-            Some(op) => &op.node,
-            None => return 0,
-        },
-        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => match ops.values().next() {
-            Some(op) => &op.node,
-            None => return 0,
-        },
-        _ => return 0,
+    let Some(op) = crate::shape::operation(doc, operation_name) else {
+        return 0;
     };
     let Some(root) = types.root(op.ty) else {
         return 0;

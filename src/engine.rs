@@ -16,6 +16,7 @@ use crate::cost::CostTable;
 use crate::documents::Documents;
 use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
+use crate::persisted::PersistedQueries;
 use crate::transport::{HttpTransport, Transport};
 use crate::upstream::ReadParts;
 use std::sync::Arc;
@@ -45,6 +46,8 @@ struct EngineInner {
     /// Parsed documents kept by query text, for every integration served
     /// by this engine (`http.document_cache_bytes` in all).
     documents: Documents,
+    /// Apollo persisted queries' texts by hash (`http.persisted_queries_bytes`).
+    persisted: PersistedQueries,
 }
 
 /// Builds an [`Engine`] with non-default parts.
@@ -126,6 +129,7 @@ impl EngineBuilder {
             .unwrap_or_else(|| Arc::new(LocalHostCaps::new(self.config.hosts.clone())));
         let token = InternalToken::new(&self.config.rate_limit.internal_token);
         let documents = Documents::new(self.config.http.document_cache_bytes);
+        let persisted = PersistedQueries::new(self.config.http.persisted_queries_bytes);
         let upstream = &self.config.upstream;
         let reads = Arc::new(ReadParts {
             transport,
@@ -142,6 +146,7 @@ impl EngineBuilder {
                 token,
                 costs: self.costs,
                 documents,
+                persisted,
             }),
         }
     }
@@ -182,6 +187,11 @@ impl Engine {
     /// The parsed-document cache.
     pub(crate) fn documents(&self) -> &Documents {
         &self.inner.documents
+    }
+
+    /// The persisted queries' texts.
+    pub(crate) fn persisted(&self) -> &PersistedQueries {
+        &self.inner.persisted
     }
 
     /// Who presents these request headers: an internal caller only on an

@@ -280,6 +280,21 @@ pub enum Rejection {
         /// The configured maximum.
         max: usize,
     },
+    /// The method cannot carry this request (405, `Allow`): a mutation over
+    /// `GET`, or a method the endpoint does not serve.
+    MethodNotAllowed {
+        /// The methods that can.
+        allow: &'static str,
+        /// What is wrong with the request.
+        message: String,
+    },
+    /// Nothing the `Accept` header offers can be answered (406).
+    NotAcceptable,
+    /// The body's `Content-Type` is not `application/json` (415).
+    UnsupportedMediaType {
+        /// The content type sent.
+        content_type: String,
+    },
     /// The app is wired so that a bound cannot hold (500), e.g. the rate
     /// limiter without the TCP peer, which would put every client in one
     /// bucket.
@@ -293,7 +308,10 @@ impl Rejection {
     /// The contract's `extensions.code`.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::BadRequest { .. } => "BAD_REQUEST",
+            Self::BadRequest { .. }
+            | Self::MethodNotAllowed { .. }
+            | Self::NotAcceptable
+            | Self::UnsupportedMediaType { .. } => "BAD_REQUEST",
             Self::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
             Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
             Self::RequestTimeout { .. } => "REQUEST_TIMEOUT",
@@ -313,6 +331,9 @@ impl Rejection {
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResponseTooLarge { .. } => StatusCode::OK,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::NotAcceptable => StatusCode::NOT_ACCEPTABLE,
+            Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -328,7 +349,12 @@ impl Rejection {
             Self::RateLimited { retry_after_secs } => {
                 ext["retryAfter"] = (*retry_after_secs).into()
             }
-            Self::BadRequest { .. } | Self::Unavailable { .. } | Self::Misconfigured { .. } => {}
+            Self::BadRequest { .. }
+            | Self::Unavailable { .. }
+            | Self::Misconfigured { .. }
+            | Self::MethodNotAllowed { .. }
+            | Self::NotAcceptable
+            | Self::UnsupportedMediaType { .. } => {}
         }
         let mut body = serde_json::json!({
             "errors": [{ "message": self.to_string(), "extensions": ext }]
@@ -355,6 +381,11 @@ impl Rejection {
 impl IntoResponse for Rejection {
     fn into_response(self) -> Response {
         let mut response = (self.status(), axum::Json(self.body())).into_response();
+        if let Self::MethodNotAllowed { allow, .. } = self {
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
         if let Self::RateLimited { retry_after_secs } = self {
             response
                 .headers_mut()
@@ -382,7 +413,17 @@ impl fmt::Display for Rejection {
             Self::ResponseTooLarge { max } => {
                 write!(f, "the answer would be larger than {max} bytes")
             }
-            Self::Misconfigured { message } => f.write_str(message),
+            Self::Misconfigured { message } | Self::MethodNotAllowed { message, .. } => {
+                f.write_str(message)
+            }
+            Self::NotAcceptable => f.write_str(
+                "the Accept header offers nothing this endpoint answers \
+                 (application/graphql-response+json or application/json)",
+            ),
+            Self::UnsupportedMediaType { content_type } => write!(
+                f,
+                "a GraphQL POST body must be application/json, not {content_type}"
+            ),
         }
     }
 }
@@ -400,6 +441,17 @@ pub(crate) enum OperationError {
     EstimateExceedsBudget { requested: u64, limit: u64 },
     /// The deadline (plus the finishing grace) cut the operation.
     DeadlineExceeded,
+    /// A variable's value cannot be coerced (a required one missing or null).
+    BadUserInput { message: String },
+    /// A hash-only persisted query whose text this server does not keep.
+    PersistedQueryNotFound,
+    /// A persisted query's text whose SHA-256 is not the hash sent with it.
+    PersistedQueryHashMismatch,
+    /// A persisted-query extension this server cannot use.
+    PersistedQueryNotSupported { message: String },
+    /// A mutation or subscription sent over `GET` (under `FanoutLayer`;
+    /// `FanoutGraphQL` answers 405 instead).
+    NotAQuery,
 }
 
 /// The operation error as async-graphql's error (no path).
@@ -423,6 +475,30 @@ pub(crate) fn operation_error(err: &OperationError) -> ServerError {
             let message = ReadError::DeadlineExceeded.message();
             ("DEADLINE_EXCEEDED", message, &Vec::new())
         }
+        OperationError::BadUserInput { message } => {
+            ("BAD_USER_INPUT", message.clone(), &Vec::new())
+        }
+        // The message is what Apollo's persisted-queries link matches.
+        OperationError::PersistedQueryNotFound => (
+            "PERSISTED_QUERY_NOT_FOUND",
+            "PersistedQueryNotFound".to_string(),
+            &Vec::new(),
+        ),
+        OperationError::PersistedQueryHashMismatch => (
+            "PERSISTED_QUERY_HASH_MISMATCH",
+            "the query's SHA-256 is not the persisted query's sha256Hash".to_string(),
+            &Vec::new(),
+        ),
+        OperationError::NotAQuery => (
+            "BAD_REQUEST",
+            "only queries run over GET; send a mutation as a POST".to_string(),
+            &Vec::new(),
+        ),
+        OperationError::PersistedQueryNotSupported { message } => (
+            "PERSISTED_QUERY_NOT_SUPPORTED",
+            message.clone(),
+            &Vec::new(),
+        ),
     };
     ext.set("code", code);
     let mut error = ServerError::new(message, None);

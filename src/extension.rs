@@ -35,7 +35,7 @@
 //!    does: contract codes, null propagation, `extensions.fanout`.
 
 use crate::engine::Engine;
-use crate::error::{operation_error, refused};
+use crate::error::{operation_error, refused, OperationError};
 use crate::finish::{code_errors, finish};
 use crate::identity::Caller;
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
@@ -43,9 +43,9 @@ use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
-    NextValidation,
+    NextRequest, NextValidation,
 };
-use async_graphql::parser::types::ExecutableDocument;
+use async_graphql::parser::types::{ExecutableDocument, OperationType};
 use async_graphql::{Data, Request, Response, ServerResult, Variables};
 use async_graphql::{ServerError, ValidationResult};
 use std::any::TypeId;
@@ -166,6 +166,17 @@ impl PerOperation {
 
 #[async_trait::async_trait]
 impl Extension for PerOperation {
+    /// The whole operation: errors async-graphql raises outside validation
+    /// and execution (an `operationName` that selects nothing) get their
+    /// codes here.
+    async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
+        let mut response = next.run(ctx).await;
+        if !response.errors.is_empty() {
+            code_errors(&mut response.errors, &lock(&self.query));
+        }
+        response
+    }
+
     async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
@@ -224,11 +235,21 @@ impl Extension for PerOperation {
             return next.run(ctx, query, variables).await;
         }
         query.clone_into(&mut lock(&self.query));
-        let parsed = next.run(ctx, query, variables).await;
+        let name = lock(&self.operation_name).clone();
+        let queries_only = lock(&self.scope).as_ref().is_some_and(|s| s.queries_only());
+        let parsed = next.run(ctx, query, variables).await.and_then(|doc| {
+            // A stock service runs whatever a GET's query string holds; a
+            // page on another site can send one without asking first.
+            match crate::shape::operation(&doc, name.as_deref()) {
+                Some(op) if queries_only && op.ty != OperationType::Query => {
+                    Err(operation_error(&OperationError::NotAQuery))
+                }
+                _ => Ok(doc),
+            }
+        });
         let shape = lock(&self.shape).take();
         let requested = match (&parsed, shape, self.factory.engine.costs()) {
             (Ok(doc), Some(shape), Some(costs)) => {
-                let name = lock(&self.operation_name).clone();
                 let types = self.types(ctx);
                 crate::cost::estimate(costs, &types, doc, &shape, variables, name.as_deref())
             }

@@ -100,6 +100,8 @@ fn report(operation: &Operation, requested: Option<u64>) -> Value {
 /// source (a resolver that built an `async_graphql::Error` by hand) its own;
 /// async-graphql's errors, given the operation's text:
 ///
+/// - an `operationName` the document does not define, or none where it
+///   defines several, is `OPERATION_RESOLUTION_FAILURE` (Apollo's name);
 /// - a variable missing or `null` for a non-null argument (async-graphql
 ///   reports it while executing, at the field's path) is `BAD_USER_INPUT`;
 /// - an error without a path was raised before the operation ran, by
@@ -118,8 +120,12 @@ pub(crate) fn code_errors(errors: &mut [ServerError], query: &str) {
         }
         let undefined_variable =
             error.message.starts_with("Variable ") && error.message.ends_with(" is not defined.");
+        let unresolved = error.message.starts_with("Unknown operation named ")
+            || error.message == "Operation name required in request.";
         let code = if undefined_variable {
             "BAD_USER_INPUT"
+        } else if unresolved {
+            "OPERATION_RESOLUTION_FAILURE"
         } else if !error.path.is_empty() {
             continue;
         } else if error.message.starts_with("Invalid value for argument")

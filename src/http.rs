@@ -1,25 +1,32 @@
 //! The HTTP integration: one inbound HTTP request → one budget → one batch.
 //!
 //! [`FanoutGraphQL`] is a `tower::Service` (mount it with axum's
-//! `route_service`). Per request it opens the request's scope, reads the body
-//! within its bounds (413 `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, both
-//! with `Connection: close`), parses one operation or a batch (400
-//! `BAD_REQUEST`, 400 `BATCH_TOO_LARGE`: nothing runs, nothing is read),
-//! checks and prices each operation, runs them concurrently on the schema as
-//! async-graphql's `execute_batch` does, and finishes each response
-//! (`finish.rs`). It needs no async-graphql extension on the schema, so
+//! `route_service`). Per request it checks what the protocol asks of the
+//! request's method and headers (`protocol.rs`: GET or POST, `Accept`, CSRF),
+//! opens the request's scope, reads the body within its bounds (413
+//! `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, both with `Connection: close`)
+//! or the query string of a GET (bounded like a body), parses one operation
+//! or a batch (400 `BAD_REQUEST`, 400 `BATCH_TOO_LARGE`: nothing runs,
+//! nothing is read), resolves persisted queries (`persisted.rs`), checks and
+//! prices each operation, runs them concurrently on the schema as
+//! async-graphql's `execute_batch` does, finishes each response
+//! (`finish.rs`) and writes the answers in the negotiated media type
+//! (`protocol.rs`). It needs no async-graphql extension on the schema, so
 //! async-graphql keeps its fast path for every field (see the extension for
 //! when that is the right tool). Its place in the walk of one read:
-//! ARCHITECTURE.md (the crate's docs). `GET` answers the GraphiQL page.
+//! ARCHITECTURE.md (the crate's docs). A browser's `GET` without a query
+//! gets GraphiQL (`graphiql.rs`).
 
 use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};
 use crate::finish::finish;
+use crate::protocol;
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use crate::shape;
 use crate::types::SchemaTypes;
+use async_graphql::parser::types::OperationType;
 use async_graphql::{
-    BatchRequest, BatchResponse, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
+    BatchRequest, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
 };
 use axum::body::Body;
 use axum::response::{IntoResponse, Response as HttpResponse};
@@ -108,44 +115,50 @@ impl<E: Executor> FanoutGraphQL<E> {
     }
 
     async fn handle(self, request: http::Request<Body>) -> HttpResponse {
-        if request.method() == Method::GET {
-            let path = request.uri().path();
-            if let Some((_, name)) = path.rsplit_once("/graphiql/") {
-                return match crate::graphiql::asset(name) {
-                    Some((content_type, bytes)) => {
-                        ([(header::CONTENT_TYPE, content_type)], bytes).into_response()
-                    }
-                    None => StatusCode::NOT_FOUND.into_response(),
-                };
+        let get = request.method() == Method::GET;
+        if get {
+            if let Some(page) = graphiql(&request) {
+                return page;
             }
-            let page = crate::graphiql::page(path.trim_end_matches('/'));
-            return (
-                [(
-                    header::CONTENT_SECURITY_POLICY,
-                    crate::graphiql::CONTENT_SECURITY_POLICY,
-                )],
-                axum::response::Html(page),
-            )
-                .into_response();
+        } else if request.method() != Method::POST {
+            return Rejection::MethodNotAllowed {
+                allow: "GET, POST",
+                message: "a GraphQL request is a GET (queries) or a POST".into(),
+            }
+            .unread();
         }
-        if request.method() != Method::POST {
-            return StatusCode::METHOD_NOT_ALLOWED.into_response();
+        let Some(media) = protocol::negotiate(request.headers()) else {
+            return Rejection::NotAcceptable.unread();
+        };
+        if !get {
+            if let Err(refused) = protocol::check_json_body(request.headers()) {
+                return refused.unread();
+            }
         }
         let (parts, body) = request.into_parts();
         let fanout = self.engine.open_request(&parts);
         let caller = fanout.caller();
         let http = &self.engine.config().http;
-        let bytes = match fanout.read_body(body, http).await {
-            Ok(bytes) => bytes,
-            Err(err) => return err.unread(),
-        };
-        let batch = match parse_batch(&bytes, http.max_batch_operations) {
-            Ok(batch) => batch,
-            Err(err) => return err.into_response(),
+        let batch = if get {
+            // The query string carries what a body would: bounded like one.
+            let query = parts.uri.query().unwrap_or("");
+            if query.len() > http.max_body_bytes {
+                return Rejection::PayloadTooLarge {
+                    max: http.max_body_bytes,
+                }
+                .into_response();
+            }
+            protocol::parse_query_string(query).map(BatchRequest::Single)
+        } else {
+            match fanout.read_body(body, http).await {
+                Ok(bytes) => protocol::parse_body(&bytes, http.max_batch_operations),
+                Err(err) => return err.unread(),
+            }
         };
         let (single, requests) = match batch {
-            BatchRequest::Single(request) => (true, vec![request]),
-            BatchRequest::Batch(requests) => (false, requests),
+            Ok(BatchRequest::Single(request)) => (true, vec![request]),
+            Ok(BatchRequest::Batch(requests)) => (false, requests),
+            Err(err) => return err.into_response(),
         };
         let span = tracing::info_span!(
             "graphql.request",
@@ -153,43 +166,61 @@ impl<E: Executor> FanoutGraphQL<E> {
             operations = requests.len(),
             reads = tracing::field::Empty,
         );
-        let mut responses: Vec<Response> =
-            self.run(&fanout, requests).instrument(span.clone()).await;
+        let responses = self
+            .run(&fanout, requests, get)
+            .instrument(span.clone())
+            .await;
         span.record("reads", fanout.budget().used());
-        let batch = match (single, responses.pop()) {
-            (true, Some(response)) => BatchResponse::Single(response),
-            (_, last) => BatchResponse::Batch(responses.into_iter().chain(last).collect()),
-        };
-        graphql_response(batch, http.max_response_bytes)
+        match responses {
+            Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
+            Err(refused) => refused.into_response(),
+        }
     }
 
     /// Prices, then runs (or refuses) every operation of the request.
-    async fn run(&self, fanout: &FanoutRequest, requests: Vec<Request>) -> Vec<Response> {
+    /// Over `GET` only queries run: anything else refuses the request (405).
+    async fn run(
+        &self,
+        fanout: &FanoutRequest,
+        requests: Vec<Request>,
+        get: bool,
+    ) -> Result<Vec<Response>, Rejection> {
         fanout.expect_operations(requests.len());
         let mut ops: Vec<Op> = requests
             .into_iter()
             .map(|request| self.prepare(fanout, request))
             .collect();
+        if get
+            && ops
+                .iter()
+                .any(|op| op.kind.is_some_and(|k| k != OperationType::Query))
+        {
+            return Err(Rejection::MethodNotAllowed {
+                allow: "POST",
+                message: "only queries run over GET; send a mutation as a POST".into(),
+            });
+        }
         // Every operation is priced: the barrier answers at once.
         if let Some(refusal) = fanout.refusal().await {
-            return ops
+            return Ok(ops
                 .iter_mut()
                 .map(|op| {
                     let mut response = refused(&refusal);
                     op.finish(&mut response, &self.types);
                     response
                 })
-                .collect();
+                .collect());
         }
         if ops.len() == 1 {
             let op = ops.pop().expect("one operation");
-            return vec![self.execute(op).await];
+            return Ok(vec![self.execute(op).await]);
         }
-        ops.into_iter()
+        Ok(ops
+            .into_iter()
             .map(|op| self.execute(op))
             .collect::<FuturesOrdered<_>>()
             .collect()
-            .await
+            .await)
     }
 
     /// Runs one operation (unless it was refused before it ran) and
@@ -211,16 +242,32 @@ impl<E: Executor> FanoutGraphQL<E> {
         response
     }
 
-    /// One operation before it runs: its handle attached, its text parsed
-    /// (or its kept document copied) and checked ([`crate::shape`]), its cost
-    /// priced. async-graphql then validates and runs the document it is
-    /// given; a text that fails here never reaches it.
+    /// One operation before it runs: its handle attached, its persisted
+    /// query resolved (`persisted.rs`), its text parsed (or its kept document
+    /// copied) and checked ([`crate::shape`]), its required variables
+    /// present, its cost priced. async-graphql then validates and runs the
+    /// document it is given; a text that fails here never reaches it.
     fn prepare(&self, fanout: &FanoutRequest, mut request: Request) -> Op {
         let operation = fanout.operation();
         operation_data(&operation, &mut request.data, self.data.as_ref());
         let http = &self.engine.config().http;
         let mut requested = self.engine.costs().map(|_| 0);
-        let admitted = shape::admit(self.engine.documents(), &request.query, http.max_selections)
+        let mut kind = None;
+        let admitted = self
+            .engine
+            .persisted()
+            .resolve(&mut request)
+            .and_then(|()| {
+                shape::admit(self.engine.documents(), &request.query, http.max_selections)
+            })
+            .and_then(|(doc, shape)| {
+                let op = shape::operation(&doc, request.operation_name.as_deref());
+                kind = op.map(|op| op.ty);
+                match op.and_then(|op| shape::missing_variable(op, &request.variables)) {
+                    Some(message) => Err(OperationError::BadUserInput { message }),
+                    None => Ok((doc, shape)),
+                }
+            })
             .map(|(doc, shape)| {
                 if let Some(costs) = self.engine.costs() {
                     requested = Some(crate::cost::estimate(
@@ -247,6 +294,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             request: Some(request),
             operation,
             requested,
+            kind,
         }
     }
 }
@@ -260,6 +308,8 @@ struct Op {
     requested: Option<u64>,
     query: String,
     name: Option<String>,
+    /// Query, mutation or subscription, once the text parsed.
+    kind: Option<OperationType>,
 }
 
 impl Op {
@@ -290,79 +340,28 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
     }
 }
 
-/// One operation or a non-empty batch of at most `max` operations.
-pub(crate) fn parse_batch(body: &[u8], max: usize) -> Result<BatchRequest, Rejection> {
-    let bad = |message: String| Rejection::BadRequest { message };
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    let batch = match first {
-        Some(b'[') => {
-            let requests: Vec<Request> = serde_json::from_slice(body)
-                .map_err(|e| bad(format!("not a batch of GraphQL requests: {e}")))?;
-            match requests.len() {
-                0 => Err(bad("an empty batch has nothing to run".into())),
-                n if n > max => Err(Rejection::BatchTooLarge { max }),
-                _ => Ok(BatchRequest::Batch(requests)),
+/// The GraphiQL page for a browser's `GET` without a query, or one of its
+/// assets (`…/graphiql/<name>`); `None`: a GraphQL request.
+fn graphiql(request: &http::Request<Body>) -> Option<HttpResponse> {
+    let path = request.uri().path();
+    if let Some((_, name)) = path.rsplit_once("/graphiql/") {
+        return Some(match crate::graphiql::asset(name) {
+            Some((content_type, bytes)) => {
+                ([(header::CONTENT_TYPE, content_type)], bytes).into_response()
             }
-        }
-        Some(b'{') => serde_json::from_slice::<Request>(body)
-            .map(BatchRequest::Single)
-            .map_err(|e| bad(format!("not a GraphQL request: {e}"))),
-        _ => Err(bad(
-            "the body must be a GraphQL request object or a JSON array of them".into(),
-        )),
-    }?;
-    if batch.iter().any(|r| r.query.trim().is_empty()) {
-        return Err(bad(
-            "not a GraphQL request: \"query\" is missing or empty".into()
-        ));
+            None => StatusCode::NOT_FOUND.into_response(),
+        });
     }
-    Ok(batch)
-}
-
-/// The batch's answer as JSON, written into a buffer that refuses to grow
-/// past `max` bytes: a small query can ask for an answer far larger than
-/// itself (aliases × lists), and past the bound the answer is replaced by
-/// `RESPONSE_TOO_LARGE` before it is ever whole in memory.
-fn graphql_response(batch: BatchResponse, max: usize) -> HttpResponse {
-    let mut headers = http::HeaderMap::new();
-    for (name, value) in batch.http_headers_iter() {
-        headers.append(name, value);
+    if !protocol::wants_page(request.headers(), request.uri().query()) {
+        return None;
     }
-    let mut body = Capped {
-        bytes: Vec::new(),
-        max,
-    };
-    if serde_json::to_writer(&mut body, &batch).is_err() {
-        return Rejection::ResponseTooLarge { max }.into_response();
-    }
-    let mut response = (
-        [(
-            header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        )],
-        body.bytes,
+    let page = crate::graphiql::page(path.trim_end_matches('/'));
+    let csp = crate::graphiql::CONTENT_SECURITY_POLICY;
+    Some(
+        (
+            [(header::CONTENT_SECURITY_POLICY, csp)],
+            axum::response::Html(page),
+        )
+            .into_response(),
     )
-        .into_response();
-    response.headers_mut().extend(headers);
-    response
-}
-
-/// A `Vec<u8>` writer that fails once it would pass `max` bytes.
-struct Capped {
-    bytes: Vec<u8>,
-    max: usize,
-}
-
-impl std::io::Write for Capped {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.bytes.len() + buf.len() > self.max {
-            return Err(std::io::Error::other("answer too large"));
-        }
-        self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }

@@ -27,10 +27,14 @@
 //! fast path: prefer it for a new endpoint. The layer fits an endpoint that
 //! exists already; it costs what any async-graphql extension costs per field.
 //! Every body but a multipart one is read as JSON whatever its content type
-//! says and whatever the method, as async-graphql reads it (a `text/plain`
-//! batch or a `PUT` is still counted and capped). Refused with 400
-//! `BAD_REQUEST`: a multipart upload (its batch could not be counted before it
-//! runs) and a subscription stream over HTTP (`Accept: multipart/mixed;
+//! says and whatever the method, as async-graphql reads it (a `PUT` is still
+//! counted and capped). Refused with 400 `BAD_REQUEST` before anything is
+//! read: a body a browser could send cross-site without a CORS preflight —
+//! no `Content-Type`, `text/plain`, a form or multipart, without an
+//! `Apollo-Require-Preflight` or `X-Apollo-Operation-Name` header (CSRF
+//! prevention, as in [`FanoutGraphQL`](crate::FanoutGraphQL)); a multipart
+//! upload (its batch could not be counted before it runs); and a
+//! subscription stream over HTTP (`Accept: multipart/mixed;
 //! subscriptionSpec="1.0"`: its body would be polled after the layer
 //! returned, outside the request's scope). Register `engine.extension()`
 //! first among the schema's extensions: an extension before it that refuses
@@ -127,10 +131,16 @@ where
             if accepts_a_stream(&parts) {
                 return Ok(STREAM.clone().into_response());
             }
+            let has_body = !matches!(parts.method, Method::GET | Method::HEAD);
+            if has_body {
+                if let Err(refused) = crate::protocol::check_preflighted(&parts.headers) {
+                    return Ok(refused.unread());
+                }
+            }
             let fanout = engine.open_request(&parts);
             // async-graphql-axum reads the query string of a GET (and HEAD)
             // and the body of every other method, as a batch.
-            let body = if !matches!(parts.method, Method::GET | Method::HEAD) {
+            let body = if has_body {
                 let bytes = match fanout.read_body(body, &engine.config().http).await {
                     Ok(bytes) => bytes,
                     Err(refused) => return Ok(refused.unread()),

@@ -37,6 +37,7 @@
 pub mod backends;
 mod budget;
 pub mod config;
+mod cors;
 mod cost;
 mod dedup;
 mod documents;
@@ -52,6 +53,8 @@ mod layer;
 mod limiter;
 mod metrics;
 mod nulls;
+mod persisted;
+mod protocol;
 mod request;
 mod seed;
 mod serve;
@@ -62,6 +65,7 @@ mod upstream;
 
 pub use budget::{BudgetSnapshot, ReadCounts, RequestBudget};
 pub use config::Config;
+pub use cors::cors_layer;
 pub use cost::{CostTable, FieldCost};
 pub use documents::weight as document_weight;
 pub use engine::{Engine, EngineBuilder};

@@ -14,9 +14,7 @@
 //! error's key is missing, so a clean answer costs nothing.
 
 use crate::types::SchemaTypes;
-use async_graphql::parser::types::{
-    DocumentOperations, ExecutableDocument, Field, Selection, SelectionSet,
-};
+use async_graphql::parser::types::{ExecutableDocument, Field, Selection, SelectionSet};
 use async_graphql::{Name, PathSegment, Positioned, Response, Value};
 use std::collections::HashSet;
 
@@ -59,12 +57,7 @@ fn operation<'d>(
     types: &'d SchemaTypes,
     name: Option<&str>,
 ) -> Option<(&'d str, &'d Positioned<SelectionSet>)> {
-    let op = match (&doc.operations, name) {
-        (DocumentOperations::Single(op), _) => &op.node,
-        (DocumentOperations::Multiple(ops), Some(name)) => &ops.get(&Name::new(name))?.node,
-        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => &ops.values().next()?.node,
-        _ => return None,
-    };
+    let op = crate::shape::operation(doc, name)?;
     Some((types.root(op.ty)?, &op.selection_set))
 }
 

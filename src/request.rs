@@ -57,6 +57,9 @@ struct Scope {
     price_first: bool,
     /// Operations of the batch not yet priced, once announced.
     unpriced: OnceLock<watch::Sender<usize>>,
+    /// Opened for a `GET` (or `HEAD`): only queries may run (a page on
+    /// another site can send a `GET` without asking first).
+    queries_only: bool,
 }
 
 impl Engine {
@@ -70,7 +73,8 @@ impl Engine {
             .copied()
             .unwrap_or_else(|| self.identify(&parts.headers));
         crate::metrics::request(caller == Caller::Internal);
-        self.open(caller, parts.extensions.clone())
+        let queries_only = matches!(parts.method, http::Method::GET | http::Method::HEAD);
+        self.open(caller, parts.extensions.clone(), queries_only)
     }
 
     /// Opens the budget and de-duplication scope of one inbound HTTP request.
@@ -78,10 +82,15 @@ impl Engine {
     /// The deadline starts now; the limit depends on who calls
     /// (`max_reads`, or `internal_max_reads` for [`Caller::Internal`]).
     pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
-        self.open(caller, http::Extensions::new())
+        self.open(caller, http::Extensions::new(), false)
     }
 
-    fn open(&self, caller: Caller, extensions: http::Extensions) -> FanoutRequest {
+    fn open(
+        &self,
+        caller: Caller,
+        extensions: http::Extensions,
+        queries_only: bool,
+    ) -> FanoutRequest {
         let b = &self.config().budget;
         let limit = match caller {
             Caller::Internal => b.internal_max_reads,
@@ -97,6 +106,7 @@ impl Engine {
                 extensions,
                 price_first,
                 unpriced: OnceLock::new(),
+                queries_only,
             }),
         }
     }
@@ -231,6 +241,11 @@ impl FanoutRequest {
     /// Who is calling.
     pub fn caller(&self) -> Caller {
         self.inner.caller
+    }
+
+    /// Whether only queries may run: the HTTP request was a `GET`.
+    pub(crate) fn queries_only(&self) -> bool {
+        self.inner.queries_only
     }
 
     /// The HTTP request's typed extensions, as they were when its scope

@@ -34,8 +34,10 @@
 
 use crate::documents::Documents;
 use crate::error::OperationError;
-use async_graphql::parser::types::{ExecutableDocument, Selection, SelectionSet};
-use async_graphql::{Name, Pos, Positioned};
+use async_graphql::parser::types::{
+    DocumentOperations, ExecutableDocument, OperationDefinition, Selection, SelectionSet,
+};
+use async_graphql::{Name, Pos, Positioned, Value as ConstValue, Variables};
 use std::collections::HashMap;
 
 /// A document that passed [`check`].
@@ -187,6 +189,48 @@ pub(crate) fn check(doc: &ExecutableDocument, max_selections: u64) -> Result<Sha
     Ok(Shape {
         order: order.into_iter().cloned().collect(),
         selections,
+    })
+}
+
+/// The operation of `doc` that runs for `name`, as async-graphql selects
+/// it: the anonymous one without a name, the one named, or the only named
+/// one without a name (`None`: no such operation, which async-graphql
+/// reports).
+pub(crate) fn operation<'d>(
+    doc: &'d ExecutableDocument,
+    name: Option<&str>,
+) -> Option<&'d OperationDefinition> {
+    match (&doc.operations, name) {
+        (DocumentOperations::Single(op), None) => Some(&op.node),
+        (DocumentOperations::Single(_), Some(_)) => None,
+        (DocumentOperations::Multiple(ops), Some(name)) => Some(&ops.get(name)?.node),
+        (DocumentOperations::Multiple(ops), None) if ops.len() == 1 => {
+            Some(&ops.values().next()?.node)
+        }
+        _ => None,
+    }
+}
+
+/// The spec's variable coercion, for what async-graphql leaves to
+/// execution: the first variable of a non-null type, without a default,
+/// that `variables` lacks or sets to `null` (refused before anything runs,
+/// `BAD_USER_INPUT`).
+pub(crate) fn missing_variable(op: &OperationDefinition, variables: &Variables) -> Option<String> {
+    op.variable_definitions.iter().find_map(|def| {
+        let def = &def.node;
+        if def.var_type.node.nullable || def.default_value.is_some() {
+            return None;
+        }
+        let (name, ty) = (&def.name.node, &def.var_type.node);
+        match variables.get(name) {
+            None => Some(format!(
+                "Variable \"${name}\" of required type \"{ty}\" was not provided."
+            )),
+            Some(ConstValue::Null) => Some(format!(
+                "Variable \"${name}\" of non-null type \"{ty}\" must not be null."
+            )),
+            Some(_) => None,
+        }
     })
 }
 

@@ -66,6 +66,7 @@ async fn get_serves_graphiql() {
     let response = app
         .oneshot(
             axum::http::Request::get("/graphql")
+                .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
                 .body(axum::body::Body::empty())
                 .unwrap(),
         )

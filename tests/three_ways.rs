@@ -157,28 +157,61 @@ async fn the_layer_refuses_a_bad_batch_before_anything_runs() {
 }
 
 #[tokio::test]
-async fn the_layer_counts_a_batch_whatever_its_content_type_says() {
+async fn the_layer_refuses_what_a_page_could_send_cross_site_and_counts_any_other_body() {
     let (upstream, app) = capped().await;
-    let send = |content_type: &str, body: String| {
-        let request = axum::http::Request::post("/graphql")
-            .header("content-type", content_type)
-            .body(axum::body::Body::from(body))
-            .unwrap();
-        fanout_testkit::call(&app, request)
+    let send = |headers: &[(&str, &str)], body: String| {
+        let mut request = axum::http::Request::post("/graphql");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        fanout_testkit::call(&app, request.body(axum::body::Body::from(body)).unwrap())
     };
+    // A body a browser sends without a CORS preflight (CSRF): refused from
+    // the headers, nothing read.
     for content_type in [
-        "text/plain",
-        "application/x-www-form-urlencoded",
-        "application/graphql",
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
     ] {
-        let answer = send(content_type, batch(operations())).await;
+        let headers: Vec<_> = content_type
+            .map(|ct| ("content-type", ct))
+            .into_iter()
+            .collect();
+        let answer = send(&headers, batch(operations())).await;
+        assert_eq!(
+            (answer.status.as_u16(), codes(&answer.json())),
+            (400, vec!["BAD_REQUEST".to_string()]),
+            "{content_type:?}"
+        );
+        assert_eq!(answer.headers["connection"], "close");
+    }
+    // Any other body is read as JSON, as async-graphql reads it, so its
+    // batch is counted whatever the type says; so is a simple type sent by
+    // a client that announces itself with a header a page cannot add.
+    for headers in [
+        &[("content-type", "application/graphql")][..],
+        &[
+            ("content-type", "text/plain"),
+            ("apollo-require-preflight", "true"),
+        ],
+    ] {
+        let answer = send(headers, batch(operations())).await;
         assert_eq!(
             (answer.status.as_u16(), codes(&answer.json())),
             (400, vec!["BATCH_TOO_LARGE".to_string()]),
-            "{content_type}"
+            "{headers:?}"
         );
     }
-    let upload = send("multipart/form-data; boundary=x", "--x--".into()).await;
+    // An upload is refused even when announced.
+    let upload = send(
+        &[
+            ("content-type", "multipart/form-data; boundary=x"),
+            ("apollo-require-preflight", "true"),
+        ],
+        "--x--".into(),
+    )
+    .await;
     assert_eq!(
         (upload.status.as_u16(), codes(&upload.json())),
         (400, vec!["BAD_REQUEST".to_string()])
@@ -325,4 +358,72 @@ async fn under_the_layer_a_body_that_trickles_is_cut_at_its_bound() {
     );
     assert_eq!(answer.headers["connection"], "close");
     assert_eq!(upstream.seen.requests(), 0);
+}
+
+/// A mutation that reads upstream (so running it shows in the count).
+struct Touch;
+
+#[async_graphql::Object]
+impl Touch {
+    async fn touch(&self, ctx: &async_graphql::Context<'_>) -> Option<String> {
+        use fanout_budget::{FanoutContext, Read};
+        let base = &ctx.data::<Base>().ok()?.0;
+        let url = format!("{base}/item/1").parse().ok()?;
+        ctx.upstream().ok()?.read(Read::get(url)).await.ok()?;
+        Some("touched".into())
+    }
+}
+
+#[tokio::test]
+async fn under_the_layer_a_get_runs_queries_only() {
+    let engine = Engine::new(Config::default());
+    let upstream = Upstream::start().await;
+    let schema = Schema::build(Query, Touch, EmptySubscription)
+        .data(Base(upstream.base()))
+        .extension(engine.extension())
+        .finish();
+    let app = Router::new()
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+        .layer(FanoutLayer::new(engine.clone()));
+    let get = |query: &str, name: Option<&str>| {
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        params.append_pair("query", query);
+        if let Some(name) = name {
+            // async-graphql 7.2's GET parser reads `operation_name`, not
+            // the spec's `operationName`.
+            params.append_pair("operation_name", name);
+        }
+        let uri = format!("/graphql?{}", params.finish());
+        let request = axum::http::Request::get(uri)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        fanout_testkit::call(&app, request)
+    };
+    // async-graphql-axum alone would run it: a page on any site could.
+    for (mutation, name) in [
+        ("mutation { touch }", None),
+        (
+            "query Q { item(id: 1) { id } } mutation M { touch }",
+            Some("M"),
+        ),
+    ] {
+        let answer = get(mutation, name).await.json();
+        assert_eq!(codes(&answer), vec!["BAD_REQUEST".to_string()], "{answer}");
+    }
+    assert_eq!(upstream.seen.requests(), 0);
+    let answer = get("{ item(id: 1) { detail { value } } }", None)
+        .await
+        .json();
+    assert!(
+        answer["data"]["item"]["detail"]["value"].is_string(),
+        "{answer}"
+    );
+    assert_eq!(upstream.seen.requests(), 1);
+    // The same mutation as a POST runs.
+    let (status, answer) = post(&app, r#"{"query": "mutation { touch }"}"#).await;
+    assert_eq!(
+        (status.as_u16(), &answer["data"]["touch"]),
+        (200, &Value::from("touched")),
+        "{answer}"
+    );
 }

@@ -5,7 +5,7 @@ use crate::schema::{self, RegistrySchema};
 use axum::routing::get;
 use axum::Router;
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
-use fanout_budget::{Config, Engine, FanoutGraphQL, RateLimitLayer};
+use fanout_budget::{cors_layer, Config, Engine, FanoutGraphQL, RateLimitLayer};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -92,7 +92,9 @@ pub fn build_with(
         // GraphiQL's own scripts and styles: never rate limited.
         .route_service("/graphql/graphiql/{file}", graphql)
         .route("/metrics", get(move || async move { render() }))
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { "ok" }))
+        // Outermost: a CORS preflight is answered before the rate limiter.
+        .layer(tower::util::option_layer(cors_layer(&engine.config().http)));
     Gateway {
         router,
         engine,

@@ -127,7 +127,12 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
             "{name} missing from /metrics:\n{metrics}"
         );
     }
-    let graphiql = text("/graphql").await;
+    // A browser (it accepts text/html) asking for no query gets GraphiQL.
+    let page = client
+        .get(format!("http://{addr}/graphql"))
+        .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
+        .send();
+    let graphiql = page.await.unwrap().text().await.unwrap();
     assert!(graphiql.to_lowercase().contains("graphiql"));
 
     gateway.terminate();

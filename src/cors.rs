@@ -1,0 +1,71 @@
+//! CORS: which browser apps on other origins may call the endpoint.
+//!
+//! A browser sends a cross-origin `POST` with `Content-Type:
+//! application/json` only after a preflight (`OPTIONS` with
+//! `Access-Control-Request-*`) that the server answers with matching
+//! `Access-Control-Allow-*` headers; it lets the page read any answer only
+//! when it carries `Access-Control-Allow-Origin` for the page's origin.
+//! [`cors_layer`] builds tower-http's `CorsLayer` from
+//! `[http] cors_allowed_origins`: empty (the default) adds no header, so no
+//! other origin can call the endpoint from a browser; a list allows exactly
+//! those origins; `["*"]` any origin (never with credentials).
+//!
+//! Mount it outermost (`Router::layer`), outside the rate limiter: a
+//! preflight is answered by the layer itself, costs no budget and is not
+//! counted against the caller's rate.
+//!
+//! CORS guards what a page may *read*. What a page may *send* without a
+//! preflight — a `text/plain`, form or multipart `POST` — is refused by the
+//! HTTP integration itself (CSRF prevention, `protocol.rs`).
+
+use http::{header, HeaderName, HeaderValue, Method};
+use std::time::Duration;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+/// The CORS layer for `[http] cors_allowed_origins`, or `None` when the
+/// list is empty (no CORS headers at all).
+///
+/// ```
+/// use fanout_budget::{config::HttpConfig, cors_layer};
+///
+/// let http = HttpConfig {
+///     cors_allowed_origins: vec!["https://app.example".into()],
+///     ..HttpConfig::default()
+/// };
+/// let app: axum::Router = axum::Router::new()
+///     .route("/graphql", axum::routing::post(|| async { "…" }))
+///     .layer(tower::util::option_layer(cors_layer(&http)));
+/// # drop(app);
+/// ```
+pub fn cors_layer(http: &crate::config::HttpConfig) -> Option<CorsLayer> {
+    let origins = &http.cors_allowed_origins;
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        // Validated with the configuration.
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::CONTENT_TYPE,
+                header::ACCEPT,
+                header::AUTHORIZATION,
+                HeaderName::from_static("apollo-require-preflight"),
+                HeaderName::from_static("x-apollo-operation-name"),
+                HeaderName::from_static("apollographql-client-name"),
+                HeaderName::from_static("apollographql-client-version"),
+            ])
+            .expose_headers([
+                header::RETRY_AFTER,
+                HeaderName::from_static("ratelimit"),
+                HeaderName::from_static("ratelimit-policy"),
+            ])
+            .max_age(Duration::from_secs(600)),
+    )
+}
