@@ -1,6 +1,7 @@
 //! Fixtures shared by the test suites and benchmarks of `fanout-budget` and
-//! the gateway (a workspace-only crate, never published): external binaries (and installed paths)
-//! found or skipped by the contract's rule, a throwaway `redis-server`, a
+//! the gateway (a workspace-only crate, never published): external binaries
+//! and installed paths found or skipped by the contract's rule, a throwaway
+//! `redis-server`, a
 //! future that pends once, a median and a paired (turn-about) measure, the sum of a batch's
 //! `operationReads`, one in-memory [`Transport`](fanout_budget::Transport)
 //! ([`MemTransport`]), one fault-injecting loopback upstream ([`Upstream`])
