@@ -269,15 +269,21 @@ impl fmt::Debug for RateLimitConfig {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// `redis://host:port`; empty: in-process limits only.
+    /// `redis://host:port` of one server; empty: in-process limits only
+    /// (unless `cluster_nodes` is set).
     pub url: String,
+    /// A Redis Cluster instead of one server: some of its nodes
+    /// (`redis://host:port` each, as `redis::cluster::ClusterClient` takes
+    /// them), from which the client learns the rest; empty: no cluster.
+    /// Exclusive with `url`.
+    pub cluster_nodes: Vec<String>,
     /// What to do while Redis is unreachable.
     pub failure_mode: FailureMode,
     /// Prefix of every key, so several deployments can share one Redis.
     pub key_prefix: String,
     /// Timeout of one Redis call, in milliseconds (then `failure_mode` applies).
     pub timeout_ms: u64,
-    /// Lease of one cluster host slot, in milliseconds; renewed while the
+    /// Lease of one shared host slot, in milliseconds; renewed while the
     /// read is in flight, so a crashed replica's slots free up after it.
     pub lease_ms: u64,
     /// After a failed Redis call, calls skip Redis (and `failure_mode`
@@ -290,12 +296,20 @@ impl Default for RedisConfig {
     fn default() -> Self {
         Self {
             url: String::new(),
+            cluster_nodes: Vec::new(),
             failure_mode: FailureMode::Open,
             key_prefix: "fanout".into(),
             timeout_ms: 100,
             lease_ms: 5000,
             backoff_ms: 1000,
         }
+    }
+}
+
+impl RedisConfig {
+    /// Whether shared state is on Redis: `url` or `cluster_nodes` is set.
+    pub fn is_enabled(&self) -> bool {
+        !self.url.is_empty() || !self.cluster_nodes.is_empty()
     }
 }
 
@@ -409,20 +423,59 @@ impl Config {
                 "rate_limit.ipv6_prefix must be at most 128".into(),
             ));
         }
-        let url = &self.redis.url;
-        if !url.is_empty() {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(ConfigError(format!(
-                    "redis.url: \"{url}\" must start with redis:// or rediss://"
-                )));
-            }
-            #[cfg(feature = "redis")]
-            if let Err(e) = redis::Client::open(url.as_str()) {
-                return Err(ConfigError(format!("redis.url: \"{url}\": {e}")));
-            }
-        }
+        check_redis(&self.redis).map_err(ConfigError)?;
         Ok(())
     }
+}
+
+/// Checks `[redis] url` and `cluster_nodes` (the message names the key).
+fn check_redis(redis: &RedisConfig) -> Result<(), String> {
+    let scheme = |key: &str, url: &str| {
+        if url.starts_with("redis://") || url.starts_with("rediss://") {
+            Ok(())
+        } else {
+            Err(format!(
+                "{key}: \"{url}\" must start with redis:// or rediss://"
+            ))
+        }
+    };
+    let url = &redis.url;
+    let nodes = &redis.cluster_nodes;
+    if !url.is_empty() && !nodes.is_empty() {
+        return Err(
+            "redis.cluster_nodes: set redis.url (one server) or redis.cluster_nodes \
+                    (a cluster's nodes), not both"
+                .into(),
+        );
+    }
+    if !url.is_empty() {
+        scheme("redis.url", url)?;
+        #[cfg(feature = "redis")]
+        if let Err(e) = redis::Client::open(url.as_str()) {
+            return Err(format!("redis.url: \"{url}\": {e}"));
+        }
+    }
+    for node in nodes {
+        scheme("redis.cluster_nodes", node)?;
+        #[cfg(feature = "redis")]
+        match redis::IntoConnectionInfo::into_connection_info(node.as_str()) {
+            Err(e) => return Err(format!("redis.cluster_nodes: \"{node}\": {e}")),
+            Ok(info) if info.redis.db != 0 => {
+                return Err(format!(
+                    "redis.cluster_nodes: \"{node}\": a cluster has database 0 only"
+                ))
+            }
+            Ok(_) => {}
+        }
+    }
+    #[cfg(feature = "redis")]
+    if !nodes.is_empty() {
+        // Same credentials, protocol and TLS on every node (nothing connects).
+        if let Err(e) = redis::cluster::ClusterClient::new(nodes.iter().map(String::as_str)) {
+            return Err(format!("redis.cluster_nodes: {e}"));
+        }
+    }
+    Ok(())
 }
 
 fn is_host_port(key: &str) -> bool {
@@ -479,6 +532,44 @@ mod tests {
         assert_eq!(set.http.write_timeout_ms, 300);
         let err = Config::from_toml("[http]\nwrite_timeout_ms = 0\n").unwrap_err();
         assert_eq!(err.0, "http.write_timeout_ms must be at least 1");
+    }
+
+    #[test]
+    fn redis_cluster_nodes_are_checked() {
+        let two = "cluster_nodes = [\"redis://10.0.0.1:6379\", \"redis://10.0.0.2:6379\"]";
+        let config = Config::from_toml(&format!("[redis]\n{two}\n")).unwrap();
+        assert_eq!(config.redis.cluster_nodes.len(), 2);
+        assert!(config.redis.url.is_empty() && config.redis.is_enabled());
+        assert!(!Config::default().redis.is_enabled());
+        let mut bad = vec![
+            (
+                format!("url = \"redis://10.0.0.9:6379\"\n{two}"),
+                "redis.cluster_nodes: set redis.url (one server) or redis.cluster_nodes",
+            ),
+            (
+                "cluster_nodes = [\"10.0.0.1:6379\"]".into(),
+                "redis.cluster_nodes: \"10.0.0.1:6379\" must start with redis:// or rediss://",
+            ),
+            (
+                "cluster_nodes = \"redis://10.0.0.1:6379\"".into(),
+                "redis.cluster_nodes: invalid type",
+            ),
+        ];
+        if cfg!(feature = "redis") {
+            bad.push((
+                "cluster_nodes = [\"redis://10.0.0.1:6379/2\"]".into(),
+                "redis.cluster_nodes: \"redis://10.0.0.1:6379/2\": a cluster has database 0 only",
+            ));
+            bad.push((
+                "cluster_nodes = [\"redis://:one@10.0.0.1:6379\", \"redis://:two@10.0.0.2:6379\"]"
+                    .into(),
+                "redis.cluster_nodes: Cannot use different password",
+            ));
+        }
+        for (table, want) in bad {
+            let err = Config::from_toml(&format!("[redis]\n{table}\n")).unwrap_err();
+            assert!(err.0.starts_with(want), "{table}: {err}");
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
 use fanout_budget::config::{FailureMode, HostConfig, RedisConfig};
 use fanout_budget::HostLimiter;
-use fanout_testkit::RedisServer;
+use fanout_testkit::{until, RedisServer};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
@@ -142,18 +142,6 @@ async fn zcard(redis: &RedisServer) -> i64 {
     match redis.command(&["ZCARD", KEY]).await {
         Some(redis::Value::Int(n)) => n,
         other => panic!("ZCARD: {other:?}"),
-    }
-}
-
-/// Polls `ok` every 10 ms until it holds; how long that took. Panics after `limit`.
-async fn until(what: &str, limit: Duration, mut ok: impl AsyncFnMut() -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        if ok().await {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

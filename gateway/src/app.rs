@@ -36,9 +36,10 @@ pub type MetricsRender = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The gateway for `config`, reading the registry at `upstream`.
 ///
-/// With `[redis] url` set, the per-host caps and the per-IP limit are shared
-/// on Redis (nothing connects until the first request, so a Redis that is
-/// down does not stop start-up).
+/// With `[redis] url` (one server) or `cluster_nodes` (a Redis Cluster) set,
+/// the per-host caps and the per-IP limit are shared on Redis (nothing
+/// connects until the first request, so a Redis that is down does not stop
+/// start-up).
 pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRender>) -> Gateway {
     let mut engine = Engine::builder(config.clone()).costs(schema::costs());
     if let Some(redis) = redis_backend(&config) {
@@ -48,10 +49,10 @@ pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRend
 }
 
 fn redis_backend(config: &Config) -> Option<RedisBackend> {
-    if config.redis.url.is_empty() {
+    if !config.redis.is_enabled() {
         return None;
     }
-    // The URL was validated with the configuration.
+    // The URL or the nodes were validated with the configuration.
     RedisBackend::new(&config.redis).ok()
 }
 

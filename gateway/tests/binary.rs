@@ -155,6 +155,10 @@ fn a_bad_config_stops_start_up_naming_the_key() {
             "[redis]\nfailure_mode = \"sideways\"\n",
             "redis.failure_mode",
         ),
+        (
+            "[redis]\ncluster_nodes = [\"10.0.0.1:6379\"]\n",
+            "redis.cluster_nodes",
+        ),
         ("[hosts.\"nohost\"]\nmax_concurrent = 1\n", "nohost"),
     ] {
         let path = dir.join("bad.toml");

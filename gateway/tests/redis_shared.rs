@@ -23,8 +23,6 @@ fn replica(config: &Config, registry: &EmbeddedRegistry) -> Gateway {
     app::build(config.clone(), registry.url().parse().unwrap(), None)
 }
 
-const CHEAP: &str = r#"{"query":"{ fanoutBudget { limit } }"}"#;
-
 #[tokio::test]
 async fn two_replicas_share_one_per_ip_limit() {
     let Some(redis) = RedisServer::start().await else {
@@ -33,23 +31,7 @@ async fn two_replicas_share_one_per_ip_limit() {
     let registry = EmbeddedRegistry::fixture().await.unwrap();
     let config = config(&redis, FailureMode::Closed, 5);
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
-    let mut admitted = 0;
-    for i in 0..10 {
-        let router = if i % 2 == 0 { &a.router } else { &b.router };
-        let (status, headers, _) = post_from(router, CHEAP, "192.0.2.10:1", &[]).await;
-        match status {
-            200 => admitted += 1,
-            429 => assert!(
-                headers["retry-after"]
-                    .to_str()
-                    .unwrap()
-                    .parse::<u64>()
-                    .unwrap()
-                    >= 1
-            ),
-            other => panic!("status {other}"),
-        }
-    }
+    let admitted = admitted_across(&[&a.router, &b.router], "192.0.2.10:1", 10).await;
     assert_eq!(admitted, 5, "5/min across both replicas");
     assert_eq!(
         redis.keys("fanout:ip:*").await,
@@ -72,7 +54,6 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
         return;
     };
     let registry = EmbeddedRegistry::fixture().await.unwrap();
-    registry.set_latency(Some(Duration::from_millis(40)));
     let mut config = config(&redis, FailureMode::Closed, 10_000);
     config.hosts.insert(
         registry.host(),
@@ -82,30 +63,7 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
         },
     );
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
-    let query = json!({ "query": r#"{ repository(name: "acme/app") { tags(first: 10) { nodes { manifest { digest } } } } }"# }).to_string();
-    let mut tasks = Vec::new();
-    for i in 0..6 {
-        let router = if i % 2 == 0 {
-            a.router.clone()
-        } else {
-            b.router.clone()
-        };
-        let query = query.clone();
-        tasks.push(tokio::spawn(async move {
-            post_from(&router, &query, &format!("192.0.2.{i}:1"), &[]).await
-        }));
-    }
-    for t in tasks {
-        let (status, _, body) = t.await.unwrap();
-        assert_eq!(status, 200);
-        assert!(body.get("errors").is_none(), "{body}");
-    }
-    let peak = registry.counters().peak();
-    assert!(
-        peak <= 4,
-        "upstream saw {peak} in flight across two replicas with a cluster cap of 4"
-    );
-    assert!(peak >= 2, "peak {peak}");
+    a_cap_of_four_holds_across(&a, &b, &registry).await;
     // Every lease was released.
     let key = format!("fanout:host:{}", registry.host());
     for _ in 0..100 {

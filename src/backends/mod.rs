@@ -14,6 +14,7 @@
 //! |---|---|
 //! | one replica, or limits per replica are acceptable | in-process (default; `[redis] url = ""`) |
 //! | several replicas behind a load balancer, limits must hold for the fleet | Redis (`[redis] url = "redis://…"`) |
+//! | the same, and one Redis server must not be a single point of failure | Redis Cluster (`[redis] cluster_nodes = ["redis://…", …]`) |
 //! | Redis may be unavailable and serving matters more than exact limits | Redis with `failure_mode = "open"` |
 //! | exceeding a limit is worse than refusing traffic | Redis with `failure_mode = "closed"` |
 

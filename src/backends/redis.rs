@@ -1,24 +1,66 @@
 //! Shared limits on Redis: the per-IP limit and the per-host caps, for the
 //! whole fleet of replicas.
 //!
-//! - **Connection.** One [`RedisBackend`] holds a `redis::aio::ConnectionManager`
-//!   (multiplexed, reconnecting), connected lazily: a Redis that is down at
-//!   start-up does not stop start-up. Every call is bounded by `timeout_ms`.
+//! - **Connection.** One [`RedisBackend`] serves both forms of `[redis]`:
+//!   `url` (one server) and `cluster_nodes` (a Redis Cluster's seed nodes).
+//!   An internal enum of the two connection kinds — a
+//!   `redis::aio::ConnectionManager` (multiplexed, reconnecting) or a
+//!   `redis::cluster_async::ClusterConnection` (a multiplexed connection per
+//!   node; it follows `MOVED`/`ASK`, refreshes its slot map and reconnects) —
+//!   implements `redis::aio::ConnectionLike` by delegation, so the scripts,
+//!   the breaker, the timeouts and `failure_mode` are one code path for both.
+//!   It connects lazily: a Redis (or a whole cluster) that is down at start-up
+//!   does not stop start-up. Every call is bounded by `timeout_ms`; the
+//!   cluster client's own retries (a redirect, a reconnect, `TRYAGAIN`,
+//!   `CLUSTERDOWN`) happen inside that bound.
+//! - **Cluster slots.** Every script and command touches exactly one key
+//!   (`KEYS[1]`; the token's `ZREM` of one key), so each runs whole on the
+//!   master owning that key's slot and no key needs a hash tag; the keys
+//!   spread over the masters by their full names (`<prefix>:ip:<client>`,
+//!   `<prefix>:host:<HOST:PORT>`). A script that ever touches two keys must
+//!   give them one hash tag (`{…}`). A `{…}` in `key_prefix` would become
+//!   every key's tag: still correct, but all the state on one master. The
+//!   cluster client may send a script again after a lost reply, so it may
+//!   run twice: the acquire is idempotent per lease id; a per-IP check run
+//!   twice charges its client one token more.
 //! - **Breaker** (`src/backends/breaker.rs`). A failed or timed-out call
 //!   opens it: for at least `backoff_ms`, calls skip Redis and `failure_mode`
 //!   applies at once — no `timeout_ms` paid, connection refused included. One
-//!   background probe (`TIME`) per `backoff_ms` closes it again; each change is
-//!   logged once. A probe still timing out `lease_ms` after the breaker opened
-//!   drops the connection, so a silently dead one is replaced (by then no lease
-//!   it carried is live).
-//! - **Redis time, not wall clocks.** Each reply carries Redis `TIME`; that
-//!   time minus the local (monotonic, tokio) instant the reply arrived is a
-//!   lower bound of the offset between the two clocks, since the script ran
-//!   before its reply arrived. A call's local deadline plus that offset is a
-//!   deadline on Redis's clock never later than the real one, so clock skew
-//!   between replicas and Redis does not matter; only drift between two replies
-//!   does (microseconds), and a step of Redis's clock is corrected by the next
+//!   background probe per `backoff_ms` closes it again; each change is logged
+//!   once. The probe is `TIME` on one server. On a cluster it asks every
+//!   master serving slots for its `TIME` (`CLUSTER SLOTS` from any node,
+//!   then a one-line script to each master, sent with a key of its slots so
+//!   it is routed, redirects included, as the checks are), and succeeds only
+//!   when all of them answer: through a failover — a master gone, its
+//!   replica not yet promoted — the breaker stays open instead of closing on
+//!   whichever node happened to answer and tripping again on the next call
+//!   to the dead master's slots. A probe still failing `lease_ms` after the
+//!   breaker opened drops the connection, so a silently dead one is replaced
+//!   (by then no lease it carried is live).
+//! - **Redis time, not wall clocks.** Each reply carries Redis `TIME`, read
+//!   by the script itself on the node that ran it; that time minus the local
+//!   (monotonic, tokio) instant the reply arrived is a lower bound of the
+//!   offset between the two clocks, since the script ran before its reply
+//!   arrived. A call's local deadline plus that offset is a deadline on
+//!   Redis's clock never later than the real one, so clock skew between
+//!   replicas and Redis does not matter; only drift between two replies does
+//!   (microseconds), and a step of Redis's clock is corrected by the next
 //!   reply (the token below covers the gap).
+//! - **One clock per master.** In a cluster each master has its own clock,
+//!   and an offset is a lower bound only for the node it was learned from. So
+//!   the offset is kept per slot (16,384 of them) and used for calls on that
+//!   slot, which that slot's master runs. It is learned from every reply for
+//!   a key in the slot, and for all of a master's slots at once from its
+//!   `TIME` when the backend connects and at each probe — so after a
+//!   failover the breaker closes only with the promoted master's clock
+//!   learned for the slots it took over. A slot that moves with no failed
+//!   call (a manual failover, resharding) is served by another clock until
+//!   its first reply there, and meanwhile its deadline is off by the two
+//!   masters' skew (milliseconds under NTP). Too early, the script refuses
+//!   as "late" a call that ran in time — a late answer that arrives before
+//!   the local deadline proves exactly that, so the call is sent once more
+//!   with the corrected offset. Too late, it is a call queued behind a hung
+//!   Redis, covered as below.
 //! - **Per-IP limit** ([`RedisRateLimiter`]): GCRA in one Lua script per check
 //!   (`EVALSHA`), time from `TIME`, keys that expire when indistinguishable
 //!   from fresh. A check Redis runs after its deadline (queued while Redis
@@ -26,14 +68,29 @@
 //!   too late costs that client one token: accepted, it cannot be undone.
 //! - **Per-host cap** ([`RedisHostCaps`], in `leases`): a read takes its
 //!   process's own slot first (no network; it bounds a replica even with Redis
-//!   down), then a cluster lease: one sorted-set member per read in flight,
+//!   down), then a shared lease: one sorted-set member per read in flight,
 //!   scored by lease expiry, renewed every `lease_ms / 3`. A timed-out or
 //!   cancelled acquire does not keep a slot: the script refuses to run past its
 //!   deadline, and the member id (the token) is chosen before the call, so a
 //!   caller that gives up sends a bounded, fire-and-forget `ZREM` of it, which
-//!   Redis runs right after an acquire it ran just in time (same connection).
-//!   Renewal extends only a lease still present and unexpired; release is
-//!   `ZREM`: neither resurrects one.
+//!   Redis runs right after an acquire it ran just in time (same connection
+//!   to the key's node). A release (`ZREM`) that fails is sent again every
+//!   `backoff_ms` for at most `lease_ms`, so one a dead master missed lands
+//!   on its promoted replica. Renewal extends only a lease still present and
+//!   unexpired; release is `ZREM`: neither resurrects one.
+//! - **Failover.** Replication is asynchronous: a master killed loses its
+//!   last writes. A lease taken just before is missing on the promoted
+//!   replica, and a release sent just before is undone there (the lease
+//!   holds its slot until it expires, `lease_ms`). The reads those leases
+//!   belonged to ended long before the promotion (at least
+//!   `cluster-node-timeout` later), unless a read lasts longer than the
+//!   failover: then the fleet may exceed that cap by those reads, once. A
+//!   per-IP check's last writes may be lost too: a few requests admitted
+//!   again.
+//! - **Scripts** are sent by hash (`EVALSHA`); a node that does not have one
+//!   yet (a fresh server, a promoted replica) gets the script's text once
+//!   (`EVAL`, routed by the same key), never a `SCRIPT LOAD`, which a cluster
+//!   client would send to every node, a dead one included.
 //!
 //! **Outage.** A failed, slow or skipped call applies `failure_mode`: `"open"`
 //! answers from the in-process limiter (counting
@@ -49,8 +106,10 @@ use crate::config::{FailureMode, RedisConfig};
 use crate::error::Unavailable;
 use crate::limiter::{Decision, InboundLimiter};
 use futures::future::BoxFuture;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisResult, Script};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, Value};
 use std::future::Future;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -59,8 +118,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// A shared Redis connection with a call timeout, a key prefix and a
-/// circuit breaker.
+/// A shared Redis connection — to one server or to a Redis Cluster — with a
+/// call timeout, a key prefix and a circuit breaker.
 ///
 /// ```
 /// use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
@@ -70,6 +129,8 @@ use tokio::time::Instant;
 ///
 /// let mut config = Config::default();
 /// config.redis.url = "redis://127.0.0.1:6379".into();
+/// // Or a cluster, by its seed nodes:
+/// // config.redis.cluster_nodes = vec!["redis://10.0.0.1:6379".into(), "redis://10.0.0.2:6379".into()];
 /// // Nothing connects until the first check.
 /// let redis = RedisBackend::new(&config.redis).unwrap();
 /// let caps = RedisHostCaps::new(config.hosts.clone(), redis.clone());
@@ -85,20 +146,171 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    client: redis::Client,
+    target: Target,
     prefix: String,
     timeout: Duration,
     lease: Duration,
+    backoff: Duration,
     mode: FailureMode,
-    conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    conn: tokio::sync::Mutex<Option<Conn>>,
     breaker: Arc<Breaker>,
     /// Local instants are measured from here.
     base: Instant,
-    /// Redis `TIME` (µs) minus local µs since `base`, a lower bound; `UNKNOWN` before the first reply.
-    offset_us: AtomicI64,
+    /// Redis `TIME` (µs) minus local µs since `base`, a lower bound;
+    /// `UNKNOWN` before the first reply. One for a server; one per slot for
+    /// a cluster, whose masters each have their own clock.
+    offsets_us: Box<[AtomicI64]>,
 }
 
 const UNKNOWN: i64 = i64::MIN;
+
+/// Slots of a Redis Cluster.
+const SLOTS: usize = 16_384;
+
+/// Where the shared state lives.
+enum Target {
+    Server(redis::Client),
+    Cluster(ClusterClient),
+}
+
+/// A connection of either kind; every call goes through its
+/// [`ConnectionLike`], which delegates.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Server(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The cluster slot of `key`, as Redis computes it: CRC16 (XMODEM) of the
+/// key's hash tag — what is between its first `{` and the next `}`, if not
+/// empty — or of the whole key, modulo 16,384.
+pub(crate) fn slot(key: &[u8]) -> usize {
+    let hashed = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let len = rest.iter().position(|&b| b == b'}')?;
+            (len > 0).then(|| &rest[..len])
+        })
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in hashed {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    usize::from(crc) % SLOTS
+}
+
+/// Answers the `TIME` of the node that runs it (sent to a chosen master by
+/// a key of its slots; the key itself is never read).
+const NODE_TIME: &str = "return redis.call('TIME')";
+
+/// `CLUSTER SLOTS`' ranges (first, last slot), grouped by the master serving
+/// them.
+fn slot_ranges_by_master(reply: &Value) -> RedisResult<Vec<Vec<(u16, u16)>>> {
+    let rows: Vec<Vec<Value>> = redis::from_redis_value(reply)?;
+    let mut masters: std::collections::BTreeMap<(String, i64), Vec<(u16, u16)>> =
+        Default::default();
+    for row in rows {
+        let [first, last, master, ..] = row.as_slice() else {
+            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS row").into());
+        };
+        let node: Vec<Value> = redis::from_redis_value(master)?;
+        let [host, port, ..] = node.as_slice() else {
+            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS node").into());
+        };
+        let address = (
+            redis::from_redis_value(host)?,
+            redis::from_redis_value(port)?,
+        );
+        let range: (u16, u16) = (
+            redis::from_redis_value(first)?,
+            redis::from_redis_value(last)?,
+        );
+        if range.0 > range.1 || usize::from(range.1) >= SLOTS {
+            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS range").into());
+        }
+        masters.entry(address).or_default().push(range);
+    }
+    Ok(masters.into_values().collect())
+}
+
+/// A Lua script, sent by its hash (`EVALSHA`); a node that lacks it gets
+/// its text (`EVAL`, which caches it there), routed by the same key.
+#[derive(Debug)]
+pub(crate) struct Lua {
+    code: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    pub(crate) fn new(code: &'static str) -> Self {
+        let hash = Script::new(code).get_hash().to_string();
+        Self { code, hash }
+    }
+}
+
+/// The reply of a script that checks its deadline: whether it ran past it
+/// (and so did nothing), and Redis's time when it ran (µs).
+pub(crate) trait Timed: FromRedisValue {
+    fn late(&self) -> bool;
+    fn redis_now_us(&self) -> i64;
+}
+
+/// `{status, now_us}`, status -1: late.
+impl Timed for (i64, i64) {
+    fn late(&self) -> bool {
+        self.0 == -1
+    }
+    fn redis_now_us(&self) -> i64 {
+        self.1
+    }
+}
+
+/// `{status, _, _, now_us}`, status -1: late.
+impl Timed for (i64, i64, i64, i64) {
+    fn late(&self) -> bool {
+        self.0 == -1
+    }
+    fn redis_now_us(&self) -> i64 {
+        self.3
+    }
+}
 
 /// How a call reaches Redis.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -134,27 +346,54 @@ fn down(err: impl std::fmt::Display) -> Unavailable {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
+            .field("cluster", &self.is_cluster())
             .field("prefix", &self.inner.prefix)
             .field("open", &self.is_open())
             .finish_non_exhaustive()
     }
 }
 
+/// The cluster client for `[redis] cluster_nodes` (nothing connected): its
+/// retries and their pauses fit inside one call's `timeout_ms`.
+fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
+    let timeout = Duration::from_millis(config.timeout_ms);
+    ClusterClientBuilder::new(config.cluster_nodes.iter().map(String::as_str))
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        // A redirect or a reconnect is a retry: a few, paused 1 ms up to
+        // 10 ms × 2^n, never past a quarter of the call timeout.
+        .retries(3)
+        .min_retry_wait(1)
+        .max_retry_wait((config.timeout_ms / 4).max(2))
+        .retry_wait_formula(10, 2)
+        .build()
+}
+
 impl RedisBackend {
-    /// A backend for `[redis]`; nothing is connected yet.
+    /// A backend for `[redis]` (`url`, or `cluster_nodes` when set); nothing
+    /// is connected yet.
     pub fn new(config: &RedisConfig) -> Result<Self, Unavailable> {
-        let client = redis::Client::open(config.url.as_str()).map_err(down)?;
+        let (target, offsets) = if config.cluster_nodes.is_empty() {
+            let client = redis::Client::open(config.url.as_str()).map_err(down)?;
+            (Target::Server(client), 1)
+        } else {
+            (
+                Target::Cluster(cluster_client(config).map_err(down)?),
+                SLOTS,
+            )
+        };
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
+                target,
                 prefix: config.key_prefix.clone(),
                 timeout: Duration::from_millis(config.timeout_ms),
                 lease: Duration::from_millis(config.lease_ms),
+                backoff: Duration::from_millis(config.backoff_ms),
                 mode: config.failure_mode,
                 conn: tokio::sync::Mutex::new(None),
                 breaker: Arc::new(Breaker::new(Duration::from_millis(config.backoff_ms))),
                 base: Instant::now(),
-                offset_us: AtomicI64::new(UNKNOWN),
+                offsets_us: (0..offsets).map(|_| AtomicI64::new(UNKNOWN)).collect(),
             }),
         })
     }
@@ -162,6 +401,11 @@ impl RedisBackend {
     /// The configured failure mode.
     pub fn failure_mode(&self) -> FailureMode {
         self.inner.mode
+    }
+
+    /// Whether this backend is on a Redis Cluster (`[redis] cluster_nodes`).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.target, Target::Cluster(_))
     }
 
     /// `<prefix>:<kind>:<name>`
@@ -180,31 +424,44 @@ impl RedisBackend {
         self.inner.breaker.failures()
     }
 
-    /// A local deadline `timeout_ms` from now, and the same instant on
-    /// Redis's clock (µs; 0, "none", before Redis has answered once).
-    pub(crate) fn deadline(&self) -> (Instant, i64) {
-        let local = Instant::now() + self.inner.timeout;
-        let offset = self.inner.offset_us.load(Relaxed);
-        let redis = if offset == UNKNOWN {
-            0
-        } else {
-            self.micros(local) + offset
-        };
-        (local, redis)
+    /// A local deadline `timeout_ms` from now.
+    pub(crate) fn local_deadline(&self) -> Instant {
+        Instant::now() + self.inner.timeout
+    }
+
+    /// The clock offset for the node that runs calls on `key` (any key on
+    /// one server); `None` for a keyless call to a cluster (its node unknown).
+    fn offset(&self, key: Option<&str>) -> Option<&AtomicI64> {
+        match (&self.inner.target, key) {
+            (Target::Server(_), _) => self.inner.offsets_us.first(),
+            (Target::Cluster(_), Some(key)) => self.inner.offsets_us.get(slot(key.as_bytes())),
+            (Target::Cluster(_), None) => None,
+        }
+    }
+
+    /// `local` on the clock of the node that runs calls on `key` (µs; 0,
+    /// "none", before that node has answered for it once).
+    pub(crate) fn redis_deadline(&self, key: &str, local: Instant) -> i64 {
+        match self.offset(Some(key)).map(|o| o.load(Relaxed)) {
+            None | Some(UNKNOWN) => 0,
+            Some(offset) => self.micros(local) + offset,
+        }
     }
 
     fn micros(&self, at: Instant) -> i64 {
         at.saturating_duration_since(self.inner.base).as_micros() as i64
     }
 
-    /// Learns the clock offset from a reply's Redis time (µs), received now.
-    pub(crate) fn observe(&self, redis_us: i64) {
-        let offset = redis_us - self.micros(Instant::now());
-        self.inner.offset_us.store(offset, Relaxed);
+    /// Learns the clock offset of the node that ran a call on `key` from its
+    /// reply's Redis time (µs), received now.
+    pub(crate) fn observe(&self, key: Option<&str>, redis_us: i64) {
+        if let Some(offset) = self.offset(key) {
+            offset.store(redis_us - self.micros(Instant::now()), Relaxed);
+        }
     }
 
     /// The connection, made if `route` may make one. `Err(None)`: skipped.
-    async fn connection(&self, route: Route) -> Result<ConnectionManager, Option<Unavailable>> {
+    async fn connection(&self, route: Route) -> Result<Conn, Option<Unavailable>> {
         let mut conn = self.inner.conn.lock().await;
         if let Some(c) = conn.as_ref() {
             return Ok(c.clone());
@@ -215,23 +472,39 @@ impl RedisBackend {
             Route::Call if self.is_open() => return Err(None),
             _ => {}
         }
-        // No retries inside: the breaker paces reconnection.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(self.inner.timeout)
-            .set_number_of_retries(0);
-        let mut manager = self
-            .inner
-            .client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| Some(down(e)))?;
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut manager)
-            .await
-            .map_err(|e| Some(down(e)))?;
-        self.observe(secs * 1_000_000 + micros);
-        *conn = Some(manager.clone());
-        Ok(manager)
+        let made = match &self.inner.target {
+            Target::Server(client) => {
+                // No retries inside: the breaker paces reconnection.
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(self.inner.timeout)
+                    .set_number_of_retries(0);
+                let mut manager = client
+                    .get_connection_manager_with_config(config)
+                    .await
+                    .map_err(|e| Some(down(e)))?;
+                let (secs, micros): (i64, i64) = redis::cmd("TIME")
+                    .query_async(&mut manager)
+                    .await
+                    .map_err(|e| Some(down(e)))?;
+                self.observe(None, secs * 1_000_000 + micros);
+                Conn::Server(manager)
+            }
+            Target::Cluster(client) => {
+                // Connects to the seeds, reads the slot map, connects to its nodes.
+                let mut conn = Conn::Cluster(
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(|e| Some(down(e)))?,
+                );
+                self.learn_cluster_clocks(&mut conn)
+                    .await
+                    .map_err(|e| Some(down(e)))?;
+                conn
+            }
+        };
+        *conn = Some(made.clone());
+        Ok(made)
     }
 
     /// Runs `f` on the connection by `route`, bounded by `deadline`; a
@@ -243,7 +516,7 @@ impl RedisBackend {
         f: F,
     ) -> Result<T, Failure>
     where
-        F: FnOnce(ConnectionManager) -> Fut,
+        F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let skipped = || Failure {
@@ -281,20 +554,24 @@ impl RedisBackend {
         });
     }
 
-    /// One probe: `TIME`. Still timing out `lease_ms` after the breaker
-    /// opened, the connection is dropped and the next probe makes a new one.
+    /// One probe: `TIME` on a server; on a cluster, `TIME` from every master
+    /// (see [`learn_cluster_clocks`](Self::learn_cluster_clocks)). Still
+    /// failing `lease_ms` after the breaker opened, the connection is dropped
+    /// and the next probe makes a new one.
     async fn probe(&self, opened: Instant) -> Result<(), Unavailable> {
-        let (deadline, _) = self.deadline();
-        let time = self.call(Route::Probe, deadline, |mut conn| async move {
-            redis::cmd("TIME")
-                .query_async::<(i64, i64)>(&mut conn)
-                .await
-        });
-        match time.await {
-            Ok((secs, micros)) => {
-                self.observe(secs * 1_000_000 + micros);
-                Ok(())
+        let deadline = self.local_deadline();
+        let probed = self.call(Route::Probe, deadline, |mut conn| async move {
+            if self.is_cluster() {
+                return self.learn_cluster_clocks(&mut conn).await;
             }
+            let (secs, micros) = redis::cmd("TIME")
+                .query_async::<(i64, i64)>(&mut conn)
+                .await?;
+            self.observe(None, secs * 1_000_000 + micros);
+            Ok(())
+        });
+        match probed.await {
+            Ok(()) => Ok(()),
             Err(failure) => {
                 if opened.elapsed() >= self.inner.lease {
                     *self.inner.conn.lock().await = None;
@@ -304,60 +581,160 @@ impl RedisBackend {
         }
     }
 
+    /// Asks every master serving slots for its time: `CLUSTER SLOTS` from any
+    /// node, then to each master a script returning its `TIME`, sent with a
+    /// key of one of its slots (so the client's routing, redirects included,
+    /// takes it there, as it takes the checks). Each answer sets the clock
+    /// offset of every slot that master serves. `Ok` only when every master
+    /// answered: a master down or not yet replaced fails it.
+    async fn learn_cluster_clocks(&self, conn: &mut Conn) -> RedisResult<()> {
+        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+        let masters = slot_ranges_by_master(&slots)?;
+        if masters.is_empty() {
+            return Err((ErrorKind::ClusterDown, "no master serves slots").into());
+        }
+        let asks = masters.iter().filter_map(|ranges| {
+            // None: a hash tag in key_prefix keeps every key off this master.
+            let key = self.key_in(ranges)?;
+            let mut conn = conn.clone();
+            Some(async move {
+                let (secs, micros): (i64, i64) = redis::cmd("EVAL")
+                    .arg(NODE_TIME)
+                    .arg(1)
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await?;
+                let offset = secs * 1_000_000 + micros - self.micros(Instant::now());
+                for &(first, last) in ranges {
+                    for slot in &self.inner.offsets_us[usize::from(first)..=usize::from(last)] {
+                        slot.store(offset, Relaxed);
+                    }
+                }
+                RedisResult::Ok(())
+            })
+        });
+        futures::future::try_join_all(asks).await?;
+        Ok(())
+    }
+
+    /// A key under the prefix whose slot is in one of `ranges`; `None` when
+    /// none is (a hash tag in the prefix puts every key in one slot).
+    fn key_in(&self, ranges: &[(u16, u16)]) -> Option<String> {
+        (0..1u32 << 16)
+            .map(|n| self.key("probe", &n.to_string()))
+            .find(|key| {
+                let slot = slot(key.as_bytes());
+                ranges
+                    .iter()
+                    .any(|&(first, last)| (usize::from(first)..=usize::from(last)).contains(&slot))
+            })
+    }
+
     /// Runs `script` on `key` with an optional string argument first, then
     /// `ints`, by `route`, bounded by `deadline`.
-    pub(crate) async fn script<T: redis::FromRedisValue>(
+    pub(crate) async fn script<T: FromRedisValue>(
         &self,
         route: Route,
         deadline: Instant,
-        script: &Script,
+        script: &Lua,
         key: &str,
         holder: Option<&str>,
         ints: &[i64],
     ) -> Result<T, Failure> {
         self.call(route, deadline, |mut conn| async move {
-            let mut invocation = script.prepare_invoke();
-            invocation.key(key);
-            if let Some(holder) = holder {
-                invocation.arg(holder);
+            let invocation = |eval: &str, body: &str| {
+                let mut cmd = redis::cmd(eval);
+                cmd.arg(body).arg(1).arg(key);
+                if let Some(holder) = holder {
+                    cmd.arg(holder);
+                }
+                for arg in ints {
+                    cmd.arg(*arg);
+                }
+                cmd
+            };
+            let by_hash = invocation("EVALSHA", &script.hash);
+            match by_hash.query_async(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                    invocation("EVAL", script.code).query_async(&mut conn).await
+                }
+                answer => answer,
             }
-            for arg in ints {
-                invocation.arg(*arg);
-            }
-            invocation.invoke_async(&mut conn).await
         })
         .await
     }
 
-    /// `PING`, bounded by the call timeout (a health check and the benchmark
-    /// floor). Sent even while the breaker is open; a failure opens it.
+    /// Runs a script that checks its deadline — its last argument, the
+    /// deadline on Redis's clock, appended to `ints` — on `key` by
+    /// [`Route::Call`], bounded by `timeout_ms`, and learns the clock offset
+    /// from its reply. A "late" reply that arrives before the local deadline
+    /// ran in time, did nothing and shows the offset was wrong (the slot moved
+    /// to a master with another clock, or Redis's clock stepped): it is sent
+    /// once more with the corrected deadline.
+    pub(crate) async fn timed_script<T: Timed>(
+        &self,
+        script: &Lua,
+        key: &str,
+        holder: Option<&str>,
+        ints: &[i64],
+    ) -> Result<T, Failure> {
+        let local = self.local_deadline();
+        let mut args = ints.to_vec();
+        args.push(0);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            *args.last_mut().expect("the deadline") = self.redis_deadline(key, local);
+            let reply: T = self
+                .script(Route::Call, local, script, key, holder, &args)
+                .await?;
+            self.observe(Some(key), reply.redis_now_us());
+            if !reply.late() || tries == 2 || Instant::now() >= local {
+                return Ok(reply);
+            }
+        }
+    }
+
+    /// `PING` (on a cluster, every master), bounded by the call timeout (a
+    /// health check and the benchmark floor). Sent even while the breaker is
+    /// open; a failure opens it.
     pub async fn ping(&self) -> Result<(), Unavailable> {
-        let (deadline, _) = self.deadline();
-        self.call(Route::Probe, deadline, |mut conn| async move {
+        self.call(Route::Probe, self.local_deadline(), |mut conn| async move {
             redis::cmd("PING").query_async::<String>(&mut conn).await
         })
         .await?;
         Ok(())
     }
 
-    /// Removes `member` from the sorted set `key`, in the background, bounded
-    /// by `lease_ms` (after which a lease has expired anyway).
+    /// Removes `member` from the sorted set `key`, in the background: tried
+    /// again every `backoff_ms` while it fails (a master failing over), for
+    /// at most `lease_ms` (after which a lease has expired anyway).
     pub(crate) fn forget(&self, key: String, member: String) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let backend = self.clone();
         runtime.spawn(async move {
-            let deadline = Instant::now() + backend.inner.lease;
-            let removed = backend.call(Route::FollowUp, deadline, |mut conn| async move {
-                redis::cmd("ZREM")
-                    .arg(&key)
-                    .arg(&member)
-                    .query_async::<i64>(&mut conn)
-                    .await
-            });
-            if let Err(failure) = removed.await {
-                tracing::debug!(error = %failure.error, "could not remove a host lease");
+            let until = Instant::now() + backend.inner.lease;
+            loop {
+                let removed = backend.call(Route::FollowUp, until, |mut conn| {
+                    let (key, member) = (&key, &member);
+                    async move {
+                        redis::cmd("ZREM")
+                            .arg(key)
+                            .arg(member)
+                            .query_async::<i64>(&mut conn)
+                            .await
+                    }
+                });
+                let Err(failure) = removed.await else {
+                    return;
+                };
+                if Instant::now() + backend.inner.backoff >= until {
+                    tracing::debug!(error = %failure.error, "could not remove a host lease; it expires");
+                    return;
+                }
+                tokio::time::sleep(backend.inner.backoff).await;
             }
         });
     }
@@ -393,7 +770,7 @@ return {1, remaining, new_tat - now, now}
 #[derive(Debug)]
 pub struct RedisRateLimiter {
     backend: RedisBackend,
-    script: Script,
+    script: Lua,
     interval_us: i64,
     burst: i64,
 }
@@ -403,7 +780,7 @@ impl RedisRateLimiter {
     pub fn new(backend: RedisBackend, requests_per_minute: NonZeroU32) -> Self {
         Self {
             backend,
-            script: Script::new(GCRA),
+            script: Lua::new(GCRA),
             interval_us: 60_000_000 / i64::from(requests_per_minute.get()),
             burst: i64::from(requests_per_minute.get()),
         }
@@ -414,13 +791,11 @@ impl InboundLimiter for RedisRateLimiter {
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
         Box::pin(async move {
             let key = self.backend.key("ip", &key.to_string());
-            let (deadline, redis_deadline) = self.backend.deadline();
-            let args = [self.interval_us, self.burst, redis_deadline];
-            let (allowed, remaining, wait_us, now_us): (i64, i64, i64, i64) = self
+            let args = [self.interval_us, self.burst];
+            let (allowed, remaining, wait_us, _now_us): (i64, i64, i64, i64) = self
                 .backend
-                .script(Route::Call, deadline, &self.script, &key, None, &args)
+                .timed_script(&self.script, &key, None, &args)
                 .await?;
-            self.backend.observe(now_us);
             let wait = Duration::from_micros(wait_us.max(0) as u64);
             Ok(match allowed {
                 1 => Decision::Allow {
@@ -431,5 +806,29 @@ impl InboundLimiter for RedisRateLimiter {
                 _ => return Err(down("the check ran after its deadline")),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // What CLUSTER KEYSLOT answers on redis-server 7.0.
+        for (key, want) in [
+            (&b"123456789"[..], 12_739),
+            (b"foo", 12_182),
+            (b"bar", 5_061),
+            // A hash tag: only what is between the first `{` and the next `}`.
+            (b"{user1000}.following", 3_443),
+            (b"user1000", 3_443),
+            (b"a{user1000}b{x}", 3_443),
+            // An empty or unclosed tag: the whole key.
+            (b"foo{}{bar}", 8_363),
+            (b"foo{bar", 15_278),
+        ] {
+            assert_eq!(slot(key), want, "{}", String::from_utf8_lossy(key));
+        }
     }
 }

@@ -9,11 +9,15 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod poll;
 mod post;
+mod redis_cluster;
 mod transport;
 mod upstream;
 
+pub use poll::until;
 pub use post::{call, graphql_request, post, Answer, PEER};
+pub use redis_cluster::{ClusterNode, RedisCluster};
 pub use transport::MemTransport;
 pub use upstream::{Behaviour, Seen, Upstream};
 

@@ -7,6 +7,7 @@ use fanout_budget::Config;
 use fanout_gateway::app::{self, Gateway};
 pub use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
 use serde_json::{json, Value};
+use std::time::Duration;
 
 pub use fanout_testkit::{free_port, require_binary, require_path, RedisServer};
 
@@ -68,6 +69,56 @@ pub async fn post_from(
         answer.headers.clone(),
         answer.json(),
     )
+}
+
+/// A query that reads nothing.
+pub const CHEAP: &str = r#"{"query":"{ fanoutBudget { limit } }"}"#;
+
+/// Sends `n` cheap requests from `peer`, turn about to each of `routers`;
+/// how many were admitted (200). Every other one must be a 429 with a
+/// `Retry-After` of at least a second.
+pub async fn admitted_across(routers: &[&Router], peer: &str, n: usize) -> usize {
+    let mut admitted = 0;
+    for i in 0..n {
+        let (status, headers, _) = post_from(routers[i % routers.len()], CHEAP, peer, &[]).await;
+        match status {
+            200 => admitted += 1,
+            429 => {
+                let retry_after = headers["retry-after"].to_str().unwrap();
+                assert!(retry_after.parse::<u64>().unwrap() >= 1, "{retry_after}");
+            }
+            other => panic!("status {other}"),
+        }
+    }
+    admitted
+}
+
+/// Six concurrent requests of ten manifests each (after their tag list),
+/// three through each of `a` and `b`, which cap `registry`'s host at four
+/// reads in flight and wait for a slot as long as it takes, while each read
+/// takes 40 ms: all are answered without error, and the registry saw at
+/// most four in flight at once (and at least two: the cap was pressed).
+pub async fn a_cap_of_four_holds_across(a: &Gateway, b: &Gateway, registry: &EmbeddedRegistry) {
+    registry.set_latency(Some(Duration::from_millis(40)));
+    let query = json!({ "query": r#"{ repository(name: "acme/app") { tags(first: 10) { nodes { manifest { digest } } } } }"# }).to_string();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let router = if i % 2 == 0 { a } else { b }.router.clone();
+        let query = query.clone();
+        tasks.push(tokio::spawn(async move {
+            post_from(&router, &query, &format!("192.0.2.{i}:1"), &[]).await
+        }));
+    }
+    for t in tasks {
+        let (status, _, body) = t.await.unwrap();
+        assert_eq!(status, 200);
+        assert!(body.get("errors").is_none(), "{body}");
+    }
+    let peak = registry.counters().peak();
+    assert!(
+        (2..=4).contains(&peak),
+        "upstream saw {peak} in flight across two replicas with a shared cap of 4"
+    );
 }
 
 /// Queries with their exact worst-case reads under the gateway's cost table

@@ -1,12 +1,11 @@
 //! Per-host caps held by the whole fleet: leased slots in a sorted set per
 //! host (see the module docs of [`redis`](super) for the deadline and token).
 
-use super::{down, Failure, RedisBackend, Route};
+use super::{down, Failure, Lua, RedisBackend, Route};
 use crate::config::{FailureMode, HostConfig};
 use crate::error::{HostRefusal, Unavailable};
 use crate::hosts::{HostLimiter, HostSlot, LocalHostCaps};
 use futures::future::BoxFuture;
-use redis::Script;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -15,7 +14,9 @@ use tokio::time::Instant;
 
 /// KEYS[1] the host's set; ARGV: holder, cap, lease (ms), deadline (µs on
 /// Redis's clock; 0: none). Returns {1 leased | 0 full | -1 past the deadline,
-/// nothing done; Redis time in µs}.
+/// nothing done; Redis time in µs}. Idempotent per holder: run again (a
+/// cluster client's retry after a lost reply), it finds its lease and
+/// answers leased.
 const ACQUIRE: &str = r#"
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -26,6 +27,9 @@ end
 local now = math.floor(now_us / 1000)
 local lease = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {1, now_us}
+end
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
   redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
   redis.call('PEXPIRE', KEYS[1], lease * 2)
@@ -52,8 +56,8 @@ return 1
 
 #[derive(Debug)]
 struct Scripts {
-    acquire: Script,
-    renew: Script,
+    acquire: Lua,
+    renew: Lua,
 }
 
 /// What one acquire call found.
@@ -87,8 +91,8 @@ impl RedisHostCaps {
             configured: hosts,
             backend,
             scripts: Arc::new(Scripts {
-                acquire: Script::new(ACQUIRE),
-                renew: Script::new(RENEW),
+                acquire: Lua::new(ACQUIRE),
+                renew: Lua::new(RENEW),
             }),
             holder_prefix: format!("{}-{nonce:x}", std::process::id()),
             next_holder: AtomicU64::new(0),
@@ -97,21 +101,12 @@ impl RedisHostCaps {
 
     /// One acquire call for `holder`, with a deadline `timeout_ms` from now.
     async fn attempt(&self, key: &str, holder: &str, cap: u32) -> Result<Attempt, Failure> {
-        let (deadline, redis_deadline) = self.backend.deadline();
         let lease_ms = self.backend.inner.lease.as_millis() as i64;
-        let args = [i64::from(cap), lease_ms, redis_deadline];
-        let (got, now_us): (i64, i64) = self
+        let args = [i64::from(cap), lease_ms];
+        let (got, _now_us): (i64, i64) = self
             .backend
-            .script(
-                Route::Call,
-                deadline,
-                &self.scripts.acquire,
-                key,
-                Some(holder),
-                &args,
-            )
+            .timed_script(&self.scripts.acquire, key, Some(holder), &args)
             .await?;
-        self.backend.observe(now_us);
         Ok(match got {
             1 => Attempt::Leased,
             0 => Attempt::Full,
@@ -216,7 +211,7 @@ impl Lease {
             let lease_ms = lease.as_millis() as i64;
             loop {
                 tokio::time::sleep(lease / 3).await;
-                let (deadline, _) = backend.deadline();
+                let deadline = backend.local_deadline();
                 let renewed = backend
                     .script::<i64>(
                         Route::FollowUp,
@@ -318,14 +313,25 @@ mod tests {
         redis.command(&["ZCARD", key]).await
     }
 
-    fn caps(redis: &RedisServer, timeout_ms: u64) -> RedisHostCaps {
+    /// A server, caps on it (call timeout 1 s, lease 30 s) and the key of
+    /// host `h:1`; `None` without `redis-server`.
+    async fn setup() -> Option<(RedisServer, RedisHostCaps, String)> {
+        let redis = RedisServer::start().await?;
         let config = RedisConfig {
             url: redis.url(),
-            timeout_ms,
+            timeout_ms: 1_000,
             lease_ms: 30_000,
             ..RedisConfig::default()
         };
-        RedisHostCaps::new(BTreeMap::new(), RedisBackend::new(&config).unwrap())
+        let caps = RedisHostCaps::new(BTreeMap::new(), RedisBackend::new(&config).unwrap());
+        let key = caps.backend.key("host", "h:1");
+        Some((redis, caps, key))
+    }
+
+    /// The deadline a call on `key` made now would carry, on Redis's clock.
+    fn redis_deadline(caps: &RedisHostCaps, key: &str) -> i64 {
+        let backend = &caps.backend;
+        backend.redis_deadline(key, backend.local_deadline())
     }
 
     /// Runs ACQUIRE for `holder` (cap 4) with `deadline_us` on Redis's clock.
@@ -342,11 +348,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_acquire_run_after_its_deadline_takes_no_slot() {
-        let Some(redis) = RedisServer::start().await else {
+        let Some((redis, caps, key)) = setup().await else {
             return;
         };
-        let caps = caps(&redis, 1_000);
-        let key = caps.backend.key("host", "h:1");
         // What a call queued behind a hung Redis finds when it finally runs:
         // its deadline, on Redis's own clock, is past.
         let now = redis_time_us(&redis).await;
@@ -359,19 +363,18 @@ mod tests {
 
     #[tokio::test]
     async fn the_deadline_is_on_redis_clock_and_never_later_than_the_callers() {
-        let Some(redis) = RedisServer::start().await else {
+        let Some((redis, caps, key)) = setup().await else {
             return;
         };
-        let caps = caps(&redis, 1_000);
         assert_eq!(
-            caps.backend.deadline().1,
+            redis_deadline(&caps, &key),
             0,
             "no deadline before Redis answered"
         );
         assert!(caps.lease_once("h:1", "first", 4).await.unwrap());
         for _ in 0..20 {
             let before = redis_time_us(&redis).await;
-            let (_, deadline) = caps.backend.deadline();
+            let deadline = redis_deadline(&caps, &key);
             let after = redis_time_us(&redis).await;
             // At most `timeout_ms` after Redis's now; early by the error of
             // the learned offset only (generously: half the timeout).
@@ -381,12 +384,45 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn renewal_never_brings_a_lease_back() {
-        let Some(redis) = RedisServer::start().await else {
+    async fn an_acquire_run_twice_takes_one_slot() {
+        let Some((redis, caps, key)) = setup().await else {
             return;
         };
-        let caps = caps(&redis, 1_000);
-        let key = caps.backend.key("host", "h:1");
+        for holder in ["a", "b", "c", "d"] {
+            assert_eq!(acquire(&caps, &key, holder, 0).await, 1);
+        }
+        // What a cluster client's retry after a lost reply does: the same
+        // holder again, with the set full. It holds its slot, no other.
+        assert_eq!(acquire(&caps, &key, "a", 0).await, 1);
+        assert_eq!(zcard(&redis, &key).await, Some(redis::Value::Int(4)));
+        assert_eq!(acquire(&caps, &key, "e", 0).await, 0);
+    }
+
+    #[tokio::test]
+    async fn a_late_answer_from_a_wrong_offset_is_sent_again() {
+        let Some((redis, caps, key)) = setup().await else {
+            return;
+        };
+        // As if the key's slot had moved to a master whose clock is 10 s
+        // ahead of the one the offset was learned from: the deadline sent is
+        // long past on the new clock, so the script answers "late"; the
+        // answer arrives in time, so the acquire is sent again, corrected.
+        let now = redis_time_us(&redis).await;
+        caps.backend.observe(Some(&key), now - 10_000_000);
+        assert!(redis_deadline(&caps, &key) < now);
+        assert!(caps.lease_once("h:1", "moved", 4).await.unwrap());
+        assert_eq!(zcard(&redis, &key).await, Some(redis::Value::Int(1)));
+        assert!(
+            redis_deadline(&caps, &key) > now,
+            "the offset was corrected"
+        );
+    }
+
+    #[tokio::test]
+    async fn renewal_never_brings_a_lease_back() {
+        let Some((redis, caps, key)) = setup().await else {
+            return;
+        };
         let renew = async |holder: &str| {
             let local = Instant::now() + Duration::from_secs(5);
             let script = &caps.scripts.renew;
