@@ -30,13 +30,20 @@ pub fn require_binary(binary: &str, package: &str) -> Option<std::path::PathBuf>
             .find(|p| p.is_file())
     });
     if found.is_none() {
-        let message = format!("SKIPPED: {binary} not on PATH (Debian package {package})");
-        if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
-            panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
-        }
-        println!("{message}");
+        skip(&format!(
+            "SKIPPED: {binary} not on PATH (Debian package {package})"
+        ));
     }
     found
+}
+
+/// Prints `message` (a `SKIPPED: …` line) for a test that cannot run here,
+/// or fails the test under `FANOUT_REQUIRE_EXTERNAL=1`; the caller returns.
+pub fn skip(message: &str) {
+    if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
+        panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
+    }
+    println!("{message}");
 }
 
 /// A free loopback port (bound and released).
