@@ -343,12 +343,22 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
 /// The GraphiQL page for a browser's `GET` without a query, or one of its
 /// assets (`…/graphiql/<name>`); `None`: a GraphQL request.
 fn graphiql(request: &http::Request<Body>) -> Option<HttpResponse> {
-    let path = request.uri().path();
+    // Under `Router::nest` the URI has lost its prefix; the page needs it.
+    let path = match request.extensions().get::<axum::extract::OriginalUri>() {
+        Some(original) => original.0.path(),
+        None => request.uri().path(),
+    };
     if let Some((_, name)) = path.rsplit_once("/graphiql/") {
         return Some(match crate::graphiql::asset(name) {
-            Some((content_type, bytes)) => {
-                ([(header::CONTENT_TYPE, content_type)], bytes).into_response()
-            }
+            Some((content_type, bytes)) => (
+                [
+                    (header::CONTENT_TYPE, content_type),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                    (header::CACHE_CONTROL, "public, max-age=3600"),
+                ],
+                bytes,
+            )
+                .into_response(),
             None => StatusCode::NOT_FOUND.into_response(),
         });
     }

@@ -49,7 +49,8 @@ pub fn require_path(path: &std::path::Path, shown: &str, how: &str) -> bool {
     found
 }
 
-/// Prints the `SKIPPED:` line, or panics with it under `FANOUT_REQUIRE_EXTERNAL=1`.
+/// Prints `message` (a `SKIPPED: …` line) for a test that cannot run here,
+/// or fails the test under `FANOUT_REQUIRE_EXTERNAL=1`; the caller returns.
 fn skip(message: &str) {
     if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
         panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
