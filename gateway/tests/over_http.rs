@@ -444,3 +444,82 @@ fn a_bad_origin_stops_start_up_naming_the_key() {
         .unwrap_err();
     assert!(err.0.contains("http.cors_allowed_origins"), "{err}");
 }
+
+// ---- review-16: attacks ----
+
+/// The GraphiQL assets' route is mounted outside the rate limiter, and it is
+/// the GraphQL service itself: anything but a `GET` there is a GraphQL
+/// request, run with no rate limit at all.
+#[tokio::test]
+async fn the_graphiql_assets_route_runs_no_operation_outside_the_rate_limiter() {
+    let mut config = Config::default();
+    config.rate_limit.requests_per_minute = 1;
+    let fixture = Fixture::new(config).await;
+    let json = [("content-type", "application/json")];
+    let body = json!({ "query": REPO }).to_string();
+    for _ in 0..3 {
+        let answer = send(&fixture, "POST", "/graphql/graphiql/x", &json, &body).await;
+        assert!(
+            answer.json().get("data").is_none(),
+            "an operation ran on the assets' route: {} {:?}",
+            answer.status,
+            answer.json()
+        );
+    }
+    assert_eq!(fixture.reads(), 0, "reads made outside the rate limiter");
+    // The one request a minute is still the client's.
+    let answer = send(&fixture, "POST", "/graphql", &json, &body).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.json());
+}
+
+/// The spec's variable coercion (CoerceVariableValues): an explicit `null`
+/// for a variable of a non-null type is a request error even when the
+/// variable has a default (the default is for a value *not provided*).
+#[tokio::test]
+async fn an_explicit_null_for_a_non_null_variable_with_a_default_is_a_request_error() {
+    let fixture = Fixture::default().await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", GRAPHQL_RESPONSE),
+    ];
+    let cases = [
+        json!({"query": "query($n: String! = \"acme/app\") { repository(name: $n) { name } }", "variables": {"n": null}}),
+        json!({"query": "query($f: Int! = 2) { repository(name: \"acme/app\") { tags(first: $f) { totalCount } } }", "variables": {"f": null}}),
+    ];
+    for body in &cases {
+        let answer = send(&fixture, "POST", "/graphql", &headers, &body.to_string()).await;
+        let answer_body = answer.json();
+        assert_eq!(answer.status, 400, "{body}: {answer_body}");
+        assert!(answer_body.get("data").is_none(), "{body}: {answer_body}");
+        assert_eq!(
+            code(&answer_body),
+            "BAD_USER_INPUT",
+            "{body}: {answer_body}"
+        );
+    }
+    assert_eq!(fixture.reads(), 0);
+}
+
+/// Held (kept as a regression): variables of the wrong type, used or not,
+/// are request errors before anything runs.
+#[tokio::test]
+async fn variables_of_the_wrong_type_are_request_errors() {
+    let fixture = Fixture::default().await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", GRAPHQL_RESPONSE),
+    ];
+    let cases = [
+        json!({"query": "query($n: Int!) { repository(name: \"acme/app\") { name } }", "variables": {"n": "x"}}),
+        json!({"query": "query($n: String!) { repository(name: $n) { name } }", "variables": {"n": ["acme/app"]}}),
+        json!({"query": "query($f: Int!) { repository(name: \"acme/app\") { tags(first: $f) { totalCount } } }", "variables": {"f": 1.5}}),
+        json!({"query": "query($n: String) { repository(name: \"acme/app\") { tag(name: $n) { name } } }", "variables": {"n": {"a": 1}}}),
+    ];
+    for body in &cases {
+        let answer = send(&fixture, "POST", "/graphql", &headers, &body.to_string()).await;
+        let answer_body = answer.json();
+        assert_eq!(answer.status, 400, "{body}: {answer_body}");
+        assert!(answer_body.get("data").is_none(), "{body}: {answer_body}");
+    }
+    assert_eq!(fixture.reads(), 0);
+}
