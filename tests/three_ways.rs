@@ -526,3 +526,22 @@ async fn the_layer_bounds_and_counts_a_head_with_a_body() {
     assert_eq!(big.status, 413, "past max_body_bytes over HEAD");
     assert_eq!(upstream.seen.requests(), 0);
 }
+
+/// A `GET`'s query string carries what a body would: under the layer it is
+/// bounded like one (413), as `FanoutGraphQL` bounds it.
+#[tokio::test]
+async fn under_the_layer_a_get_is_bounded_like_a_body() {
+    let (upstream, app) = capped().await;
+    let padded = format!(
+        "{{ {} }}",
+        "a: item(id: 1) { detail { value } } ".repeat(150)
+    );
+    let mut params = form_urlencoded::Serializer::new(String::new());
+    params.append_pair("query", &padded);
+    let request = axum::http::Request::get(format!("/graphql?{}", params.finish()))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let answer = fanout_testkit::call(&app, request).await;
+    assert_eq!(answer.status, 413, "{:?}", answer.json());
+    assert_eq!(upstream.seen.requests(), 0);
+}
