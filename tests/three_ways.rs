@@ -375,6 +375,31 @@ impl Bump {
 
 type BumpSchema = Schema<Query, Bump, EmptySubscription>;
 
+/// Stands for a persisted-query lookup (async-graphql's APQ extension):
+/// the text `#bump` becomes a mutation after the HTTP request was read.
+struct Lookup;
+
+impl async_graphql::extensions::ExtensionFactory for Lookup {
+    fn create(&self) -> std::sync::Arc<dyn async_graphql::extensions::Extension> {
+        std::sync::Arc::new(Lookup)
+    }
+}
+
+#[async_graphql::async_trait::async_trait]
+impl async_graphql::extensions::Extension for Lookup {
+    async fn prepare_request(
+        &self,
+        ctx: &async_graphql::extensions::ExtensionContext<'_>,
+        mut request: Request,
+        next: async_graphql::extensions::NextPrepareRequest<'_>,
+    ) -> async_graphql::ServerResult<Request> {
+        if request.query == "#bump" {
+            request.query = "mutation { bump }".into();
+        }
+        next.run(ctx, request).await
+    }
+}
+
 fn bump_schema(
     upstream: &Upstream,
     extension: Option<&Engine>,
@@ -384,7 +409,7 @@ fn bump_schema(
         .data(Base(upstream.base()))
         .data(ran.clone());
     if let Some(engine) = extension {
-        builder = builder.extension(engine.extension());
+        builder = builder.extension(engine.extension()).extension(Lookup);
     }
     (builder.finish(), ran)
 }
@@ -399,6 +424,8 @@ fn cross_site_get(
     params.append_pair("query", query);
     if let Some(name) = operation_name {
         params.append_pair("operationName", name);
+        // What async-graphql's `parse_query_string` reads (7.2.1).
+        params.append_pair("operation_name", name);
     }
     axum::http::Request::get(format!("/graphql?{}", params.finish()))
         .body(axum::body::Body::empty())
@@ -421,7 +448,7 @@ async fn under_the_layer_a_mutation_over_get_does_not_run() {
     let app = Router::new()
         .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
         .layer(FanoutLayer::new(engine.clone()));
-    for (query, name) in MUTATIONS_OVER_GET {
+    for (query, name) in MUTATIONS_OVER_GET.into_iter().chain([("#bump", None)]) {
         let answer = fanout_testkit::call(&app, cross_site_get(query, name)).await;
         assert_eq!(
             ran.load(std::sync::atomic::Ordering::SeqCst),
@@ -431,6 +458,16 @@ async fn under_the_layer_a_mutation_over_get_does_not_run() {
             answer.json()
         );
     }
+    // A query over GET still runs.
+    let query = "query Q { item(id: 1) { detail { value } } } mutation M { bump }";
+    let answer = fanout_testkit::call(&app, cross_site_get(query, Some("Q"))).await;
+    assert_eq!(
+        answer.json()["data"]["item"]["detail"]["value"],
+        "item-1",
+        "{:?}",
+        answer.json()
+    );
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
 #[tokio::test]
