@@ -38,14 +38,14 @@ use crate::engine::Engine;
 use crate::error::{operation_error, refused};
 use crate::finish::{code_errors, finish};
 use crate::identity::Caller;
-use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
+use crate::request::{operation_data, FanoutRequest, Operation, OperationData, OverGet};
 use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
     NextValidation,
 };
-use async_graphql::parser::types::ExecutableDocument;
+use async_graphql::parser::types::{ExecutableDocument, OperationType};
 use async_graphql::{Data, Request, Response, ServerResult, Variables};
 use async_graphql::{ServerError, ValidationResult};
 use std::any::TypeId;
@@ -207,6 +207,22 @@ impl Extension for PerOperation {
         let max = engine.config().http.max_selections;
         let (doc, shape) = shape::admit(engine.documents(), &request.query, max)
             .map_err(|err| refused(operation_error(&err)))?;
+        // Over GET only queries run, whatever text a persisted-query lookup
+        // put in (FanoutGraphQL answers 405; here the operation is refused).
+        let over_get = scope
+            .as_ref()
+            .is_some_and(|scope| scope.extensions().get::<OverGet>().is_some());
+        if over_get
+            && shape::operation(&doc, request.operation_name.as_deref())
+                .is_some_and(|op| op.ty != OperationType::Query)
+        {
+            let mut error =
+                ServerError::new("only queries run over GET; send a mutation as a POST", None);
+            let mut ext = async_graphql::ErrorExtensionValues::default();
+            ext.set("code", "BAD_REQUEST");
+            error.extensions = Some(ext);
+            return Err(refused(error));
+        }
         request.set_parsed_query(doc);
         // Kept for pricing in `parse_query`, which gets this document.
         *lock(&self.shape) = Some(shape);

@@ -26,6 +26,12 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// Marks a scope opened for a `GET` (in its HTTP extensions): the
+/// extension runs only query operations in it (a page on any origin can
+/// make a browser send a `GET`, CSRF).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OverGet;
+
 /// The fan-out scope of one inbound HTTP request: its budget and its
 /// de-duplication cache, shared (`Arc`) by every operation of a batch.
 ///
