@@ -375,31 +375,6 @@ impl Bump {
 
 type BumpSchema = Schema<Query, Bump, EmptySubscription>;
 
-/// Stands for a persisted-query lookup (async-graphql's APQ extension):
-/// the text `#bump` becomes a mutation after the HTTP request was read.
-struct Lookup;
-
-impl async_graphql::extensions::ExtensionFactory for Lookup {
-    fn create(&self) -> std::sync::Arc<dyn async_graphql::extensions::Extension> {
-        std::sync::Arc::new(Lookup)
-    }
-}
-
-#[async_graphql::async_trait::async_trait]
-impl async_graphql::extensions::Extension for Lookup {
-    async fn prepare_request(
-        &self,
-        ctx: &async_graphql::extensions::ExtensionContext<'_>,
-        mut request: Request,
-        next: async_graphql::extensions::NextPrepareRequest<'_>,
-    ) -> async_graphql::ServerResult<Request> {
-        if request.query == "#bump" {
-            request.query = "mutation { bump }".into();
-        }
-        next.run(ctx, request).await
-    }
-}
-
 fn bump_schema(
     upstream: &Upstream,
     extension: Option<&Engine>,
@@ -409,7 +384,14 @@ fn bump_schema(
         .data(Base(upstream.base()))
         .data(ran.clone());
     if let Some(engine) = extension {
-        builder = builder.extension(engine.extension()).extension(Lookup);
+        // Stands for a persisted-query lookup (async-graphql's APQ
+        // extension): the text `#bump` becomes a mutation after the HTTP
+        // request was read.
+        let lookup = fanout_testkit::Rewrite {
+            from: "#bump",
+            to: "mutation { bump }".into(),
+        };
+        builder = builder.extension(engine.extension()).extension(lookup);
     }
     (builder.finish(), ran)
 }

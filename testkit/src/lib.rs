@@ -10,10 +10,12 @@
 #![warn(missing_docs)]
 
 mod post;
+mod rewrite;
 mod transport;
 mod upstream;
 
 pub use post::{call, graphql_request, post, Answer, PEER};
+pub use rewrite::Rewrite;
 pub use transport::MemTransport;
 pub use upstream::{Behaviour, Seen, Upstream};
 
