@@ -143,8 +143,9 @@ pub struct HttpConfig {
     /// and its response dropped.
     pub write_timeout_ms: u64,
     /// Memory for the query texts of Apollo automatic persisted queries,
-    /// kept by their SHA-256 (each weighed as its text plus 64 bytes); when
-    /// full the table is emptied and refills. `0`: persisted queries are off
+    /// kept by their SHA-256 (each weighed as its text plus 128 bytes) in
+    /// two generations of half each: a text asked for once per generation
+    /// stays. `0`: persisted queries are off
     /// (a hash-only request is `PERSISTED_QUERY_NOT_SUPPORTED`).
     pub persisted_queries_bytes: usize,
     /// Origins a browser app may call the endpoint from (CORS), each

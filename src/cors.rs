@@ -45,8 +45,12 @@ pub fn cors_layer(http: &crate::config::HttpConfig) -> Option<CorsLayer> {
     let allow = if origins.iter().any(|o| o == "*") {
         AllowOrigin::any()
     } else {
-        // Validated with the configuration.
-        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+        // Validated with the configuration; written as browsers send them.
+        AllowOrigin::list(
+            origins
+                .iter()
+                .filter_map(|o| HeaderValue::from_str(&normalise(o)).ok()),
+        )
     };
     Some(
         CorsLayer::new()
@@ -68,4 +72,34 @@ pub fn cors_layer(http: &crate::config::HttpConfig) -> Option<CorsLayer> {
             ])
             .max_age(Duration::from_secs(600)),
     )
+}
+
+/// An origin as a browser sends it: lower case, without the scheme's
+/// default port (`https://App.example:443` → `https://app.example`).
+fn normalise(origin: &str) -> String {
+    let origin = origin.to_ascii_lowercase();
+    for (scheme, port) in [("https://", ":443"), ("http://", ":80")] {
+        if origin.starts_with(scheme) {
+            if let Some(bare) = origin.strip_suffix(port) {
+                return bare.to_string();
+            }
+        }
+    }
+    origin
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn origins_are_written_as_browsers_send_them() {
+        for (configured, sent) in [
+            ("https://App.Example", "https://app.example"),
+            ("https://app.example:443", "https://app.example"),
+            ("http://localhost:80", "http://localhost"),
+            ("http://localhost:3000", "http://localhost:3000"),
+            ("https://app.example:8443", "https://app.example:8443"),
+        ] {
+            assert_eq!(super::normalise(configured), sent);
+        }
+    }
 }

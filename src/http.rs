@@ -116,6 +116,18 @@ impl<E: Executor> FanoutGraphQL<E> {
 
     async fn handle(self, request: http::Request<Body>) -> HttpResponse {
         let get = request.method() == Method::GET;
+        // GraphiQL's assets: their route may be mounted outside the rate
+        // limiter, so nothing there is ever a GraphQL request.
+        if let Some((_, name)) = request.uri().path().rsplit_once("/graphiql/") {
+            if !get {
+                return Rejection::MethodNotAllowed {
+                    allow: "GET",
+                    message: "GraphiQL's assets are served to a GET only".into(),
+                }
+                .unread();
+            }
+            return asset(name);
+        }
         if get {
             if let Some(page) = graphiql(&request) {
                 return page;
@@ -340,18 +352,35 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
     }
 }
 
-/// The GraphiQL page for a browser's `GET` without a query, or one of its
-/// assets (`…/graphiql/<name>`); `None`: a GraphQL request.
-fn graphiql(request: &http::Request<Body>) -> Option<HttpResponse> {
-    let path = request.uri().path();
-    if let Some((_, name)) = path.rsplit_once("/graphiql/") {
-        return Some(match crate::graphiql::asset(name) {
-            Some((content_type, bytes)) => {
-                ([(header::CONTENT_TYPE, content_type)], bytes).into_response()
-            }
-            None => StatusCode::NOT_FOUND.into_response(),
-        });
+/// The request's path as the client sent it: under `Router::nest` the URI
+/// has lost its prefix, which the page's links need.
+fn path_of(request: &http::Request<Body>) -> &str {
+    match request.extensions().get::<axum::extract::OriginalUri>() {
+        Some(original) => original.0.path(),
+        None => request.uri().path(),
     }
+}
+
+/// One of GraphiQL's assets (`…/graphiql/<name>`).
+fn asset(name: &str) -> HttpResponse {
+    match crate::graphiql::asset(name) {
+        Some((content_type, bytes)) => (
+            [
+                (header::CONTENT_TYPE, content_type),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                (header::CACHE_CONTROL, "public, max-age=3600"),
+            ],
+            bytes,
+        )
+            .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// The GraphiQL page for a browser's `GET` without a query; `None`: a
+/// GraphQL request.
+fn graphiql(request: &http::Request<Body>) -> Option<HttpResponse> {
+    let path = path_of(request);
     if !protocol::wants_page(request.headers(), request.uri().query()) {
         return None;
     }

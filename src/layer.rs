@@ -8,8 +8,9 @@
 //! 1. opens the request's scope (the caller from the rate-limit layer's
 //!    [`Caller`](crate::Caller), else the internal-token header) — one budget,
 //!    one de-duplication cache, one deadline;
-//! 2. for any method but `GET` and `HEAD` (whose operation is in the query
-//!    string), reads the body within the request's bounds (413
+//! 2. for any method but `GET` (whose operation is in the query string,
+//!    bounded like a body: 413; only queries run, the extension refuses
+//!    anything else), reads the body within the request's bounds (413
 //!    `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, with `Connection: close`)
 //!    and counts the operations of a JSON batch: an empty batch is 400
 //!    `BAD_REQUEST`, more than `max_batch_operations` is 400
@@ -131,15 +132,21 @@ where
             if accepts_a_stream(&parts) {
                 return Ok(STREAM.clone().into_response());
             }
-            let has_body = !matches!(parts.method, Method::GET | Method::HEAD);
+            // async-graphql-axum reads the query string of a GET and the
+            // body of every other method (HEAD included), as a batch.
+            let has_body = parts.method != Method::GET;
             if has_body {
                 if let Err(refused) = crate::protocol::check_preflighted(&parts.headers) {
                     return Ok(refused.unread());
                 }
+            } else {
+                // The query string carries what a body would: bounded like one.
+                let max = engine.config().http.max_body_bytes;
+                if parts.uri.query().is_some_and(|q| q.len() > max) {
+                    return Ok(Rejection::PayloadTooLarge { max }.into_response());
+                }
             }
             let fanout = engine.open_request(&parts);
-            // async-graphql-axum reads the query string of a GET (and HEAD)
-            // and the body of every other method, as a batch.
             let body = if has_body {
                 let bytes = match fanout.read_body(body, &engine.config().http).await {
                     Ok(bytes) => bytes,

@@ -8,12 +8,16 @@
 //! of the text, in hex) and keeps. A GET then carries only the hash, and
 //! repeated requests do not resend large texts.
 //!
-//! How it works: one `std::sync::RwLock` around a map from the hash to the
-//! text. A lookup takes the read lock and clones an `Arc<str>`. The map is
-//! bounded by memory (`[http] persisted_queries_bytes`, each entry weighed
-//! as its text plus [`ENTRY_OVERHEAD`]): when a new text would pass the
-//! bound, the whole map is emptied (freed outside the lock) and refills —
-//! a client registering many texts costs the others a resend, never memory.
+//! How it works: one `std::sync::RwLock` around two generations of maps
+//! from the hash to the text. A lookup takes the read lock and clones an
+//! `Arc<str>`, from the current generation or else the previous one (a hit
+//! there is copied into the current one). Bounded by memory (`[http]
+//! persisted_queries_bytes`, each entry weighed as its text plus
+//! [`ENTRY_OVERHEAD`]), half for each generation: when a new text would
+//! pass the current one's half, the previous generation is dropped (freed
+//! outside the lock) and the current one becomes the previous. A text in
+//! use survives as long as it is asked for once per generation; a client
+//! registering many texts costs the others at most a resend, never memory.
 //! A text is kept only once its hash is checked, so nobody can plant a text
 //! under another text's hash. The kept text is parsed like any other
 //! through the parsed-document cache (`documents.rs`).
@@ -26,9 +30,10 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-/// What one kept entry weighs besides its text: the key, the `Arc`'s
-/// counters and the map's slot.
-const ENTRY_OVERHEAD: usize = 64;
+/// What one kept entry weighs besides its text: the map's slot (the
+/// 32-byte key and the `Arc<str>`, at the map's load factor), the `Arc`'s
+/// counters and the allocator's rounding.
+const ENTRY_OVERHEAD: usize = 128;
 
 /// The query texts kept by hash (bounded).
 pub(crate) struct PersistedQueries {
@@ -36,10 +41,23 @@ pub(crate) struct PersistedQueries {
     max_bytes: usize,
 }
 
-#[derive(Default)]
 struct Table {
+    current: Generation,
+    previous: Generation,
+}
+
+struct Generation {
     texts: HashMap<[u8; 32], Arc<str>, SeedableRandomState>,
     bytes: usize,
+}
+
+impl Generation {
+    fn new() -> Self {
+        Self {
+            texts: HashMap::with_hasher(random_state()),
+            bytes: 0,
+        }
+    }
 }
 
 impl PersistedQueries {
@@ -47,8 +65,8 @@ impl PersistedQueries {
     pub(crate) fn new(max_bytes: usize) -> Self {
         Self {
             table: RwLock::new(Table {
-                texts: HashMap::with_hasher(random_state()),
-                bytes: 0,
+                current: Generation::new(),
+                previous: Generation::new(),
             }),
             max_bytes,
         }
@@ -68,14 +86,21 @@ impl PersistedQueries {
                     message: "persisted queries are off on this server".into(),
                 });
             }
-            let kept = self.read().texts.get(&hash).cloned();
-            return match kept {
-                Some(text) => {
-                    request.query = text.to_string();
-                    Ok(())
+            let (kept, current) = {
+                let table = self.read();
+                match table.current.texts.get(&hash) {
+                    Some(text) => (Some(text.clone()), true),
+                    None => (table.previous.texts.get(&hash).cloned(), false),
                 }
-                None => Err(OperationError::PersistedQueryNotFound),
             };
+            let Some(text) = kept else {
+                return Err(OperationError::PersistedQueryNotFound);
+            };
+            if !current {
+                self.keep(hash, &text);
+            }
+            request.query = text.to_string();
+            return Ok(());
         }
         if <[u8; 32]>::from(Sha256::digest(request.query.as_bytes())) != hash {
             return Err(OperationError::PersistedQueryHashMismatch);
@@ -84,25 +109,27 @@ impl PersistedQueries {
         Ok(())
     }
 
+    /// Keeps `text` in the current generation (see the module docs).
     fn keep(&self, hash: [u8; 32], text: &str) {
+        let half = self.max_bytes / 2;
         let entry = text.len() + ENTRY_OVERHEAD;
-        if entry > self.max_bytes / 16 {
+        if entry > half / 16 {
             return;
         }
-        let emptied = {
+        let dropped = {
             let mut table = self.table.write().unwrap_or_else(|e| e.into_inner());
-            if table.texts.contains_key(&hash) {
+            if table.current.texts.contains_key(&hash) {
                 return;
             }
-            let emptied = (table.bytes + entry > self.max_bytes).then(|| {
-                table.bytes = 0;
-                std::mem::replace(&mut table.texts, HashMap::with_hasher(random_state()))
+            let dropped = (table.current.bytes + entry > half).then(|| {
+                let current = std::mem::replace(&mut table.current, Generation::new());
+                std::mem::replace(&mut table.previous, current)
             });
-            table.texts.insert(hash, text.into());
-            table.bytes += entry;
-            emptied
+            table.current.texts.insert(hash, text.into());
+            table.current.bytes += entry;
+            dropped
         };
-        drop(emptied);
+        drop(dropped);
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
@@ -112,7 +139,8 @@ impl PersistedQueries {
     /// The kept texts' weight now.
     #[cfg(test)]
     fn bytes(&self) -> usize {
-        self.read().bytes
+        let table = self.read();
+        table.current.bytes + table.previous.bytes
     }
 }
 
@@ -223,7 +251,7 @@ mod tests {
 
     #[test]
     fn memory_stays_within_the_bound() {
-        let max = 4096;
+        let max = 16 << 10;
         let store = PersistedQueries::new(max);
         for i in 0..10_000 {
             let text = format!("{{ field{i} }}");
@@ -235,6 +263,32 @@ mod tests {
         let mut hit = request("", &hash_of(last));
         store.resolve(&mut hit).unwrap();
         assert_eq!(hit.query, last);
+    }
+
+    #[test]
+    fn a_text_in_use_survives_a_flood_of_registrations() {
+        let max = 64 << 10;
+        let store = PersistedQueries::new(max);
+        let used = "{ used }";
+        store.resolve(&mut request(used, &hash_of(used))).unwrap();
+        // Each round registers fewer texts than a generation holds, then
+        // asks for the one in use.
+        for round in 0..50 {
+            for i in 0..100 {
+                let text = format!("{{ flood{round}x{i} }}");
+                store.resolve(&mut request(&text, &hash_of(&text))).unwrap();
+            }
+            let mut hit = request("", &hash_of(used));
+            store.resolve(&mut hit).unwrap();
+            assert_eq!(hit.query, used, "round {round}");
+            assert!(store.bytes() <= max);
+        }
+        // One not asked for is gone after two generations.
+        let mut gone = request("", &hash_of("{ flood0x0 }"));
+        assert_eq!(
+            store.resolve(&mut gone),
+            Err(OperationError::PersistedQueryNotFound)
+        );
     }
 
     #[test]

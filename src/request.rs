@@ -57,8 +57,8 @@ struct Scope {
     price_first: bool,
     /// Operations of the batch not yet priced, once announced.
     unpriced: OnceLock<watch::Sender<usize>>,
-    /// Opened for a `GET` (or `HEAD`): only queries may run (a page on
-    /// another site can send a `GET` without asking first).
+    /// Opened for a `GET`: only queries may run (a page on another site
+    /// can make a browser send a `GET` without asking first).
     queries_only: bool,
 }
 
@@ -73,7 +73,7 @@ impl Engine {
             .copied()
             .unwrap_or_else(|| self.identify(&parts.headers));
         crate::metrics::request(caller == Caller::Internal);
-        let queries_only = matches!(parts.method, http::Method::GET | http::Method::HEAD);
+        let queries_only = parts.method == http::Method::GET;
         self.open(caller, parts.extensions.clone(), queries_only)
     }
 

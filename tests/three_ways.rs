@@ -360,70 +360,207 @@ async fn under_the_layer_a_body_that_trickles_is_cut_at_its_bound() {
     assert_eq!(upstream.seen.requests(), 0);
 }
 
-/// A mutation that reads upstream (so running it shows in the count).
-struct Touch;
+// What a hostile client tries under the layer.
+
+/// A mutation that counts how often it ran.
+struct Bump;
 
 #[async_graphql::Object]
-impl Touch {
-    async fn touch(&self, ctx: &async_graphql::Context<'_>) -> Option<String> {
-        use fanout_budget::{FanoutContext, Read};
-        let base = &ctx.data::<Base>().ok()?.0;
-        let url = format!("{base}/item/1").parse().ok()?;
-        ctx.upstream().ok()?.read(Read::get(url)).await.ok()?;
-        Some("touched".into())
+impl Bump {
+    async fn bump(&self, ctx: &async_graphql::Context<'_>) -> u64 {
+        let ran = ctx.data_unchecked::<std::sync::Arc<std::sync::atomic::AtomicU64>>();
+        ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1
     }
 }
 
+type BumpSchema = Schema<Query, Bump, EmptySubscription>;
+
+fn bump_schema(
+    upstream: &Upstream,
+    extension: Option<&Engine>,
+) -> (BumpSchema, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut builder = Schema::build(Query, Bump, EmptySubscription)
+        .data(Base(upstream.base()))
+        .data(ran.clone());
+    if let Some(engine) = extension {
+        // Stands for a persisted-query lookup (async-graphql's APQ
+        // extension): the text `#bump` becomes a mutation after the HTTP
+        // request was read.
+        let lookup = fanout_testkit::Rewrite {
+            from: "#bump",
+            to: "mutation { bump }".into(),
+        };
+        builder = builder.extension(engine.extension()).extension(lookup);
+    }
+    (builder.finish(), ran)
+}
+
+/// What a page on any origin can make a browser send without a preflight:
+/// `<img src="https://api.example/graphql?query=mutation{bump}">`.
+fn cross_site_get(
+    query: &str,
+    operation_name: Option<&str>,
+) -> axum::http::Request<axum::body::Body> {
+    let mut params = form_urlencoded::Serializer::new(String::new());
+    params.append_pair("query", query);
+    if let Some(name) = operation_name {
+        params.append_pair("operationName", name);
+        // What async-graphql's `parse_query_string` reads (7.2.1).
+        params.append_pair("operation_name", name);
+    }
+    axum::http::Request::get(format!("/graphql?{}", params.finish()))
+        .body(axum::body::Body::empty())
+        .unwrap()
+}
+
+const MUTATIONS_OVER_GET: [(&str, Option<&str>); 2] = [
+    ("mutation { bump }", None),
+    (
+        "query Q { item(id: 1) { id } } mutation M { bump }",
+        Some("M"),
+    ),
+];
+
 #[tokio::test]
-async fn under_the_layer_a_get_runs_queries_only() {
+async fn under_the_layer_a_mutation_over_get_does_not_run() {
     let engine = Engine::new(Config::default());
     let upstream = Upstream::start().await;
-    let schema = Schema::build(Query, Touch, EmptySubscription)
-        .data(Base(upstream.base()))
-        .extension(engine.extension())
-        .finish();
+    let (schema, ran) = bump_schema(&upstream, Some(&engine));
     let app = Router::new()
         .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
         .layer(FanoutLayer::new(engine.clone()));
-    let get = |query: &str, name: Option<&str>| {
+    for (query, name) in MUTATIONS_OVER_GET.into_iter().chain([("#bump", None)]) {
+        let answer = fanout_testkit::call(&app, cross_site_get(query, name)).await;
+        assert_eq!(
+            ran.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "a cross-site GET ran {query:?} under FanoutLayer: {} {:?}",
+            answer.status,
+            answer.json()
+        );
+    }
+    // A query over GET still runs.
+    let query = "query Q { item(id: 1) { detail { value } } } mutation M { bump }";
+    let answer = fanout_testkit::call(&app, cross_site_get(query, Some("Q"))).await;
+    assert_eq!(
+        answer.json()["data"]["item"]["detail"]["value"],
+        "item-1",
+        "{:?}",
+        answer.json()
+    );
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn fanout_graphql_runs_no_mutation_over_get_however_it_is_named() {
+    let engine = Engine::new(Config::default());
+    let upstream = Upstream::start().await;
+    let (schema, ran) = bump_schema(&upstream, None);
+    let app = Router::new().route_service(
+        "/graphql",
+        fanout_budget::FanoutGraphQL::new(schema, engine),
+    );
+    for (query, name) in MUTATIONS_OVER_GET {
+        let answer = fanout_testkit::call(&app, cross_site_get(query, name)).await;
+        assert_eq!(answer.status, 405, "{query}");
+    }
+    // An anonymous mutation named as something else, or a name that names nothing.
+    for (query, name) in [
+        ("mutation { bump }", Some("Q")),
+        (
+            "query Q { item(id: 1) { id } } mutation M { bump }",
+            Some("Nope"),
+        ),
+    ] {
+        let answer = fanout_testkit::call(&app, cross_site_get(query, name)).await;
+        // Nothing runs: a request error (200 and `data: null` under application/json).
+        assert!(
+            answer.json()["data"].is_null(),
+            "{query} {name:?}: {:?}",
+            answer.json()
+        );
+    }
+    // A persisted mutation, registered over GET (405, but kept), then hash-only.
+    use sha2::Digest as _;
+    let text = "mutation { bump }";
+    let hash: String = sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let ext = serde_json::json!({"persistedQuery": {"version": 1, "sha256Hash": hash}}).to_string();
+    for with_text in [true, false] {
         let mut params = form_urlencoded::Serializer::new(String::new());
-        params.append_pair("query", query);
-        if let Some(name) = name {
-            // async-graphql 7.2's GET parser reads `operation_name`, not
-            // the spec's `operationName`.
-            params.append_pair("operation_name", name);
+        if with_text {
+            params.append_pair("query", text);
         }
-        let uri = format!("/graphql?{}", params.finish());
-        let request = axum::http::Request::get(uri)
+        params.append_pair("extensions", &ext);
+        let request = axum::http::Request::get(format!("/graphql?{}", params.finish()))
             .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = fanout_testkit::call(&app, request).await;
+        assert_eq!(
+            answer.status,
+            405,
+            "with text {with_text}: {:?}",
+            answer.json()
+        );
+    }
+    // HEAD and OPTIONS are no way in either.
+    for method in ["HEAD", "OPTIONS"] {
+        let request = axum::http::Request::builder()
+            .method(method)
+            .uri("/graphql?query=mutation%7Bbump%7D")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(r#"{"query":"mutation { bump }"}"#))
+            .unwrap();
+        let answer = fanout_testkit::call(&app, request).await;
+        assert_eq!(answer.status, 405, "{method}");
+    }
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(upstream.seen.requests(), 0);
+}
+
+/// async-graphql-axum reads the body of every method but `GET` — `HEAD`
+/// included — so a `HEAD` with a body must be bounded and counted like a
+/// `POST`, and refused like one when a page could send it.
+#[tokio::test]
+async fn the_layer_bounds_and_counts_a_head_with_a_body() {
+    let (upstream, app) = capped().await;
+    let head = |body: String| {
+        let request = axum::http::Request::head("/graphql")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body))
             .unwrap();
         fanout_testkit::call(&app, request)
     };
-    // async-graphql-axum alone would run it: a page on any site could.
-    for (mutation, name) in [
-        ("mutation { touch }", None),
-        (
-            "query Q { item(id: 1) { id } } mutation M { touch }",
-            Some("M"),
-        ),
-    ] {
-        let answer = get(mutation, name).await.json();
-        assert_eq!(codes(&answer), vec!["BAD_REQUEST".to_string()], "{answer}");
-    }
+    let answer = head(batch(operations())).await;
+    assert_eq!(answer.status, 400, "a 5-operation batch over HEAD");
+    assert_eq!(upstream.seen.requests(), 0, "the batch ran past the cap");
+    let big = head(format!(
+        "{{\"query\":\"{{ item(id: 1) {{ detail {{ value }} }} }}\",\"x\":\"{}\"}}",
+        "y".repeat(5000)
+    ))
+    .await;
+    assert_eq!(big.status, 413, "past max_body_bytes over HEAD");
     assert_eq!(upstream.seen.requests(), 0);
-    let answer = get("{ item(id: 1) { detail { value } } }", None)
-        .await
-        .json();
-    assert!(
-        answer["data"]["item"]["detail"]["value"].is_string(),
-        "{answer}"
+}
+
+/// A `GET`'s query string carries what a body would: under the layer it is
+/// bounded like one (413), as `FanoutGraphQL` bounds it.
+#[tokio::test]
+async fn under_the_layer_a_get_is_bounded_like_a_body() {
+    let (upstream, app) = capped().await;
+    let padded = format!(
+        "{{ {} }}",
+        "a: item(id: 1) { detail { value } } ".repeat(150)
     );
-    assert_eq!(upstream.seen.requests(), 1);
-    // The same mutation as a POST runs.
-    let (status, answer) = post(&app, r#"{"query": "mutation { touch }"}"#).await;
-    assert_eq!(
-        (status.as_u16(), &answer["data"]["touch"]),
-        (200, &Value::from("touched")),
-        "{answer}"
-    );
+    let mut params = form_urlencoded::Serializer::new(String::new());
+    params.append_pair("query", &padded);
+    let request = axum::http::Request::get(format!("/graphql?{}", params.finish()))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let answer = fanout_testkit::call(&app, request).await;
+    assert_eq!(answer.status, 413, "{:?}", answer.json());
+    assert_eq!(upstream.seen.requests(), 0);
 }

@@ -190,37 +190,15 @@ fn json_of_batch(batch: async_graphql::BatchResponse) -> Vec<Value> {
     }
 }
 
-/// Rewrites `{ __typename }` into [`PAGE`] before it is parsed (as a
-/// persisted-query lookup would).
-struct Rewrite;
-
-impl async_graphql::extensions::ExtensionFactory for Rewrite {
-    fn create(&self) -> std::sync::Arc<dyn async_graphql::extensions::Extension> {
-        std::sync::Arc::new(Rewrite)
-    }
-}
-
-#[async_graphql::async_trait::async_trait]
-impl async_graphql::extensions::Extension for Rewrite {
-    async fn prepare_request(
-        &self,
-        ctx: &async_graphql::extensions::ExtensionContext<'_>,
-        mut request: Request,
-        next: async_graphql::extensions::NextPrepareRequest<'_>,
-    ) -> async_graphql::ServerResult<Request> {
-        if request.query == "{ __typename }" {
-            request.query = PAGE.to_string();
-        }
-        next.run(ctx, request).await
-    }
-}
-
 #[tokio::test]
 async fn a_query_rewritten_by_a_later_extension_is_the_one_that_runs() {
     let f = Fixture::default().await;
     let schema = schema::builder()
         .extension(f.gateway.engine.extension())
-        .extension(Rewrite)
+        .extension(fanout_testkit::Rewrite {
+            from: "{ __typename }",
+            to: PAGE.to_string(),
+        })
         .data(RegistryUrl(f.registry.url().parse().unwrap()))
         .finish();
     // Parsed, then kept: both runs are the rewritten query's.

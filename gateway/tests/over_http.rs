@@ -444,3 +444,180 @@ fn a_bad_origin_stops_start_up_naming_the_key() {
         .unwrap_err();
     assert!(err.0.contains("http.cors_allowed_origins"), "{err}");
 }
+
+// ---- review-16: attacks ----
+
+/// The GraphiQL assets' route is mounted outside the rate limiter, and it is
+/// the GraphQL service itself: anything but a `GET` there is a GraphQL
+/// request, run with no rate limit at all.
+#[tokio::test]
+async fn the_graphiql_assets_route_runs_no_operation_outside_the_rate_limiter() {
+    let mut config = Config::default();
+    config.rate_limit.requests_per_minute = 1;
+    let fixture = Fixture::new(config).await;
+    let json = [("content-type", "application/json")];
+    let body = json!({ "query": REPO }).to_string();
+    for _ in 0..3 {
+        let answer = send(&fixture, "POST", "/graphql/graphiql/x", &json, &body).await;
+        assert!(
+            answer.json().get("data").is_none(),
+            "an operation ran on the assets' route: {} {:?}",
+            answer.status,
+            answer.json()
+        );
+    }
+    assert_eq!(fixture.reads(), 0, "reads made outside the rate limiter");
+    // The one request a minute is still the client's.
+    let answer = send(&fixture, "POST", "/graphql", &json, &body).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.json());
+}
+
+/// The spec's variable coercion (CoerceVariableValues): an explicit `null`
+/// for a variable of a non-null type is a request error even when the
+/// variable has a default (the default is for a value *not provided*).
+#[tokio::test]
+async fn an_explicit_null_for_a_non_null_variable_with_a_default_is_a_request_error() {
+    let fixture = Fixture::default().await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", GRAPHQL_RESPONSE),
+    ];
+    let cases = [
+        json!({"query": "query($n: String! = \"acme/app\") { repository(name: $n) { name } }", "variables": {"n": null}}),
+        json!({"query": "query($f: Int! = 2) { repository(name: \"acme/app\") { tags(first: $f) { totalCount } } }", "variables": {"f": null}}),
+    ];
+    for body in &cases {
+        let answer = send(&fixture, "POST", "/graphql", &headers, &body.to_string()).await;
+        let answer_body = answer.json();
+        assert_eq!(answer.status, 400, "{body}: {answer_body}");
+        assert!(answer_body.get("data").is_none(), "{body}: {answer_body}");
+        assert_eq!(
+            code(&answer_body),
+            "BAD_USER_INPUT",
+            "{body}: {answer_body}"
+        );
+    }
+    assert_eq!(fixture.reads(), 0);
+}
+
+/// Held (kept as a regression): variables of the wrong type, used or not,
+/// are request errors before anything runs.
+#[tokio::test]
+async fn variables_of_the_wrong_type_are_request_errors() {
+    let fixture = Fixture::default().await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", GRAPHQL_RESPONSE),
+    ];
+    let cases = [
+        json!({"query": "query($n: Int!) { repository(name: \"acme/app\") { name } }", "variables": {"n": "x"}}),
+        json!({"query": "query($n: String!) { repository(name: $n) { name } }", "variables": {"n": ["acme/app"]}}),
+        json!({"query": "query($f: Int!) { repository(name: \"acme/app\") { tags(first: $f) { totalCount } } }", "variables": {"f": 1.5}}),
+        json!({"query": "query($n: String) { repository(name: \"acme/app\") { tag(name: $n) { name } } }", "variables": {"n": {"a": 1}}}),
+    ];
+    for body in &cases {
+        let answer = send(&fixture, "POST", "/graphql", &headers, &body.to_string()).await;
+        let answer_body = answer.json();
+        assert_eq!(answer.status, 400, "{body}: {answer_body}");
+        assert!(answer_body.get("data").is_none(), "{body}: {answer_body}");
+    }
+    assert_eq!(fixture.reads(), 0);
+}
+
+/// Held (kept as a regression): every spelling of a type a page can send
+/// without a preflight is refused from the headers, and an empty
+/// announcing header announces nothing.
+#[tokio::test]
+async fn every_spelling_of_a_simple_content_type_is_refused() {
+    let fixture = Fixture::default().await;
+    let body = json!({ "query": REPO }).to_string();
+    for content_type in [
+        "TEXT/PLAIN",
+        "  text/plain  ",
+        "text/plain;application/json",
+        "text/plain; charset=utf-8, application/json",
+        "text/plain ; boundary=application/json",
+        "Application/X-WWW-Form-Urlencoded;charset=UTF-8",
+        "Multipart/Form-Data; boundary=--x",
+        "",
+    ] {
+        for extra in [
+            None,
+            Some(("apollo-require-preflight", "")),
+            Some(("x-apollo-operation-name", "")),
+        ] {
+            let mut headers = vec![("content-type", content_type)];
+            headers.extend(extra);
+            let answer = send(&fixture, "POST", "/graphql", &headers, &body).await;
+            assert_eq!(answer.status, 400, "{content_type:?} {extra:?}");
+            assert_eq!(code(&answer.json()), "BAD_REQUEST");
+        }
+    }
+    // Not UTF-8: no essence to trust, refused as simple.
+    let mut request = http::Request::post("/graphql")
+        .header(
+            "content-type",
+            http::HeaderValue::from_bytes(b"text/plain; x=\xff").unwrap(),
+        )
+        .body(Body::from(body.clone()))
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo::<std::net::SocketAddr>(
+            PEER.parse().unwrap(),
+        ));
+    assert_eq!(call(&fixture.gateway.router, request).await.status, 400);
+    assert_eq!(fixture.reads(), 0);
+}
+
+/// Held (kept as a regression): JSON nested past serde_json's recursion
+/// limit, in a GET's parameters or a POST's body, is a 400, not a stack
+/// overflow.
+#[tokio::test]
+async fn deeply_nested_variables_and_extensions_are_a_400() {
+    let fixture = Fixture::default().await;
+    let deep = format!("{{\"a\":{}{}}}", "[".repeat(5_000), "]".repeat(5_000));
+    for key in ["variables", "extensions"] {
+        let uri = get_uri(&[("query", REPO), (key, &deep)]);
+        let answer = send(&fixture, "GET", &uri, &[], "").await;
+        assert_eq!(answer.status, 400, "GET {key}");
+        let body = format!("{{\"query\":{},\"{key}\":{deep}}}", json!(REPO));
+        let json = [("content-type", "application/json")];
+        let answer = send(&fixture, "POST", "/graphql", &json, &body).await;
+        assert_eq!(answer.status, 400, "POST {key}");
+    }
+    assert_eq!(fixture.reads(), 0);
+}
+
+/// Held (kept as a regression): with CORS on, tower-http answers *every*
+/// `OPTIONS` itself (preflight or not, any origin, any path), before the
+/// rate limiter: an empty 200 that runs nothing. With CORS off an `OPTIONS`
+/// reaches the endpoint: rate limited, 405.
+#[tokio::test]
+async fn an_options_runs_nothing_with_or_without_cors() {
+    let body = json!({ "query": REPO }).to_string();
+    let headers = [
+        ("origin", "https://evil.example"),
+        ("content-type", "application/json"),
+    ];
+    let mut config = Config::default();
+    config.http.cors_allowed_origins = vec!["https://app.example".into()];
+    config.rate_limit.requests_per_minute = 1;
+    let fixture = Fixture::new(config.clone()).await;
+    for _ in 0..3 {
+        let answer = send(&fixture, "OPTIONS", "/graphql", &headers, &body).await;
+        assert_eq!(answer.status, 200);
+        assert!(answer.body.is_empty());
+        assert!(!answer
+            .headers
+            .contains_key(http::header::ACCESS_CONTROL_ALLOW_ORIGIN));
+    }
+    assert_eq!(fixture.reads(), 0);
+    config.http.cors_allowed_origins = Vec::new();
+    let fixture = Fixture::new(config).await;
+    let answer = send(&fixture, "OPTIONS", "/graphql", &headers, &body).await;
+    assert_eq!(answer.status, 405);
+    let answer = send(&fixture, "OPTIONS", "/graphql", &headers, &body).await;
+    assert_eq!(answer.status, 429);
+    assert_eq!(fixture.reads(), 0);
+}

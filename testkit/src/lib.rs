@@ -12,12 +12,14 @@
 mod poll;
 mod post;
 mod redis_cluster;
+mod rewrite;
 mod transport;
 mod upstream;
 
 pub use poll::until;
 pub use post::{call, graphql_request, post, Answer, PEER};
 pub use redis_cluster::{ClusterNode, RedisCluster};
+pub use rewrite::Rewrite;
 pub use transport::MemTransport;
 pub use upstream::{Behaviour, Seen, Upstream};
 
@@ -53,7 +55,8 @@ pub fn require_path(path: &std::path::Path, shown: &str, how: &str) -> bool {
     found
 }
 
-/// Prints the `SKIPPED:` line, or panics with it under `FANOUT_REQUIRE_EXTERNAL=1`.
+/// Prints `message` (a `SKIPPED: …` line) for a test that cannot run here,
+/// or fails the test under `FANOUT_REQUIRE_EXTERNAL=1`; the caller returns.
 fn skip(message: &str) {
     if std::env::var("FANOUT_REQUIRE_EXTERNAL").as_deref() == Ok("1") {
         panic!("{message}, and FANOUT_REQUIRE_EXTERNAL=1");
