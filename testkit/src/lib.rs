@@ -14,7 +14,7 @@ mod transport;
 mod upstream;
 
 pub use post::{call, graphql_request, post, Answer, PEER};
-pub use transport::MemTransport;
+pub use transport::{scripted, MemTransport};
 pub use upstream::{Behaviour, Seen, Upstream};
 
 use std::future::Future;
