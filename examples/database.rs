@@ -69,6 +69,7 @@ async fn main() {
         fanout_budget::config::HostConfig {
             max_concurrent: 4,
             acquire_wait_ms: 200,
+            ..Default::default()
         },
     );
     let db = Arc::new(Database {

@@ -78,6 +78,7 @@ pub(crate) struct ReadStats {
     pub(crate) timed_out: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) dedup_hits: AtomicU64,
+    pub(crate) coalesced: AtomicU64,
     pub(crate) refused_budget: AtomicU64,
     pub(crate) refused_host: AtomicU64,
     pub(crate) refused_deadline: AtomicU64,
@@ -100,6 +101,10 @@ pub struct ReadCounts {
     pub cancelled: u64,
     /// Reads answered from the request's de-duplication cache.
     pub dedup_hits: u64,
+    /// Reads answered by an identical read another request had in flight
+    /// (`[hosts] coalesce`): neither sent nor charged by this request, so
+    /// never in `issued`.
+    pub coalesced: u64,
     /// Reads refused because the budget was exhausted.
     pub refused_budget: u64,
     /// Reads refused a host slot: the host saturated, or the shared host
@@ -230,6 +235,7 @@ impl RequestBudget {
             timed_out: get(&s.timed_out),
             cancelled: get(&s.cancelled),
             dedup_hits: get(&s.dedup_hits),
+            coalesced: get(&s.coalesced),
             refused_budget: get(&s.refused_budget),
             refused_host: get(&s.refused_host),
             refused_deadline: get(&s.refused_deadline),

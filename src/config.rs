@@ -198,6 +198,13 @@ pub struct HostConfig {
     pub max_concurrent: u32,
     /// How long a read may wait for a slot (never past the request deadline).
     pub acquire_wait_ms: u64,
+    /// Identical `GET`/`HEAD` reads (same URL, same headers, no body) in
+    /// flight at the same moment in different inbound requests share one
+    /// upstream request; the requests that join it are not charged (off by
+    /// default: an upstream that answers each caller differently, beyond
+    /// what the read's headers say, must not be coalesced). See
+    /// [`Upstream::read`](crate::Upstream::read).
+    pub coalesce: bool,
 }
 
 impl Default for HostConfig {
@@ -205,6 +212,7 @@ impl Default for HostConfig {
         Self {
             max_concurrent: 256,
             acquire_wait_ms: 50,
+            coalesce: false,
         }
     }
 }

@@ -13,6 +13,7 @@
 
 use crate::config::Config;
 use crate::cost::CostTable;
+use crate::dedup::Coalesce;
 use crate::documents::Documents;
 use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
@@ -134,7 +135,8 @@ impl EngineBuilder {
         let reads = Arc::new(ReadParts {
             transport,
             hosts,
-            host_table: HostTable::default(),
+            host_table: HostTable::new(&self.config.hosts),
+            coalesce: Arc::new(Coalesce::new()),
             read_timeout: self.config.budget.read_timeout(),
             max_redirects: upstream.max_redirects,
             max_request_bytes: upstream.max_request_bytes as u64,

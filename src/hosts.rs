@@ -19,15 +19,16 @@
 //! cannot leak. The trait is the seam a shared backend (Redis) plugs into.
 //!
 //! The engine also keeps, per host, what the read path needs besides the
-//! slot: the `host:port` name the `[hosts]` tables use, and the host's metric
-//! handles ([`HostTable`], built on a host's first read).
+//! slot: the `host:port` name the `[hosts]` tables use, whether its table
+//! turns coalescing on (`coalesce`), and the host's metric handles
+//! ([`HostTable`], built on a host's first read).
 
 use crate::config::HostConfig;
 use crate::error::HostRefusal;
 use crate::metrics::HostMetrics;
 use dashmap::DashMap;
 use futures::future::BoxFuture;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -181,7 +182,7 @@ impl HostCap {
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let one = HostConfig { max_concurrent: 1, acquire_wait_ms: 10 };
+/// let one = HostConfig { max_concurrent: 1, acquire_wait_ms: 10, ..Default::default() };
 /// let caps = LocalHostCaps::new([("registry:5000".to_string(), one)].into());
 /// let slot = caps.acquire("registry:5000", Duration::from_secs(1)).await.unwrap();
 /// assert!(caps.acquire("registry:5000", Duration::from_secs(1)).await.is_err(), "at the cap");
@@ -236,15 +237,28 @@ pub(crate) struct HostEntry {
     pub(crate) name: Box<str>,
     /// The host's metric handles.
     pub(crate) metrics: HostMetrics,
+    /// Its `[hosts]` table says `coalesce = true`.
+    pub(crate) coalesce: bool,
 }
 
 /// The hosts one engine has read from, by `host:port`.
 #[derive(Default)]
 pub(crate) struct HostTable {
     entries: DashMap<Box<str>, Arc<HostEntry>>,
+    /// The hosts whose `[hosts]` table turns coalescing on.
+    coalescing: BTreeSet<Box<str>>,
 }
 
 impl HostTable {
+    /// The table for the `[hosts]` tables `hosts`.
+    pub(crate) fn new(hosts: &BTreeMap<String, HostConfig>) -> Self {
+        let coalescing = hosts.iter().filter(|(_, config)| config.coalesce);
+        Self {
+            entries: DashMap::new(),
+            coalescing: coalescing.map(|(name, _)| name.as_str().into()).collect(),
+        }
+    }
+
     /// The entry for `url`'s host, built on first use.
     pub(crate) fn resolve(&self, url: &reqwest::Url) -> Arc<HostEntry> {
         self.resolve_name(&host_name(url))
@@ -261,6 +275,7 @@ impl HostTable {
             .or_insert_with(|| {
                 Arc::new(HostEntry {
                     metrics: HostMetrics::new(&name),
+                    coalesce: self.coalescing.contains(&name),
                     name,
                 })
             })
@@ -307,10 +322,12 @@ mod tests {
         let one = HostConfig {
             max_concurrent: 1,
             acquire_wait_ms: 10,
+            ..Default::default()
         };
         let zero = HostConfig {
             max_concurrent: 0,
             acquire_wait_ms: 10_000,
+            ..Default::default()
         };
         let caps = LocalHostCaps::new([("a:1".to_string(), one), ("z:1".to_string(), zero)].into());
         let left = Duration::from_secs(5);

@@ -15,6 +15,7 @@
 //! | `fanout_host_rejections_total` | counter | `host` | reads refused `HOST_SATURATED` |
 //! | `fanout_budget_exhausted_total` | counter | — | reads refused `FANOUT_BUDGET_EXHAUSTED` |
 //! | `fanout_dedup_hits_total` | counter | — | reads answered by the request's de-duplication |
+//! | `fanout_coalesced_reads_total` | counter | `host` | reads answered by an identical read another request had in flight (`[hosts] coalesce`): not sent, not charged |
 //! | `fanout_requests_total` | counter | `caller` | inbound HTTP requests that ran |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
@@ -35,6 +36,7 @@ pub(crate) struct HostMetrics {
     pub(crate) cancelled: Counter,
     pub(crate) timeouts: Counter,
     pub(crate) rejections: Counter,
+    pub(crate) coalesced: Counter,
     pub(crate) latency: Histogram,
 }
 
@@ -52,6 +54,7 @@ impl HostMetrics {
             cancelled: reads("cancelled"),
             timeouts: counter!("fanout_upstream_timeouts_total", "host" => h.clone()),
             rejections: counter!("fanout_host_rejections_total", "host" => h.clone()),
+            coalesced: counter!("fanout_coalesced_reads_total", "host" => h.clone()),
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),
         }
     }

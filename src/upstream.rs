@@ -7,9 +7,18 @@
 //! and follows a redirect as a read of its own. The slots are guards owned by
 //! the read's future, released on every outcome, cancellation included. The
 //! whole walk is ARCHITECTURE.md (the crate's docs).
+//!
+//! For a host with `coalesce = true`, a safe read (a `GET` or `HEAD` without
+//! a body) that another request has in flight is joined instead (after the
+//! cheap refusals, before any slot): the joiner holds no slot, is not
+//! charged, and waits for the shared answer under its own
+//! `min(read_timeout, time left)`. A read that leads holds its request slot
+//! while it waits, like any read, but its host slot and the send move into a
+//! task of their own (`dedup.rs`), bounded by the read timeout alone, so the
+//! leader's cancellation or deadline never cuts the read for the others.
 
 use crate::budget::{bump, InFlightSlot, ReadStats, RequestBudget};
-use crate::dedup::{Dedup, Origin};
+use crate::dedup::{Coalesce, Dedup, Flight, Origin, Role};
 use crate::error::ReadError;
 use crate::hosts::{HostEntry, HostLimiter, HostSlot, HostTable};
 use crate::metrics::{self, HostMetrics};
@@ -31,6 +40,9 @@ pub(crate) struct ReadParts {
     pub(crate) read_timeout: Duration,
     pub(crate) max_redirects: u32,
     pub(crate) max_request_bytes: u64,
+    /// The shared reads in flight across this engine's requests (for the
+    /// hosts with `coalesce = true`).
+    pub(crate) coalesce: Arc<Coalesce<ReadKey, ReadResult>>,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
@@ -43,7 +55,7 @@ pub(crate) struct RequestReads {
     kept_bytes: AtomicU64,
 }
 
-type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
+pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
 
 impl RequestReads {
     pub(crate) fn new(parts: Arc<ReadParts>, budget: RequestBudget) -> Self {
@@ -64,7 +76,7 @@ impl RequestReads {
 /// the body, and the caller's key (a read that is not a `GET` or `HEAD` has
 /// one, or is never shared).
 #[derive(Clone, PartialEq, Eq, Hash)]
-struct ReadKey {
+pub(crate) struct ReadKey {
     method: http::Method,
     url: Box<str>,
     headers: Vec<(HeaderName, HeaderValue)>,
@@ -133,6 +145,38 @@ impl<'a> Upstream<'a> {
     /// but never to another origin (`UPSTREAM_ERROR`). A hop to another
     /// origin carries only `Accept` and `Content-Type` of the read's headers
     /// (any other may be a credential).
+    ///
+    /// **Coalescing** (`[hosts."HOST:PORT"] coalesce = true`, off by
+    /// default): a `GET` or `HEAD` without a body — same URL, same headers
+    /// (`Authorization` included) — that another inbound request of the
+    /// engine has in flight at that moment is *joined*, not sent:
+    ///
+    /// - the joiner is not charged (`used`, `operationReads` and `issued`
+    ///   do not count it; `ReadCounts::coalesced` and
+    ///   `fanout_coalesced_reads_total` do), holds no request slot and no
+    ///   host slot, and waits under its own `min(read_timeout, time left)`
+    ///   (`UPSTREAM_TIMEOUT` / `DEADLINE_EXCEEDED` when that cuts it);
+    /// - the budget's refusals come first: a request whose budget is spent
+    ///   (or whose deadline has passed) is refused even a read it could
+    ///   have joined — what a request may ask for does not depend on
+    ///   whether another client happens to be asking the same at that
+    ///   moment;
+    /// - the leader — the request that sent it — is charged as for any
+    ///   read and holds its request slot until the answer (or its own
+    ///   timeout, deadline or cancellation); the send itself, with its host
+    ///   slot, runs in a task of its own, bounded by the read timeout from
+    ///   when it was sent, so neither the leader's cancellation nor its
+    ///   deadline cuts it for the others;
+    /// - the answer, or an error the upstream or the transport gave, is
+    ///   everyone's answer; a timeout or a deadline is each request's own;
+    ///   each request gets its own copy of the response (what it
+    ///   [`derived`](UpstreamResponse::derived) stays its own), kept under
+    ///   its own `upstream.max_request_bytes`;
+    /// - only reads in flight are shared: once the read ends it leaves the
+    ///   engine's table before its answer is handed out, and a read that
+    ///   starts later is sent afresh (no cache across requests). A read
+    ///   waiting for its own slots joins an identical read that starts
+    ///   meanwhile.
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
         let max_redirects = self.reads.parts.max_redirects;
         let mut sent = read.clone();
@@ -170,6 +214,7 @@ impl<'a> Upstream<'a> {
             host = read.url.host_str(),
             path = read.url.path(),
             dedup = tracing::field::Empty,
+            coalesced = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
         let (result, origin) = match ReadKey::of(&read) {
@@ -201,9 +246,13 @@ impl<'a> Upstream<'a> {
         result
     }
 
-    /// Steps 2–5 for a read no other caller answers, then the send.
+    /// Steps 2–5 for a read no other caller of the request answers, then
+    /// the send — or, to a host that coalesces, another request's read.
     async fn send(&self, read: Read) -> ReadResult {
         let host = self.reads.parts.host_table.resolve(&read.url);
+        if host.coalesce && read.is_safe() && read.body.is_empty() {
+            return self.coalesced(read, &host).await;
+        }
         let admitted = self.admit(&host).await?;
         self.timed_send(read, &host, admitted).await
     }
@@ -212,56 +261,197 @@ impl<'a> Upstream<'a> {
     /// the charge, for one read to `host` (counted and named as refused when
     /// one of them refuses).
     async fn admit(&self, host: &HostEntry) -> Result<Admitted<'a>, ReadError> {
-        let (parts, budget) = (&*self.reads.parts, &self.reads.budget);
-        let stats = budget.stats();
-        let refused = |err: ReadError| {
-            match &err {
-                ReadError::BudgetExhausted { .. } => {
-                    bump(&stats.refused_budget);
-                    metrics::budget_exhausted();
-                }
-                ReadError::DeadlineExceeded => bump(&stats.refused_deadline),
-                // Refused a host slot: saturated, or the shared caps down.
-                ReadError::HostSaturated { .. } => {
-                    bump(&stats.refused_host);
-                    host.metrics.rejections.increment(1);
-                }
-                _ => bump(&stats.refused_host),
-            }
-            Err(err)
-        };
-        let exhausted = || ReadError::BudgetExhausted {
-            limit: budget.limit(),
-        };
-        if budget.is_exhausted() {
-            return refused(exhausted());
-        }
-        let Ok(request_slot) = budget.in_flight_slot().await else {
-            return refused(ReadError::DeadlineExceeded);
-        };
-        let Some(left) = budget.time_left() else {
-            return refused(ReadError::DeadlineExceeded);
-        };
-        let host_slot = match parts.hosts.acquire(&host.name, left).await {
-            Ok(slot) => slot,
-            Err(refusal) => return refused(refusal.for_host(&host.name)),
-        };
-        // Waiting may have used up the time and the budget: check again,
-        // and charge last.
-        let now = Instant::now();
-        if budget.time_left_at(now).is_none() {
-            return refused(ReadError::DeadlineExceeded);
-        }
-        if budget.try_charge().is_err() {
-            return refused(exhausted());
-        }
-        self.sent.fetch_add(1, Relaxed);
-        bump(&stats.issued);
+        self.refuse_early(host)?;
+        let (request_slot, host_slot) = self.slots(host).await?;
+        let now = self.charge(host)?;
         Ok(Admitted {
             _request_slot: request_slot,
             _host_slot: host_slot,
             now,
         })
+    }
+
+    /// `err`, counted as the refusal of a read to `host`.
+    fn refused(&self, host: &HostEntry, err: ReadError) -> ReadError {
+        let stats = self.reads.budget.stats();
+        match &err {
+            ReadError::BudgetExhausted { .. } => {
+                bump(&stats.refused_budget);
+                metrics::budget_exhausted();
+            }
+            ReadError::DeadlineExceeded => bump(&stats.refused_deadline),
+            // Refused a host slot: saturated, or the shared caps down.
+            ReadError::HostSaturated { .. } => {
+                bump(&stats.refused_host);
+                host.metrics.rejections.increment(1);
+            }
+            _ => bump(&stats.refused_host),
+        }
+        err
+    }
+
+    fn exhausted(&self) -> ReadError {
+        ReadError::BudgetExhausted {
+            limit: self.reads.budget.limit(),
+        }
+    }
+
+    /// The cheap refusal before anything waits: no read is left.
+    fn refuse_early(&self, host: &HostEntry) -> Result<(), ReadError> {
+        if self.reads.budget.is_exhausted() {
+            return Err(self.refused(host, self.exhausted()));
+        }
+        Ok(())
+    }
+
+    /// The request slot, then the host slot, each waited for never past
+    /// the deadline.
+    async fn slots(&self, host: &HostEntry) -> Result<(InFlightSlot<'a>, HostSlot), ReadError> {
+        let budget: &'a RequestBudget = &self.reads.budget;
+        let Ok(request_slot) = budget.in_flight_slot().await else {
+            return Err(self.refused(host, ReadError::DeadlineExceeded));
+        };
+        let Some(left) = budget.time_left() else {
+            return Err(self.refused(host, ReadError::DeadlineExceeded));
+        };
+        match self.reads.parts.hosts.acquire(&host.name, left).await {
+            Ok(host_slot) => Ok((request_slot, host_slot)),
+            Err(refusal) => Err(self.refused(host, refusal.for_host(&host.name))),
+        }
+    }
+
+    /// The charge, last before the send (waiting may have used up the time
+    /// and the budget): when the read is admitted, or its refusal.
+    fn charge(&self, host: &HostEntry) -> Result<Instant, ReadError> {
+        let budget = &self.reads.budget;
+        let now = Instant::now();
+        if budget.time_left_at(now).is_none() {
+            return Err(self.refused(host, ReadError::DeadlineExceeded));
+        }
+        if budget.try_charge().is_err() {
+            return Err(self.refused(host, self.exhausted()));
+        }
+        self.sent.fetch_add(1, Relaxed);
+        bump(&budget.stats().issued);
+        Ok(now)
+    }
+
+    /// A safe read to a host that coalesces: it joins the identical read
+    /// another request has in flight, or is admitted and leads one.
+    ///
+    /// Refusals come first: a request whose budget is spent or whose
+    /// deadline has passed is refused, whether or not it could have joined.
+    /// While it waits for its slots it joins a flight of its key that starts
+    /// meanwhile; admitted, it looks once more, under the table's lock, and
+    /// joins (its slots go back, nothing is charged) or is charged and leads.
+    async fn coalesced(&self, read: Read, host: &Arc<HostEntry>) -> ReadResult {
+        self.refuse_early(host)?;
+        if self.reads.budget.time_left().is_none() {
+            return Err(self.refused(host, ReadError::DeadlineExceeded));
+        }
+        let table = &self.reads.parts.coalesce;
+        let key = ReadKey::of(&read).expect("a safe read has a key");
+        let slots = self.slots(host);
+        tokio::pin!(slots);
+        let (request_slot, host_slot) = loop {
+            // Enabled before the look, so a start after it wakes this read.
+            let started = table.started(&key);
+            tokio::pin!(started);
+            started.as_mut().enable();
+            if let Some(flight) = table.find(&key) {
+                return self.join(flight, host).await;
+            }
+            tokio::select! {
+                biased;
+                () = &mut started => {}
+                slots = &mut slots => break slots?,
+            }
+        };
+        let mut charged = None;
+        let lead = || {
+            let now = self.charge(host)?;
+            charged = Some(now);
+            Ok(self.shared_send(read, host, host_slot, now))
+        };
+        match table.join_or_lead(key, lead)? {
+            Role::Joined(flight) => {
+                drop(request_slot);
+                self.join(flight, host).await
+            }
+            Role::Led(flight) => {
+                let now = charged.expect("a leader was charged");
+                // The leader's own read, for the request: it holds the
+                // request slot until the answer, and counts as sent.
+                let _request_slot = request_slot;
+                let mut pending = Pending::new(self.reads.budget.stats());
+                let outcome = self.wait(flight, host, now).await;
+                let outcome = outcome.and_then(|answer| self.keep(answer));
+                pending.finish(&outcome);
+                outcome
+            }
+        }
+    }
+
+    /// The shared part of a coalesced read, for its own task: the host slot
+    /// and the send, bounded by the read timeout alone (not the leader's
+    /// deadline: the others wait for it too).
+    fn shared_send(
+        &self,
+        read: Read,
+        host: &Arc<HostEntry>,
+        host_slot: HostSlot,
+        now: Instant,
+    ) -> impl std::future::Future<Output = ReadResult> + Send + 'static {
+        let transport = self.reads.parts.transport.clone();
+        let host = host.clone();
+        let read_timeout = self.reads.parts.read_timeout;
+        async move {
+            let _host_slot = host_slot;
+            let limit = Limit {
+                started: now,
+                until: now + read_timeout,
+                by_deadline: false,
+                read_timeout,
+            };
+            wire(&*transport, &host, read, limit, |r| Ok(Arc::new(r))).await
+        }
+    }
+
+    /// A read another request has in flight, joined: not charged, no slot,
+    /// its own copy of the answer (what this request derives from it is its
+    /// own), kept under this request's byte bound.
+    async fn join(&self, flight: Flight<ReadResult>, host: &HostEntry) -> ReadResult {
+        bump(&self.reads.budget.stats().coalesced);
+        host.metrics.coalesced.increment(1);
+        tracing::Span::current().record("coalesced", true);
+        let answer = self.wait(flight, host, Instant::now()).await?;
+        let own = UpstreamResponse::new(
+            answer.host.clone(),
+            answer.status,
+            answer.headers.clone(),
+            answer.body.clone(),
+        );
+        self.keep(Arc::new(own))
+    }
+
+    /// The shared read's outcome — its answer or its error — unless this
+    /// request's own `min(since + read_timeout, deadline)` comes first.
+    async fn wait(
+        &self,
+        flight: Flight<ReadResult>,
+        host: &HostEntry,
+        since: Instant,
+    ) -> ReadResult {
+        let limit = self.limit(since);
+        match tokio::time::timeout_at(limit.until, flight.outcome()).await {
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => Err(ReadError::Upstream {
+                host: host.name.to_string(),
+                status: None,
+                message: "the shared read ended without an answer (it panicked)".into(),
+            }),
+            Err(_elapsed) => Err(limit.error(&host.name)),
+        }
     }
 
     /// A permit for one call that is not an HTTP read (a SQL query, a gRPC
@@ -295,68 +485,44 @@ impl<'a> Upstream<'a> {
             .host_table
             .resolve_name(&host.to_ascii_lowercase());
         let admitted = self.admit(&entry).await?;
-        let (timeout_at, by_deadline) = self.limit(admitted.now);
         Ok(Permit {
+            limit: self.limit(admitted.now),
             admitted,
-            timeout_at,
-            by_deadline,
-            read_timeout: self.reads.parts.read_timeout,
             stats: self.reads.budget.stats(),
             host: entry,
             outcome: Outcome::Succeeded,
         })
     }
 
-    /// When a read sent at `now` is cut: `min(now + read_timeout, deadline)`,
-    /// and whether the deadline is the nearer.
-    fn limit(&self, now: Instant) -> (Instant, bool) {
-        let by_read_timeout = now + self.reads.parts.read_timeout;
+    /// When a read sent (or joined) at `now` is cut:
+    /// `min(now + read_timeout, deadline)`.
+    fn limit(&self, now: Instant) -> Limit {
+        let read_timeout = self.reads.parts.read_timeout;
+        let by_read_timeout = now + read_timeout;
         let deadline = self.reads.budget.deadline();
-        (by_read_timeout.min(deadline), deadline < by_read_timeout)
+        Limit {
+            started: now,
+            until: by_read_timeout.min(deadline),
+            by_deadline: deadline < by_read_timeout,
+            read_timeout,
+        }
     }
 
     /// Steps 6–7: sends the read under its time limit and keeps the answer.
     async fn timed_send(&self, read: Read, host: &HostEntry, admitted: Admitted<'_>) -> ReadResult {
-        let (parts, budget) = (&*self.reads.parts, &self.reads.budget);
-        let stats = budget.stats();
-        let (until, by_deadline) = self.limit(admitted.now);
-        let m = &host.metrics;
-        let fetch = parts.transport.fetch(read, &host.name);
+        let limit = self.limit(admitted.now);
         // Owned by this future: if the inbound request is cancelled mid-read,
-        // dropping it still balances the gauge and the counters.
-        let mut sending = Sending::start(m, stats, admitted.now);
-        let sent = tokio::time::timeout_at(until, fetch).await;
-        sending.finished = true;
-        let outcome = match sent {
-            Ok(Ok(response)) => self.keep(response),
-            Ok(Err(err)) => Err(err),
-            Err(_elapsed) => {
-                bump(&stats.timed_out);
-                m.timeouts.increment(1);
-                return Err(if by_deadline {
-                    m.deadline.increment(1);
-                    ReadError::DeadlineExceeded
-                } else {
-                    m.timeout.increment(1);
-                    ReadError::UpstreamTimeout {
-                        host: host.name.to_string(),
-                        timeout_ms: parts.read_timeout.as_millis() as u64,
-                    }
-                });
-            }
-        };
-        let (counter, metric) = match &outcome {
-            Ok(_) => (&stats.succeeded, &m.ok),
-            Err(_) => (&stats.failed, &m.error),
-        };
-        bump(counter);
-        metric.increment(1);
+        // dropping it still balances the counters.
+        let mut pending = Pending::new(self.reads.budget.stats());
+        let transport = &*self.reads.parts.transport;
+        let outcome = wire(transport, host, read, limit, |r| self.keep(Arc::new(r))).await;
+        pending.finish(&outcome);
         outcome
     }
 
     /// Every answer is kept for the rest of the request (it may answer an
     /// identical read): their bytes together are bounded, not only each one's.
-    fn keep(&self, response: UpstreamResponse) -> ReadResult {
+    fn keep(&self, response: Arc<UpstreamResponse>) -> ReadResult {
         let max = self.reads.parts.max_request_bytes;
         let len = response.body.len() as u64;
         let kept = &self.reads.kept_bytes;
@@ -366,8 +532,74 @@ impl<'a> Upstream<'a> {
                 "this request's upstream answers would pass {max} bytes"
             )));
         }
-        Ok(Arc::new(response))
+        Ok(response)
     }
+}
+
+/// When a read is cut, and by what.
+#[derive(Clone, Copy)]
+struct Limit {
+    /// When it was sent (or joined).
+    started: Instant,
+    /// `min(started + read_timeout, deadline)` (for a shared read's own
+    /// task, `started + read_timeout`).
+    until: Instant,
+    /// Whether `until` is the deadline.
+    by_deadline: bool,
+    read_timeout: Duration,
+}
+
+impl Limit {
+    /// `UPSTREAM_TIMEOUT`, or `DEADLINE_EXCEEDED` when the deadline cut it.
+    fn error(&self, host: &str) -> ReadError {
+        if self.by_deadline {
+            ReadError::DeadlineExceeded
+        } else {
+            ReadError::UpstreamTimeout {
+                host: host.to_string(),
+                timeout_ms: self.read_timeout.as_millis() as u64,
+            }
+        }
+    }
+
+    /// [`error`](Self::error) for a call to `host` cut at `until`, counted
+    /// in the host's metrics.
+    fn elapsed(&self, host: &HostEntry) -> ReadError {
+        let m = &host.metrics;
+        m.timeouts.increment(1);
+        let counter = if self.by_deadline {
+            &m.deadline
+        } else {
+            &m.timeout
+        };
+        counter.increment(1);
+        self.error(&host.name)
+    }
+}
+
+/// Steps 6–7 on the wire: `read` sent to `host` until `limit.until`, its
+/// response made a result by `answer`; the host's gauge, latency and
+/// outcome counters count it (a read dropped unfinished as `cancelled`).
+async fn wire(
+    transport: &dyn Transport,
+    host: &HostEntry,
+    read: Read,
+    limit: Limit,
+    answer: impl FnOnce(UpstreamResponse) -> ReadResult,
+) -> ReadResult {
+    let m = &host.metrics;
+    let fetch = transport.fetch(read, &host.name);
+    let mut wire = Wire::start(m, limit.started);
+    let sent = tokio::time::timeout_at(limit.until, fetch).await;
+    wire.finished = true;
+    let outcome = match sent {
+        Ok(Ok(response)) => answer(response),
+        Ok(Err(err)) => Err(err),
+        Err(_elapsed) => return Err(limit.elapsed(host)),
+    };
+    let counter = if outcome.is_ok() { &m.ok } else { &m.error };
+    counter.increment(1);
+    outcome
 }
 
 /// What a read admitted holds until it ends: its slots, and when it was
@@ -386,9 +618,7 @@ struct Admitted<'a> {
 #[must_use = "the slots are released as soon as the permit is dropped"]
 pub struct Permit<'a> {
     admitted: Admitted<'a>,
-    timeout_at: Instant,
-    by_deadline: bool,
-    read_timeout: Duration,
+    limit: Limit,
     stats: &'a ReadStats,
     host: Arc<HostEntry>,
     outcome: Outcome,
@@ -406,7 +636,7 @@ enum Outcome {
 impl Permit<'_> {
     /// When the call must be done: `min(admitted + read_timeout, deadline)`.
     pub fn deadline(&self) -> Instant {
-        self.timeout_at
+        self.limit.until
     }
 
     /// Runs `call` holding the permit, until [`deadline`](Self::deadline):
@@ -418,23 +648,12 @@ impl Permit<'_> {
         call: F,
     ) -> Result<F::Output, ReadError> {
         self.outcome = Outcome::Calling;
-        if let Ok(output) = tokio::time::timeout_at(self.timeout_at, call).await {
+        if let Ok(output) = tokio::time::timeout_at(self.limit.until, call).await {
             self.outcome = Outcome::Succeeded;
             return Ok(output);
         }
         self.outcome = Outcome::TimedOut;
-        let m = &self.host.metrics;
-        m.timeouts.increment(1);
-        Err(if self.by_deadline {
-            m.deadline.increment(1);
-            ReadError::DeadlineExceeded
-        } else {
-            m.timeout.increment(1);
-            ReadError::UpstreamTimeout {
-                host: self.host.name.to_string(),
-                timeout_ms: self.read_timeout.as_millis() as u64,
-            }
-        })
+        Err(self.limit.elapsed(&self.host))
     }
 }
 
@@ -460,7 +679,7 @@ impl std::fmt::Debug for Permit<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Permit")
             .field("host", &self.host.name)
-            .field("deadline", &self.timeout_at)
+            .field("deadline", &self.limit.until)
             .finish_non_exhaustive()
     }
 }
@@ -520,37 +739,71 @@ fn redirect(response: &UpstreamResponse) -> Option<&str> {
     }
 }
 
-/// One read on the wire: the in-flight gauge is held while it exists, and a
-/// read dropped before it finished (its request was cancelled) counts as
-/// `cancelled`, so `issued = succeeded + failed + timed_out + cancelled`.
-struct Sending<'a> {
+/// One read on the wire, as the host's metrics see it: the in-flight gauge
+/// is held while it exists, and a read dropped before it finished counts as
+/// `cancelled`.
+struct Wire<'a> {
     metrics: &'a HostMetrics,
-    stats: &'a ReadStats,
     started: Instant,
     finished: bool,
 }
 
-impl<'a> Sending<'a> {
-    fn start(metrics: &'a HostMetrics, stats: &'a ReadStats, started: Instant) -> Self {
+impl<'a> Wire<'a> {
+    fn start(metrics: &'a HostMetrics, started: Instant) -> Self {
         metrics.in_flight.increment(1.0);
         Self {
             metrics,
-            stats,
             started,
             finished: false,
         }
     }
 }
 
-impl Drop for Sending<'_> {
+impl Drop for Wire<'_> {
     fn drop(&mut self) {
         self.metrics.in_flight.decrement(1.0);
         self.metrics
             .latency
             .record(self.started.elapsed().as_secs_f64());
         if !self.finished {
-            bump(&self.stats.cancelled);
             self.metrics.cancelled.increment(1);
+        }
+    }
+}
+
+/// One read this request sent (or leads), as its counters see it: it ends
+/// in exactly one of `succeeded`, `failed` and `timed_out` — or, dropped
+/// unfinished (its request was cancelled), `cancelled` — so
+/// `issued = succeeded + failed + timed_out + cancelled`.
+struct Pending<'a> {
+    stats: &'a ReadStats,
+    finished: bool,
+}
+
+impl<'a> Pending<'a> {
+    fn new(stats: &'a ReadStats) -> Self {
+        Self {
+            stats,
+            finished: false,
+        }
+    }
+
+    fn finish(&mut self, outcome: &ReadResult) {
+        self.finished = true;
+        bump(match outcome {
+            Ok(_) => &self.stats.succeeded,
+            Err(ReadError::UpstreamTimeout { .. } | ReadError::DeadlineExceeded) => {
+                &self.stats.timed_out
+            }
+            Err(_) => &self.stats.failed,
+        });
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            bump(&self.stats.cancelled);
         }
     }
 }

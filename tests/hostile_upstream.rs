@@ -141,6 +141,7 @@ async fn a_hop_to_another_host_takes_that_hosts_slot() {
         HostConfig {
             max_concurrent: 0,
             acquire_wait_ms: 10,
+            ..Default::default()
         },
     );
     let answer = ask(

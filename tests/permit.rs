@@ -22,6 +22,7 @@ fn config(max_reads: u64, cap: u32, read_timeout_ms: u64) -> Config {
         HostConfig {
             max_concurrent: cap,
             acquire_wait_ms: 10_000,
+            ..Default::default()
         },
     );
     config

@@ -2,9 +2,9 @@
 //! and the read's timer on tokio's (paused) clock — the engine's one clock.
 use fanout_budget::config::HostConfig;
 use fanout_budget::{
-    Caller, Config, Engine, HostLimiter, HostRefusal, HostSlot, LocalHostCaps, Read, ReadError,
+    Caller, Config, HostLimiter, HostRefusal, HostSlot, LocalHostCaps, Read, ReadError,
 };
-use fanout_testkit::MemTransport;
+use fanout_testkit::scripted::{engine, read};
 use futures::poll;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ fn cap(max_concurrent: u32, acquire_wait_ms: u64) -> LocalHostCaps {
     let config = HostConfig {
         max_concurrent,
         acquire_wait_ms,
+        ..Default::default()
     };
     LocalHostCaps::new([("h:1".to_string(), config)].into())
 }
@@ -101,18 +102,6 @@ async fn a_joined_slot_releases_both_parts() {
     assert!(one.acquire("h:1", LONG).await.is_ok());
 }
 
-/// Answers by the URL's last segment: `ok`, `fail`, `hang`, anything else after
-/// the gate opens (the testkit's scripted in-memory transport).
-fn engine(config: Config) -> (Engine, Arc<MemTransport>) {
-    let transport = Arc::new(MemTransport::new().scripted());
-    let engine = Engine::builder(config).transport(transport.clone()).build();
-    (engine, transport)
-}
-
-fn read(path: &str) -> Read {
-    Read::get(format!("http://up.test:81/{path}").parse().unwrap())
-}
-
 #[tokio::test(start_paused = true)]
 async fn every_outcome_releases_the_host_slot_and_balances_the_counters() {
     let mut config = Config::default();
@@ -122,6 +111,7 @@ async fn every_outcome_releases_the_host_slot_and_balances_the_counters() {
         HostConfig {
             max_concurrent: 1,
             acquire_wait_ms: 10,
+            ..Default::default()
         },
     );
     let (engine, transport) = engine(config);
@@ -178,6 +168,7 @@ async fn a_cap_of_zero_refuses_without_charging() {
         HostConfig {
             max_concurrent: 0,
             acquire_wait_ms: 10,
+            ..Default::default()
         },
     );
     let (engine, _transport) = engine(config);
@@ -199,6 +190,7 @@ async fn each_read_takes_the_slot_of_its_own_host() {
         HostConfig {
             max_concurrent: 4,
             acquire_wait_ms: 10,
+            ..Default::default()
         },
     );
     config.hosts.insert(
@@ -206,6 +198,7 @@ async fn each_read_takes_the_slot_of_its_own_host() {
         HostConfig {
             max_concurrent: 0,
             acquire_wait_ms: 10,
+            ..Default::default()
         },
     );
     let (engine, _transport) = engine(config);

@@ -36,6 +36,7 @@ fn replicas(redis: &RedisServer, n: usize, mode: FailureMode, timeout_ms: u64) -
     let host = HostConfig {
         max_concurrent: CAP,
         acquire_wait_ms: 5_000,
+        ..Default::default()
     };
     hosts.insert(HOST.to_string(), host);
     (0..n)

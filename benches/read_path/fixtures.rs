@@ -30,6 +30,7 @@ pub(crate) fn mem_engine(yields: bool) -> Engine {
         HostConfig {
             max_concurrent: 256,
             acquire_wait_ms: 50,
+            ..Default::default()
         },
     );
     Engine::builder(config)

@@ -18,6 +18,7 @@ async fn a_client_disconnect_cancels_its_reads_over_real_tcp() {
         HostConfig {
             max_concurrent: 8,
             acquire_wait_ms: 1000,
+            ..Default::default()
         },
     );
     let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);

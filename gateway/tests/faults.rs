@@ -20,6 +20,7 @@ async fn every_kind_of_bad_upstream_answer_degrades_only_its_row() {
         HostConfig {
             max_concurrent: 16,
             acquire_wait_ms: 1000,
+            ..Default::default()
         },
     );
     let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);

@@ -19,6 +19,7 @@ fn capped(host: &str, max_concurrent: u32, acquire_wait_ms: u64) -> Config {
         HostConfig {
             max_concurrent,
             acquire_wait_ms,
+            ..Default::default()
         },
     );
     config
@@ -198,6 +199,7 @@ async fn two_hosts_with_different_caps_are_enforced_independently() {
         HostConfig {
             max_concurrent: 3,
             acquire_wait_ms: 30_000,
+            ..Default::default()
         },
     );
     // One engine (one process), two schemas over two registries.

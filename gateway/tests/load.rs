@@ -40,6 +40,7 @@ async fn a_thousand_concurrent_requests() {
         HostConfig {
             max_concurrent: cap,
             acquire_wait_ms: 2_000,
+            ..Default::default()
         },
     );
     let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);

@@ -100,6 +100,7 @@ async fn two_replicas_share_the_per_ip_limit_and_host_caps_on_a_cluster() {
     let host = HostConfig {
         max_concurrent: 4,
         acquire_wait_ms: 30_000,
+        ..Default::default()
     };
     config.hosts.insert(registry.host(), host);
     let (a, b) = (
@@ -117,6 +118,7 @@ async fn two_replicas_share_the_per_ip_limit_and_host_caps_on_a_cluster() {
         let cap = HostConfig {
             max_concurrent: 2 + i as u32 % 2,
             acquire_wait_ms: 5_000,
+            ..Default::default()
         };
         config.hosts.insert(h.clone(), cap);
     }
@@ -334,6 +336,7 @@ async fn failover(mode: FailureMode) {
     let host = HostConfig {
         max_concurrent: CAP,
         acquire_wait_ms: 1_000,
+        ..Default::default()
     };
     config.hosts.insert(registry.host(), host);
     let replicas = [

@@ -60,6 +60,7 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
         HostConfig {
             max_concurrent: 4,
             acquire_wait_ms: 30_000,
+            ..Default::default()
         },
     );
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
@@ -91,6 +92,7 @@ async fn a_crashed_replicas_slots_free_up_after_the_lease() {
         HostConfig {
             max_concurrent: 2,
             acquire_wait_ms: 20,
+            ..Default::default()
         },
     );
     // The crashed replica took both slots and never released or renewed
@@ -138,6 +140,7 @@ async fn a_held_slot_outlives_its_lease_while_renewed() {
         HostConfig {
             max_concurrent: 1,
             acquire_wait_ms: 10,
+            ..Default::default()
         },
     );
     let caps = RedisHostCaps::new(
@@ -291,6 +294,7 @@ async fn a_dead_redis_costs_no_timeout_per_request() {
         HostConfig {
             max_concurrent: 8,
             acquire_wait_ms: 1_000,
+            ..Default::default()
         },
     );
     let gateway = replica(&config, &registry);

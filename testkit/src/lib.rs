@@ -20,7 +20,7 @@ pub use poll::until;
 pub use post::{call, graphql_request, post, Answer, PEER};
 pub use redis_cluster::{ClusterNode, RedisCluster};
 pub use rewrite::Rewrite;
-pub use transport::MemTransport;
+pub use transport::{scripted, MemTransport};
 pub use upstream::{Behaviour, Seen, Upstream};
 
 use std::future::Future;

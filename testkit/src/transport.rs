@@ -137,3 +137,28 @@ impl Transport for MemTransport {
         })
     }
 }
+
+/// The engine on a [`scripted`](MemTransport::scripted) in-memory upstream,
+/// and its reads: one fixture for the tests of the read path's timing.
+pub mod scripted {
+    use super::MemTransport;
+    use fanout_budget::{Config, Engine, Read};
+    use std::sync::Arc;
+
+    /// The host every [`read`] goes to (`[hosts]` tables name it so).
+    pub const HOST: &str = "up.test:81";
+
+    /// An engine on `config` whose reads a scripted [`MemTransport`]
+    /// answers (by the URL's last segment: `ok`, `fail`, `hang`, anything
+    /// else once the gate opens), and that transport.
+    pub fn engine(config: Config) -> (Engine, Arc<MemTransport>) {
+        let transport = Arc::new(MemTransport::new().scripted());
+        let engine = Engine::builder(config).transport(transport.clone()).build();
+        (engine, transport)
+    }
+
+    /// A GET of `path` on [`HOST`].
+    pub fn read(path: &str) -> Read {
+        Read::get(format!("http://{HOST}/{path}").parse().unwrap())
+    }
+}

@@ -10,9 +10,10 @@ use axum::Router;
 use serde_json::json;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// How the upstream answers one `/item/{id}`.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +47,9 @@ pub struct Seen {
     pub default_delay: Mutex<Option<Duration>>,
     /// Bytes of the never-ending `/endless` bodies sent so far.
     pub streamed: AtomicU64,
+    /// While set, every `/item/{id}` waits before it answers ([`Seen::hold`]).
+    held: AtomicBool,
+    released: Notify,
 }
 
 impl Seen {
@@ -69,6 +73,28 @@ impl Seen {
     pub fn set(&self, id: u64, b: Behaviour) {
         self.behaviour.lock().unwrap().insert(id, b);
     }
+    /// Holds every `/item/{id}` answer (whatever its behaviour) from now
+    /// on, until [`release`](Self::release): the request is received (and
+    /// counted), the answer waits.
+    pub fn hold(&self) {
+        self.held.store(true, SeqCst);
+    }
+    /// Lets the held answers go, and every later one.
+    pub fn release(&self) {
+        self.held.store(false, SeqCst);
+        self.released.notify_waiters();
+    }
+    async fn released(&self) {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            if !self.held.load(SeqCst) {
+                return;
+            }
+            released.await;
+        }
+    }
 }
 
 struct InFlight(Arc<Seen>);
@@ -89,7 +115,8 @@ fn enter(seen: &Arc<Seen>, path: String) -> InFlight {
 
 /// A running loopback upstream; stops when dropped. Its routes:
 ///
-/// - `/list`: `{"ids": [0, …, 999]}`; `/item/{id}`: as [`Seen::set`] says;
+/// - `/list`: `{"ids": [0, …, 999]}`; `/item/{id}` (`GET` or `POST`): as
+///   [`Seen::set`] says, once [`Seen::release`]d when [`Seen::hold`] holds it;
 /// - `/ok`: `fine`; `/numbers`: a JSON list of 100,000 numbers (≈ 590 KB);
 /// - `/one`: one chunk; `/many`: four chunks of 50,000 bytes (chunk `i` all
 ///   `b'a' + i`), streamed without a `Content-Length`;
@@ -118,7 +145,7 @@ impl Upstream {
         let seen = Arc::new(Seen::default());
         let mut app = Router::new()
             .route("/list", get(list))
-            .route("/item/{id}", get(item))
+            .route("/item/{id}", get(item).post(item))
             .route("/loop/{side}", get(redirect_loop))
             .route("/chain/{n}", get(chain))
             .route("/to/{port}", get(to_port))
@@ -168,6 +195,7 @@ async fn list(State(seen): State<Arc<Seen>>) -> impl IntoResponse {
 
 async fn item(State(seen): State<Arc<Seen>>, Path(id): Path<u64>) -> Response {
     let _g = enter(&seen, format!("/item/{id}"));
+    seen.released().await;
     let behaviour = seen.behaviour.lock().unwrap().get(&id).copied();
     let default_delay = *seen.default_delay.lock().unwrap();
     match behaviour.unwrap_or(Behaviour::Ok) {

@@ -8,9 +8,10 @@
 //! (`NAME_UNKNOWN`, `MANIFEST_UNKNOWN`, `BLOB_UNKNOWN`).
 //!
 //! It can inject, per tag (on its manifest) or per repository (on its tag
-//! list), a delay, a hang, an error status or a non-JSON body, plus a fixed
-//! latency on every request; and it counts requests (total, per path and per
-//! kind) and the peak number in flight.
+//! list), a delay, a hang, an answer held until the test releases it, an
+//! error status or a non-JSON body, plus a fixed latency on every request;
+//! and it counts requests (total, per path and per kind) and the peak number
+//! in flight.
 
 pub mod store;
 
@@ -34,6 +35,10 @@ pub enum Fault {
     Delay(Duration),
     /// Never answer.
     Hang,
+    /// Answer normally once gate `n` (0–63) is opened with
+    /// [`EmbeddedRegistry::release`] (at once if it already is); the
+    /// request is counted when it arrives.
+    Held(u8),
     /// Answer this status with a registry error body.
     Status(u16),
     /// Answer 200 with a body that is not JSON.
@@ -127,6 +132,8 @@ struct Shared {
     store: RwLock<Store>,
     faults: RwLock<Faults>,
     counters: Arc<Counters>,
+    /// The gates of [`Fault::Held`] opened so far, one bit each.
+    open_gates: tokio::sync::watch::Sender<u64>,
 }
 
 /// A running embedded registry; it stops when dropped.
@@ -149,6 +156,7 @@ impl EmbeddedRegistry {
             store: RwLock::new(store),
             faults: RwLock::default(),
             counters: Arc::default(),
+            open_gates: tokio::sync::watch::Sender::new(0),
         });
         let app = Router::new()
             .route("/v2/", get(|| async { axum::Json(serde_json::json!({})) }))
@@ -209,6 +217,14 @@ impl EmbeddedRegistry {
             Some(f) => faults.repos.insert(repo.to_string(), f),
             None => faults.repos.remove(repo),
         };
+    }
+
+    /// Opens gate `gate` (0–63): the answers [`Fault::Held`] on it go, and
+    /// every later one at once.
+    pub fn release(&self, gate: u8) {
+        self.shared
+            .open_gates
+            .send_modify(|open| *open |= 1 << (gate % 64));
     }
 
     /// Adds a fixed latency to every request.
@@ -292,7 +308,7 @@ fn registry_error(status: StatusCode, code: &str, message: &str) -> Response {
 
 /// The response a fault replaces the real one with (`None`: serve normally,
 /// possibly after a delay). `real` is the body that would have been served.
-async fn apply(fault: Option<Fault>, path: &str, real: &[u8]) -> Option<Response> {
+async fn apply(shared: &Shared, fault: Option<Fault>, path: &str, real: &[u8]) -> Option<Response> {
     use futures::StreamExt;
     let json = |body: axum::body::Body| {
         Response::builder()
@@ -307,6 +323,11 @@ async fn apply(fault: Option<Fault>, path: &str, real: &[u8]) -> Option<Response
             None
         }
         Fault::Hang => std::future::pending().await,
+        Fault::Held(gate) => {
+            let mut open = shared.open_gates.subscribe();
+            let _ = open.wait_for(|open| open & (1 << (gate % 64)) != 0).await;
+            None
+        }
         Fault::Status(s) => {
             let status = StatusCode::from_u16(s).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             Some(registry_error(status, "UNKNOWN", "injected failure"))
@@ -472,7 +493,7 @@ async fn serve(
             if fault == Some(Fault::Hang) {
                 guard.hang();
             }
-            if let Some(response) = apply(fault, &path, b"{\"tags\": []}").await {
+            if let Some(response) = apply(&shared, fault, &path, b"{\"tags\": []}").await {
                 return response;
             }
             let store = shared.store.read().unwrap();
@@ -510,7 +531,7 @@ async fn serve(
                 if fault == Some(Fault::Hang) {
                     guard.hang();
                 }
-                if let Some(response) = apply(fault, &path, &real).await {
+                if let Some(response) = apply(&shared, fault, &path, &real).await {
                     return response;
                 }
             }
