@@ -107,7 +107,7 @@ async fn two_replicas_share_the_per_ip_limit_and_host_caps_on_a_cluster() {
         app::build(config.clone(), registry.url().parse().unwrap(), None),
         app::build(config.clone(), registry.url().parse().unwrap(), None),
     );
-    a_cap_of_four_holds_across(&a, &b, &registry).await;
+    a_cap_of_four_holds_across(&[&a, &b], &registry).await;
 
     // Several hosts, so several slots and masters: two replicas' workers,
     // each holding a slot 15 ms at a time; in flight per host, counted

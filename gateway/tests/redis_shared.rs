@@ -64,7 +64,7 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
         },
     );
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
-    a_cap_of_four_holds_across(&a, &b, &registry).await;
+    a_cap_of_four_holds_across(&[&a, &b], &registry).await;
     // Every lease was released.
     let key = format!("fanout:host:{}", registry.host());
     for _ in 0..100 {

@@ -93,17 +93,17 @@ pub async fn admitted_across(routers: &[&Router], peer: &str, n: usize) -> usize
     admitted
 }
 
-/// Six concurrent requests of ten manifests each (after their tag list),
-/// three through each of `a` and `b`, which cap `registry`'s host at four
-/// reads in flight and wait for a slot as long as it takes, while each read
-/// takes 40 ms: all are answered without error, and the registry saw at
-/// most four in flight at once (and at least two: the cap was pressed).
-pub async fn a_cap_of_four_holds_across(a: &Gateway, b: &Gateway, registry: &EmbeddedRegistry) {
+/// Three concurrent requests per replica of ten manifests each (after their
+/// tag list), turn about through `replicas`, which cap `registry`'s host at
+/// four reads in flight and wait for a slot as long as it takes, while each
+/// read takes 40 ms: all are answered without error, and the registry saw
+/// at most four in flight at once (and at least two: the cap was pressed).
+pub async fn a_cap_of_four_holds_across(replicas: &[&Gateway], registry: &EmbeddedRegistry) {
     registry.set_latency(Some(Duration::from_millis(40)));
     let query = json!({ "query": r#"{ repository(name: "acme/app") { tags(first: 10) { nodes { manifest { digest } } } } }"# }).to_string();
     let mut tasks = Vec::new();
-    for i in 0..6 {
-        let router = if i % 2 == 0 { a } else { b }.router.clone();
+    for i in 0..3 * replicas.len() {
+        let router = replicas[i % replicas.len()].router.clone();
         let query = query.clone();
         tasks.push(tokio::spawn(async move {
             post_from(&router, &query, &format!("192.0.2.{i}:1"), &[]).await
@@ -117,7 +117,8 @@ pub async fn a_cap_of_four_holds_across(a: &Gateway, b: &Gateway, registry: &Emb
     let peak = registry.counters().peak();
     assert!(
         (2..=4).contains(&peak),
-        "upstream saw {peak} in flight across two replicas with a shared cap of 4"
+        "upstream saw {peak} in flight across {} replicas with a shared cap of 4",
+        replicas.len()
     );
 }
 
