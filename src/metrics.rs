@@ -21,6 +21,7 @@
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
+//! | `fanout_redis_calls_total` | counter | — | calls sent to Redis (checks, leases, renewals, releases, probes) |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
 
@@ -101,6 +102,12 @@ pub(crate) fn rate_limit_exempt() {
 
 pub(crate) fn wrong_internal_token() {
     counter!("fanout_wrong_internal_token_total").increment(1);
+}
+
+/// Counts one call sent to Redis.
+#[cfg(feature = "redis")]
+pub(crate) fn redis_call() {
+    counter!("fanout_redis_calls_total").increment(1);
 }
 
 /// Counts a check answered in-process because the shared backend was down.

@@ -10,7 +10,10 @@
 //! (add sides with parts of the engine taken away, to see what costs;
 //! `LOAD_ABLATION=2`: only the "read path only" side), `LOAD_ALLOCS=1` (count
 //! heap allocations per request on every side first), `LOAD_NOCAP=1` (no
-//! `[hosts]` cap on the registry: what the process-wide host slot costs).
+//! `[hosts]` cap on the registry: what the process-wide host slot costs),
+//! `LOAD_REDIS=1` (add a side with the per-IP limit and the host cap on a
+//! `redis-server` the bench starts, reporting Redis round trips per request;
+//! `LOAD_ONLY=redis` loads that side only).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
 //!   `FanoutGraphQL` (parsed-document cache, cost preview,
@@ -176,6 +179,9 @@ struct Side {
     cpu_us: Vec<f64>,
     latencies: Vec<Duration>,
     failed: u64,
+    /// Redis round trips during this side's rounds, and its requests then.
+    redis_calls: u64,
+    requests: u64,
 }
 
 impl Side {
@@ -187,6 +193,8 @@ impl Side {
             cpu_us: Vec::new(),
             latencies: Vec::new(),
             failed: 0,
+            redis_calls: 0,
+            requests: 0,
         }
     }
 }
@@ -275,6 +283,22 @@ async fn main() {
             read_path_router(engine(&uncached, false), &upstream, false),
         ));
     }
+    // Kept until the end: the server dies with it.
+    let mut _redis = None;
+    if env("LOAD_REDIS", 0) == 1 {
+        match fanout_testkit::RedisServer::start().await {
+            Some(redis) => {
+                let mut shared = config.clone();
+                shared.redis.url = redis.url();
+                routers.push((
+                    REDIS_SIDE,
+                    app::build(shared, upstream.clone(), None).router,
+                ));
+                _redis = Some(redis);
+            }
+            None => println!("(no Redis side: redis-server missing)"),
+        }
+    }
     routers.push((
         "engine off",
         baseline_router(upstream.clone(), config.budget.deadline()),
@@ -339,11 +363,15 @@ async fn main() {
         match only.as_deref() {
             Some("on") if i != 0 => continue,
             Some("off") if i != k - 1 => continue,
+            Some("redis") if sides[i].name != REDIS_SIDE => continue,
             _ => {}
         }
         let side = &mut sides[i];
         let cpu_before = cpu_time();
+        let calls_before = fanout_budget::backends::redis::calls_total();
         let mut result = round(&client, &side.url, &body, clients, secs).await;
+        side.redis_calls += fanout_budget::backends::redis::calls_total() - calls_before;
+        side.requests += result.ok + result.failed;
         let cpu = cpu_time()
             .zip(cpu_before)
             .map(|(after, before)| (after - before).as_secs_f64() * 1e6 / result.ok.max(1) as f64);
@@ -432,10 +460,22 @@ async fn main() {
     println!(
         "without the document cache (every query parsed, as on the engine-off side): throughput {uncached:.3}× (paired), CPU per request {uncached_cpu:.3}× (paired)"
     );
+    for side in sides.iter().filter(|s| s.name == REDIS_SIDE) {
+        println!(
+            "Redis round trips per request ({}): {:.3} ({} calls, {} requests, 5 reads each)",
+            side.name,
+            side.redis_calls as f64 / side.requests.max(1) as f64,
+            side.redis_calls,
+            side.requests
+        );
+    }
     for task in servers {
         task.abort();
     }
 }
+
+/// The side whose per-IP limit and host cap are on Redis (`LOAD_REDIS=1`).
+const REDIS_SIDE: &str = "engine on, limits on Redis";
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

@@ -113,7 +113,7 @@ use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, 
 use std::future::Future;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -160,6 +160,18 @@ struct Inner {
     /// `UNKNOWN` before the first reply. One for a server; one per slot for
     /// a cluster, whose masters each have their own clock.
     offsets_us: Box<[AtomicI64]>,
+    /// Round trips sent to Redis by this backend.
+    calls: AtomicU64,
+}
+
+/// Round trips sent to Redis by every backend of the process.
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Round trips sent to Redis by every [`RedisBackend`] of this process so
+/// far (also counted as `fanout_redis_calls_total`): what the load bench
+/// divides by the requests served.
+pub fn calls_total() -> u64 {
+    CALLS.load(Relaxed)
 }
 
 const UNKNOWN: i64 = i64::MIN;
@@ -394,6 +406,7 @@ impl RedisBackend {
                 breaker: Arc::new(Breaker::new(Duration::from_millis(config.backoff_ms))),
                 base: Instant::now(),
                 offsets_us: (0..offsets).map(|_| AtomicI64::new(UNKNOWN)).collect(),
+                calls: AtomicU64::new(0),
             }),
         })
     }
@@ -422,6 +435,12 @@ impl RedisBackend {
     /// Redis calls that failed or timed out since this backend was made.
     pub fn failed_calls(&self) -> u64 {
         self.inner.breaker.failures()
+    }
+
+    /// Calls this backend sent to Redis (checks, leases, renewals, releases,
+    /// probes; not those skipped while the breaker is open).
+    pub fn calls(&self) -> u64 {
+        self.inner.calls.load(Relaxed)
     }
 
     /// A local deadline `timeout_ms` from now.
@@ -528,6 +547,9 @@ impl RedisBackend {
         }
         let attempt = async {
             let conn = self.connection(route).await.map_err(|e| (false, e))?;
+            self.inner.calls.fetch_add(1, Relaxed);
+            CALLS.fetch_add(1, Relaxed);
+            crate::metrics::redis_call();
             f(conn).await.map_err(|e| (true, Some(down(e))))
         };
         let (sent, error) = match tokio::time::timeout_at(deadline, attempt).await {
