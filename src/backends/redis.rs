@@ -97,22 +97,21 @@
 //! `fanout_shared_state_fallback_total`), `"closed"` refuses with
 //! `UNAVAILABLE`.
 
+mod conn;
 mod leases;
+mod rate;
 
+pub(crate) use conn::Conn;
+use conn::{cluster_client, slot, slot_ranges_by_master, Target, NODE_TIME, SLOTS};
 pub use leases::RedisHostCaps;
+pub use rate::RedisRateLimiter;
 
 use super::breaker::Breaker;
 use crate::config::{FailureMode, RedisConfig};
 use crate::error::Unavailable;
-use crate::limiter::{Decision, InboundLimiter};
-use futures::future::BoxFuture;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::{ClusterClient, ClusterClientBuilder};
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, Value};
+use redis::aio::ConnectionManagerConfig;
+use redis::{ErrorKind, FromRedisValue, RedisResult, Script, Value};
 use std::future::Future;
-use std::net::IpAddr;
-use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -175,112 +174,6 @@ pub fn calls_total() -> u64 {
 }
 
 const UNKNOWN: i64 = i64::MIN;
-
-/// Slots of a Redis Cluster.
-const SLOTS: usize = 16_384;
-
-/// Where the shared state lives.
-enum Target {
-    Server(redis::Client),
-    Cluster(ClusterClient),
-}
-
-/// A connection of either kind; every call goes through its
-/// [`ConnectionLike`], which delegates.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Server(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Server(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Server(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-/// The cluster slot of `key`, as Redis computes it: CRC16 (XMODEM) of the
-/// key's hash tag — what is between its first `{` and the next `}`, if not
-/// empty — or of the whole key, modulo 16,384.
-pub(crate) fn slot(key: &[u8]) -> usize {
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let len = rest.iter().position(|&b| b == b'}')?;
-            (len > 0).then(|| &rest[..len])
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    usize::from(crc) % SLOTS
-}
-
-/// Answers the `TIME` of the node that runs it (sent to a chosen master by
-/// a key of its slots; the key itself is never read).
-const NODE_TIME: &str = "return redis.call('TIME')";
-
-/// `CLUSTER SLOTS`' ranges (first, last slot), grouped by the master serving
-/// them.
-fn slot_ranges_by_master(reply: &Value) -> RedisResult<Vec<Vec<(u16, u16)>>> {
-    let rows: Vec<Vec<Value>> = redis::from_redis_value(reply)?;
-    let mut masters: std::collections::BTreeMap<(String, i64), Vec<(u16, u16)>> =
-        Default::default();
-    for row in rows {
-        let [first, last, master, ..] = row.as_slice() else {
-            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS row").into());
-        };
-        let node: Vec<Value> = redis::from_redis_value(master)?;
-        let [host, port, ..] = node.as_slice() else {
-            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS node").into());
-        };
-        let address = (
-            redis::from_redis_value(host)?,
-            redis::from_redis_value(port)?,
-        );
-        let range: (u16, u16) = (
-            redis::from_redis_value(first)?,
-            redis::from_redis_value(last)?,
-        );
-        if range.0 > range.1 || usize::from(range.1) >= SLOTS {
-            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS range").into());
-        }
-        masters.entry(address).or_default().push(range);
-    }
-    Ok(masters.into_values().collect())
-}
 
 /// A Lua script, sent by its hash (`EVALSHA`); a node that lacks it gets
 /// its text (`EVAL`, which caches it there), routed by the same key.
@@ -363,22 +256,6 @@ impl std::fmt::Debug for RedisBackend {
             .field("open", &self.is_open())
             .finish_non_exhaustive()
     }
-}
-
-/// The cluster client for `[redis] cluster_nodes` (nothing connected): its
-/// retries and their pauses fit inside one call's `timeout_ms`.
-fn cluster_client(config: &RedisConfig) -> RedisResult<ClusterClient> {
-    let timeout = Duration::from_millis(config.timeout_ms);
-    ClusterClientBuilder::new(config.cluster_nodes.iter().map(String::as_str))
-        .connection_timeout(timeout)
-        .response_timeout(timeout)
-        // A redirect or a reconnect is a retry: a few, paused 1 ms up to
-        // 10 ms × 2^n, never past a quarter of the call timeout.
-        .retries(3)
-        .min_retry_wait(1)
-        .max_retry_wait((config.timeout_ms / 4).max(2))
-        .retry_wait_formula(10, 2)
-        .build()
 }
 
 impl RedisBackend {
@@ -759,98 +636,5 @@ impl RedisBackend {
                 tokio::time::sleep(backend.inner.backoff).await;
             }
         });
-    }
-}
-
-/// GCRA: KEYS[1] the key; ARGV[1] emission interval (µs), ARGV[2] burst,
-/// ARGV[3] deadline (µs on Redis's clock; 0: none).
-/// Returns {allowed, remaining, wait_us, now_us}: for an admitted request, the
-/// time until the quota is whole again; for a refused one, until the next
-/// admission; allowed = -1, nothing charged, past the deadline.
-const GCRA: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local deadline = tonumber(ARGV[3])
-if deadline > 0 and now > deadline then
-  return {-1, 0, 0, now}
-end
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local tolerance = interval * (burst - 1)
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
-if tat < now then tat = now end
-if now < tat - tolerance then
-  return {0, 0, tat - tolerance - now, now}
-end
-local new_tat = tat + interval
-redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000) + 1)
-local remaining = math.floor((now + tolerance - (new_tat - interval)) / interval)
-return {1, remaining, new_tat - now, now}
-"#;
-
-/// The per-IP limit on Redis.
-#[derive(Debug)]
-pub struct RedisRateLimiter {
-    backend: RedisBackend,
-    script: Lua,
-    interval_us: i64,
-    burst: i64,
-}
-
-impl RedisRateLimiter {
-    /// `requests_per_minute` per key, shared by every replica on `backend`.
-    pub fn new(backend: RedisBackend, requests_per_minute: NonZeroU32) -> Self {
-        Self {
-            backend,
-            script: Lua::new(GCRA),
-            interval_us: 60_000_000 / i64::from(requests_per_minute.get()),
-            burst: i64::from(requests_per_minute.get()),
-        }
-    }
-}
-
-impl InboundLimiter for RedisRateLimiter {
-    fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
-        Box::pin(async move {
-            let key = self.backend.key("ip", &key.to_string());
-            let args = [self.interval_us, self.burst];
-            let (allowed, remaining, wait_us, _now_us): (i64, i64, i64, i64) = self
-                .backend
-                .timed_script(&self.script, &key, None, &args)
-                .await?;
-            let wait = Duration::from_micros(wait_us.max(0) as u64);
-            Ok(match allowed {
-                1 => Decision::Allow {
-                    remaining: remaining.max(0) as u32,
-                    reset: wait,
-                },
-                0 => Decision::Deny { retry_after: wait },
-                _ => return Err(down("the check ran after its deadline")),
-            })
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::slot;
-
-    #[test]
-    fn slots_are_redis_cluster_slots() {
-        // What CLUSTER KEYSLOT answers on redis-server 7.0.
-        for (key, want) in [
-            (&b"123456789"[..], 12_739),
-            (b"foo", 12_182),
-            (b"bar", 5_061),
-            // A hash tag: only what is between the first `{` and the next `}`.
-            (b"{user1000}.following", 3_443),
-            (b"user1000", 3_443),
-            (b"a{user1000}b{x}", 3_443),
-            // An empty or unclosed tag: the whole key.
-            (b"foo{}{bar}", 8_363),
-            (b"foo{bar", 15_278),
-        ] {
-            assert_eq!(slot(key), want, "{}", String::from_utf8_lossy(key));
-        }
     }
 }
