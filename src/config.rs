@@ -292,9 +292,20 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Timeout of one Redis call, in milliseconds (then `failure_mode` applies).
     pub timeout_ms: u64,
-    /// Lease of one shared host slot, in milliseconds; renewed while the
-    /// read is in flight, so a crashed replica's slots free up after it.
+    /// How long Redis keeps what a replica holds of a host's cap (and its
+    /// demand) after the replica last reported, in milliseconds: a crashed
+    /// replica's slots free up after it.
     pub lease_ms: u64,
+    /// Slots of a host's cap a replica may hold beyond its reads in flight,
+    /// so the next reads start without a round trip; also the most
+    /// admissions of one client a replica takes from the shared per-IP limit
+    /// at once. 0: a round trip for every read's slot and every request.
+    pub lease_block: u32,
+    /// While a replica uses a host, it reports its demand to Redis this
+    /// often, in milliseconds, and gives back what it no longer needs: how
+    /// long another replica may wait for slots this one holds idle. Less
+    /// than a third of `lease_ms`.
+    pub refresh_ms: u64,
     /// After a failed Redis call, calls skip Redis (and `failure_mode`
     /// applies at once) for this long, in milliseconds, while recovery is
     /// probed in the background.
@@ -310,6 +321,8 @@ impl Default for RedisConfig {
             key_prefix: "fanout".into(),
             timeout_ms: 100,
             lease_ms: 5000,
+            lease_block: 8,
+            refresh_ms: 50,
             backoff_ms: 1000,
         }
     }
@@ -399,6 +412,7 @@ impl Config {
             // 0 would time out every call, renew and probe in a busy loop.
             ("redis.timeout_ms", self.redis.timeout_ms),
             ("redis.lease_ms", self.redis.lease_ms),
+            ("redis.refresh_ms", self.redis.refresh_ms),
             ("redis.backoff_ms", self.redis.backoff_ms),
         ];
         for (key, value) in positive {
@@ -450,6 +464,12 @@ fn check_redis(redis: &RedisConfig) -> Result<(), String> {
     };
     let url = &redis.url;
     let nodes = &redis.cluster_nodes;
+    if redis.refresh_ms.saturating_mul(3) >= redis.lease_ms {
+        return Err(format!(
+            "redis.refresh_ms must be less than a third of redis.lease_ms ({} ms)",
+            redis.lease_ms
+        ));
+    }
     if !url.is_empty() && !nodes.is_empty() {
         return Err(
             "redis.cluster_nodes: set redis.url (one server) or redis.cluster_nodes \

@@ -329,7 +329,7 @@ async fn a_cancelled_first_deriver_hands_over_to_the_next_caller() {
         let response = response.clone();
         tokio::spawn(async move {
             response
-                .derived::<Vec<u64>, fanout_budget::ReadError, _, _>(|| std::future::pending())
+                .derived::<Vec<u64>, fanout_budget::ReadError, _, _>(std::future::pending)
                 .await
         })
     };

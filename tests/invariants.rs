@@ -137,7 +137,7 @@ fn hung_overlap(case: &Case) -> u64 {
         .iter()
         .zip(&case.cancel)
         .filter(|(_, cancel)| **cancel)
-        .map(|(reads, _)| reads.len().min(case.per_request as usize) as u64)
+        .map(|(reads, _)| reads.len().min(case.per_request) as u64)
         .sum();
     hung + cancelled
 }

@@ -218,17 +218,23 @@ async fn four_replicas_on_one_cluster_hold_the_limit_and_the_cap_through_a_failo
         }
     }
     let fresh = fresh.expect("an address whose key is on the promoted master");
-    // The breakers close within a few backoffs of the promotion.
-    fanout_testkit::until("Redis used again", Duration::from_secs(10), async || {
-        let (status, _, _) = post_from(&replicas[0].router, CHEAP, "203.0.113.1:1", &[]).await;
-        status == 200
-            && cluster
-                .keys_by_master("fanout:ip:203.0.113.1")
-                .await
-                .values()
-                .any(|k| !k.is_empty())
-    })
-    .await;
+    // The breakers close within a few backoffs of the promotion: every
+    // replica checks on Redis again (a replica still open would admit the
+    // fresh client on its own local limit).
+    for (i, replica) in replicas.iter().enumerate() {
+        let peer = format!("203.0.113.{i}:1");
+        let key = format!("fanout:ip:203.0.113.{i}");
+        fanout_testkit::until("Redis used again", Duration::from_secs(10), async || {
+            let (status, _, _) = post_from(&replica.router, CHEAP, &peer, &[]).await;
+            status == 200
+                && cluster
+                    .keys_by_master(&key)
+                    .await
+                    .values()
+                    .any(|k| !k.is_empty())
+        })
+        .await;
+    }
     the_burst_holds(&replicas, &fresh).await;
     a_cap_of_four_holds_across(&all, &registry).await;
     eprintln!("failover: ready {promoted:?} after the kill");

@@ -8,6 +8,7 @@ use fanout_budget::config::{FailureMode, HostConfig};
 use fanout_budget::{Config, HostLimiter};
 use fanout_gateway::app::{self, Gateway};
 use fanout_gateway::embedded::EmbeddedRegistry;
+use fanout_testkit::until;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -65,18 +66,12 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
     );
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
     a_cap_of_four_holds_across(&[&a, &b], &registry).await;
-    // Every lease was released.
+    // Idle, both replicas gave every slot back (long before the lease).
     let key = format!("fanout:host:{}", registry.host());
-    for _ in 0..100 {
-        if redis.command(&["ZCARD", &key]).await == Some(redis::Value::Int(0)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        redis.command(&["ZCARD", &key]).await,
-        Some(redis::Value::Int(0))
-    );
+    until("given back", Duration::from_secs(2), async || {
+        redis.slots_held(&key).await == 0
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -95,12 +90,10 @@ async fn a_crashed_replicas_slots_free_up_after_the_lease() {
             ..Default::default()
         },
     );
-    // The crashed replica took both slots and never released or renewed
-    // them: two members of the host's set, scored by their expiry.
+    // The crashed replica held both slots and never reported again: its
+    // field of the host's hash, lapsing a lease after its last claim.
     let key = format!("{}:host:{host}", config.redis.key_prefix);
-    for holder in ["dead-1", "dead-2"] {
-        lease_without_renewal(&redis.url(), &key, holder, config.redis.lease_ms).await;
-    }
+    held_without_refresh(&redis.url(), &key, "dead", 2, config.redis.lease_ms).await;
     let taken_at = Instant::now();
     let alive = RedisHostCaps::new(
         config.hosts.clone(),
@@ -327,14 +320,15 @@ async fn a_dead_redis_costs_no_timeout_per_request() {
     }
 }
 
-/// What a replica that crashed holding a slot leaves in Redis: its lease,
-/// scored by its expiry on Redis's clock, never renewed or removed.
-async fn lease_without_renewal(url: &str, key: &str, holder: &str, lease_ms: u64) {
+/// What a replica that crashed holding `slots` leaves in Redis: its field
+/// of the host's hash, lapsing `lease_ms` after now on Redis's clock, never
+/// refreshed or removed.
+async fn held_without_refresh(url: &str, key: &str, holder: &str, slots: u32, lease_ms: u64) {
     let script = redis::Script::new(
         "local t = redis.call('TIME') \
          local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) \
-         redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1]) \
-         redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) * 2) \
+         redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ' ' .. ARGV[2] .. ' ' .. (now + tonumber(ARGV[3]))) \
+         redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2) \
          return 1",
     );
     let client = redis::Client::open(url).unwrap();
@@ -342,6 +336,7 @@ async fn lease_without_renewal(url: &str, key: &str, holder: &str, lease_ms: u64
     let added: i64 = script
         .key(key)
         .arg(holder)
+        .arg(slots)
         .arg(lease_ms)
         .invoke_async(&mut conn)
         .await

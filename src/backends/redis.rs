@@ -149,6 +149,9 @@ struct Inner {
     prefix: String,
     timeout: Duration,
     lease: Duration,
+    /// `lease_block`.
+    block: u32,
+    refresh: Duration,
     backoff: Duration,
     mode: FailureMode,
     conn: tokio::sync::Mutex<Option<Conn>>,
@@ -207,6 +210,16 @@ impl Timed for (i64, i64) {
     }
 }
 
+/// `{status, _, now_us}`, status -1: late.
+impl Timed for (i64, i64, i64) {
+    fn late(&self) -> bool {
+        self.0 == -1
+    }
+    fn redis_now_us(&self) -> i64 {
+        self.2
+    }
+}
+
 /// `{status, _, _, now_us}`, status -1: late.
 impl Timed for (i64, i64, i64, i64) {
     fn late(&self) -> bool {
@@ -231,8 +244,6 @@ pub(crate) enum Route {
 
 /// A call that gave no answer.
 pub(crate) struct Failure {
-    /// Whether Redis may have received it (and may still run it).
-    pub(crate) sent: bool,
     pub(crate) error: Unavailable,
 }
 
@@ -277,6 +288,8 @@ impl RedisBackend {
                 prefix: config.key_prefix.clone(),
                 timeout: Duration::from_millis(config.timeout_ms),
                 lease: Duration::from_millis(config.lease_ms),
+                block: config.lease_block,
+                refresh: Duration::from_millis(config.refresh_ms),
                 backoff: Duration::from_millis(config.backoff_ms),
                 mode: config.failure_mode,
                 conn: tokio::sync::Mutex::new(None),
@@ -416,27 +429,26 @@ impl RedisBackend {
         Fut: Future<Output = RedisResult<T>>,
     {
         let skipped = || Failure {
-            sent: false,
             error: down("skipped after a failed call (backoff)"),
         };
         if route == Route::Call && self.is_open() {
             return Err(skipped());
         }
         let attempt = async {
-            let conn = self.connection(route).await.map_err(|e| (false, e))?;
+            let conn = self.connection(route).await?;
             self.inner.calls.fetch_add(1, Relaxed);
             CALLS.fetch_add(1, Relaxed);
             crate::metrics::redis_call();
-            f(conn).await.map_err(|e| (true, Some(down(e))))
+            f(conn).await.map_err(|e| Some(down(e)))
         };
-        let (sent, error) = match tokio::time::timeout_at(deadline, attempt).await {
+        let error = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(value)) => return Ok(value),
-            Ok(Err((_, None))) => return Err(skipped()),
-            Ok(Err((sent, Some(error)))) => (sent, error),
-            Err(_) => (true, down("call timed out")),
+            Ok(Err(None)) => return Err(skipped()),
+            Ok(Err(Some(error))) => error,
+            Err(_) => down("call timed out"),
         };
         self.trip(&error);
-        Err(Failure { sent, error })
+        Err(Failure { error })
     }
 
     fn trip(&self, error: &Unavailable) {
@@ -605,10 +617,10 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// Removes `member` from the sorted set `key`, in the background: tried
-    /// again every `backoff_ms` while it fails (a master failing over), for
-    /// at most `lease_ms` (after which a lease has expired anyway).
-    pub(crate) fn forget(&self, key: String, member: String) {
+    /// Removes `member` of `key` with `command` (`HDEL`), in the
+    /// background: tried again every `backoff_ms` while it fails (a master
+    /// failing over), for at most `lease_ms` (after which it lapses anyway).
+    pub(crate) fn forget(&self, command: &'static str, key: String, member: String) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -619,7 +631,7 @@ impl RedisBackend {
                 let removed = backend.call(Route::FollowUp, until, |mut conn| {
                     let (key, member) = (&key, &member);
                     async move {
-                        redis::cmd("ZREM")
+                        redis::cmd(command)
                             .arg(key)
                             .arg(member)
                             .query_async::<i64>(&mut conn)
@@ -630,7 +642,7 @@ impl RedisBackend {
                     return;
                 };
                 if Instant::now() + backend.inner.backoff >= until {
-                    tracing::debug!(error = %failure.error, "could not remove a host lease; it expires");
+                    tracing::debug!(error = %failure.error, "could not give back a host share; it lapses");
                     return;
                 }
                 tokio::time::sleep(backend.inner.backoff).await;

@@ -167,6 +167,12 @@ impl RedisServer {
         .ok()
     }
 
+    /// Slots of host cap `key` held on Redis by every replica (see
+    /// [`slots_held`]).
+    pub async fn slots_held(&self, key: &str) -> u32 {
+        slots_held(self.command(&["HGETALL", key]).await)
+    }
+
     /// The keys matching `pattern`.
     pub async fn keys(&self, pattern: &str) -> Vec<String> {
         match self.command(&["KEYS", pattern]).await {
@@ -191,6 +197,28 @@ impl Drop for RedisServer {
         }
         self.kill();
     }
+}
+
+/// Slots of a host's cap held on Redis, from `HGETALL` of its hash: the sum
+/// of each replica's field `"<has> <wants> <expires>"` (lapsed ones included
+/// until a claim purges them). Panics on anything else, unreachable included.
+pub fn slots_held(reply: Option<redis::Value>) -> u32 {
+    let fields = match reply {
+        Some(redis::Value::Array(fields)) => fields,
+        Some(redis::Value::Map(pairs)) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        other => panic!("HGETALL of a host's hash: {other:?}"),
+    };
+    fields
+        .chunks(2)
+        .map(|pair| match &pair[1] {
+            redis::Value::BulkString(v) => {
+                let v = String::from_utf8_lossy(v);
+                let has = v.split(' ').next().unwrap_or_default();
+                has.parse::<u32>().expect("a field's slots")
+            }
+            other => panic!("a host field {other:?}"),
+        })
+        .sum()
 }
 
 /// Pends once, waking itself at once: what a read on a real socket does at

@@ -1,83 +1,130 @@
-//! Per-host caps held by the whole fleet: leased slots in a sorted set per
-//! host (see the module docs of [`redis`](super) for the deadline and token).
+//! Per-host caps held by the whole fleet, without a round trip per read.
+//!
+//! Each replica holds a share of every capped host's slots on Redis and hands
+//! it to its reads locally:
+//!
+//! - **On Redis**, a host is one hash (`<prefix>:host:<HOST:PORT>`) with one
+//!   field per replica: `"<has> <wants> <expires>"` — the slots it holds, its
+//!   demand (reads in flight and waiting) when it last reported, and when
+//!   the field lapses (`lease_ms` after that report; a crashed replica's
+//!   slots free up then). One script, `CLAIM`, is the only writer: a
+//!   replica reports what it has in use and what it wants, and Redis answers
+//!   what it may hold, never letting the fields' sum pass the cap.
+//! - **Allocation.** While every replica's demand fits under the cap, a
+//!   claim gets its demand plus spare slots: at most `lease_block`, and at
+//!   most half the room still free, so a newcomer always finds some. When
+//!   the demands do not fit (or another replica is short), the claim is
+//!   *busy*: it gets its fair share of the cap (water-filling over the
+//!   demands: nobody gets more than they want, the rest is split evenly,
+//!   rounded up — the cap still bounds the sum, so the first to claim gets
+//!   the odd slot) and no spare. A replica is never told to hold less than it has in use; it
+//!   just takes no new slot until its reads have come down under its share.
+//! - **Locally**, a [`Pool`] per host counts the slots allowed and in use.
+//!   A read takes one while fewer are in use than allowed — no network.
+//!   Otherwise it asks the pool's claimer (one task per host, so one claim at
+//!   a time and a cancelled read never loses a reply) and waits for the
+//!   claim, a slot coming back, or its own wait running out
+//!   (`HOST_SATURATED`).
+//! - **Refresh.** While a replica holds or wants anything of a host, its
+//!   claimer claims every `refresh_ms`: that renews the field, reports the
+//!   demand, and gives back what is no longer used (all spare after a period
+//!   without a new read; everything above the fair share when busy). While
+//!   busy, a slot that comes back is reported at once, so the replicas
+//!   waiting see it.
+//! - **Safety.** While a claim is in flight, the pool hands out no slot
+//!   beyond those in use when it was sent (the claim may shrink the
+//!   allowance to that), so Redis never holds less for a replica than it
+//!   has in flight. A claim is timed (`timed_script`): one that Redis runs
+//!   after its deadline does nothing. A claim with no answer leaves the
+//!   allowance at what was in use and invalid: slots are handed out again
+//!   only after a claim that succeeds — also after any other failed call of
+//!   the backend (a restarted Redis may have lost the hash) — and while the
+//!   breaker is open, `failure_mode` applies. An allowance is used only
+//!   within `2/3 lease_ms` of sending the claim that granted it, so Redis
+//!   still holds it then.
 
-use super::{down, Failure, Lua, RedisBackend, Route};
+use super::{down, Lua, RedisBackend};
 use crate::config::{FailureMode, HostConfig};
 use crate::error::{HostRefusal, Unavailable};
 use crate::hosts::{HostLimiter, HostSlot, LocalHostCaps};
 use futures::future::BoxFuture;
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-/// KEYS[1] the host's set; ARGV: holder, cap, lease (ms), deadline (µs on
-/// Redis's clock; 0: none). Returns {1 leased | 0 full | -1 past the deadline,
-/// nothing done; Redis time in µs}. Idempotent per holder: run again (a
-/// cluster client's retry after a lost reply), it finds its lease and
-/// answers leased.
-const ACQUIRE: &str = r#"
+/// KEYS[1] the host's hash; ARGV: holder, in use, wants, cap, block, lease
+/// (ms), deadline (µs on Redis's clock; 0: none). Returns {allowed, busy (1
+/// when some demand is not met), Redis time (µs)}, or {-1, 0, time} past the
+/// deadline, nothing done. Records the holder's field as {max(allowed, in
+/// use), wants} (none when both are 0). Running it twice answers the same.
+pub(super) const CLAIM: &str = r#"
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local deadline = tonumber(ARGV[4])
+local deadline = tonumber(ARGV[7])
 if deadline > 0 and now_us > deadline then
-  return {-1, now_us}
+  return {-1, 0, now_us}
 end
 local now = math.floor(now_us / 1000)
-local lease = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return {1, now_us}
+local holder = ARGV[1]
+local in_use, wants = tonumber(ARGV[2]), tonumber(ARGV[3])
+local cap, block, lease = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local fields = redis.call('HGETALL', KEYS[1])
+local others_has, short, demands = 0, 0, {wants}
+for i = 1, #fields, 2 do
+  local h, v = fields[i], fields[i + 1]
+  local has, want, expires = string.match(v, '^(%d+) (%d+) (%d+)$')
+  if not has or tonumber(expires) <= now then
+    redis.call('HDEL', KEYS[1], h)
+  elseif h ~= holder then
+    has, want = tonumber(has), tonumber(want)
+    others_has = others_has + has
+    if want > has then short = short + want - has end
+    demands[#demands + 1] = want
+  end
 end
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+local total = 0
+for _, d in ipairs(demands) do total = total + d end
+local free = cap - others_has
+local allowed, busy
+if short == 0 and total <= cap and wants <= free then
+  busy = 0
+  allowed = wants + math.min(block, math.floor(math.max(free - wants, 0) / 2))
+else
+  busy = 1
+  table.sort(demands)
+  local left, level = cap, cap
+  for i, d in ipairs(demands) do
+    local even = math.ceil(left / (#demands - i + 1))
+    if d > even then level = even break end
+    left = left - d
+  end
+  allowed = math.min(wants, level)
+end
+allowed = math.max(0, math.min(allowed, free))
+local has = math.max(allowed, in_use)
+if has == 0 and wants == 0 then
+  redis.call('HDEL', KEYS[1], holder)
+else
+  redis.call('HSET', KEYS[1], holder, has .. ' ' .. wants .. ' ' .. (now + lease))
   redis.call('PEXPIRE', KEYS[1], lease * 2)
-  return {1, now_us}
 end
-return {0, now_us}
+return {allowed, busy, now_us}
 "#;
 
-/// KEYS[1] the host's set; ARGV: holder, lease (ms). Extends the holder's
-/// lease if it is still there and unexpired (1), else does nothing (0): a
-/// removed or expired lease is never brought back.
-const RENEW: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease = tonumber(ARGV[2])
-local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not held or tonumber(held) <= now then
-  return 0
-end
-redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], lease * 2)
-return 1
-"#;
+/// The pause between claims that leave reads waiting: from this, doubling.
+const FIRST_PAUSE: Duration = Duration::from_millis(2);
+const LAST_PAUSE: Duration = Duration::from_millis(20);
 
-#[derive(Debug)]
-struct Scripts {
-    acquire: Lua,
-    renew: Lua,
-}
-
-/// What one acquire call found.
-#[derive(Debug, PartialEq, Eq)]
-enum Attempt {
-    Leased,
-    Full,
-    /// Redis ran it after its deadline: nothing taken.
-    Late,
-}
-
-/// Per-host caps held by the whole fleet: a local slot, then a cluster lease.
+/// Per-host caps held by the whole fleet: a local slot, then a slot of this
+/// replica's share on Redis.
 #[derive(Debug)]
 pub struct RedisHostCaps {
     local: LocalHostCaps,
-    configured: BTreeMap<String, HostConfig>,
     backend: RedisBackend,
-    scripts: Arc<Scripts>,
-    holder_prefix: String,
-    next_holder: AtomicU64,
+    /// One per `[hosts]` table.
+    pools: HashMap<String, Arc<Pool>>,
 }
 
 impl RedisHostCaps {
@@ -86,165 +133,265 @@ impl RedisHostCaps {
         // Unique per replica and restart: no clock involved.
         let nonce =
             std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), std::process::id());
+        let holder = format!("{}-{nonce:x}", std::process::id());
+        let script = Arc::new(Lua::new(CLAIM));
+        let pools = hosts
+            .iter()
+            .map(|(host, config)| {
+                let pool = Pool {
+                    backend: backend.clone(),
+                    script: script.clone(),
+                    key: backend.key("host", host),
+                    holder: holder.clone(),
+                    cap: config.max_concurrent,
+                    wait: config.acquire_wait(),
+                    state: Mutex::default(),
+                    wanted: Notify::new(),
+                    freed: Notify::new(),
+                    outcomes: watch::Sender::new(Ok(())),
+                    claimer: OnceLock::new(),
+                };
+                (host.clone(), Arc::new(pool))
+            })
+            .collect();
         Self {
-            local: LocalHostCaps::new(hosts.clone()),
-            configured: hosts,
+            local: LocalHostCaps::new(hosts),
             backend,
-            scripts: Arc::new(Scripts {
-                acquire: Lua::new(ACQUIRE),
-                renew: Lua::new(RENEW),
-            }),
-            holder_prefix: format!("{}-{nonce:x}", std::process::id()),
-            next_holder: AtomicU64::new(0),
+            pools,
         }
     }
 
-    /// One acquire call for `holder`, with a deadline `timeout_ms` from now.
-    async fn attempt(&self, key: &str, holder: &str, cap: u32) -> Result<Attempt, Failure> {
-        let lease_ms = self.backend.inner.lease.as_millis() as i64;
-        let args = [i64::from(cap), lease_ms];
-        let (got, _now_us): (i64, i64) = self
-            .backend
-            .timed_script(&self.scripts.acquire, key, Some(holder), &args)
-            .await?;
-        Ok(match got {
-            1 => Attempt::Leased,
-            0 => Attempt::Full,
-            _ => Attempt::Late,
+    /// Slots this replica holds of `host`'s cap on Redis, and of those, in
+    /// use by its reads (for tests and docs).
+    pub fn held(&self, host: &str) -> (u32, u32) {
+        self.pools.get(host).map_or((0, 0), |pool| {
+            let state = pool.lock();
+            (state.allowed, state.in_use)
         })
     }
+}
 
-    /// Takes one cluster lease for `host` without renewal or release (what a
-    /// replica that then crashes leaves behind). Used by tests.
-    #[cfg(test)]
-    pub(crate) async fn lease_once(
-        &self,
-        host: &str,
-        holder: &str,
-        cap: u32,
-    ) -> Result<bool, Unavailable> {
-        let key = self.backend.key("host", host);
-        match self.attempt(&key, holder, cap).await? {
-            Attempt::Leased => Ok(true),
-            Attempt::Full => Ok(false),
-            Attempt::Late => Err(down("the acquire ran after its deadline")),
-        }
-    }
-
-    async fn cluster_lease(
-        &self,
-        host: &str,
-        config: &HostConfig,
-        wait: Duration,
-    ) -> Result<Option<Lease>, Unavailable> {
-        let holder = format!(
-            "{}-{}",
-            self.holder_prefix,
-            self.next_holder.fetch_add(1, Relaxed)
-        );
-        let mut token = Token {
-            backend: self.backend.clone(),
-            key: self.backend.key("host", host),
-            holder,
-            armed: false,
-        };
-        let give_up = Instant::now() + wait;
-        let mut pause = Duration::from_millis(2);
-        loop {
-            // From here until an answer, Redis may run this acquire: if this
-            // future is dropped (cancelled), the token undoes it.
-            token.armed = true;
-            let attempt = self
-                .attempt(&token.key, &token.holder, config.max_concurrent)
-                .await;
-            token.armed = matches!(
-                &attempt,
-                Ok(Attempt::Leased) | Err(Failure { sent: true, .. })
-            );
-            match attempt {
-                Ok(Attempt::Leased) => return Ok(Some(Lease::start(token, self.scripts.clone()))),
-                Ok(Attempt::Full) => {}
-                Ok(Attempt::Late) => return Err(down("the acquire ran after its deadline")),
-                // A token still armed removes what a late run may add.
-                Err(failure) => return Err(failure.error),
+impl Drop for RedisHostCaps {
+    fn drop(&mut self) {
+        for pool in self.pools.values() {
+            if let Some(claimer) = pool.claimer.get() {
+                claimer.abort();
+                // What it held frees now rather than after `lease_ms`.
+                self.backend
+                    .forget("HDEL", pool.key.clone(), pool.holder.clone());
             }
-            if Instant::now() + pause > give_up {
-                return Ok(None);
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(20));
         }
     }
 }
 
-/// A member of a host's set that this replica may have added: dropped while
-/// armed, it is removed (`ZREM`, in the background, bounded).
-struct Token {
+/// One host's share held by this replica.
+#[derive(Debug, Default)]
+struct State {
+    /// Slots Redis holds for this replica (at least those in use), while
+    /// `valid_until`.
+    allowed: u32,
+    in_use: u32,
+    /// Reads waiting for a slot.
+    waiting: u32,
+    /// While a claim is in flight: the slots in use when it was sent, the
+    /// most that may be in use until it is answered.
+    in_flight: Option<u32>,
+    /// Until when `allowed` may be handed out, and the backend's failure
+    /// count then (any failed call since voids it).
+    valid_until: Option<(Instant, u64)>,
+    /// The last claim found demand not met.
+    busy: bool,
+    /// Redis may hold a field for this replica: refresh it.
+    recorded: bool,
+    /// A slot was taken since the last claim.
+    used: bool,
+}
+
+#[derive(Debug)]
+struct Pool {
     backend: RedisBackend,
+    script: Arc<Lua>,
     key: String,
     holder: String,
-    armed: bool,
+    cap: u32,
+    /// `acquire_wait_ms`.
+    wait: Duration,
+    state: Mutex<State>,
+    /// A read needs a claim.
+    wanted: Notify,
+    /// A slot came back.
+    freed: Notify,
+    /// Each claim's outcome.
+    outcomes: watch::Sender<Result<(), Unavailable>>,
+    claimer: OnceLock<tokio::task::AbortHandle>,
 }
 
-impl Drop for Token {
+/// A slot of a pool: back to it when dropped.
+struct Slot(Arc<Pool>);
+
+impl Drop for Slot {
     fn drop(&mut self) {
-        if self.armed {
-            let key = std::mem::take(&mut self.key);
-            let holder = std::mem::take(&mut self.holder);
-            self.backend.forget(key, holder);
+        let busy = {
+            let mut state = self.0.lock();
+            state.in_use -= 1;
+            state.busy
+        };
+        self.0.freed.notify_waiters();
+        if busy {
+            // Others are short: report it now, not at the next refresh.
+            self.0.wanted.notify_one();
         }
     }
 }
 
-/// A held cluster lease: renewed while held, released (its token) when dropped.
-struct Lease {
-    renewal: tokio::task::JoinHandle<()>,
-    _token: Token,
+/// A read waiting on a pool, counted in its demand.
+struct Waiting<'a>(&'a Pool);
+
+impl<'a> Waiting<'a> {
+    fn new(pool: &'a Pool) -> Self {
+        pool.lock().waiting += 1;
+        Self(pool)
+    }
 }
 
-impl Lease {
-    fn start(token: Token, scripts: Arc<Scripts>) -> Self {
-        let backend = token.backend.clone();
-        let (key, holder) = (token.key.clone(), token.holder.clone());
-        let lease = backend.inner.lease;
-        let renewal = tokio::spawn(async move {
-            let lease_ms = lease.as_millis() as i64;
-            loop {
-                tokio::time::sleep(lease / 3).await;
-                let deadline = backend.local_deadline();
-                let renewed = backend
-                    .script::<i64>(
-                        Route::FollowUp,
-                        deadline,
-                        &scripts.renew,
-                        &key,
-                        Some(&holder),
-                        &[lease_ms],
-                    )
-                    .await;
-                match renewed {
-                    Ok(1) => {}
-                    Ok(_) => {
-                        tracing::warn!(key, "a host lease expired while its read was in flight");
-                        return;
-                    }
-                    Err(failure) => {
-                        tracing::debug!(error = %failure.error, "could not renew a host lease")
-                    }
-                }
-            }
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.lock().waiting -= 1;
+    }
+}
+
+impl Pool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot of the allowance, if one is free and valid: no network.
+    fn take(self: &Arc<Self>) -> Option<Slot> {
+        let mut state = self.lock();
+        let limit = state
+            .in_flight
+            .map_or(state.allowed, |n| n.min(state.allowed));
+        let valid = state.valid_until.is_some_and(|(until, failures)| {
+            Instant::now() < until && failures == self.backend.failed_calls()
         });
-        Self {
-            renewal,
-            _token: token,
+        if !valid || state.in_use >= limit {
+            return None;
+        }
+        state.in_use += 1;
+        state.used = true;
+        Some(Slot(self.clone()))
+    }
+
+    /// A slot within `give_up`: `Ok(None)` when none came free in time,
+    /// `Err` when Redis could not be asked.
+    async fn slot(self: &Arc<Self>, give_up: Instant) -> Result<Option<Slot>, Unavailable> {
+        if let Some(slot) = self.take() {
+            return Ok(Some(slot));
+        }
+        self.claimer.get_or_init(|| {
+            let refresh = self.backend.inner.refresh;
+            tokio::spawn(claims(self.clone(), refresh)).abort_handle()
+        });
+        let mut outcomes = self.outcomes.subscribe();
+        let _waiting = Waiting::new(self);
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(slot) = self.take() {
+                return Ok(Some(slot));
+            }
+            if self.backend.is_open() {
+                return Err(down("skipped after a failed call (backoff)"));
+            }
+            self.wanted.notify_one();
+            tokio::select! {
+                changed = outcomes.changed() => {
+                    changed.map_err(|_| down("the claimer stopped"))?;
+                    outcomes.borrow_and_update().clone()?;
+                }
+                () = &mut freed => {}
+                () = tokio::time::sleep_until(give_up) => return Ok(None),
+            }
+        }
+    }
+
+    /// One claim: reports what is in use and wanted, applies the answer.
+    async fn claim(&self) -> Result<(), Unavailable> {
+        let backend = &self.backend;
+        let (in_use, wants, block) = {
+            let mut state = self.lock();
+            state.in_flight = Some(state.in_use);
+            let wants = state.in_use + state.waiting;
+            // Spare only while reads come: idle for a period, it goes back.
+            let block = if state.used || state.waiting > 0 {
+                backend.inner.block
+            } else {
+                0
+            };
+            state.used = false;
+            (state.in_use, wants, block)
+        };
+        let (sent, failures) = (Instant::now(), backend.failed_calls());
+        let lease_ms = backend.inner.lease.as_millis() as i64;
+        let args = [
+            i64::from(in_use),
+            i64::from(wants),
+            i64::from(self.cap),
+            i64::from(block),
+            lease_ms,
+        ];
+        let reply = backend
+            .timed_script::<(i64, i64, i64)>(&self.script, &self.key, Some(&self.holder), &args)
+            .await;
+        let mut state = self.lock();
+        state.in_flight = None;
+        let granted = match reply {
+            Ok((allowed, busy, _)) if allowed >= 0 => Ok((allowed as u32, busy == 1)),
+            Ok(_) => Err(down("the claim ran after its deadline")),
+            Err(failure) => Err(failure.error),
+        };
+        match granted {
+            Ok((allowed, busy)) => {
+                state.allowed = allowed.max(in_use);
+                state.valid_until = Some((sent + backend.inner.lease * 2 / 3, failures));
+                state.busy = busy;
+                state.recorded = state.allowed > 0 || wants > 0;
+                Ok(())
+            }
+            Err(error) => {
+                // Redis holds at least what was in use, or nothing changed.
+                state.allowed = state.allowed.min(in_use);
+                state.valid_until = None;
+                state.recorded = true;
+                Err(error)
+            }
         }
     }
 }
 
-impl Drop for Lease {
-    fn drop(&mut self) {
-        // Renewal stops first; the token's release follows it on the connection.
-        self.renewal.abort();
+/// A pool's claimer: a claim when a read asks (paced while claims leave
+/// reads waiting), and every `refresh` while Redis may hold anything.
+async fn claims(pool: Arc<Pool>, refresh: Duration) {
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let recorded = pool.lock().recorded;
+        tokio::select! {
+            () = pool.wanted.notified() => {}
+            () = tokio::time::sleep(refresh), if recorded => {}
+        }
+        let outcome = pool.claim().await;
+        let short = {
+            let state = pool.lock();
+            state.waiting > 0 && state.in_use >= state.allowed
+        };
+        let _previous = pool.outcomes.send_replace(outcome);
+        if short {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(LAST_PAUSE);
+        } else {
+            pause = FIRST_PAUSE;
+        }
     }
 }
 
@@ -257,17 +404,13 @@ impl HostLimiter for RedisHostCaps {
         Box::pin(async move {
             let started = Instant::now();
             let local = self.local.acquire(host, time_left).await?;
-            let Some(config) = self.configured.get(host) else {
+            let Some(pool) = self.pools.get(host) else {
                 return Ok(local);
             };
-            let wait = config
-                .acquire_wait()
-                .min(time_left)
-                .saturating_sub(started.elapsed());
-            match self.cluster_lease(host, config, wait).await {
-                Ok(Some(lease)) => Ok(local.join(HostSlot::new(lease))),
+            match pool.slot(started + pool.wait.min(time_left)).await {
+                Ok(Some(slot)) => Ok(local.join(HostSlot::new(slot))),
                 Ok(None) => Err(HostRefusal::Saturated {
-                    max_concurrent: config.max_concurrent,
+                    max_concurrent: pool.cap,
                 }),
                 Err(err) => match self.backend.failure_mode() {
                     FailureMode::Open => {
@@ -290,171 +433,4 @@ impl HostLimiter for RedisHostCaps {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::RedisConfig;
-    use fanout_testkit::RedisServer;
-
-    async fn redis_time_us(redis: &RedisServer) -> i64 {
-        let Some(redis::Value::Array(parts)) = redis.command(&["TIME"]).await else {
-            panic!("TIME");
-        };
-        let parts: Vec<i64> = parts
-            .into_iter()
-            .map(|p| match p {
-                redis::Value::BulkString(b) => String::from_utf8(b).unwrap().parse().unwrap(),
-                other => panic!("TIME part {other:?}"),
-            })
-            .collect();
-        parts[0] * 1_000_000 + parts[1]
-    }
-
-    async fn zcard(redis: &RedisServer, key: &str) -> Option<redis::Value> {
-        redis.command(&["ZCARD", key]).await
-    }
-
-    /// A server, caps on it (call timeout 1 s, lease 30 s) and the key of
-    /// host `h:1`; `None` without `redis-server`.
-    async fn setup() -> Option<(RedisServer, RedisHostCaps, String)> {
-        let redis = RedisServer::start().await?;
-        let config = RedisConfig {
-            url: redis.url(),
-            timeout_ms: 1_000,
-            lease_ms: 30_000,
-            ..RedisConfig::default()
-        };
-        let caps = RedisHostCaps::new(BTreeMap::new(), RedisBackend::new(&config).unwrap());
-        let key = caps.backend.key("host", "h:1");
-        Some((redis, caps, key))
-    }
-
-    /// The deadline a call on `key` made now would carry, on Redis's clock.
-    fn redis_deadline(caps: &RedisHostCaps, key: &str) -> i64 {
-        let backend = &caps.backend;
-        backend.redis_deadline(key, backend.local_deadline())
-    }
-
-    /// Runs ACQUIRE for `holder` (cap 4) with `deadline_us` on Redis's clock.
-    async fn acquire(caps: &RedisHostCaps, key: &str, holder: &str, deadline_us: i64) -> i64 {
-        let local = Instant::now() + Duration::from_secs(5);
-        let args = [4, 30_000, deadline_us];
-        let script = &caps.scripts.acquire;
-        let call = caps
-            .backend
-            .script(Route::Call, local, script, key, Some(holder), &args);
-        let (got, _now): (i64, i64) = call.await.ok().expect("redis answers");
-        got
-    }
-
-    #[tokio::test]
-    async fn an_acquire_run_after_its_deadline_takes_no_slot() {
-        let Some((redis, caps, key)) = setup().await else {
-            return;
-        };
-        // What a call queued behind a hung Redis finds when it finally runs:
-        // its deadline, on Redis's own clock, is past.
-        let now = redis_time_us(&redis).await;
-        assert_eq!(acquire(&caps, &key, "late", now - 1).await, -1);
-        assert_eq!(zcard(&redis, &key).await, Some(redis::Value::Int(0)));
-        assert_eq!(acquire(&caps, &key, "in-time", now + 60_000_000).await, 1);
-        assert_eq!(acquire(&caps, &key, "no-deadline", 0).await, 1);
-        assert_eq!(zcard(&redis, &key).await, Some(redis::Value::Int(2)));
-    }
-
-    #[tokio::test]
-    async fn the_deadline_is_on_redis_clock_and_never_later_than_the_callers() {
-        let Some((redis, caps, key)) = setup().await else {
-            return;
-        };
-        assert_eq!(
-            redis_deadline(&caps, &key),
-            0,
-            "no deadline before Redis answered"
-        );
-        assert!(caps.lease_once("h:1", "first", 4).await.unwrap());
-        for _ in 0..20 {
-            let before = redis_time_us(&redis).await;
-            let deadline = redis_deadline(&caps, &key);
-            let after = redis_time_us(&redis).await;
-            // At most `timeout_ms` after Redis's now; early by the error of
-            // the learned offset only (generously: half the timeout).
-            assert!(deadline <= after + 1_000_000, "{deadline} vs {after}");
-            assert!(deadline >= before + 500_000, "{deadline} vs {before}");
-        }
-    }
-
-    #[tokio::test]
-    async fn an_acquire_run_twice_takes_one_slot() {
-        let Some((redis, caps, key)) = setup().await else {
-            return;
-        };
-        for holder in ["a", "b", "c", "d"] {
-            assert_eq!(acquire(&caps, &key, holder, 0).await, 1);
-        }
-        // What a cluster client's retry after a lost reply does: the same
-        // holder again, with the set full. It holds its slot, no other.
-        assert_eq!(acquire(&caps, &key, "a", 0).await, 1);
-        assert_eq!(zcard(&redis, &key).await, Some(redis::Value::Int(4)));
-        assert_eq!(acquire(&caps, &key, "e", 0).await, 0);
-    }
-
-    #[tokio::test]
-    async fn a_late_answer_from_a_wrong_offset_is_sent_again() {
-        let Some((redis, caps, key)) = setup().await else {
-            return;
-        };
-        // As if the key's slot had moved to a master whose clock is 10 s
-        // ahead of the one the offset was learned from: the deadline sent is
-        // long past on the new clock, so the script answers "late"; the
-        // answer arrives in time, so the acquire is sent again, corrected.
-        let now = redis_time_us(&redis).await;
-        caps.backend.observe(Some(&key), now - 10_000_000);
-        assert!(redis_deadline(&caps, &key) < now);
-        assert!(caps.lease_once("h:1", "moved", 4).await.unwrap());
-        assert_eq!(zcard(&redis, &key).await, Some(redis::Value::Int(1)));
-        assert!(
-            redis_deadline(&caps, &key) > now,
-            "the offset was corrected"
-        );
-    }
-
-    #[tokio::test]
-    async fn renewal_never_brings_a_lease_back() {
-        let Some((redis, caps, key)) = setup().await else {
-            return;
-        };
-        let renew = async |holder: &str| {
-            let local = Instant::now() + Duration::from_secs(5);
-            let script = &caps.scripts.renew;
-            let call = caps.backend.script::<i64>(
-                Route::FollowUp,
-                local,
-                script,
-                &key,
-                Some(holder),
-                &[30_000],
-            );
-            call.await.ok().expect("redis answers")
-        };
-        let score = async |holder: &str| redis.command(&["ZSCORE", &key, holder]).await;
-        assert_eq!(acquire(&caps, &key, "held", 0).await, 1);
-        let expired_ms = (redis_time_us(&redis).await / 1000 - 1_000).to_string();
-        redis
-            .command(&["ZADD", &key, &expired_ms, "expired"])
-            .await
-            .unwrap();
-        let held = score("held").await;
-        assert_eq!(renew("held").await, 1, "a held lease is renewed");
-        assert_ne!(score("held").await, held, "and extended");
-        assert_eq!(renew("expired").await, 0, "an expired lease is not renewed");
-        assert_eq!(
-            score("expired").await,
-            Some(redis::Value::BulkString(expired_ms.into()))
-        );
-        assert_eq!(renew("released").await, 0, "nor one never taken or removed");
-        assert_eq!(score("released").await, Some(redis::Value::Nil));
-        redis.command(&["ZREM", &key, "held"]).await.unwrap();
-        assert_eq!(renew("held").await, 0);
-        assert_eq!(zcard(&redis, &key).await, Some(redis::Value::Int(1)));
-    }
-}
+mod tests;

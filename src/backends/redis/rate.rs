@@ -1,39 +1,122 @@
-//! The per-IP limit on Redis: GCRA in one Lua script per check, time from
-//! Redis `TIME` (see the module docs of [`redis`](super)).
+//! The per-IP limit on Redis: GCRA in one Lua script, time from Redis
+//! `TIME` (see the module docs of [`redis`](super)), with admissions taken
+//! a few at a time.
+//!
+//! A replica that sees a client often takes several of its admissions in one
+//! call — as many as that client sent it in the last 100 ms, at most
+//! `lease_block`, and at most half of what the client has left — and hands
+//! them to the next requests locally for up to a second. They are charged on
+//! Redis when taken, so over time the fleet admits no more than the limit;
+//! an admission taken ahead is used up to a second after it was charged, so
+//! over a short window the fleet may admit what replicas took ahead on top
+//! of the quota. Taking at most half of what is left keeps that small where
+//! it matters, near the limit: as a client's quota runs out, the takes
+//! shrink to one. What a replica took and did not use goes back with its
+//! next call for that client (the script moves the client's TAT back);
+//! until then the client finds the fleet that much stricter. A refusal is
+//! kept until the time Redis said the next admission comes, so a client
+//! over its limit costs one call per admission, not one per request.
+//! Requests from one client wait for the one call in flight for it.
 
 use super::{down, Lua, RedisBackend};
 use crate::error::Unavailable;
 use crate::limiter::{Decision, InboundLimiter};
+use dashmap::DashMap;
 use futures::future::BoxFuture;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
-/// GCRA: KEYS[1] the key; ARGV[1] emission interval (µs), ARGV[2] burst,
-/// ARGV[3] deadline (µs on Redis's clock; 0: none).
-/// Returns {allowed, remaining, wait_us, now_us}: for an admitted request, the
-/// time until the quota is whole again; for a refused one, until the next
-/// admission; allowed = -1, nothing charged, past the deadline.
+/// GCRA for up to `want` admissions at once, at most half (rounded up) of
+/// those the client has left: KEYS[1] the key; ARGV[1]
+/// emission interval (µs), ARGV[2] burst, ARGV[3] want, ARGV[4] refund
+/// (admissions taken earlier and not used, given back first), ARGV[5]
+/// deadline (µs on Redis's clock; 0: none). Returns {granted, remaining,
+/// wait_us, now_us}: with granted > 0, the admissions that would still be
+/// granted and the time until the quota is whole again; with 0, refused, the
+/// time until the next admission; -1: past the deadline, nothing done.
 const GCRA: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local deadline = tonumber(ARGV[3])
+local deadline = tonumber(ARGV[5])
 if deadline > 0 and now > deadline then
   return {-1, 0, 0, now}
 end
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
+local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local want, refund = tonumber(ARGV[3]), tonumber(ARGV[4])
 local tolerance = interval * (burst - 1)
-local tat = tonumber(redis.call('GET', KEYS[1]) or now)
+local tat = tonumber(redis.call('GET', KEYS[1]) or now) - refund * interval
 if tat < now then tat = now end
-if now < tat - tolerance then
+local fit = math.floor((now + tolerance - tat) / interval) + 1
+local granted = math.max(0, math.min(want, math.ceil(fit / 2)))
+local new_tat = tat + granted * interval
+if new_tat > now then
+  redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000) + 1)
+else
+  redis.call('DEL', KEYS[1])
+end
+if granted == 0 then
   return {0, 0, tat - tolerance - now, now}
 end
-local new_tat = tat + interval
-redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000) + 1)
-local remaining = math.floor((now + tolerance - (new_tat - interval)) / interval)
-return {1, remaining, new_tat - now, now}
+return {granted, fit - granted, new_tat - now, now}
 "#;
+
+/// How long admissions taken ahead stay usable.
+const HOLD: Duration = Duration::from_secs(1);
+/// The window over which a client's requests to this replica are counted,
+/// to size the next take.
+const WINDOW: Duration = Duration::from_millis(100);
+/// Checks between two sweeps of clients not seen for a while.
+const SWEEP_EVERY: u64 = 4096;
+
+/// One client as this replica knows it.
+#[derive(Debug)]
+struct Stock {
+    /// Admissions charged on Redis and not used yet, usable until `until`.
+    left: u32,
+    until: Instant,
+    /// From the last answer: admissions remaining then, and when the quota
+    /// is whole again.
+    remaining: u32,
+    whole_at: Instant,
+    /// Refused on Redis until then.
+    refused_until: Instant,
+    /// Requests in the current window, and in the one before.
+    window_start: Instant,
+    seen: u32,
+    seen_before: u32,
+}
+
+impl Stock {
+    fn new(now: Instant) -> Self {
+        Self {
+            left: 0,
+            until: now,
+            remaining: 0,
+            whole_at: now,
+            refused_until: now,
+            window_start: now,
+            seen: 0,
+            seen_before: 0,
+        }
+    }
+
+    /// Counts a request; the admissions to take next: as many as came in a
+    /// window lately, at least 1, at most `block`.
+    fn count(&mut self, now: Instant, block: u32) -> u32 {
+        if now >= self.window_start + WINDOW {
+            let whole = now < self.window_start + 2 * WINDOW;
+            self.seen_before = if whole { self.seen } else { 0 };
+            self.seen = 0;
+            self.window_start = now;
+        }
+        self.seen += 1;
+        self.seen.max(self.seen_before).clamp(1, block.max(1))
+    }
+}
 
 /// The per-IP limit on Redis.
 #[derive(Debug)]
@@ -42,6 +125,8 @@ pub struct RedisRateLimiter {
     script: Lua,
     interval_us: i64,
     burst: i64,
+    clients: DashMap<IpAddr, Arc<tokio::sync::Mutex<Stock>>>,
+    checks: AtomicU64,
 }
 
 impl RedisRateLimiter {
@@ -52,26 +137,84 @@ impl RedisRateLimiter {
             script: Lua::new(GCRA),
             interval_us: 60_000_000 / i64::from(requests_per_minute.get()),
             burst: i64::from(requests_per_minute.get()),
+            clients: DashMap::new(),
+            checks: AtomicU64::new(0),
         }
+    }
+
+    /// Forgets clients with nothing taken ahead and no refusal pending.
+    fn sweep(&self, now: Instant) {
+        self.clients.retain(|_, stock| {
+            stock.try_lock().map_or(true, |s| {
+                now < s.until + HOLD || now < s.refused_until || now < s.window_start + WINDOW
+            })
+        });
+    }
+
+    /// Clients this replica keeps state for (for tests and docs).
+    pub fn clients(&self) -> usize {
+        self.clients.len()
     }
 }
 
 impl InboundLimiter for RedisRateLimiter {
-    fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
+    fn check(&self, client: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
         Box::pin(async move {
-            let key = self.backend.key("ip", &key.to_string());
-            let args = [self.interval_us, self.burst];
-            let (allowed, remaining, wait_us, _now_us): (i64, i64, i64, i64) = self
+            let now = Instant::now();
+            if self.checks.fetch_add(1, Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+                self.sweep(now);
+            }
+            let stock = self
+                .clients
+                .entry(client)
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Stock::new(now))))
+                .clone();
+            // Requests of one client wait here for the call in flight for it.
+            let mut s = stock.lock().await;
+            let now = Instant::now();
+            let want = s.count(now, self.backend.inner.block);
+            if now < s.refused_until {
+                return Ok(Decision::Deny {
+                    retry_after: s.refused_until - now,
+                });
+            }
+            if s.left > 0 && now < s.until {
+                s.left -= 1;
+                return Ok(Decision::Allow {
+                    remaining: s.remaining + s.left,
+                    reset: s.whole_at.saturating_duration_since(now),
+                });
+            }
+            // Taken ahead and not used in time: given back with this call.
+            let refund = std::mem::take(&mut s.left);
+            let key = self.backend.key("ip", &client.to_string());
+            let args = [
+                self.interval_us,
+                self.burst,
+                i64::from(want),
+                i64::from(refund),
+            ];
+            let (granted, remaining, wait_us, _now_us): (i64, i64, i64, i64) = self
                 .backend
                 .timed_script(&self.script, &key, None, &args)
                 .await?;
+            let now = Instant::now();
             let wait = Duration::from_micros(wait_us.max(0) as u64);
-            Ok(match allowed {
-                1 => Decision::Allow {
-                    remaining: remaining.max(0) as u32,
-                    reset: wait,
-                },
-                0 => Decision::Deny { retry_after: wait },
+            Ok(match granted {
+                1.. => {
+                    s.left = granted as u32 - 1;
+                    s.until = now + HOLD;
+                    s.remaining = remaining.max(0) as u32;
+                    s.whole_at = now + wait;
+                    Decision::Allow {
+                        remaining: s.remaining + s.left,
+                        reset: wait,
+                    }
+                }
+                0 => {
+                    s.refused_until = now + wait;
+                    Decision::Deny { retry_after: wait }
+                }
                 _ => return Err(down("the check ran after its deadline")),
             })
         })

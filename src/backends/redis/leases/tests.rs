@@ -1,0 +1,211 @@
+//! The claim script and the pools on a real `redis-server` (each test skips
+//! without one).
+
+use super::*;
+use crate::backends::redis::Route;
+use crate::config::RedisConfig;
+use fanout_testkit::RedisServer;
+
+const HOST: &str = "h:1";
+
+async fn redis_time_us(redis: &RedisServer) -> i64 {
+    let Some(redis::Value::Array(parts)) = redis.command(&["TIME"]).await else {
+        panic!("TIME");
+    };
+    let parts: Vec<i64> = parts
+        .into_iter()
+        .map(|p| match p {
+            redis::Value::BulkString(b) => String::from_utf8(b).unwrap().parse().unwrap(),
+            other => panic!("TIME part {other:?}"),
+        })
+        .collect();
+    parts[0] * 1_000_000 + parts[1]
+}
+
+/// Slots held on Redis for `key`: the sum of its fields' `has`.
+async fn held(redis: &RedisServer, key: &str) -> u32 {
+    redis.slots_held(key).await
+}
+
+fn config(redis: &RedisServer) -> RedisConfig {
+    RedisConfig {
+        url: redis.url(),
+        timeout_ms: 1_000,
+        lease_ms: 30_000,
+        ..RedisConfig::default()
+    }
+}
+
+/// Caps on `redis` for host `h:1` with `cap` and `config`.
+fn caps(config: &RedisConfig, cap: u32) -> RedisHostCaps {
+    let host = HostConfig {
+        max_concurrent: cap,
+        acquire_wait_ms: 200,
+        ..Default::default()
+    };
+    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
+    RedisHostCaps::new(hosts, RedisBackend::new(config).unwrap())
+}
+
+/// A server and a backend on it; `None` without `redis-server`.
+async fn setup() -> Option<(RedisServer, RedisBackend, String)> {
+    let redis = RedisServer::start().await?;
+    let backend = RedisBackend::new(&config(&redis)).unwrap();
+    let key = backend.key("host", HOST);
+    Some((redis, backend, key))
+}
+
+/// Runs CLAIM for `holder`: {allowed, busy}; `deadline_us` on Redis's clock.
+async fn claim(
+    backend: &RedisBackend,
+    key: &str,
+    holder: &str,
+    [in_use, wants, cap, block]: [i64; 4],
+    deadline_us: i64,
+) -> (i64, i64) {
+    let local = Instant::now() + Duration::from_secs(5);
+    let args = [in_use, wants, cap, block, 30_000, deadline_us];
+    let script = Lua::new(CLAIM);
+    let call = backend.script(Route::Call, local, &script, key, Some(holder), &args);
+    let (allowed, busy, _now): (i64, i64, i64) = call.await.ok().expect("redis answers");
+    (allowed, busy)
+}
+
+#[tokio::test]
+async fn a_claim_run_after_its_deadline_does_nothing() {
+    let Some((redis, backend, key)) = setup().await else {
+        return;
+    };
+    // What a call queued behind a hung Redis finds when it finally runs:
+    // its deadline, on Redis's own clock, is past.
+    let now = redis_time_us(&redis).await;
+    assert_eq!(
+        claim(&backend, &key, "late", [0, 1, 4, 0], now - 1).await.0,
+        -1
+    );
+    assert_eq!(held(&redis, &key).await, 0);
+    let in_time = now + 60_000_000;
+    assert_eq!(claim(&backend, &key, "a", [0, 1, 4, 0], in_time).await.0, 1);
+    assert_eq!(claim(&backend, &key, "b", [0, 1, 4, 0], 0).await.0, 1);
+    assert_eq!(held(&redis, &key).await, 2);
+}
+
+#[tokio::test]
+async fn the_deadline_is_on_redis_clock_and_never_later_than_the_callers() {
+    let Some((redis, backend, key)) = setup().await else {
+        return;
+    };
+    let deadline = || backend.redis_deadline(&key, backend.local_deadline());
+    assert_eq!(deadline(), 0, "no deadline before Redis answered");
+    let caps = caps(&config(&redis), 4);
+    drop(caps.acquire(HOST, Duration::from_secs(1)).await.unwrap());
+    let backend = &caps.backend;
+    for _ in 0..20 {
+        let before = redis_time_us(&redis).await;
+        let deadline = backend.redis_deadline(&key, backend.local_deadline());
+        let after = redis_time_us(&redis).await;
+        // At most `timeout_ms` after Redis's now; early by the error of
+        // the learned offset only (generously: half the timeout).
+        assert!(deadline <= after + 1_000_000, "{deadline} vs {after}");
+        assert!(deadline >= before + 500_000, "{deadline} vs {before}");
+    }
+}
+
+#[tokio::test]
+async fn a_late_answer_from_a_wrong_offset_is_sent_again() {
+    let Some((redis, _, key)) = setup().await else {
+        return;
+    };
+    // As if the key's slot had moved to a master whose clock is 10 s
+    // ahead of the one the offset was learned from: the deadline sent is
+    // long past on the new clock, so the script answers "late"; the
+    // answer arrives in time, so the claim is sent once more, corrected.
+    let caps = caps(&config(&redis), 4);
+    let now = redis_time_us(&redis).await;
+    caps.backend.observe(Some(&key), now - 10_000_000);
+    assert!(
+        caps.backend
+            .redis_deadline(&key, caps.backend.local_deadline())
+            < now
+    );
+    let slot = caps.acquire(HOST, Duration::from_secs(1)).await.unwrap();
+    assert!(held(&redis, &key).await >= 1);
+    let deadline = caps
+        .backend
+        .redis_deadline(&key, caps.backend.local_deadline());
+    assert!(deadline > now, "the offset was corrected");
+    drop(slot);
+}
+
+#[tokio::test]
+async fn claims_never_allow_more_than_the_cap_and_share_it_fairly() {
+    let Some((redis, backend, key)) = setup().await else {
+        return;
+    };
+    // Alone: its demand, plus spare (at most the block, at most half the
+    // room left).
+    assert_eq!(claim(&backend, &key, "a", [0, 1, 10, 8], 0).await, (5, 0));
+    assert_eq!(held(&redis, &key).await, 5);
+    // A second replica finds the other half, less its own spare's half.
+    assert_eq!(claim(&backend, &key, "b", [0, 1, 10, 8], 0).await, (3, 0));
+    assert_eq!(held(&redis, &key).await, 8);
+    // Demand beyond what is free: only what is free, busy.
+    assert_eq!(claim(&backend, &key, "b", [3, 9, 10, 8], 0).await, (5, 1));
+    assert_eq!(held(&redis, &key).await, 10);
+    // "a" now learns that "b" is short: its share of 10 between demands
+    // 1 and 9 is its own 1, no spare; it still holds what it has in use.
+    assert_eq!(claim(&backend, &key, "a", [4, 1, 10, 8], 0).await, (1, 1));
+    assert_eq!(held(&redis, &key).await, 4 + 5);
+    assert_eq!(claim(&backend, &key, "a", [1, 1, 10, 8], 0).await, (1, 1));
+    // Now "b" gets its demand: 9 of the 10, which fits (no spare: no room).
+    assert_eq!(claim(&backend, &key, "b", [5, 9, 10, 8], 0).await, (9, 0));
+    assert_eq!(held(&redis, &key).await, 10);
+    // Even split when both want everything.
+    assert_eq!(claim(&backend, &key, "a", [1, 10, 10, 8], 0).await, (1, 1));
+    assert_eq!(claim(&backend, &key, "b", [9, 10, 10, 8], 0).await, (5, 1));
+    // "b" keeps its 9 in flight until they end; then "a" gets its half.
+    assert_eq!(held(&redis, &key).await, 1 + 9);
+    assert_eq!(claim(&backend, &key, "b", [5, 10, 10, 8], 0).await, (5, 1));
+    assert_eq!(claim(&backend, &key, "a", [1, 10, 10, 8], 0).await, (5, 1));
+    assert_eq!(held(&redis, &key).await, 10);
+    // Giving everything back (no demand, no spare asked) removes the
+    // field; run twice, the same.
+    assert_eq!(claim(&backend, &key, "a", [0, 0, 10, 0], 0).await, (0, 1));
+    for _ in 0..2 {
+        assert_eq!(claim(&backend, &key, "b", [0, 0, 10, 0], 0).await, (0, 0));
+        assert_eq!(claim(&backend, &key, "a", [0, 0, 10, 0], 0).await, (0, 0));
+    }
+    assert_eq!(
+        redis.command(&["EXISTS", &key]).await,
+        Some(redis::Value::Int(0))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_take_slots_of_the_share_without_a_round_trip() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let caps = caps(&config(&redis), 64);
+    let key = caps.backend.key("host", HOST);
+    let first = caps.acquire(HOST, Duration::from_secs(1)).await.unwrap();
+    let calls = caps.backend.calls();
+    // The first claim got the demand and the block (8): 8 more reads
+    // start at once, without a call.
+    let more: Vec<_> =
+        futures::future::join_all((0..8).map(|_| caps.acquire(HOST, Duration::from_secs(1))))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    assert_eq!(caps.backend.calls(), calls, "no round trip for slots held");
+    assert_eq!(caps.held(HOST), (9, 9));
+    assert!(held(&redis, &key).await >= 9);
+    drop((first, more));
+    // Idle, the share goes back within two refreshes.
+    fanout_testkit::until("given back", Duration::from_secs(5), async || {
+        held(&redis, &key).await == 0
+    })
+    .await;
+    assert_eq!(caps.held(HOST), (0, 0));
+}
