@@ -349,6 +349,19 @@ async fn a_killed_redis_fails_fast_and_recovers_closed() {
     killed(FailureMode::Closed).await;
 }
 
+/// `calls` of `command` in `INFO commandstats` (scripts' calls included).
+async fn command_calls(redis: &RedisServer, command: &str) -> u64 {
+    let info = match redis.command(&["INFO", "commandstats"]).await {
+        Some(redis::Value::BulkString(b)) => String::from_utf8(b).unwrap(),
+        Some(redis::Value::VerbatimString { text, .. }) => text,
+        other => panic!("INFO: {other:?}"),
+    };
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_acquire_leaves_no_slot_behind() {
     let Some(redis) = RedisServer::start().await else {
@@ -364,6 +377,10 @@ async fn a_cancelled_acquire_leaves_no_slot_behind() {
         held(&redis).await == 0
     })
     .await;
+    let (recorded, removed) = (
+        command_calls(&redis, "hset").await,
+        command_calls(&redis, "hdel").await,
+    );
 
     redis.signal("STOP");
     let cancelled = tokio::time::timeout(
@@ -376,13 +393,15 @@ async fn a_cancelled_acquire_leaves_no_slot_behind() {
     // The claim the cancelled read asked for runs and is answered; nobody
     // uses what it got, so the next refresh gives it back (long before the
     // 30 s lease would).
-    until("claimed", Duration::from_secs(5), async || {
-        caps.held(HOST).0 > 0 || held(&redis).await > 0
-    })
-    .await;
-    until("given back", Duration::from_secs(5), async || {
-        held(&redis).await == 0
-    })
+    until(
+        "claimed, then given back",
+        Duration::from_secs(5),
+        async || {
+            command_calls(&redis, "hset").await > recorded
+                && command_calls(&redis, "hdel").await > removed
+                && held(&redis).await == 0
+        },
+    )
     .await;
     assert_eq!(caps.held(HOST), (0, 0));
     assert!(

@@ -54,11 +54,12 @@ use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-/// KEYS[1] the host's hash; ARGV: holder, in use, wants, cap, block, lease
-/// (ms), deadline (µs on Redis's clock; 0: none). Returns {allowed, busy (1
-/// when some demand is not met), Redis time (µs)}, or {-1, 0, time} past the
-/// deadline, nothing done. Records the holder's field as {max(allowed, in
-/// use), wants} (none when both are 0). Running it twice answers the same.
+/// KEYS[1] the host's hash; ARGV: holder, floor (what the holder may have
+/// in use until the answer arrives), wants, cap, block, lease (ms), deadline
+/// (µs on Redis's clock; 0: none). Returns {allowed, busy (1 when some
+/// demand is not met), Redis time (µs)}, or {-1, 0, time} past the deadline,
+/// nothing done. Records the holder's field as {max(allowed, floor), wants}
+/// (none when both are 0). Running it twice answers the same.
 pub(super) const CLAIM: &str = r#"
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -68,7 +69,7 @@ if deadline > 0 and now_us > deadline then
 end
 local now = math.floor(now_us / 1000)
 local holder = ARGV[1]
-local in_use, wants = tonumber(ARGV[2]), tonumber(ARGV[3])
+local floor, wants = tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, block, lease = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local fields = redis.call('HGETALL', KEYS[1])
 local others_has, short, demands = 0, 0, {wants}
@@ -103,7 +104,7 @@ else
   allowed = math.min(wants, level)
 end
 allowed = math.max(0, math.min(allowed, free))
-local has = math.max(allowed, in_use)
+local has = math.max(allowed, floor)
 if has == 0 and wants == 0 then
   redis.call('HDEL', KEYS[1], holder)
 else
@@ -187,14 +188,14 @@ impl Drop for RedisHostCaps {
 /// One host's share held by this replica.
 #[derive(Debug, Default)]
 struct State {
-    /// Slots Redis holds for this replica (at least those in use), while
-    /// `valid_until`.
+    /// Slots this replica may have in use, while `valid_until` (Redis holds
+    /// at least as many for it, and at least those in use).
     allowed: u32,
     in_use: u32,
     /// Reads waiting for a slot.
     waiting: u32,
-    /// While a claim is in flight: the slots in use when it was sent, the
-    /// most that may be in use until it is answered.
+    /// While a claim is in flight: the floor it reported, the most that may
+    /// be in use until it is answered.
     in_flight: Option<u32>,
     /// Until when `allowed` may be handed out, and the backend's failure
     /// count then (any failed call since voids it).
@@ -205,6 +206,11 @@ struct State {
     recorded: bool,
     /// A slot was taken since the last claim.
     used: bool,
+    /// The most slots in use and waited for at once since the last claim:
+    /// the demand it reports.
+    peak: u32,
+    /// A slot came back while busy that this replica may not reuse.
+    give_back: bool,
 }
 
 #[derive(Debug)]
@@ -231,14 +237,16 @@ struct Slot(Arc<Pool>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let busy = {
+        let give_back = {
             let mut state = self.0.lock();
             state.in_use -= 1;
-            state.busy
+            // Others are short and this slot is above the share: report it
+            // now, not at the next refresh.
+            state.give_back |= state.busy && state.in_use >= state.allowed;
+            state.give_back
         };
         self.0.freed.notify_waiters();
-        if busy {
-            // Others are short: report it now, not at the next refresh.
+        if give_back {
             self.0.wanted.notify_one();
         }
     }
@@ -249,7 +257,10 @@ struct Waiting<'a>(&'a Pool);
 
 impl<'a> Waiting<'a> {
     fn new(pool: &'a Pool) -> Self {
-        pool.lock().waiting += 1;
+        let mut state = pool.lock();
+        state.waiting += 1;
+        state.peak = state.peak.max(state.in_use + state.waiting);
+        drop(state);
         Self(pool)
     }
 }
@@ -268,23 +279,43 @@ impl Pool {
     /// A slot of the allowance, if one is free and valid: no network.
     fn take(self: &Arc<Self>) -> Option<Slot> {
         let mut state = self.lock();
+        if !self.room(&state) {
+            return None;
+        }
+        state.in_use += 1;
+        state.used = true;
+        state.peak = state.peak.max(state.in_use + state.waiting);
+        Some(Slot(self.clone()))
+    }
+
+    /// Whether a read may take a slot now: the allowance is valid and not
+    /// all in use (nor, while a claim is in flight, its floor).
+    fn room(&self, state: &State) -> bool {
         let limit = state
             .in_flight
             .map_or(state.allowed, |n| n.min(state.allowed));
         let valid = state.valid_until.is_some_and(|(until, failures)| {
             Instant::now() < until && failures == self.backend.failed_calls()
         });
-        if !valid || state.in_use >= limit {
-            return None;
-        }
-        state.in_use += 1;
-        state.used = true;
-        Some(Slot(self.clone()))
+        valid && state.in_use < limit
     }
 
-    /// A slot within `give_up`: `Ok(None)` when none came free in time,
-    /// `Err` when Redis could not be asked.
-    async fn slot(self: &Arc<Self>, give_up: Instant) -> Result<Option<Slot>, Unavailable> {
+    /// Whether a claim is needed now: a read waits with no room, or a slot
+    /// came back that others need and this replica may not reuse.
+    fn needs_claim(&self) -> bool {
+        let state = self.lock();
+        state.give_back || state.waiting > 0 && !self.room(&state)
+    }
+
+    /// A slot within `give_up` (the host's wait) — or, while the cap is not
+    /// known to be full, the claim asked for in time answered (a slow Redis:
+    /// at most `timeout_ms` more, never past `last`): `Ok(None)` when none
+    /// came free in time, `Err` when Redis could not be asked.
+    async fn slot(
+        self: &Arc<Self>,
+        give_up: Instant,
+        last: Instant,
+    ) -> Result<Option<Slot>, Unavailable> {
         if let Some(slot) = self.take() {
             return Ok(Some(slot));
         }
@@ -294,6 +325,7 @@ impl Pool {
         });
         let mut outcomes = self.outcomes.subscribe();
         let _waiting = Waiting::new(self);
+        let (mut until, mut extended) = (give_up, false);
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
@@ -311,7 +343,12 @@ impl Pool {
                     outcomes.borrow_and_update().clone()?;
                 }
                 () = &mut freed => {}
-                () = tokio::time::sleep_until(give_up) => return Ok(None),
+                () = tokio::time::sleep_until(until) => {
+                    if extended || self.lock().busy {
+                        return Ok(None);
+                    }
+                    (until, extended) = ((give_up + self.backend.inner.timeout).min(last), true);
+                }
             }
         }
     }
@@ -319,23 +356,27 @@ impl Pool {
     /// One claim: reports what is in use and wanted, applies the answer.
     async fn claim(&self) -> Result<(), Unavailable> {
         let backend = &self.backend;
-        let (in_use, wants, block) = {
+        let (floor, wants, block) = {
             let mut state = self.lock();
-            state.in_flight = Some(state.in_use);
-            let wants = state.in_use + state.waiting;
-            // Spare only while reads come: idle for a period, it goes back.
-            let block = if state.used || state.waiting > 0 {
-                backend.inner.block
-            } else {
-                0
-            };
+            let wants = state.peak.max(state.in_use + state.waiting);
+            let idle = !state.used && state.in_use == 0 && state.waiting == 0;
+            let block = if idle { 0 } else { backend.inner.block };
+            // Holding on to what is allowed, reads go on during the claim.
+            // Giving back (idle, others short, or far more than the demand
+            // and a block), only what is in use may be until the answer.
+            let shrink =
+                idle || state.busy || state.allowed > wants.saturating_add(block.saturating_mul(2));
+            let floor = if shrink { state.in_use } else { state.allowed };
+            state.in_flight = Some(floor);
+            state.peak = 0;
             state.used = false;
-            (state.in_use, wants, block)
+            state.give_back = false;
+            (floor, wants, block)
         };
         let (sent, failures) = (Instant::now(), backend.failed_calls());
         let lease_ms = backend.inner.lease.as_millis() as i64;
         let args = [
-            i64::from(in_use),
+            i64::from(floor),
             i64::from(wants),
             i64::from(self.cap),
             i64::from(block),
@@ -353,15 +394,17 @@ impl Pool {
         };
         match granted {
             Ok((allowed, busy)) => {
-                state.allowed = allowed.max(in_use);
+                // Redis holds max(allowed, floor) for this replica, the
+                // floor for reads in flight; new ones only within `allowed`.
+                state.allowed = allowed;
                 state.valid_until = Some((sent + backend.inner.lease * 2 / 3, failures));
                 state.busy = busy;
-                state.recorded = state.allowed > 0 || wants > 0;
+                state.recorded = allowed > 0 || floor > 0 || wants > 0;
                 Ok(())
             }
             Err(error) => {
-                // Redis holds at least what was in use, or nothing changed.
-                state.allowed = state.allowed.min(in_use);
+                // Redis holds at least the floor, or nothing changed.
+                state.allowed = state.allowed.min(floor);
                 state.valid_until = None;
                 state.recorded = true;
                 Err(error)
@@ -370,20 +413,29 @@ impl Pool {
     }
 }
 
-/// A pool's claimer: a claim when a read asks (paced while claims leave
-/// reads waiting), and every `refresh` while Redis may hold anything.
+/// A pool's claimer: a claim when one is needed (paced while claims leave
+/// reads waiting), and `refresh` after the last while Redis may hold
+/// anything.
 async fn claims(pool: Arc<Pool>, refresh: Duration) {
     let mut pause = FIRST_PAUSE;
+    let mut next_refresh = Instant::now() + refresh;
     loop {
         let recorded = pool.lock().recorded;
         tokio::select! {
-            () = pool.wanted.notified() => {}
-            () = tokio::time::sleep(refresh), if recorded => {}
+            // A read asked, or a slot came back; asked during the last claim,
+            // there may be room by now.
+            () = pool.wanted.notified() => if !pool.needs_claim() {
+                continue;
+            },
+            () = tokio::time::sleep_until(next_refresh), if recorded => {}
         }
+        next_refresh = Instant::now() + refresh;
         let outcome = pool.claim().await;
+        // Redis had no more room for reads still waiting: claiming again at
+        // once would only ask again.
         let short = {
             let state = pool.lock();
-            state.waiting > 0 && state.in_use >= state.allowed
+            state.busy && state.waiting > 0 && state.in_use >= state.allowed
         };
         let _previous = pool.outcomes.send_replace(outcome);
         if short {
@@ -407,7 +459,8 @@ impl HostLimiter for RedisHostCaps {
             let Some(pool) = self.pools.get(host) else {
                 return Ok(local);
             };
-            match pool.slot(started + pool.wait.min(time_left)).await {
+            let (wait, last) = (pool.wait.min(time_left), started + time_left);
+            match pool.slot(started + wait, last).await {
                 Ok(Some(slot)) => Ok(local.join(HostSlot::new(slot))),
                 Ok(None) => Err(HostRefusal::Saturated {
                     max_concurrent: pool.cap,

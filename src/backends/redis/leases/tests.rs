@@ -5,6 +5,7 @@ use super::*;
 use crate::backends::redis::Route;
 use crate::config::RedisConfig;
 use fanout_testkit::RedisServer;
+use std::sync::atomic::Ordering::SeqCst;
 
 const HOST: &str = "h:1";
 
@@ -208,4 +209,110 @@ async fn reads_take_slots_of_the_share_without_a_round_trip() {
     })
     .await;
     assert_eq!(caps.held(HOST), (0, 0));
+}
+
+/// 64 reads at a time, each 1 ms, for a second, on one replica: none is
+/// refused (the cap, 256, is never near), and they cost a claim now and
+/// then, not a round trip each (per-read leases made two).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churning_reads_cost_a_claim_now_and_then() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let mut config = config(&redis);
+    config.timeout_ms = 100;
+    let host = HostConfig {
+        max_concurrent: 256,
+        acquire_wait_ms: 50,
+        ..Default::default()
+    };
+    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
+    let caps = Arc::new(RedisHostCaps::new(
+        hosts,
+        RedisBackend::new(&config).unwrap(),
+    ));
+    let stop = Instant::now() + Duration::from_secs(1);
+    let calls = caps.backend.calls();
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let caps = caps.clone();
+            tokio::spawn(async move {
+                let mut reads = 0u64;
+                while Instant::now() < stop {
+                    let slot = caps.acquire(HOST, Duration::from_secs(1)).await;
+                    let slot = slot.expect("a slot: the cap is far");
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    drop(slot);
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    let mut reads = 0;
+    for task in tasks {
+        reads += task.await.unwrap();
+    }
+    let calls = caps.backend.calls() - calls;
+    eprintln!("{reads} reads, {calls} Redis calls");
+    assert!(reads >= 1_000, "{reads} reads");
+    assert!(calls * 100 < reads, "{calls} calls for {reads} reads");
+}
+
+/// Two replicas, each with twice the cap's worth of readers: the cap holds
+/// across both at every moment, and neither starves (each is served a fair
+/// part, though the other holds slots it could reuse locally).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contended_cap_holds_and_is_shared() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let host = HostConfig {
+        max_concurrent: 4,
+        acquire_wait_ms: 2_000,
+        ..Default::default()
+    };
+    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
+    let replicas: Vec<_> = (0..2)
+        .map(|_| {
+            let backend = RedisBackend::new(&config(&redis)).unwrap();
+            Arc::new(RedisHostCaps::new(hosts.clone(), backend))
+        })
+        .collect();
+    let in_flight = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let peak = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let stop = Instant::now() + Duration::from_secs(1);
+    let mut tasks = Vec::new();
+    for (r, caps) in replicas.iter().enumerate() {
+        for _ in 0..8 {
+            let (caps, in_flight, peak) = (caps.clone(), in_flight.clone(), peak.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut reads = 0u64;
+                while Instant::now() < stop {
+                    let Ok(slot) = caps.acquire(HOST, Duration::from_secs(5)).await else {
+                        continue;
+                    };
+                    let now = in_flight.fetch_add(1, SeqCst) + 1;
+                    peak.fetch_max(now, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    in_flight.fetch_sub(1, SeqCst);
+                    drop(slot);
+                    reads += 1;
+                }
+                (r, reads)
+            }));
+        }
+    }
+    let mut per_replica = [0u64; 2];
+    for task in tasks {
+        let (r, reads) = task.await.unwrap();
+        per_replica[r] += reads;
+    }
+    let total: u64 = per_replica.iter().sum();
+    eprintln!("reads per replica {per_replica:?}, peak in flight {peak:?}");
+    assert!(peak.load(SeqCst) <= 4, "{peak:?} in flight, cap 4");
+    assert!(total >= 200, "{total} reads in a second at 4 × 5 ms");
+    for reads in per_replica {
+        assert!(reads * 4 >= total, "starved: {per_replica:?}");
+    }
 }
