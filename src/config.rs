@@ -299,7 +299,7 @@ pub struct RedisConfig {
     /// Slots of a host's cap a replica may hold beyond its reads in flight,
     /// so the next reads start without a round trip; also the most
     /// admissions of one client a replica takes from the shared per-IP limit
-    /// at once. 0: a round trip for every read's slot and every request.
+    /// at once. 0: no spare slots, one admission a call.
     pub lease_block: u32,
     /// While a replica uses a host, it reports its demand to Redis this
     /// often, in milliseconds, and gives back what it no longer needs: how

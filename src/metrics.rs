@@ -21,7 +21,7 @@
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
-//! | `fanout_redis_calls_total` | counter | — | calls sent to Redis (checks, leases, renewals, releases, probes) |
+//! | `fanout_redis_calls_total` | counter | — | calls sent to Redis (per-IP checks, host share claims, give-backs, probes) |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
 

@@ -21,8 +21,8 @@
 //!   give them one hash tag (`{…}`). A `{…}` in `key_prefix` would become
 //!   every key's tag: still correct, but all the state on one master. The
 //!   cluster client may send a script again after a lost reply, so it may
-//!   run twice: the acquire is idempotent per lease id; a per-IP check run
-//!   twice charges its client one token more.
+//!   run twice: a claim sets its replica's share absolutely, so twice is
+//!   once; a per-IP check run twice charges its client once more.
 //! - **Breaker** (`src/backends/breaker.rs`). A failed or timed-out call
 //!   opens it: for at least `backoff_ms`, calls skip Redis and `failure_mode`
 //!   applies at once — no `timeout_ms` paid, connection refused included. One
@@ -36,7 +36,7 @@
 //!   whichever node happened to answer and tripping again on the next call
 //!   to the dead master's slots. A probe still failing `lease_ms` after the
 //!   breaker opened drops the connection, so a silently dead one is replaced
-//!   (by then no lease it carried is live).
+//!   (by then no share it carried is live).
 //! - **Redis time, not wall clocks.** Each reply carries Redis `TIME`, read
 //!   by the script itself on the node that ran it; that time minus the local
 //!   (monotonic, tokio) instant the reply arrived is a lower bound of the
@@ -61,32 +61,24 @@
 //!   the local deadline proves exactly that, so the call is sent once more
 //!   with the corrected offset. Too late, it is a call queued behind a hung
 //!   Redis, covered as below.
-//! - **Per-IP limit** ([`RedisRateLimiter`]): GCRA in one Lua script per check
-//!   (`EVALSHA`), time from `TIME`, keys that expire when indistinguishable
-//!   from fresh. A check Redis runs after its deadline (queued while Redis
-//!   hung) is not charged. One it runs just in time but whose answer arrives
-//!   too late costs that client one token: accepted, it cannot be undone.
-//! - **Per-host cap** ([`RedisHostCaps`], in `leases`): a read takes its
-//!   process's own slot first (no network; it bounds a replica even with Redis
-//!   down), then a shared lease: one sorted-set member per read in flight,
-//!   scored by lease expiry, renewed every `lease_ms / 3`. A timed-out or
-//!   cancelled acquire does not keep a slot: the script refuses to run past its
-//!   deadline, and the member id (the token) is chosen before the call, so a
-//!   caller that gives up sends a bounded, fire-and-forget `ZREM` of it, which
-//!   Redis runs right after an acquire it ran just in time (same connection
-//!   to the key's node). A release (`ZREM`) that fails is sent again every
-//!   `backoff_ms` for at most `lease_ms`, so one a dead master missed lands
-//!   on its promoted replica. Renewal extends only a lease still present and
-//!   unexpired; release is `ZREM`: neither resurrects one.
+//! - **Per-IP limit** ([`RedisRateLimiter`], in `rate`): GCRA in one Lua
+//!   script, time from `TIME`, keys that expire when indistinguishable from
+//!   fresh; a replica takes a frequent client's admissions a few at a time
+//!   and hands them out locally. A check Redis runs after its deadline
+//!   (queued while Redis hung) is not charged. One it runs just in time but
+//!   whose answer arrives too late costs that client what it took: accepted,
+//!   it cannot be undone.
+//! - **Per-host cap** ([`RedisHostCaps`], in `shares`): a read takes its
+//!   process's own slot first (no network; it bounds a replica even with
+//!   Redis down), then a slot of its replica's share of the host's cap, held
+//!   in one hash per host and handed out locally; a claim per period or
+//!   when a read finds no room, not a round trip per read.
 //! - **Failover.** Replication is asynchronous: a master killed loses its
-//!   last writes. A lease taken just before is missing on the promoted
-//!   replica, and a release sent just before is undone there (the lease
-//!   holds its slot until it expires, `lease_ms`). The reads those leases
-//!   belonged to ended long before the promotion (at least
-//!   `cluster-node-timeout` later), unless a read lasts longer than the
-//!   failover: then the fleet may exceed that cap by those reads, once. A
-//!   per-IP check's last writes may be lost too: a few requests admitted
-//!   again.
+//!   last writes. A share grown just before is missing on the promoted
+//!   replica; the failed calls void it and the next claim writes it afresh,
+//!   so only reads that outlast the failover (at least
+//!   `cluster-node-timeout`) can exceed that cap, once. A per-IP check's last
+//!   writes may be lost too: a few requests admitted again.
 //! - **Scripts** are sent by hash (`EVALSHA`); a node that does not have one
 //!   yet (a fresh server, a promoted replica) gets the script's text once
 //!   (`EVAL`, routed by the same key), never a `SCRIPT LOAD`, which a cluster
@@ -98,12 +90,12 @@
 //! `UNAVAILABLE`.
 
 mod conn;
-mod leases;
+mod shares;
 mod rate;
 
 pub(crate) use conn::Conn;
 use conn::{cluster_client, slot, slot_ranges_by_master, Target, NODE_TIME, SLOTS};
-pub use leases::RedisHostCaps;
+pub use shares::RedisHostCaps;
 pub use rate::RedisRateLimiter;
 
 use super::breaker::Breaker;
@@ -200,16 +192,6 @@ pub(crate) trait Timed: FromRedisValue {
     fn redis_now_us(&self) -> i64;
 }
 
-/// `{status, now_us}`, status -1: late.
-impl Timed for (i64, i64) {
-    fn late(&self) -> bool {
-        self.0 == -1
-    }
-    fn redis_now_us(&self) -> i64 {
-        self.1
-    }
-}
-
 /// `{status, _, now_us}`, status -1: late.
 impl Timed for (i64, i64, i64) {
     fn late(&self) -> bool {
@@ -237,8 +219,8 @@ pub(crate) enum Route {
     Call,
     /// The breaker's probe (and `PING`): always sent; connects if needed.
     Probe,
-    /// For something already sent (renew, release, undo): always sent, on
-    /// the current connection only.
+    /// For something already held (a give-back): always sent, on the
+    /// current connection only.
     FollowUp,
 }
 
@@ -327,8 +309,8 @@ impl RedisBackend {
         self.inner.breaker.failures()
     }
 
-    /// Calls this backend sent to Redis (checks, leases, renewals, releases,
-    /// probes; not those skipped while the breaker is open).
+    /// Calls this backend sent to Redis (checks, claims, give-backs, probes;
+    /// not those skipped while the breaker is open).
     pub fn calls(&self) -> u64 {
         self.inner.calls.load(Relaxed)
     }
