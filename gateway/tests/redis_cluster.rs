@@ -1,8 +1,9 @@
 //! Shared limits on a real Redis Cluster (three masters, one replica each,
 //! six `redis-server` processes): two replicas share the per-IP limit and
 //! the host caps with their keys spread over the masters; a master killed
-//! under load fails over, the policy holds meanwhile, and everything runs
-//! through Redis again once the replica is promoted.
+//! (SIGKILL) or hung (SIGSTOP) under load fails over, the policy holds
+//! meanwhile, and everything runs through Redis again once the replica is
+//! promoted.
 mod common;
 
 use common::*;
@@ -325,7 +326,15 @@ impl Load {
 const CAP: u32 = 4;
 const DEADLINE_MS: u64 = 3_000;
 
-async fn failover(mode: FailureMode) {
+/// How the master dies: SIGKILL (connections reset at once), or SIGSTOP
+/// (connections open, nothing answered: every call waits out its timeout).
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Crash,
+    Hang,
+}
+
+async fn failover(mode: FailureMode, fault: Fault) {
     let Some(mut cluster) = RedisCluster::start().await else {
         return;
     };
@@ -356,12 +365,15 @@ async fn failover(mode: FailureMode) {
         "warm-up: {warm_peak} in flight, cap {CAP}"
     );
 
-    // Kill the master holding the host's lease set, under load.
+    // Kill (or hang) the master holding the host's lease set, under load.
     let victim = cluster.master_of(&host_key).await;
     let masters = cluster.masters().await;
     registry.counters().reset();
     load.phase.store(OUTAGE, SeqCst);
-    cluster.kill(victim);
+    match fault {
+        Fault::Crash => cluster.kill(victim),
+        Fault::Hang => cluster.hang(victim),
+    }
     let killed = Instant::now();
     let failed_before: u64 = replicas.iter().map(|r| r.backend.failed_calls()).sum();
     let promoted = cluster.wait_ready(Duration::from_secs(20)).await;
@@ -475,7 +487,7 @@ async fn failover(mode: FailureMode) {
     let ip_keys = cluster.keys_by_master("fanout:ip:10.*").await;
     assert!(masters_holding(&ip_keys) >= 2, "{ip_keys:?}");
     println!(
-        "{mode:?}: killed master {victim}; cluster ready again {promoted:?} after, breakers \
+        "{mode:?}, {fault:?}: master {victim}; cluster ready again {promoted:?} after, breakers \
          closed {closed:?} later; during the failover {served} served, {refused} refused, \
          {outage_failures} failed Redis calls (host caps), \
          upstream peak {outage_peak} (cap {CAP}); after it peak {recovered_peak}; slowest \
@@ -486,10 +498,20 @@ async fn failover(mode: FailureMode) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_under_load_fails_over_open() {
-    failover(FailureMode::Open).await;
+    failover(FailureMode::Open, Fault::Crash).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_hung_under_load_fails_over_open() {
+    failover(FailureMode::Open, Fault::Hang).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_under_load_fails_over_closed() {
-    failover(FailureMode::Closed).await;
+    failover(FailureMode::Closed, Fault::Crash).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_hung_under_load_fails_over_closed() {
+    failover(FailureMode::Closed, Fault::Hang).await;
 }

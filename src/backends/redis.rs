@@ -10,7 +10,10 @@
 //!   implements `redis::aio::ConnectionLike` by delegation, so the scripts,
 //!   the breaker, the timeouts and `failure_mode` are one code path for both.
 //!   It connects lazily: a Redis (or a whole cluster) that is down at start-up
-//!   does not stop start-up. Every call is bounded by `timeout_ms`; the
+//!   does not stop start-up. A cluster connection is seeded not with
+//!   `cluster_nodes` but with the nodes the first of them to answer lists in
+//!   `CLUSTER SLOTS` (the client waits for every seed, and a hung one takes
+//!   all of `timeout_ms` to fail). Every call is bounded by `timeout_ms`; the
 //!   cluster client's own retries (a redirect, a reconnect, `TRYAGAIN`,
 //!   `CLUSTERDOWN`) happen inside that bound.
 //! - **Cluster slots.** Every script and command touches exactly one key
@@ -27,16 +30,20 @@
 //!   opens it: for at least `backoff_ms`, calls skip Redis and `failure_mode`
 //!   applies at once — no `timeout_ms` paid, connection refused included. One
 //!   background probe per `backoff_ms` closes it again; each change is logged
-//!   once. The probe is `TIME` on one server. On a cluster it asks every
-//!   master serving slots for its `TIME` (`CLUSTER SLOTS` from any node,
-//!   then a one-line script to each master, sent with a key of its slots so
-//!   it is routed, redirects included, as the checks are), and succeeds only
-//!   when all of them answer: through a failover — a master gone, its
-//!   replica not yet promoted — the breaker stays open instead of closing on
-//!   whichever node happened to answer and tripping again on the next call
-//!   to the dead master's slots. A probe still failing `lease_ms` after the
-//!   breaker opened drops the connection, so a silently dead one is replaced
-//!   (by then no share it carried is live).
+//!   once. The probe is `TIME` on one server; one still failing `lease_ms`
+//!   after the breaker opened drops the connection, so a silently dead one
+//!   is replaced (by then no share it carried is live). On a cluster the
+//!   probe is a new connection, which replaces the current one if it asks
+//!   every master serving slots for its `TIME` (`CLUSTER SLOTS` from any
+//!   node, then a one-line script to each master, sent with a key of its
+//!   slots so it is routed, redirects included, as the checks are) and all
+//!   of them answer: through a failover — a master gone, its replica not yet
+//!   promoted — the breaker stays open instead of closing on whichever node
+//!   happened to answer and tripping again on the next call to the dead
+//!   master's slots. A new connection, because the client corrects a route
+//!   only on a redirect or a refused connection: a hung master (connections
+//!   open, nothing answered) only times out, and the current connection
+//!   keeps sending its slots to it after its replica took over.
 //! - **Redis time, not wall clocks.** Each reply carries Redis `TIME`, read
 //!   by the script itself on the node that ran it; that time minus the local
 //!   (monotonic, tokio) instant the reply arrived is a lower bound of the
@@ -94,7 +101,7 @@ mod shares;
 mod rate;
 
 pub(crate) use conn::Conn;
-use conn::{cluster_client, slot, slot_ranges_by_master, Target, NODE_TIME, SLOTS};
+use conn::{slot, slot_ranges_by_master, Cluster, Target, NODE_TIME, SLOTS};
 pub use shares::RedisHostCaps;
 pub use rate::RedisRateLimiter;
 
@@ -147,6 +154,9 @@ struct Inner {
     backoff: Duration,
     mode: FailureMode,
     conn: tokio::sync::Mutex<Option<Conn>>,
+    /// Connections installed in `conn` so far: the current one's number,
+    /// watched by the releases waiting to be sent again.
+    installed: tokio::sync::watch::Sender<u64>,
     breaker: Arc<Breaker>,
     /// Local instants are measured from here.
     base: Instant,
@@ -219,6 +229,9 @@ pub(crate) enum Route {
     Call,
     /// The breaker's probe (and `PING`): always sent; connects if needed.
     Probe,
+    /// The breaker's probe on a cluster: always sent, on a new connection
+    /// (its clocks learned), never on the current one.
+    Fresh,
     /// For something already held (a give-back): always sent, on the
     /// current connection only.
     FollowUp,
@@ -259,10 +272,7 @@ impl RedisBackend {
             let client = redis::Client::open(config.url.as_str()).map_err(down)?;
             (Target::Server(client), 1)
         } else {
-            (
-                Target::Cluster(cluster_client(config).map_err(down)?),
-                SLOTS,
-            )
+            (Target::Cluster(Cluster::new(config).map_err(down)?), SLOTS)
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -275,6 +285,7 @@ impl RedisBackend {
                 backoff: Duration::from_millis(config.backoff_ms),
                 mode: config.failure_mode,
                 conn: tokio::sync::Mutex::new(None),
+                installed: tokio::sync::watch::Sender::new(0),
                 breaker: Arc::new(Breaker::new(Duration::from_millis(config.backoff_ms))),
                 base: Instant::now(),
                 offsets_us: (0..offsets).map(|_| AtomicI64::new(UNKNOWN)).collect(),
@@ -304,7 +315,8 @@ impl RedisBackend {
         self.inner.breaker.is_open()
     }
 
-    /// Redis calls that failed or timed out since this backend was made.
+    /// Redis calls that failed or timed out since this backend was made (not
+    /// counting those on a connection a probe had replaced meanwhile).
     pub fn failed_calls(&self) -> u64 {
         self.inner.breaker.failures()
     }
@@ -351,11 +363,12 @@ impl RedisBackend {
         }
     }
 
-    /// The connection, made if `route` may make one. `Err(None)`: skipped.
-    async fn connection(&self, route: Route) -> Result<Conn, Option<Unavailable>> {
+    /// The connection, made if `route` may make one, and its number (see
+    /// [`install`](Self::install)). `Err(None)`: skipped.
+    async fn connection(&self, route: Route) -> Result<(Conn, u64), Option<Unavailable>> {
         let mut conn = self.inner.conn.lock().await;
         if let Some(c) = conn.as_ref() {
-            return Ok(c.clone());
+            return Ok((c.clone(), *self.inner.installed.borrow()));
         }
         match route {
             Route::FollowUp => return Err(Some(down("not connected"))),
@@ -363,39 +376,40 @@ impl RedisBackend {
             Route::Call if self.is_open() => return Err(None),
             _ => {}
         }
-        let made = match &self.inner.target {
+        let made = self.connect().await.map_err(|e| Some(down(e)))?;
+        Ok((made.clone(), self.install(&mut conn, made)))
+    }
+
+    /// Makes `made` the connection (`slot` is `inner.conn`, locked) and
+    /// returns its number: a call that fails on a connection since replaced
+    /// does not open the breaker (see [`call`](Self::call)).
+    fn install(&self, slot: &mut Option<Conn>, made: Conn) -> u64 {
+        *slot = Some(made);
+        self.inner.installed.send_modify(|n| *n += 1);
+        *self.inner.installed.borrow()
+    }
+
+    /// A new connection, with the clocks of the nodes it reaches learned.
+    async fn connect(&self) -> RedisResult<Conn> {
+        match &self.inner.target {
             Target::Server(client) => {
                 // No retries inside: the breaker paces reconnection.
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(self.inner.timeout)
                     .set_number_of_retries(0);
-                let mut manager = client
-                    .get_connection_manager_with_config(config)
-                    .await
-                    .map_err(|e| Some(down(e)))?;
-                let (secs, micros): (i64, i64) = redis::cmd("TIME")
-                    .query_async(&mut manager)
-                    .await
-                    .map_err(|e| Some(down(e)))?;
+                let mut manager = client.get_connection_manager_with_config(config).await?;
+                let (secs, micros): (i64, i64) =
+                    redis::cmd("TIME").query_async(&mut manager).await?;
                 self.observe(None, secs * 1_000_000 + micros);
-                Conn::Server(manager)
+                Ok(Conn::Server(manager))
             }
-            Target::Cluster(client) => {
-                // Connects to the seeds, reads the slot map, connects to its nodes.
-                let mut conn = Conn::Cluster(
-                    client
-                        .get_async_connection()
-                        .await
-                        .map_err(|e| Some(down(e)))?,
-                );
-                self.learn_cluster_clocks(&mut conn)
-                    .await
-                    .map_err(|e| Some(down(e)))?;
-                conn
+            Target::Cluster(cluster) => {
+                // A live node's slot map, then connections to its nodes.
+                let mut conn = Conn::Cluster(cluster.connect().await?);
+                self.learn_cluster_clocks(&mut conn).await?;
+                Ok(conn)
             }
-        };
-        *conn = Some(made.clone());
-        Ok(made)
+        }
     }
 
     /// Runs `f` on the connection by `route`, bounded by `deadline`; a
@@ -416,8 +430,17 @@ impl RedisBackend {
         if route == Route::Call && self.is_open() {
             return Err(skipped());
         }
+        // The number of the connection the call went out on.
+        let mut on = None;
         let attempt = async {
-            let conn = self.connection(route).await?;
+            let conn = match route {
+                Route::Fresh => self.connect().await.map_err(|e| Some(down(e)))?,
+                _ => {
+                    let (conn, number) = self.connection(route).await?;
+                    on = Some(number);
+                    conn
+                }
+            };
             self.inner.calls.fetch_add(1, Relaxed);
             CALLS.fetch_add(1, Relaxed);
             crate::metrics::redis_call();
@@ -429,7 +452,14 @@ impl RedisBackend {
             Ok(Err(Some(error))) => error,
             Err(_) => down("call timed out"),
         };
-        self.trip(&error);
+        // A follow-up still in flight on the connection a probe just
+        // replaced (sent to a hung master, say) fails after the breaker
+        // closed: it says nothing of the new connection.
+        if on.is_some_and(|n| n != *self.inner.installed.borrow()) {
+            tracing::debug!(%error, "a call failed on a connection since replaced");
+        } else {
+            self.trip(&error);
+        }
         Err(Failure { error })
     }
 
@@ -447,16 +477,28 @@ impl RedisBackend {
         });
     }
 
-    /// One probe: `TIME` on a server; on a cluster, `TIME` from every master
-    /// (see [`learn_cluster_clocks`](Self::learn_cluster_clocks)). Still
-    /// failing `lease_ms` after the breaker opened, the connection is dropped
-    /// and the next probe makes a new one.
+    /// One probe: on a cluster, a new connection, which asks every master
+    /// for its `TIME` (see [`learn_cluster_clocks`](Self::learn_cluster_clocks))
+    /// and replaces the current one when they all answer. On a server, `TIME`;
+    /// still failing `lease_ms` after the breaker opened, the connection is
+    /// dropped and the next probe makes a new one.
     async fn probe(&self, opened: Instant) -> Result<(), Unavailable> {
         let deadline = self.local_deadline();
+        if self.is_cluster() {
+            // The cluster client corrects a slot's route only on a redirect
+            // or a refused connection. A hung master's calls just time out
+            // (a timeout is retried on the same route), so the current
+            // connection may send that master's slots to it long after its
+            // replica took over: the probe never trusts it, and a new one,
+            // seeded by a live node (`Cluster::connect`), replaces it.
+            let fresh = self
+                .call(Route::Fresh, deadline, |conn| async { Ok(conn) })
+                .await?;
+            let mut conn = self.inner.conn.lock().await;
+            self.install(&mut conn, fresh);
+            return Ok(());
+        }
         let probed = self.call(Route::Probe, deadline, |mut conn| async move {
-            if self.is_cluster() {
-                return self.learn_cluster_clocks(&mut conn).await;
-            }
             let (secs, micros) = redis::cmd("TIME")
                 .query_async::<(i64, i64)>(&mut conn)
                 .await?;
@@ -466,6 +508,7 @@ impl RedisBackend {
         match probed.await {
             Ok(()) => Ok(()),
             Err(failure) => {
+                // Once no lease it carried can still be live.
                 if opened.elapsed() >= self.inner.lease {
                     *self.inner.conn.lock().await = None;
                 }
@@ -601,7 +644,12 @@ impl RedisBackend {
 
     /// Removes `member` of `key` with `command` (`HDEL`), in the
     /// background: tried again every `backoff_ms` while it fails (a master
-    /// failing over), for at most `lease_ms` (after which it lapses anyway).
+    /// failing over), for at most `lease_ms` (after which it lapses anyway),
+    /// and at once when a new connection is installed (a probe's, after a
+    /// failover): one still in flight on the old connection — which may wait
+    /// out its timeout on a hung master — is given up and sent again on the
+    /// new one (the removal is idempotent), so what it gives back is free on
+    /// the promoted replica as soon as the breaker closes.
     pub(crate) fn forget(&self, command: &'static str, key: String, member: String) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -609,6 +657,7 @@ impl RedisBackend {
         let backend = self.clone();
         runtime.spawn(async move {
             let until = Instant::now() + backend.inner.lease;
+            let mut installed = backend.inner.installed.subscribe();
             loop {
                 let removed = backend.call(Route::FollowUp, until, |mut conn| {
                     let (key, member) = (&key, &member);
@@ -620,14 +669,21 @@ impl RedisBackend {
                             .await
                     }
                 });
-                let Err(failure) = removed.await else {
+                let removed = tokio::select! {
+                    removed = removed => removed,
+                    _ = installed.changed() => continue,
+                };
+                let Err(failure) = removed else {
                     return;
                 };
                 if Instant::now() + backend.inner.backoff >= until {
                     tracing::debug!(error = %failure.error, "could not give back a host share; it lapses");
                     return;
                 }
-                tokio::time::sleep(backend.inner.backoff).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(backend.inner.backoff) => {}
+                    _ = installed.changed() => {}
+                }
             }
         });
     }

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     dirs: Vec<PathBuf>,
+    /// Ports of nodes stopped with [`RedisCluster::hang`]: running, silent.
+    hung: Vec<u16>,
 }
 
 /// One line of `CLUSTER NODES`, as one node sees it.
@@ -47,6 +49,7 @@ impl RedisCluster {
         let mut cluster = Self {
             nodes: Vec::new(),
             dirs: Vec::new(),
+            hung: Vec::new(),
         };
         while cluster.nodes.len() < 6 {
             let port = cluster_port();
@@ -113,11 +116,11 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
-    /// The ports of the nodes still running.
+    /// The ports of the nodes still running and answering.
     pub fn live_ports(&self) -> Vec<u16> {
         self.nodes
             .iter()
-            .filter(|n| n.child.is_some())
+            .filter(|n| n.child.is_some() && !self.hung.contains(&n.port))
             .map(|n| n.port)
             .collect()
     }
@@ -134,6 +137,13 @@ impl RedisCluster {
     pub fn kill(&mut self, port: u16) {
         let node = self.nodes.iter_mut().find(|n| n.port == port);
         node.expect("a node of this cluster").kill();
+    }
+
+    /// Stops the node on `port` (SIGSTOP): its connections stay open and it
+    /// answers nothing, as a hung (not dead) server; killed on drop.
+    pub fn hang(&mut self, port: u16) {
+        self.node(port).signal("STOP");
+        self.hung.push(port);
     }
 
     /// Runs one command on the node on `port`; `None` when unreachable.
