@@ -97,13 +97,13 @@
 //! `UNAVAILABLE`.
 
 mod conn;
-mod shares;
 mod rate;
+mod shares;
 
 pub(crate) use conn::Conn;
 use conn::{slot, slot_ranges_by_master, Cluster, Target, NODE_TIME, SLOTS};
-pub use shares::RedisHostCaps;
 pub use rate::RedisRateLimiter;
+pub use shares::RedisHostCaps;
 
 use super::breaker::Breaker;
 use crate::config::{FailureMode, RedisConfig};
@@ -154,9 +154,8 @@ struct Inner {
     backoff: Duration,
     mode: FailureMode,
     conn: tokio::sync::Mutex<Option<Conn>>,
-    /// Connections installed in `conn` so far: the current one's number,
-    /// watched by the releases waiting to be sent again.
-    installed: tokio::sync::watch::Sender<u64>,
+    /// Connections installed in `conn` so far: the current one's number.
+    installed: AtomicU64,
     breaker: Arc<Breaker>,
     /// Local instants are measured from here.
     base: Instant,
@@ -285,7 +284,7 @@ impl RedisBackend {
                 backoff: Duration::from_millis(config.backoff_ms),
                 mode: config.failure_mode,
                 conn: tokio::sync::Mutex::new(None),
-                installed: tokio::sync::watch::Sender::new(0),
+                installed: AtomicU64::new(0),
                 breaker: Arc::new(Breaker::new(Duration::from_millis(config.backoff_ms))),
                 base: Instant::now(),
                 offsets_us: (0..offsets).map(|_| AtomicI64::new(UNKNOWN)).collect(),
@@ -368,7 +367,7 @@ impl RedisBackend {
     async fn connection(&self, route: Route) -> Result<(Conn, u64), Option<Unavailable>> {
         let mut conn = self.inner.conn.lock().await;
         if let Some(c) = conn.as_ref() {
-            return Ok((c.clone(), *self.inner.installed.borrow()));
+            return Ok((c.clone(), self.inner.installed.load(Relaxed)));
         }
         match route {
             Route::FollowUp => return Err(Some(down("not connected"))),
@@ -385,8 +384,7 @@ impl RedisBackend {
     /// does not open the breaker (see [`call`](Self::call)).
     fn install(&self, slot: &mut Option<Conn>, made: Conn) -> u64 {
         *slot = Some(made);
-        self.inner.installed.send_modify(|n| *n += 1);
-        *self.inner.installed.borrow()
+        self.inner.installed.fetch_add(1, Relaxed) + 1
     }
 
     /// A new connection, with the clocks of the nodes it reaches learned.
@@ -455,7 +453,7 @@ impl RedisBackend {
         // A follow-up still in flight on the connection a probe just
         // replaced (sent to a hung master, say) fails after the breaker
         // closed: it says nothing of the new connection.
-        if on.is_some_and(|n| n != *self.inner.installed.borrow()) {
+        if on.is_some_and(|n| n != self.inner.installed.load(Relaxed)) {
             tracing::debug!(%error, "a call failed on a connection since replaced");
         } else {
             self.trip(&error);
@@ -508,7 +506,7 @@ impl RedisBackend {
         match probed.await {
             Ok(()) => Ok(()),
             Err(failure) => {
-                // Once no lease it carried can still be live.
+                // Once no share it carried can still be live.
                 if opened.elapsed() >= self.inner.lease {
                     *self.inner.conn.lock().await = None;
                 }
@@ -644,12 +642,7 @@ impl RedisBackend {
 
     /// Removes `member` of `key` with `command` (`HDEL`), in the
     /// background: tried again every `backoff_ms` while it fails (a master
-    /// failing over), for at most `lease_ms` (after which it lapses anyway),
-    /// and at once when a new connection is installed (a probe's, after a
-    /// failover): one still in flight on the old connection — which may wait
-    /// out its timeout on a hung master — is given up and sent again on the
-    /// new one (the removal is idempotent), so what it gives back is free on
-    /// the promoted replica as soon as the breaker closes.
+    /// failing over), for at most `lease_ms` (after which it lapses anyway).
     pub(crate) fn forget(&self, command: &'static str, key: String, member: String) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -657,7 +650,6 @@ impl RedisBackend {
         let backend = self.clone();
         runtime.spawn(async move {
             let until = Instant::now() + backend.inner.lease;
-            let mut installed = backend.inner.installed.subscribe();
             loop {
                 let removed = backend.call(Route::FollowUp, until, |mut conn| {
                     let (key, member) = (&key, &member);
@@ -669,21 +661,14 @@ impl RedisBackend {
                             .await
                     }
                 });
-                let removed = tokio::select! {
-                    removed = removed => removed,
-                    _ = installed.changed() => continue,
-                };
-                let Err(failure) = removed else {
+                let Err(failure) = removed.await else {
                     return;
                 };
                 if Instant::now() + backend.inner.backoff >= until {
                     tracing::debug!(error = %failure.error, "could not give back a host share; it lapses");
                     return;
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(backend.inner.backoff) => {}
-                    _ = installed.changed() => {}
-                }
+                tokio::time::sleep(backend.inner.backoff).await;
             }
         });
     }
