@@ -97,8 +97,11 @@ else
   table.sort(demands)
   local left, level = cap, cap
   for i, d in ipairs(demands) do
-    local even = math.ceil(left / (#demands - i + 1))
-    if d > even then level = even break end
+    -- Above an even split of what is left, compared unrounded: a demand
+    -- equal to the rounded-up split, counted as met, would use up slots
+    -- the level below it relies on (cap 1, demands 1 and 1: level 0).
+    local n = #demands - i + 1
+    if d * n > left then level = math.ceil(left / n) break end
     left = left - d
   end
   allowed = math.min(wants, level)
