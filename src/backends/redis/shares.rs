@@ -369,7 +369,14 @@ impl Pool {
             // and a block), only what is in use may be until the answer.
             let shrink =
                 idle || state.busy || state.allowed > wants.saturating_add(block.saturating_mul(2));
-            let floor = if shrink { state.in_use } else { state.allowed };
+            // Reads taken during the last claim may be more than its answer
+            // allowed (the claim kept the allowance before it): Redis holds
+            // them, so the floor does too, or the claim would give them away.
+            let floor = if shrink {
+                state.in_use
+            } else {
+                state.allowed.max(state.in_use)
+            };
             state.in_flight = Some(floor);
             state.peak = 0;
             state.used = false;

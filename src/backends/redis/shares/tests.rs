@@ -407,3 +407,72 @@ async fn a_cap_of_one_between_two_busy_replicas_keeps_serving() {
     // serves none.
     assert!(reads >= 50, "{reads} reads in a second after warming up");
 }
+
+/// Reads that take slots while a claim is in flight (up to the allowance
+/// held then) may leave the claim's answer below what is in use; the next
+/// claim must still report at least what is in use, or Redis holds less
+/// than the replica has in flight and another replica is given the rest.
+#[tokio::test]
+async fn redis_always_holds_what_a_replica_has_in_use() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let caps = caps(&config(&redis), 10);
+    let key = caps.backend.key("host", HOST);
+    let pool = caps.pools[HOST].clone();
+    let far = (redis_time_us(&redis).await / 1000 + 600_000).to_string();
+    let field = |has: u32, wants: u32| format!("{has} {wants} {far}");
+    let ours = async || -> u32 {
+        let field = redis.command(&["HGET", &key, &pool.holder]).await;
+        match field {
+            Some(redis::Value::BulkString(v)) => String::from_utf8(v).unwrap()
+                [..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap(),
+            other => panic!("our field: {other:?}"),
+        }
+    };
+    // Alone, one read waiting: its demand and spare (half the room, 4).
+    let waiting = Waiting::new(&pool);
+    pool.claim().await.unwrap();
+    drop(waiting);
+    let mut slots = vec![pool.take().unwrap()];
+    assert_eq!(caps.held(HOST), (5, 1));
+    // Another replica "b" holds 3.
+    redis
+        .command(&["HSET", &key, "b", &field(3, 3)])
+        .await
+        .unwrap();
+    // A refresh claim goes out (demand 1, keeping the allowance of 5),
+    // and before it is answered four more reads take slots of the 5.
+    {
+        let claim = pool.claim();
+        tokio::pin!(claim);
+        assert!(futures::poll!(claim.as_mut()).is_pending());
+        slots.extend((0..4).map(|_| pool.take().expect("within the allowance")));
+        claim.await.unwrap();
+    }
+    // Answer: demand 1 and half the room of 7: 4 — but 5 are in use.
+    assert_eq!(caps.held(HOST), (4, 5));
+    assert!(ours().await >= 5);
+    // A third replica "c" is short: the next claim is busy.
+    redis
+        .command(&["HSET", &key, "c", &field(0, 9)])
+        .await
+        .unwrap();
+    pool.claim().await.unwrap();
+    let in_use = caps.held(HOST).1;
+    assert_eq!(in_use, 5);
+    assert!(
+        ours().await >= in_use,
+        "Redis holds {} for a replica with {in_use} in flight",
+        ours().await
+    );
+    // What the other replicas could claim then stays within the cap.
+    let c = claim(&caps.backend, &key, "c", [0, 9, 10, 8], 0).await.0 as u32;
+    assert!(in_use + 3 + c <= 10, "{in_use} + 3 + {c} in flight, cap 10");
+    drop(slots);
+}
