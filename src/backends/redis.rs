@@ -17,7 +17,7 @@
 //!   (`KEYS[1]`; the token's `ZREM` of one key), so each runs whole on the
 //!   master owning that key's slot and no key needs a hash tag; the keys
 //!   spread over the masters by their full names (`<prefix>:ip:<client>`,
-//!   `<prefix>:host:<HOST:PORT>`). A script that ever touches two keys must
+//!   `<prefix>:shares:<HOST:PORT>`). A script that ever touches two keys must
 //!   give them one hash tag (`{…}`). A `{…}` in `key_prefix` would become
 //!   every key's tag: still correct, but all the state on one master. The
 //!   cluster client may send a script again after a lost reply, so it may

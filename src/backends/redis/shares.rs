@@ -3,7 +3,10 @@
 //! Each replica holds a share of every capped host's slots on Redis and hands
 //! it to its reads locally:
 //!
-//! - **On Redis**, a host is one hash (`<prefix>:host:<HOST:PORT>`) with one
+//! - **On Redis**, a host is one hash (`<prefix>:shares:<HOST:PORT>`; not
+//!   `host:`, the per-read leases' sorted sets before, so replicas of both
+//!   versions on one Redis during a rolling upgrade do not fail each
+//!   other's calls with `WRONGTYPE`) with one
 //!   field per replica: `"<has> <wants> <expires>"` — the slots it holds, its
 //!   demand (reads in flight and waiting) when it last reported, and when
 //!   the field lapses (`lease_ms` after that report; a crashed replica's
@@ -145,7 +148,7 @@ impl RedisHostCaps {
                 let pool = Pool {
                     backend: backend.clone(),
                     script: script.clone(),
-                    key: backend.key("host", host),
+                    key: backend.key("shares", host),
                     holder: holder.clone(),
                     cap: config.max_concurrent,
                     wait: config.acquire_wait(),

@@ -52,7 +52,7 @@ fn caps(config: &RedisConfig, cap: u32) -> RedisHostCaps {
 async fn setup() -> Option<(RedisServer, RedisBackend, String)> {
     let redis = RedisServer::start().await?;
     let backend = RedisBackend::new(&config(&redis)).unwrap();
-    let key = backend.key("host", HOST);
+    let key = backend.key("shares", HOST);
     Some((redis, backend, key))
 }
 
@@ -188,7 +188,7 @@ async fn reads_take_slots_of_the_share_without_a_round_trip() {
         return;
     };
     let caps = caps(&config(&redis), 64);
-    let key = caps.backend.key("host", HOST);
+    let key = caps.backend.key("shares", HOST);
     let first = caps.acquire(HOST, Duration::from_secs(1)).await.unwrap();
     let calls = caps.backend.calls();
     // The first claim got the demand and the block (8): 8 more reads
@@ -337,7 +337,7 @@ async fn a_small_cap_wanted_by_more_replicas_is_not_starved() {
     assert_eq!(held(&redis, &key).await, 1);
 
     // Cap 2, three replicas wanting one each.
-    let key = backend.key("host", "h:2");
+    let key = backend.key("shares", "h:2");
     for holder in ["a", "b"] {
         assert_eq!(claim(&backend, &key, holder, [0, 1, 2, 0], 0).await.0, 1);
     }
@@ -418,7 +418,7 @@ async fn redis_always_holds_what_a_replica_has_in_use() {
         return;
     };
     let caps = caps(&config(&redis), 10);
-    let key = caps.backend.key("host", HOST);
+    let key = caps.backend.key("shares", HOST);
     let pool = caps.pools[HOST].clone();
     let far = (redis_time_us(&redis).await / 1000 + 600_000).to_string();
     let field = |has: u32, wants: u32| format!("{has} {wants} {far}");
@@ -475,4 +475,29 @@ async fn redis_always_holds_what_a_replica_has_in_use() {
     let c = claim(&caps.backend, &key, "c", [0, 9, 10, 8], 0).await.0 as u32;
     assert!(in_use + 3 + c <= 10, "{in_use} + 3 + {c} in flight, cap 10");
     drop(slots);
+}
+
+/// A rolling upgrade: replicas of the version before keep per-read leases
+/// in a sorted set at `<prefix>:host:<HOST:PORT>` on the same Redis. This
+/// version's shares must not collide with it: a `WRONGTYPE` would fail
+/// every claim and open the breaker for the per-IP limit too (with
+/// `failure_mode = "closed"`, every request refused until the old
+/// replicas are gone).
+#[tokio::test]
+async fn shares_do_not_collide_with_the_leases_of_the_version_before() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let caps = caps(&config(&redis), 4);
+    let old_key = caps.backend.key("host", HOST);
+    let expires = (redis_time_us(&redis).await / 1000 + 30_000).to_string();
+    redis
+        .command(&["ZADD", &old_key, &expires, "old-replica-lease"])
+        .await
+        .unwrap();
+    let slot = caps.acquire(HOST, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(caps.backend.failed_calls(), 0, "no call failed");
+    assert!(!caps.backend.is_open());
+    assert_eq!(caps.held(HOST).1, 1, "a slot of the share, not the fallback");
+    drop(slot);
 }
