@@ -356,8 +356,40 @@ async fn a_small_cap_wanted_by_more_replicas_is_not_starved() {
 /// host keeps being read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cap_of_one_between_two_busy_replicas_keeps_serving() {
+    let reads = cap_of_one_between_two_busy_replicas().await;
+    // One at a time, 5 ms each: about 200 in that second; a starved cap
+    // serves none.
+    assert!(
+        reads.iter().sum::<u64>() >= 50,
+        "{reads:?} reads in a second after warming up"
+    );
+}
+
+/// The same, each replica served a fair part.
+///
+/// Ignored: it fails. Busy, the fair share is rounded up and the cap bounds
+/// the sum, so the replica holding the odd slot (here the only one) keeps
+/// it: its own next read takes it locally as it comes back, its claims are
+/// given it again, and the other replica's reads all end `HOST_SATURATED`
+/// while its neighbour has demand. With per-read leases each acquire raced
+/// for the slot. A fix is a design choice (give back a slot above the
+/// rounded-down share as it comes back, and have CLAIM hand the odd slots
+/// to the replicas that held fewer — a rotation), not a local change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "design: the odd slot of a busy cap stays with its holder"]
+async fn a_cap_of_one_between_two_busy_replicas_is_shared() {
+    let reads = cap_of_one_between_two_busy_replicas().await;
+    let total: u64 = reads.iter().sum();
+    for r in reads {
+        assert!(r * 4 >= total, "starved: {reads:?}");
+    }
+}
+
+/// Reads per replica in a second (after 300 ms of warming up), two
+/// replicas with two readers each on a host capped at one.
+async fn cap_of_one_between_two_busy_replicas() -> [u64; 2] {
     let Some(redis) = RedisServer::start().await else {
-        return;
+        return [100, 100];
     };
     let host = HostConfig {
         max_concurrent: 1,
@@ -378,7 +410,7 @@ async fn a_cap_of_one_between_two_busy_replicas_keeps_serving() {
         started + Duration::from_millis(1_300),
     );
     let mut tasks = Vec::new();
-    for caps in &replicas {
+    for (r, caps) in replicas.iter().enumerate() {
         for _ in 0..2 {
             let (caps, in_flight) = (caps.clone(), in_flight.clone());
             tasks.push(tokio::spawn(async move {
@@ -395,17 +427,17 @@ async fn a_cap_of_one_between_two_busy_replicas_keeps_serving() {
                         reads += 1;
                     }
                 }
-                reads
+                (r, reads)
             }));
         }
     }
-    let mut reads = 0;
+    let mut reads = [0; 2];
     for task in tasks {
-        reads += task.await.unwrap();
+        let (r, n) = task.await.unwrap();
+        reads[r] += n;
     }
-    // One at a time, 5 ms each: about 200 in that second; a starved cap
-    // serves none.
-    assert!(reads >= 50, "{reads} reads in a second after warming up");
+    eprintln!("reads per replica {reads:?}");
+    reads
 }
 
 /// Reads that take slots while a claim is in flight (up to the allowance
