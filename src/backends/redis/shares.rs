@@ -44,7 +44,10 @@
 //!   the backend (a restarted Redis may have lost the hash) — and while the
 //!   breaker is open, `failure_mode` applies. An allowance is used only
 //!   within `2/3 lease_ms` of sending the claim that granted it, so Redis
-//!   still holds it then.
+//!   still holds it then. Data lost on Redis with no failed call (a restart
+//!   between two calls, `FLUSHALL`, eviction) is noticed only at the next
+//!   claim, at most `refresh_ms` later; until then the cap may be exceeded
+//!   by the slots in use and taken here (README).
 
 use super::{down, Lua, RedisBackend};
 use crate::config::{FailureMode, HostConfig};

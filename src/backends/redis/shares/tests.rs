@@ -533,3 +533,41 @@ async fn shares_do_not_collide_with_the_leases_of_the_version_before() {
     assert_eq!(caps.held(HOST).1, 1, "a slot of the share, not the fallback");
     drop(slot);
 }
+
+/// Redis restarted (or flushed, or evicting) between two claims of a
+/// replica: nothing failed, so the replica's allowance is still valid
+/// and it goes on taking from it, while the others find the host's hash
+/// gone and are granted the whole cap.
+///
+/// Ignored: it fails, by design. A share is handed out without a round
+/// trip, so data lost on Redis is noticed at the replica's next call (a
+/// claim at the latest `refresh_ms` later, here set long so the test is
+/// deterministic): until then the cap is exceeded by what the replica had
+/// in flight and what it takes. Only a round trip per read would close it;
+/// README ("Running several replicas") states the bound.
+#[tokio::test]
+#[ignore = "design: data lost on Redis is noticed at the next claim"]
+async fn a_restarted_redis_between_claims_lets_no_replica_pass_the_cap() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let config = RedisConfig {
+        refresh_ms: 9_000,
+        ..config(&redis)
+    };
+    let (a, b) = (caps(&config, 4), caps(&config, 4));
+    let wait = Duration::from_secs(1);
+    let mut held_by_a = vec![a.acquire(HOST, wait).await.unwrap()];
+    // Demand 1 and half the room of 3: an allowance of 2.
+    assert_eq!(a.held(HOST), (2, 1));
+    redis.kill();
+    redis.restart().await;
+    let held_by_b: Vec<_> = futures::future::join_all((0..4).map(|_| b.acquire(HOST, wait)))
+        .await
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    held_by_a.extend(a.acquire(HOST, wait).await.ok());
+    let in_flight = held_by_a.len() + held_by_b.len();
+    assert!(in_flight <= 4, "{in_flight} in flight, cap 4");
+}
