@@ -416,6 +416,13 @@ impl Pool {
                 state.valid_until = Some((sent + backend.inner.lease * 2 / 3, failures));
                 state.busy = busy;
                 state.recorded = allowed > 0 || floor > 0 || wants > 0;
+                // Others turned out short while this claim kept the old
+                // allowance as its floor: give back what Redis holds beyond
+                // the share and the reads in flight now, not a refresh later.
+                if busy && floor > allowed.max(state.in_use) {
+                    state.give_back = true;
+                    self.wanted.notify_one();
+                }
                 Ok(())
             }
             Err(error) => {

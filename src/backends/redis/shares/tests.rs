@@ -571,3 +571,46 @@ async fn a_restarted_redis_between_claims_lets_no_replica_pass_the_cap() {
     let in_flight = held_by_a.len() + held_by_b.len();
     assert!(in_flight <= 4, "{in_flight} in flight, cap 4");
 }
+
+/// README: `refresh_ms` is "how long another replica may wait for slots
+/// this one holds idle". A replica holding spare learns at its refresh
+/// that another is short; it must give the spare back then, not at the
+/// refresh after (its claim kept the allowance as its floor, not knowing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_spare_goes_back_within_one_refresh_of_another_replica_short() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let config = RedisConfig {
+        refresh_ms: 1_000,
+        ..config(&redis)
+    };
+    let host = HostConfig {
+        max_concurrent: 10,
+        acquire_wait_ms: 5_000,
+        ..Default::default()
+    };
+    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
+    let a = RedisHostCaps::new(hosts.clone(), RedisBackend::new(&config).unwrap());
+    let b = Arc::new(RedisHostCaps::new(hosts, RedisBackend::new(&config).unwrap()));
+    // One read on "a": it holds its demand and spare, 5 of 10.
+    drop(a.acquire(HOST, Duration::from_secs(1)).await.unwrap());
+    assert_eq!(a.held(HOST), (5, 0));
+    // Ten reads on "b": 5 at once, the rest once "a" gives its spare back.
+    let started = Instant::now();
+    let reads = (0..10).map(|_| {
+        let b = b.clone();
+        async move {
+            let slot = b.acquire(HOST, Duration::from_secs(5)).await.unwrap();
+            (slot, started.elapsed())
+        }
+    });
+    let reads = futures::future::join_all(reads).await;
+    let slowest = reads.iter().map(|(_, took)| *took).max().unwrap();
+    // "a"'s refresh comes within a second; one more claim of "b" after it.
+    assert!(
+        slowest < Duration::from_millis(1_500),
+        "b waited {slowest:?} for a's idle spare (refresh_ms 1000)"
+    );
+    drop(reads);
+}
