@@ -614,3 +614,29 @@ async fn idle_spare_goes_back_within_one_refresh_of_another_replica_short() {
     );
     drop(reads);
 }
+
+/// Edge values: a cap of 0, the largest cap and demand (u32), and fields
+/// CLAIM did not write (garbage, negative, or with an exponent, as Lua
+/// would print a number past 14 digits) — dropped, never counted as room.
+#[tokio::test]
+async fn claims_at_the_edges() {
+    let Some((redis, backend, key)) = setup().await else {
+        return;
+    };
+    assert_eq!(claim(&backend, &key, "a", [0, 1, 0, 8], 0).await, (0, 1));
+    let max = i64::from(u32::MAX);
+    let key = backend.key("shares", "h:max");
+    assert_eq!(claim(&backend, &key, "a", [0, max, max, max], 0).await, (max, 0));
+    assert_eq!(held(&redis, &key).await, u32::MAX);
+    assert_eq!(claim(&backend, &key, "b", [0, max, max, max], 0).await, (0, 1));
+    assert_eq!(claim(&backend, &key, "a", [max, max, max, max], 0).await.0, max / 2 + 1);
+    let key = backend.key("shares", "h:garbage");
+    for (holder, value) in [("x", "junk"), ("y", "-3 1 99999999999999"), ("z", "3 1 1e+15")] {
+        redis.command(&["HSET", &key, holder, value]).await.unwrap();
+    }
+    assert_eq!(claim(&backend, &key, "a", [0, 4, 4, 0], 0).await, (4, 0));
+    assert_eq!(
+        redis.command(&["HLEN", &key]).await,
+        Some(redis::Value::Int(1))
+    );
+}
