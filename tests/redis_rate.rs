@@ -112,7 +112,11 @@ async fn clients_seen_once_are_forgotten() {
     };
     let (limiter, _) = limiter(&redis, 60);
     let limiter = std::sync::Arc::new(limiter);
-    let client = |n: u32| IpAddr::V6(std::net::Ipv6Addr::from(0x2001_0db8_u128 << 96 | u128::from(n)));
+    let client = |n: u32| {
+        IpAddr::V6(std::net::Ipv6Addr::from(
+            0x2001_0db8_u128 << 96 | u128::from(n),
+        ))
+    };
     let tasks: Vec<_> = (0..8u32)
         .map(|t| {
             let limiter = limiter.clone();

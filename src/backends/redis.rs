@@ -91,13 +91,13 @@
 //! `UNAVAILABLE`.
 
 mod conn;
-mod shares;
 mod rate;
+mod shares;
 
 pub(crate) use conn::Conn;
 use conn::{cluster_client, slot, slot_ranges_by_master, Target, NODE_TIME, SLOTS};
-pub use shares::RedisHostCaps;
 pub use rate::RedisRateLimiter;
+pub use shares::RedisHostCaps;
 
 use super::breaker::Breaker;
 use crate::config::{FailureMode, RedisConfig};

@@ -457,8 +457,7 @@ async fn redis_always_holds_what_a_replica_has_in_use() {
     let ours = async || -> u32 {
         let field = redis.command(&["HGET", &key, &pool.holder]).await;
         match field {
-            Some(redis::Value::BulkString(v)) => String::from_utf8(v).unwrap()
-                [..]
+            Some(redis::Value::BulkString(v)) => String::from_utf8(v).unwrap()[..]
                 .split(' ')
                 .next()
                 .unwrap()
@@ -530,7 +529,11 @@ async fn shares_do_not_collide_with_the_leases_of_the_version_before() {
     let slot = caps.acquire(HOST, Duration::from_secs(1)).await.unwrap();
     assert_eq!(caps.backend.failed_calls(), 0, "no call failed");
     assert!(!caps.backend.is_open());
-    assert_eq!(caps.held(HOST).1, 1, "a slot of the share, not the fallback");
+    assert_eq!(
+        caps.held(HOST).1,
+        1,
+        "a slot of the share, not the fallback"
+    );
     drop(slot);
 }
 
@@ -592,7 +595,10 @@ async fn idle_spare_goes_back_within_one_refresh_of_another_replica_short() {
     };
     let hosts = BTreeMap::from([(HOST.to_string(), host)]);
     let a = RedisHostCaps::new(hosts.clone(), RedisBackend::new(&config).unwrap());
-    let b = Arc::new(RedisHostCaps::new(hosts, RedisBackend::new(&config).unwrap()));
+    let b = Arc::new(RedisHostCaps::new(
+        hosts,
+        RedisBackend::new(&config).unwrap(),
+    ));
     // One read on "a": it holds its demand and spare, 5 of 10.
     drop(a.acquire(HOST, Duration::from_secs(1)).await.unwrap());
     assert_eq!(a.held(HOST), (5, 0));
@@ -626,12 +632,25 @@ async fn claims_at_the_edges() {
     assert_eq!(claim(&backend, &key, "a", [0, 1, 0, 8], 0).await, (0, 1));
     let max = i64::from(u32::MAX);
     let key = backend.key("shares", "h:max");
-    assert_eq!(claim(&backend, &key, "a", [0, max, max, max], 0).await, (max, 0));
+    assert_eq!(
+        claim(&backend, &key, "a", [0, max, max, max], 0).await,
+        (max, 0)
+    );
     assert_eq!(held(&redis, &key).await, u32::MAX);
-    assert_eq!(claim(&backend, &key, "b", [0, max, max, max], 0).await, (0, 1));
-    assert_eq!(claim(&backend, &key, "a", [max, max, max, max], 0).await.0, max / 2 + 1);
+    assert_eq!(
+        claim(&backend, &key, "b", [0, max, max, max], 0).await,
+        (0, 1)
+    );
+    assert_eq!(
+        claim(&backend, &key, "a", [max, max, max, max], 0).await.0,
+        max / 2 + 1
+    );
     let key = backend.key("shares", "h:garbage");
-    for (holder, value) in [("x", "junk"), ("y", "-3 1 99999999999999"), ("z", "3 1 1e+15")] {
+    for (holder, value) in [
+        ("x", "junk"),
+        ("y", "-3 1 99999999999999"),
+        ("z", "3 1 1e+15"),
+    ] {
         redis.command(&["HSET", &key, holder, value]).await.unwrap();
     }
     assert_eq!(claim(&backend, &key, "a", [0, 4, 4, 0], 0).await, (4, 0));
