@@ -357,10 +357,10 @@ async fn a_small_cap_wanted_by_more_replicas_is_not_starved() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cap_of_one_between_two_busy_replicas_keeps_serving() {
     let reads = cap_of_one_between_two_busy_replicas().await;
-    // One at a time, 5 ms each: about 200 in that second; a starved cap
-    // serves none.
+    // One at a time, 5 ms each: about 160 in that second here; a starved
+    // cap served none.
     assert!(
-        reads.iter().sum::<u64>() >= 50,
+        reads.iter().sum::<u64>() >= 20,
         "{reads:?} reads in a second after warming up"
     );
 }
