@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const HOST: &str = "upstream.test:443";
-const KEY: &str = "fanout:host:upstream.test:443";
+const KEY: &str = "fanout:shares:upstream.test:443";
 const CAP: u32 = 4;
 /// Far longer than any test: slots left behind would show.
 const LEASE_MS: u64 = 30_000;

@@ -102,3 +102,38 @@ async fn what_a_replica_took_ahead_and_did_not_use_goes_back() {
         "{total} admitted in {elapsed:.2} s (a 20 + {on_a}, b {on_b} + {after})"
     );
 }
+
+/// Many clients once each (a scan over addresses): the state kept per
+/// client goes once nothing is held for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_seen_once_are_forgotten() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let (limiter, _) = limiter(&redis, 60);
+    let limiter = std::sync::Arc::new(limiter);
+    let client = |n: u32| {
+        IpAddr::V6(std::net::Ipv6Addr::from(
+            0x2001_0db8_u128 << 96 | u128::from(n),
+        ))
+    };
+    let tasks: Vec<_> = (0..8u32)
+        .map(|t| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                for n in 0..1_000 {
+                    limiter.check(client(t * 1_000 + n)).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(limiter.clients() >= 4_000, "{} kept", limiter.clients());
+    // Past what was taken ahead for them (a second) and the hold after it,
+    // one client's checks run the sweep.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    admitted(&limiter, 4_096).await;
+    assert!(limiter.clients() <= 1, "{} kept", limiter.clients());
+}

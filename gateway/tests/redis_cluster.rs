@@ -155,7 +155,7 @@ async fn two_replicas_share_the_per_ip_limit_and_host_caps_on_a_cluster() {
     // Meanwhile, where the host keys are.
     let mut held = BTreeMap::new();
     for _ in 0..50 {
-        held = cluster.keys_by_master("fanout:host:*").await;
+        held = cluster.keys_by_master("fanout:shares:*").await;
         if masters_holding(&held) >= 2 {
             break;
         }
@@ -177,7 +177,7 @@ async fn two_replicas_share_the_per_ip_limit_and_host_caps_on_a_cluster() {
     // Idle, every slot given back: the hashes are gone.
     let mut released = false;
     for _ in 0..100 {
-        let keys = cluster.keys_by_master("fanout:host:*").await;
+        let keys = cluster.keys_by_master("fanout:shares:*").await;
         if keys.values().all(Vec::is_empty) {
             released = true;
             break;
@@ -353,7 +353,7 @@ async fn failover(mode: FailureMode, fault: Fault) {
         Replica::new(&config, &registry),
     ];
     let load = load(&replicas, mode);
-    let host_key = format!("fanout:host:{}", registry.host());
+    let host_key = format!("fanout:shares:{}", registry.host());
 
     until("warm-up", Duration::from_secs(10), async || {
         load.get(WARM_UP, |o| &o.ok) >= 40

@@ -67,7 +67,7 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
     a_cap_of_four_holds_across(&[&a, &b], &registry).await;
     // Idle, both replicas gave every slot back (long before the lease).
-    let key = format!("fanout:host:{}", registry.host());
+    let key = format!("fanout:shares:{}", registry.host());
     until("given back", Duration::from_secs(2), async || {
         redis.slots_held(&key).await == 0
     })
@@ -92,7 +92,7 @@ async fn a_crashed_replicas_slots_free_up_after_the_lease() {
     );
     // The crashed replica held both slots and never reported again: its
     // field of the host's hash, lapsing a lease after its last claim.
-    let key = format!("{}:host:{host}", config.redis.key_prefix);
+    let key = format!("{}:shares:{host}", config.redis.key_prefix);
     held_without_refresh(&redis.url(), &key, "dead", 2, config.redis.lease_ms).await;
     let taken_at = Instant::now();
     let alive = RedisHostCaps::new(

@@ -17,10 +17,10 @@
 //!   cluster client's own retries (a redirect, a reconnect, `TRYAGAIN`,
 //!   `CLUSTERDOWN`) happen inside that bound.
 //! - **Cluster slots.** Every script and command touches exactly one key
-//!   (`KEYS[1]`; the token's `ZREM` of one key), so each runs whole on the
+//!   (`KEYS[1]`; the give-back's `HDEL` of one key), so each runs whole on the
 //!   master owning that key's slot and no key needs a hash tag; the keys
 //!   spread over the masters by their full names (`<prefix>:ip:<client>`,
-//!   `<prefix>:host:<HOST:PORT>`). A script that ever touches two keys must
+//!   `<prefix>:shares:<HOST:PORT>`). A script that ever touches two keys must
 //!   give them one hash tag (`{…}`). A `{…}` in `key_prefix` would become
 //!   every key's tag: still correct, but all the state on one master. The
 //!   cluster client may send a script again after a lost reply, so it may
@@ -52,7 +52,8 @@
 //!   Redis's clock never later than the real one, so clock skew between
 //!   replicas and Redis does not matter; only drift between two replies does
 //!   (microseconds), and a step of Redis's clock is corrected by the next
-//!   reply (the token below covers the gap).
+//!   reply (until then a deadline is off by the step; a step forward of
+//!   more than `lease_ms` less `refresh_ms` also lapses host shares early).
 //! - **One clock per master.** In a cluster each master has its own clock,
 //!   and an offset is a lower bound only for the node it was learned from. So
 //!   the offset is kept per slot (16,384 of them) and used for calls on that

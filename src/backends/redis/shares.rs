@@ -3,7 +3,10 @@
 //! Each replica holds a share of every capped host's slots on Redis and hands
 //! it to its reads locally:
 //!
-//! - **On Redis**, a host is one hash (`<prefix>:host:<HOST:PORT>`) with one
+//! - **On Redis**, a host is one hash (`<prefix>:shares:<HOST:PORT>`; not
+//!   `host:`, the per-read leases' sorted sets before, so replicas of both
+//!   versions on one Redis during a rolling upgrade do not fail each
+//!   other's calls with `WRONGTYPE`) with one
 //!   field per replica: `"<has> <wants> <expires>"` — the slots it holds, its
 //!   demand (reads in flight and waiting) when it last reported, and when
 //!   the field lapses (`lease_ms` after that report; a crashed replica's
@@ -41,7 +44,10 @@
 //!   the backend (a restarted Redis may have lost the hash) — and while the
 //!   breaker is open, `failure_mode` applies. An allowance is used only
 //!   within `2/3 lease_ms` of sending the claim that granted it, so Redis
-//!   still holds it then.
+//!   still holds it then. Data lost on Redis with no failed call (a restart
+//!   between two calls, `FLUSHALL`, eviction) is noticed only at the next
+//!   claim, at most `refresh_ms` later; until then the cap may be exceeded
+//!   by the slots in use and taken here (README).
 
 use super::{down, Lua, RedisBackend};
 use crate::config::{FailureMode, HostConfig};
@@ -97,8 +103,11 @@ else
   table.sort(demands)
   local left, level = cap, cap
   for i, d in ipairs(demands) do
-    local even = math.ceil(left / (#demands - i + 1))
-    if d > even then level = even break end
+    -- Above an even split of what is left, compared unrounded: a demand
+    -- equal to the rounded-up split, counted as met, would use up slots
+    -- the level below it relies on (cap 1, demands 1 and 1: level 0).
+    local n = #demands - i + 1
+    if d * n > left then level = math.ceil(left / n) break end
     left = left - d
   end
   allowed = math.min(wants, level)
@@ -142,7 +151,7 @@ impl RedisHostCaps {
                 let pool = Pool {
                     backend: backend.clone(),
                     script: script.clone(),
-                    key: backend.key("host", host),
+                    key: backend.key("shares", host),
                     holder: holder.clone(),
                     cap: config.max_concurrent,
                     wait: config.acquire_wait(),
@@ -366,7 +375,14 @@ impl Pool {
             // and a block), only what is in use may be until the answer.
             let shrink =
                 idle || state.busy || state.allowed > wants.saturating_add(block.saturating_mul(2));
-            let floor = if shrink { state.in_use } else { state.allowed };
+            // Reads taken during the last claim may be more than its answer
+            // allowed (the claim kept the allowance before it): Redis holds
+            // them, so the floor does too, or the claim would give them away.
+            let floor = if shrink {
+                state.in_use
+            } else {
+                state.allowed.max(state.in_use)
+            };
             state.in_flight = Some(floor);
             state.peak = 0;
             state.used = false;
@@ -400,6 +416,13 @@ impl Pool {
                 state.valid_until = Some((sent + backend.inner.lease * 2 / 3, failures));
                 state.busy = busy;
                 state.recorded = allowed > 0 || floor > 0 || wants > 0;
+                // Others turned out short while this claim kept the old
+                // allowance as its floor: give back what Redis holds beyond
+                // the share and the reads in flight now, not a refresh later.
+                if busy && floor > allowed.max(state.in_use) {
+                    state.give_back = true;
+                    self.wanted.notify_one();
+                }
                 Ok(())
             }
             Err(error) => {

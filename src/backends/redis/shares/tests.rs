@@ -52,7 +52,7 @@ fn caps(config: &RedisConfig, cap: u32) -> RedisHostCaps {
 async fn setup() -> Option<(RedisServer, RedisBackend, String)> {
     let redis = RedisServer::start().await?;
     let backend = RedisBackend::new(&config(&redis)).unwrap();
-    let key = backend.key("host", HOST);
+    let key = backend.key("shares", HOST);
     Some((redis, backend, key))
 }
 
@@ -188,7 +188,7 @@ async fn reads_take_slots_of_the_share_without_a_round_trip() {
         return;
     };
     let caps = caps(&config(&redis), 64);
-    let key = caps.backend.key("host", HOST);
+    let key = caps.backend.key("shares", HOST);
     let first = caps.acquire(HOST, Duration::from_secs(1)).await.unwrap();
     let calls = caps.backend.calls();
     // The first claim got the demand and the block (8): 8 more reads
@@ -315,4 +315,347 @@ async fn a_contended_cap_holds_and_is_shared() {
     for reads in per_replica {
         assert!(reads * 4 >= total, "starved: {per_replica:?}");
     }
+}
+
+/// Water-filling when the demands just exceed the cap: a cap of one and
+/// two replicas wanting one each, or a cap of two and three. The slot
+/// free on Redis goes to whoever claims it; nobody is told its fair share
+/// is zero while the cap has room.
+#[tokio::test]
+async fn a_small_cap_wanted_by_more_replicas_is_not_starved() {
+    let Some((redis, backend, key)) = setup().await else {
+        return;
+    };
+    // Cap 1: "a" reads alone, "b" comes and is short.
+    assert_eq!(claim(&backend, &key, "a", [0, 1, 1, 0], 0).await.0, 1);
+    assert_eq!(claim(&backend, &key, "b", [0, 1, 1, 0], 0).await, (0, 1));
+    // "a"'s read ends and its next read asks: the slot is free on Redis
+    // (a's own, nobody else holds it), so someone must get it.
+    let a = claim(&backend, &key, "a", [0, 1, 1, 0], 0).await.0;
+    let b = claim(&backend, &key, "b", [0, 1, 1, 0], 0).await.0;
+    assert_eq!(a + b, 1, "cap 1, wanted by a and b: a {a}, b {b}");
+    assert_eq!(held(&redis, &key).await, 1);
+
+    // Cap 2, three replicas wanting one each.
+    let key = backend.key("shares", "h:2");
+    for holder in ["a", "b"] {
+        assert_eq!(claim(&backend, &key, holder, [0, 1, 2, 0], 0).await.0, 1);
+    }
+    assert_eq!(claim(&backend, &key, "c", [0, 1, 2, 0], 0).await, (0, 1));
+    // "a" and "b" finish a read each and ask again.
+    let granted = [
+        claim(&backend, &key, "a", [0, 1, 2, 0], 0).await.0,
+        claim(&backend, &key, "b", [0, 1, 2, 0], 0).await.0,
+        claim(&backend, &key, "c", [0, 1, 2, 0], 0).await.0,
+    ];
+    assert_eq!(granted.iter().sum::<i64>(), 2, "cap 2: {granted:?}");
+    assert_eq!(held(&redis, &key).await, 2);
+}
+
+/// Two replicas, each with readers wanting a cap of one all the time: the
+/// host keeps being read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_of_one_between_two_busy_replicas_keeps_serving() {
+    let reads = cap_of_one_between_two_busy_replicas().await;
+    // One at a time, 5 ms each: about 160 in that second here; a starved
+    // cap served none.
+    assert!(
+        reads.iter().sum::<u64>() >= 20,
+        "{reads:?} reads in a second after warming up"
+    );
+}
+
+/// The same, each replica served a fair part.
+///
+/// Ignored: it fails. Busy, the fair share is rounded up and the cap bounds
+/// the sum, so the replica holding the odd slot (here the only one) keeps
+/// it: its own next read takes it locally as it comes back, its claims are
+/// given it again, and the other replica's reads all end `HOST_SATURATED`
+/// while its neighbour has demand. With per-read leases each acquire raced
+/// for the slot. A fix is a design choice (give back a slot above the
+/// rounded-down share as it comes back, and have CLAIM hand the odd slots
+/// to the replicas that held fewer — a rotation), not a local change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "design: the odd slot of a busy cap stays with its holder"]
+async fn a_cap_of_one_between_two_busy_replicas_is_shared() {
+    let reads = cap_of_one_between_two_busy_replicas().await;
+    let total: u64 = reads.iter().sum();
+    for r in reads {
+        assert!(r * 4 >= total, "starved: {reads:?}");
+    }
+}
+
+/// Reads per replica in a second (after 300 ms of warming up), two
+/// replicas with two readers each on a host capped at one.
+async fn cap_of_one_between_two_busy_replicas() -> [u64; 2] {
+    let Some(redis) = RedisServer::start().await else {
+        return [100, 100];
+    };
+    let host = HostConfig {
+        max_concurrent: 1,
+        acquire_wait_ms: 200,
+        ..Default::default()
+    };
+    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
+    let replicas: Vec<_> = (0..2)
+        .map(|_| {
+            let backend = RedisBackend::new(&config(&redis)).unwrap();
+            Arc::new(RedisHostCaps::new(hosts.clone(), backend))
+        })
+        .collect();
+    let in_flight = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let started = Instant::now();
+    let (warm, stop) = (
+        started + Duration::from_millis(300),
+        started + Duration::from_millis(1_300),
+    );
+    let mut tasks = Vec::new();
+    for (r, caps) in replicas.iter().enumerate() {
+        for _ in 0..2 {
+            let (caps, in_flight) = (caps.clone(), in_flight.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut reads = 0u64;
+                while Instant::now() < stop {
+                    let Ok(slot) = caps.acquire(HOST, Duration::from_secs(5)).await else {
+                        continue;
+                    };
+                    assert_eq!(in_flight.fetch_add(1, SeqCst), 0, "cap 1");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    in_flight.fetch_sub(1, SeqCst);
+                    drop(slot);
+                    if Instant::now() > warm {
+                        reads += 1;
+                    }
+                }
+                (r, reads)
+            }));
+        }
+    }
+    let mut reads = [0; 2];
+    for task in tasks {
+        let (r, n) = task.await.unwrap();
+        reads[r] += n;
+    }
+    eprintln!("reads per replica {reads:?}");
+    reads
+}
+
+/// Reads that take slots while a claim is in flight (up to the allowance
+/// held then) may leave the claim's answer below what is in use; the next
+/// claim must still report at least what is in use, or Redis holds less
+/// than the replica has in flight and another replica is given the rest.
+#[tokio::test]
+async fn redis_always_holds_what_a_replica_has_in_use() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let caps = caps(&config(&redis), 10);
+    let key = caps.backend.key("shares", HOST);
+    let pool = caps.pools[HOST].clone();
+    let far = (redis_time_us(&redis).await / 1000 + 600_000).to_string();
+    let field = |has: u32, wants: u32| format!("{has} {wants} {far}");
+    let ours = async || -> u32 {
+        let field = redis.command(&["HGET", &key, &pool.holder]).await;
+        match field {
+            Some(redis::Value::BulkString(v)) => String::from_utf8(v).unwrap()[..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap(),
+            other => panic!("our field: {other:?}"),
+        }
+    };
+    // Alone, one read waiting: its demand and spare (half the room, 4).
+    let waiting = Waiting::new(&pool);
+    pool.claim().await.unwrap();
+    drop(waiting);
+    let mut slots = vec![pool.take().unwrap()];
+    assert_eq!(caps.held(HOST), (5, 1));
+    // Another replica "b" holds 3.
+    redis
+        .command(&["HSET", &key, "b", &field(3, 3)])
+        .await
+        .unwrap();
+    // A refresh claim goes out (demand 1, keeping the allowance of 5),
+    // and before it is answered four more reads take slots of the 5.
+    {
+        let claim = pool.claim();
+        tokio::pin!(claim);
+        assert!(futures::poll!(claim.as_mut()).is_pending());
+        slots.extend((0..4).map(|_| pool.take().expect("within the allowance")));
+        claim.await.unwrap();
+    }
+    // Answer: demand 1 and half the room of 7: 4 — but 5 are in use.
+    assert_eq!(caps.held(HOST), (4, 5));
+    assert!(ours().await >= 5);
+    // A third replica "c" is short: the next claim is busy.
+    redis
+        .command(&["HSET", &key, "c", &field(0, 9)])
+        .await
+        .unwrap();
+    pool.claim().await.unwrap();
+    let in_use = caps.held(HOST).1;
+    assert_eq!(in_use, 5);
+    assert!(
+        ours().await >= in_use,
+        "Redis holds {} for a replica with {in_use} in flight",
+        ours().await
+    );
+    // What the other replicas could claim then stays within the cap.
+    let c = claim(&caps.backend, &key, "c", [0, 9, 10, 8], 0).await.0 as u32;
+    assert!(in_use + 3 + c <= 10, "{in_use} + 3 + {c} in flight, cap 10");
+    drop(slots);
+}
+
+/// A rolling upgrade: replicas of the version before keep per-read leases
+/// in a sorted set at `<prefix>:host:<HOST:PORT>` on the same Redis. This
+/// version's shares must not collide with it: a `WRONGTYPE` would fail
+/// every claim and open the breaker for the per-IP limit too (with
+/// `failure_mode = "closed"`, every request refused until the old
+/// replicas are gone).
+#[tokio::test]
+async fn shares_do_not_collide_with_the_leases_of_the_version_before() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let caps = caps(&config(&redis), 4);
+    let old_key = caps.backend.key("host", HOST);
+    let expires = (redis_time_us(&redis).await / 1000 + 30_000).to_string();
+    redis
+        .command(&["ZADD", &old_key, &expires, "old-replica-lease"])
+        .await
+        .unwrap();
+    let slot = caps.acquire(HOST, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(caps.backend.failed_calls(), 0, "no call failed");
+    assert!(!caps.backend.is_open());
+    assert_eq!(
+        caps.held(HOST).1,
+        1,
+        "a slot of the share, not the fallback"
+    );
+    drop(slot);
+}
+
+/// Redis restarted (or flushed, or evicting) between two claims of a
+/// replica: nothing failed, so the replica's allowance is still valid
+/// and it goes on taking from it, while the others find the host's hash
+/// gone and are granted the whole cap.
+///
+/// Ignored: it fails, by design. A share is handed out without a round
+/// trip, so data lost on Redis is noticed at the replica's next call (a
+/// claim at the latest `refresh_ms` later, here set long so the test is
+/// deterministic): until then the cap is exceeded by what the replica had
+/// in flight and what it takes. Only a round trip per read would close it;
+/// README ("Running several replicas") states the bound.
+#[tokio::test]
+#[ignore = "design: data lost on Redis is noticed at the next claim"]
+async fn a_restarted_redis_between_claims_lets_no_replica_pass_the_cap() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let config = RedisConfig {
+        refresh_ms: 9_000,
+        ..config(&redis)
+    };
+    let (a, b) = (caps(&config, 4), caps(&config, 4));
+    let wait = Duration::from_secs(1);
+    let mut held_by_a = vec![a.acquire(HOST, wait).await.unwrap()];
+    // Demand 1 and half the room of 3: an allowance of 2.
+    assert_eq!(a.held(HOST), (2, 1));
+    redis.kill();
+    redis.restart().await;
+    let held_by_b: Vec<_> = futures::future::join_all((0..4).map(|_| b.acquire(HOST, wait)))
+        .await
+        .into_iter()
+        .filter_map(Result::ok)
+        .collect();
+    held_by_a.extend(a.acquire(HOST, wait).await.ok());
+    let in_flight = held_by_a.len() + held_by_b.len();
+    assert!(in_flight <= 4, "{in_flight} in flight, cap 4");
+}
+
+/// README: `refresh_ms` is "how long another replica may wait for slots
+/// this one holds idle". A replica holding spare learns at its refresh
+/// that another is short; it must give the spare back then, not at the
+/// refresh after (its claim kept the allowance as its floor, not knowing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_spare_goes_back_within_one_refresh_of_another_replica_short() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let config = RedisConfig {
+        refresh_ms: 1_000,
+        ..config(&redis)
+    };
+    let host = HostConfig {
+        max_concurrent: 10,
+        acquire_wait_ms: 5_000,
+        ..Default::default()
+    };
+    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
+    let a = RedisHostCaps::new(hosts.clone(), RedisBackend::new(&config).unwrap());
+    let b = Arc::new(RedisHostCaps::new(
+        hosts,
+        RedisBackend::new(&config).unwrap(),
+    ));
+    // One read on "a": it holds its demand and spare, 5 of 10.
+    drop(a.acquire(HOST, Duration::from_secs(1)).await.unwrap());
+    assert_eq!(a.held(HOST), (5, 0));
+    // Ten reads on "b": 5 at once, the rest once "a" gives its spare back.
+    let started = Instant::now();
+    let reads = (0..10).map(|_| {
+        let b = b.clone();
+        async move {
+            let slot = b.acquire(HOST, Duration::from_secs(5)).await.unwrap();
+            (slot, started.elapsed())
+        }
+    });
+    let reads = futures::future::join_all(reads).await;
+    let slowest = reads.iter().map(|(_, took)| *took).max().unwrap();
+    // "a"'s refresh comes within a second; one more claim of "b" after it.
+    assert!(
+        slowest < Duration::from_millis(1_500),
+        "b waited {slowest:?} for a's idle spare (refresh_ms 1000)"
+    );
+    drop(reads);
+}
+
+/// Edge values: a cap of 0, the largest cap and demand (u32), and fields
+/// CLAIM did not write (garbage, negative, or with an exponent, as Lua
+/// would print a number past 14 digits) — dropped, never counted as room.
+#[tokio::test]
+async fn claims_at_the_edges() {
+    let Some((redis, backend, key)) = setup().await else {
+        return;
+    };
+    assert_eq!(claim(&backend, &key, "a", [0, 1, 0, 8], 0).await, (0, 1));
+    let max = i64::from(u32::MAX);
+    let key = backend.key("shares", "h:max");
+    assert_eq!(
+        claim(&backend, &key, "a", [0, max, max, max], 0).await,
+        (max, 0)
+    );
+    assert_eq!(held(&redis, &key).await, u32::MAX);
+    assert_eq!(
+        claim(&backend, &key, "b", [0, max, max, max], 0).await,
+        (0, 1)
+    );
+    assert_eq!(
+        claim(&backend, &key, "a", [max, max, max, max], 0).await.0,
+        max / 2 + 1
+    );
+    let key = backend.key("shares", "h:garbage");
+    for (holder, value) in [
+        ("x", "junk"),
+        ("y", "-3 1 99999999999999"),
+        ("z", "3 1 1e+15"),
+    ] {
+        redis.command(&["HSET", &key, holder, value]).await.unwrap();
+    }
+    assert_eq!(claim(&backend, &key, "a", [0, 4, 4, 0], 0).await, (4, 0));
+    assert_eq!(
+        redis.command(&["HLEN", &key]).await,
+        Some(redis::Value::Int(1))
+    );
 }
