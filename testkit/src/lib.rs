@@ -200,7 +200,7 @@ impl Drop for RedisServer {
 }
 
 /// Slots of a host's cap held on Redis, from `HGETALL` of its hash: the sum
-/// of each replica's field `"<has> <wants> <expires>"` (lapsed ones included
+/// of each replica's field `"<has> <wants> <expires> <since>"` (lapsed ones included
 /// until a claim purges them). Panics on anything else, unreachable included.
 pub fn slots_held(reply: Option<redis::Value>) -> u32 {
     let fields = match reply {

@@ -6,11 +6,11 @@
 //! - **On Redis**, a host is one hash (`<prefix>:shares:<HOST:PORT>`; not
 //!   `host:`, the per-read leases' sorted sets before, so replicas of both
 //!   versions on one Redis during a rolling upgrade do not fail each
-//!   other's calls with `WRONGTYPE`) with one
-//!   field per replica: `"<has> <wants> <expires>"` — the slots it holds, its
-//!   demand (reads in flight and waiting) when it last reported, and when
-//!   the field lapses (`lease_ms` after that report; a crashed replica's
-//!   slots free up then). One script, `CLAIM`, is the only writer: a
+//!   other's calls with `WRONGTYPE`) with one field per replica:
+//!   `"<has> <wants> <expires> <since>"` — the slots it holds, its demand
+//!   (reads in flight and waiting) when it last reported, when the field
+//!   lapses (`lease_ms` after that report; a crashed replica's slots free up
+//!   then), and since when its demand has not been met (0: it has been). One script, `CLAIM`, is the only writer: a
 //!   replica reports what it has in use and what it wants, and Redis answers
 //!   what it may hold, never letting the fields' sum pass the cap.
 //! - **Allocation.** While every replica's demand fits under the cap, a
@@ -19,9 +19,11 @@
 //!   the demands do not fit (or another replica is short), the claim is
 //!   *busy*: it gets its fair share of the cap (water-filling over the
 //!   demands: nobody gets more than they want, the rest is split evenly,
-//!   rounded up — the cap still bounds the sum, so the first to claim gets
-//!   the odd slot) and no spare. A replica is never told to hold less than it has in use; it
-//!   just takes no new slot until its reads have come down under its share.
+//!   rounded down, and the slots left over go one each to the replicas
+//!   short the longest — so an odd slot, or a cap smaller than the replicas
+//!   wanting it, turns round instead of staying with its holder) and no
+//!   spare. A replica is never told to hold less than it has in use; it just
+//!   takes no new slot until its reads have come down under its share.
 //! - **Locally**, a [`Pool`] per host counts the slots allowed and in use.
 //!   A read takes one while fewer are in use than allowed — no network.
 //!   Otherwise it asks the pool's claimer (one task per host, so one claim at
@@ -64,8 +66,9 @@ use tokio::time::Instant;
 /// in use until the answer arrives), wants, cap, block, lease (ms), deadline
 /// (µs on Redis's clock; 0: none). Returns {allowed, busy (1 when some
 /// demand is not met), Redis time (µs)}, or {-1, 0, time} past the deadline,
-/// nothing done. Records the holder's field as {max(allowed, floor), wants}
-/// (none when both are 0). Running it twice answers the same.
+/// nothing done. Records the holder's field as {max(allowed, floor), wants,
+/// expiry, since when it is short (0: not)} (none when the first two are 0).
+/// Running it twice answers the same.
 pub(super) const CLAIM: &str = r#"
 local t = redis.call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -78,46 +81,72 @@ local holder = ARGV[1]
 local floor, wants = tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, block, lease = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local fields = redis.call('HGETALL', KEYS[1])
-local others_has, short, demands = 0, 0, {wants}
+-- Since when this holder has been short (its demand not met), if it was at
+-- its last claim.
+local since = now
+local others_has, short = 0, 0
+local claimants = {}
 for i = 1, #fields, 2 do
   local h, v = fields[i], fields[i + 1]
-  local has, want, expires = string.match(v, '^(%d+) (%d+) (%d+)$')
+  local has, want, expires, was = string.match(v, '^(%d+) (%d+) (%d+) ?(%d*)$')
+  was = tonumber(was) or 0
   if not has or tonumber(expires) <= now then
     redis.call('HDEL', KEYS[1], h)
-  elseif h ~= holder then
+  elseif h == holder then
+    if was > 0 then since = was end
+  else
     has, want = tonumber(has), tonumber(want)
     others_has = others_has + has
     if want > has then short = short + want - has end
-    demands[#demands + 1] = want
+    -- One not short waits behind those who are.
+    if was == 0 then was = now end
+    claimants[#claimants + 1] = {want, was, h}
   end
 end
+claimants[#claimants + 1] = {wants, since, holder}
 local total = 0
-for _, d in ipairs(demands) do total = total + d end
+for _, c in ipairs(claimants) do total = total + c[1] end
 local free = cap - others_has
 local allowed, busy
 if short == 0 and total <= cap and wants <= free then
   busy = 0
   allowed = wants + math.min(block, math.floor(math.max(free - wants, 0) / 2))
 else
+  -- Water-filling: demands below an even split of what is left are met;
+  -- the others get the split rounded down, and the slots left over go one
+  -- each to those short the longest (so an odd slot turns round, and a
+  -- cap smaller than the claimants still serves them in turn).
   busy = 1
-  table.sort(demands)
-  local left, level = cap, cap
-  for i, d in ipairs(demands) do
-    -- Above an even split of what is left, compared unrounded: a demand
-    -- equal to the rounded-up split, counted as met, would use up slots
-    -- the level below it relies on (cap 1, demands 1 and 1: level 0).
-    local n = #demands - i + 1
-    if d * n > left then level = math.ceil(left / n) break end
-    left = left - d
+  allowed = wants
+  table.sort(claimants, function(a, b) return a[1] < b[1] end)
+  local left = cap
+  for i, c in ipairs(claimants) do
+    local n = #claimants - i + 1
+    if c[1] * n > left then
+      local level = math.floor(left / n)
+      if wants > level then
+        local ahead = 0
+        for j = i, #claimants do
+          local o = claimants[j]
+          if o[3] ~= holder and (o[2] < since or (o[2] == since and o[3] < holder)) then
+            ahead = ahead + 1
+          end
+        end
+        allowed = level + ((ahead < left - level * n) and 1 or 0)
+      end
+      break
+    end
+    left = left - c[1]
   end
-  allowed = math.min(wants, level)
 end
 allowed = math.max(0, math.min(allowed, free))
 local has = math.max(allowed, floor)
 if has == 0 and wants == 0 then
   redis.call('HDEL', KEYS[1], holder)
 else
-  redis.call('HSET', KEYS[1], holder, has .. ' ' .. wants .. ' ' .. (now + lease))
+  local was = 0
+  if allowed < wants then was = since end
+  redis.call('HSET', KEYS[1], holder, has .. ' ' .. wants .. ' ' .. (now + lease) .. ' ' .. was)
   redis.call('PEXPIRE', KEYS[1], lease * 2)
 end
 return {allowed, busy, now_us}

@@ -365,18 +365,11 @@ async fn a_cap_of_one_between_two_busy_replicas_keeps_serving() {
     );
 }
 
-/// The same, each replica served a fair part.
-///
-/// Ignored: it fails. Busy, the fair share is rounded up and the cap bounds
-/// the sum, so the replica holding the odd slot (here the only one) keeps
-/// it: its own next read takes it locally as it comes back, its claims are
-/// given it again, and the other replica's reads all end `HOST_SATURATED`
-/// while its neighbour has demand. With per-read leases each acquire raced
-/// for the slot. A fix is a design choice (give back a slot above the
-/// rounded-down share as it comes back, and have CLAIM hand the odd slots
-/// to the replicas that held fewer — a rotation), not a local change.
+/// The same, each replica served a fair part: busy, the share is rounded
+/// down and the odd slot goes to the replica short the longest, so it turns
+/// round (at the latest at the holder's next refresh) instead of staying
+/// with whoever holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "design: the odd slot of a busy cap stays with its holder"]
 async fn a_cap_of_one_between_two_busy_replicas_is_shared() {
     let reads = cap_of_one_between_two_busy_replicas().await;
     let total: u64 = reads.iter().sum();
