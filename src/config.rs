@@ -464,6 +464,14 @@ fn check_redis(redis: &RedisConfig) -> Result<(), String> {
     };
     let url = &redis.url;
     let nodes = &redis.cluster_nodes;
+    // A share is used within 2/3 of `lease_ms` of its claim being sent: an
+    // answer slower than that would arrive void.
+    if redis.timeout_ms.saturating_mul(3) >= redis.lease_ms.saturating_mul(2) {
+        return Err(format!(
+            "redis.timeout_ms must be less than two thirds of redis.lease_ms ({} ms)",
+            redis.lease_ms
+        ));
+    }
     if redis.refresh_ms.saturating_mul(3) >= redis.lease_ms {
         return Err(format!(
             "redis.refresh_ms must be less than a third of redis.lease_ms ({} ms)",

@@ -423,3 +423,20 @@ fn zero_redis_durations_are_refused_naming_the_key() {
         assert_eq!(err.0, format!("redis.{key} must be at least 1"));
     }
 }
+
+#[test]
+fn redis_durations_that_void_every_share_are_refused_naming_the_key() {
+    let mut config = fanout_budget::Config::default();
+    config.redis.refresh_ms = config.redis.lease_ms / 3 + 1;
+    let err = config.validate().unwrap_err();
+    assert!(err
+        .0
+        .starts_with("redis.refresh_ms must be less than a third of redis.lease_ms"));
+    let mut config = fanout_budget::Config::default();
+    config.redis.timeout_ms = config.redis.lease_ms * 2 / 3 + 1;
+    let err = config.validate().unwrap_err();
+    assert!(err
+        .0
+        .starts_with("redis.timeout_ms must be less than two thirds of redis.lease_ms"));
+    assert!(fanout_budget::Config::default().validate().is_ok());
+}

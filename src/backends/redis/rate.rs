@@ -69,7 +69,8 @@ const HOLD: Duration = Duration::from_secs(1);
 /// The window over which a client's requests to this replica are counted,
 /// to size the next take.
 const WINDOW: Duration = Duration::from_millis(100);
-/// Checks between two sweeps of clients not seen for a while.
+/// Checks between two sweeps of clients not seen for a while: at least
+/// this, and twice the clients kept, so a sweep costs a check O(1).
 const SWEEP_EVERY: u64 = 4096;
 
 /// One client as this replica knows it.
@@ -127,6 +128,8 @@ pub struct RedisRateLimiter {
     burst: i64,
     clients: DashMap<IpAddr, Arc<tokio::sync::Mutex<Stock>>>,
     checks: AtomicU64,
+    /// The check count at which the next sweep runs.
+    next_sweep: AtomicU64,
 }
 
 impl RedisRateLimiter {
@@ -139,6 +142,7 @@ impl RedisRateLimiter {
             burst: i64::from(requests_per_minute.get()),
             clients: DashMap::new(),
             checks: AtomicU64::new(0),
+            next_sweep: AtomicU64::new(SWEEP_EVERY),
         }
     }
 
@@ -161,8 +165,13 @@ impl InboundLimiter for RedisRateLimiter {
     fn check(&self, client: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
         Box::pin(async move {
             let now = Instant::now();
-            if self.checks.fetch_add(1, Relaxed) % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            let n = self.checks.fetch_add(1, Relaxed);
+            // The one check that moves the mark sweeps.
+            if self.next_sweep.fetch_max(n + SWEEP_EVERY, Relaxed) <= n {
                 self.sweep(now);
+                let kept = 2 * self.clients.len() as u64;
+                self.next_sweep
+                    .fetch_max(n + SWEEP_EVERY.max(kept), Relaxed);
             }
             let stock = self
                 .clients
