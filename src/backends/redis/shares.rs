@@ -67,7 +67,8 @@ use tokio::time::Instant;
 /// (µs on Redis's clock; 0: none). Returns {allowed, busy (1 when some
 /// demand is not met), Redis time (µs)}, or {-1, 0, time} past the deadline,
 /// nothing done. Records the holder's field as {max(allowed, floor), wants,
-/// expiry, since when it is short (0: not)} (none when the first two are 0).
+/// expiry (ms), since when it is short (µs; 0: not)} (none when the first
+/// two are 0).
 /// Running it twice answers the same.
 pub(super) const CLAIM: &str = r#"
 local t = redis.call('TIME')
@@ -82,8 +83,9 @@ local floor, wants = tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, block, lease = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local fields = redis.call('HGETALL', KEYS[1])
 -- Since when this holder has been short (its demand not met), if it was at
--- its last claim.
-local since = now
+-- its last claim (µs: claims one after another get distinct times); one
+-- that was not ranks after every one that was.
+local since = now_us + 1
 local others_has, short = 0, 0
 local claimants = {}
 for i = 1, #fields, 2 do
@@ -98,8 +100,7 @@ for i = 1, #fields, 2 do
     has, want = tonumber(has), tonumber(want)
     others_has = others_has + has
     if want > has then short = short + want - has end
-    -- One not short waits behind those who are.
-    if was == 0 then was = now end
+    if was == 0 then was = now_us + 1 end
     claimants[#claimants + 1] = {want, was, h}
   end
 end
@@ -108,6 +109,8 @@ local total = 0
 for _, c in ipairs(claimants) do total = total + c[1] end
 local free = cap - others_has
 local allowed, busy
+-- Given an odd slot (above `level`): to the back of the queue for the next.
+local odd, level = false, nil
 if short == 0 and total <= cap and wants <= free then
   busy = 0
   allowed = wants + math.min(block, math.floor(math.max(free - wants, 0) / 2))
@@ -123,7 +126,7 @@ else
   for i, c in ipairs(claimants) do
     local n = #claimants - i + 1
     if c[1] * n > left then
-      local level = math.floor(left / n)
+      level = math.floor(left / n)
       if wants > level then
         local ahead = 0
         for j = i, #claimants do
@@ -132,7 +135,8 @@ else
             ahead = ahead + 1
           end
         end
-        allowed = level + ((ahead < left - level * n) and 1 or 0)
+        odd = ahead < left - level * n
+        allowed = level + (odd and 1 or 0)
       end
       break
     end
@@ -140,13 +144,16 @@ else
   end
 end
 allowed = math.max(0, math.min(allowed, free))
+odd = odd and allowed > level
 local has = math.max(allowed, floor)
 if has == 0 and wants == 0 then
   redis.call('HDEL', KEYS[1], holder)
 else
   local was = 0
-  if allowed < wants then was = since end
-  redis.call('HSET', KEYS[1], holder, has .. ' ' .. wants .. ' ' .. (now + lease) .. ' ' .. was)
+  if allowed < wants then was = odd and now_us or math.min(since, now_us) end
+  -- %d: µs have 16 digits, past what `..` prints without an exponent.
+  local field = string.format('%d %d %d %d', has, wants, now + lease, was)
+  redis.call('HSET', KEYS[1], holder, field)
   redis.call('PEXPIRE', KEYS[1], lease * 2)
 end
 return {allowed, busy, now_us}

@@ -317,6 +317,28 @@ async fn a_contended_cap_holds_and_is_shared() {
     }
 }
 
+/// The odd slot of a busy cap turns round even when the replica given it is
+/// still short: cap 3, two replicas wanting 4 each, claiming in turn.
+#[tokio::test]
+async fn the_odd_slot_turns_round_between_replicas_still_short() {
+    let Some((_redis, backend, key)) = setup().await else {
+        return;
+    };
+    let mut odd = [0; 2];
+    for round in 0..6 {
+        // Each reports what it has in use (its last answer) and wants 4.
+        for (i, holder) in ["a", "b"].into_iter().enumerate() {
+            let (allowed, busy) = claim(&backend, &key, holder, [0, 4, 3, 0], 0).await;
+            if round > 0 {
+                assert_eq!(busy, 1);
+                assert!((1..=2).contains(&allowed), "{holder}: {allowed}");
+                odd[i] += u32::from(allowed == 2);
+            }
+        }
+    }
+    assert!(odd[0] >= 2 && odd[1] >= 2, "the odd slot went {odd:?}");
+}
+
 /// Water-filling when the demands just exceed the cap: a cap of one and
 /// two replicas wanting one each, or a cap of two and three. The slot
 /// free on Redis goes to whoever claims it; nobody is told its fair share
@@ -634,9 +656,11 @@ async fn claims_at_the_edges() {
         claim(&backend, &key, "b", [0, max, max, max], 0).await,
         (0, 1)
     );
+    // Busy: half each, rounded down; the odd slot goes to "b", short since
+    // its claim ("a" was not).
     assert_eq!(
         claim(&backend, &key, "a", [max, max, max, max], 0).await.0,
-        max / 2 + 1
+        max / 2
     );
     let key = backend.key("shares", "h:garbage");
     for (holder, value) in [
