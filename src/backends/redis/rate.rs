@@ -166,12 +166,16 @@ impl InboundLimiter for RedisRateLimiter {
         Box::pin(async move {
             let now = Instant::now();
             let n = self.checks.fetch_add(1, Relaxed);
-            // The one check that moves the mark sweeps.
-            if self.next_sweep.fetch_max(n + SWEEP_EVERY, Relaxed) <= n {
+            // The one check that takes the mark (to the end, meanwhile) sweeps.
+            let mark = self.next_sweep.load(Relaxed);
+            if n >= mark
+                && (self.next_sweep)
+                    .compare_exchange(mark, u64::MAX, Relaxed, Relaxed)
+                    .is_ok()
+            {
                 self.sweep(now);
                 let kept = 2 * self.clients.len() as u64;
-                self.next_sweep
-                    .fetch_max(n + SWEEP_EVERY.max(kept), Relaxed);
+                self.next_sweep.store(n + SWEEP_EVERY.max(kept), Relaxed);
             }
             let stock = self
                 .clients
