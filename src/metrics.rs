@@ -22,6 +22,8 @@
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
 //! | `fanout_redis_calls_total` | counter | — | calls sent to Redis (per-IP checks, host share claims, give-backs, probes) |
+//! | `fanout_host_share_slots` | gauge | `host` | slots of the host's cap this replica may use, as its last claim on Redis answered (`[redis]`; 0 when it holds none) |
+//! | `fanout_host_share_busy` | gauge | `host` | 1 when the last claim found the replicas' demand for the host not met (the cap is shared out), else 0 |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
 
@@ -108,6 +110,17 @@ pub(crate) fn wrong_internal_token() {
 #[cfg(feature = "redis")]
 pub(crate) fn redis_call() {
     counter!("fanout_redis_calls_total").increment(1);
+}
+
+/// The gauges of this replica's share of `host`'s cap on Redis: slots
+/// allowed, and whether the cap is shared out (busy).
+#[cfg(feature = "redis")]
+pub(crate) fn host_share(host: &str) -> (Gauge, Gauge) {
+    let host = host.to_string();
+    (
+        gauge!("fanout_host_share_slots", "host" => host.clone()),
+        gauge!("fanout_host_share_busy", "host" => host),
+    )
 }
 
 /// Counts a check answered in-process because the shared backend was down.

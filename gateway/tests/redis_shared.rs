@@ -343,3 +343,59 @@ async fn held_without_refresh(url: &str, key: &str, holder: &str, slots: u32, le
         .unwrap();
     assert_eq!(added, 1);
 }
+
+/// `/metrics` shows this replica's share of a capped host: the slots its
+/// last claim allowed (a read's, plus spare) and that the cap is not shared
+/// out; once idle, the share goes back to 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_share_of_a_host_is_on_metrics() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
+    let mut config = config(&redis, FailureMode::Closed, 10_000);
+    config.hosts.insert(
+        registry.host(),
+        HostConfig {
+            max_concurrent: 16,
+            ..Default::default()
+        },
+    );
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only recorder of this test binary");
+    let render = std::sync::Arc::new(move || handle.render());
+    let gateway = app::build(config, registry.url().parse().unwrap(), Some(render));
+    let gauge = async |name: &str| -> Option<f64> {
+        let page = fanout_testkit::call(
+            &gateway.router,
+            http::Request::get("/metrics")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await;
+        let series = format!("{name}{{host=\"{}\"}} ", registry.host());
+        String::from_utf8_lossy(&page.body)
+            .lines()
+            .find_map(|line| {
+                line.strip_prefix(&series)
+                    .map(|n| n.trim().parse().unwrap())
+            })
+    };
+    // One read: the tag list.
+    let query = json!({ "query": r#"{ repository(name: "acme/app") { name } }"# }).to_string();
+    let (status, _, body) = post_from(&gateway.router, &query, "192.0.2.30:1", &[]).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["extensions"]["fanout"]["used"], 1, "{body}");
+    // One read wanted, up to 8 spare, at most half of the 15 left: 1 + 7
+    // (set by the claimer as the claim is answered).
+    until("the share's gauge", Duration::from_secs(2), async || {
+        gauge("fanout_host_share_slots").await == Some(8.0)
+    })
+    .await;
+    assert_eq!(gauge("fanout_host_share_busy").await, Some(0.0));
+    until("given back", Duration::from_secs(2), async || {
+        gauge("fanout_host_share_slots").await == Some(0.0)
+    })
+    .await;
+}

@@ -185,6 +185,7 @@ impl RedisHostCaps {
             .iter()
             .map(|(host, config)| {
                 let pool = Pool {
+                    host: host.clone(),
                     backend: backend.clone(),
                     script: script.clone(),
                     key: backend.key("shares", host),
@@ -260,6 +261,7 @@ struct State {
 
 #[derive(Debug)]
 struct Pool {
+    host: String,
     backend: RedisBackend,
     script: Arc<Lua>,
     key: String,
@@ -476,6 +478,8 @@ impl Pool {
 /// reads waiting), and `refresh` after the last while Redis may hold
 /// anything.
 async fn claims(pool: Arc<Pool>, refresh: Duration) {
+    // Registered on the first read, so after the application's recorder.
+    let (share, busy) = crate::metrics::host_share(&pool.host);
     let mut pause = FIRST_PAUSE;
     let mut next_refresh = Instant::now() + refresh;
     loop {
@@ -494,6 +498,8 @@ async fn claims(pool: Arc<Pool>, refresh: Duration) {
         // once would only ask again.
         let short = {
             let state = pool.lock();
+            share.set(f64::from(state.allowed));
+            busy.set(if state.busy { 1.0 } else { 0.0 });
             state.busy && state.waiting > 0 && state.in_use >= state.allowed
         };
         let _previous = pool.outcomes.send_replace(outcome);
