@@ -171,14 +171,7 @@ async fn thousand_requests(coalesce: bool) -> Seen {
     assert_eq!(used, seen.tag_lists + seen.manifests);
     assert_eq!(operation_reads, used);
     assert_eq!(gateway.engine.hosts().in_flight(&host), 0);
-    let page = fanout_testkit::call(
-        &gateway.router,
-        http::Request::get("/metrics")
-            .body(axum::body::Body::empty())
-            .unwrap(),
-    )
-    .await;
-    let page = String::from_utf8_lossy(&page.body);
+    let page = fanout_testkit::metrics_page(&gateway.router).await;
     let joined = REQUESTS * (1 + TAGS) - used;
     assert_eq!(coalesced(&page, &host), joined, "/metrics counts the joins");
     println!(

@@ -367,20 +367,12 @@ async fn the_share_of_a_host_is_on_metrics() {
     let render = std::sync::Arc::new(move || handle.render());
     let gateway = app::build(config, registry.url().parse().unwrap(), Some(render));
     let gauge = async |name: &str| -> Option<f64> {
-        let page = fanout_testkit::call(
-            &gateway.router,
-            http::Request::get("/metrics")
-                .body(axum::body::Body::empty())
-                .unwrap(),
-        )
-        .await;
+        let page = fanout_testkit::metrics_page(&gateway.router).await;
         let series = format!("{name}{{host=\"{}\"}} ", registry.host());
-        String::from_utf8_lossy(&page.body)
-            .lines()
-            .find_map(|line| {
-                line.strip_prefix(&series)
-                    .map(|n| n.trim().parse().unwrap())
-            })
+        page.lines().find_map(|line| {
+            line.strip_prefix(&series)
+                .map(|n| n.trim().parse().unwrap())
+        })
     };
     // One read: the tag list.
     let query = json!({ "query": r#"{ repository(name: "acme/app") { name } }"# }).to_string();

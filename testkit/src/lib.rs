@@ -17,7 +17,7 @@ mod transport;
 mod upstream;
 
 pub use poll::until;
-pub use post::{call, graphql_request, post, Answer, PEER};
+pub use post::{call, graphql_request, metrics_page, post, Answer, PEER};
 pub use redis_cluster::{ClusterNode, RedisCluster};
 pub use rewrite::Rewrite;
 pub use transport::{scripted, MemTransport};

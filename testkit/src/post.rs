@@ -46,6 +46,12 @@ pub fn graphql_request(
     request
 }
 
+/// The router's `/metrics` page (Prometheus text).
+pub async fn metrics_page(router: &Router) -> String {
+    let request = http::Request::get("/metrics").body(Body::empty()).unwrap();
+    String::from_utf8_lossy(&call(router, request).await.body).into_owned()
+}
+
 /// Sends `request` to `router` in process; the whole answer.
 pub async fn call(router: &Router, request: http::Request<Body>) -> Answer {
     let response = router.clone().oneshot(request).await.unwrap();

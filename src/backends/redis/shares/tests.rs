@@ -264,12 +264,31 @@ async fn churning_reads_cost_a_claim_now_and_then() {
 /// part, though the other holds slots it could reuse locally).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contended_cap_holds_and_is_shared() {
-    let Some(redis) = RedisServer::start().await else {
+    let Some((per_replica, peak)) = two_busy_replicas(4, 8, 2_000, Duration::ZERO).await else {
         return;
     };
+    let total: u64 = per_replica.iter().sum();
+    assert!(peak <= 4, "{peak} in flight, cap 4");
+    assert!(total >= 200, "{total} reads in a second at 4 × 5 ms");
+    for reads in per_replica {
+        assert!(reads * 4 >= total, "starved: {per_replica:?}");
+    }
+}
+
+/// Two replicas with `readers` each on a host capped at `cap`, reading 5 ms
+/// at a time for a second after `warm_up`: reads per replica in that second,
+/// and the most in flight at once (across both, the whole run); `None`
+/// without `redis-server`.
+async fn two_busy_replicas(
+    cap: u32,
+    readers: usize,
+    acquire_wait_ms: u64,
+    warm_up: Duration,
+) -> Option<([u64; 2], u32)> {
+    let redis = RedisServer::start().await?;
     let host = HostConfig {
-        max_concurrent: 4,
-        acquire_wait_ms: 2_000,
+        max_concurrent: cap,
+        acquire_wait_ms,
         ..Default::default()
     };
     let hosts = BTreeMap::from([(HOST.to_string(), host)]);
@@ -281,10 +300,11 @@ async fn a_contended_cap_holds_and_is_shared() {
         .collect();
     let in_flight = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let peak = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let stop = Instant::now() + Duration::from_secs(1);
+    let warm = Instant::now() + warm_up;
+    let stop = warm + Duration::from_secs(1);
     let mut tasks = Vec::new();
     for (r, caps) in replicas.iter().enumerate() {
-        for _ in 0..8 {
+        for _ in 0..readers {
             let (caps, in_flight, peak) = (caps.clone(), in_flight.clone(), peak.clone());
             tasks.push(tokio::spawn(async move {
                 let mut reads = 0u64;
@@ -297,7 +317,9 @@ async fn a_contended_cap_holds_and_is_shared() {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     in_flight.fetch_sub(1, SeqCst);
                     drop(slot);
-                    reads += 1;
+                    if Instant::now() > warm {
+                        reads += 1;
+                    }
                 }
                 (r, reads)
             }));
@@ -308,13 +330,9 @@ async fn a_contended_cap_holds_and_is_shared() {
         let (r, reads) = task.await.unwrap();
         per_replica[r] += reads;
     }
-    let total: u64 = per_replica.iter().sum();
-    eprintln!("reads per replica {per_replica:?}, peak in flight {peak:?}");
-    assert!(peak.load(SeqCst) <= 4, "{peak:?} in flight, cap 4");
-    assert!(total >= 200, "{total} reads in a second at 4 × 5 ms");
-    for reads in per_replica {
-        assert!(reads * 4 >= total, "starved: {per_replica:?}");
-    }
+    let peak = peak.load(SeqCst);
+    eprintln!("reads per replica {per_replica:?}, peak in flight {peak}");
+    Some((per_replica, peak))
 }
 
 /// The odd slot of a busy cap turns round even when the replica given it is
@@ -403,55 +421,10 @@ async fn a_cap_of_one_between_two_busy_replicas_is_shared() {
 /// Reads per replica in a second (after 300 ms of warming up), two
 /// replicas with two readers each on a host capped at one.
 async fn cap_of_one_between_two_busy_replicas() -> [u64; 2] {
-    let Some(redis) = RedisServer::start().await else {
+    let Some((reads, peak)) = two_busy_replicas(1, 2, 200, Duration::from_millis(300)).await else {
         return [100, 100];
     };
-    let host = HostConfig {
-        max_concurrent: 1,
-        acquire_wait_ms: 200,
-        ..Default::default()
-    };
-    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
-    let replicas: Vec<_> = (0..2)
-        .map(|_| {
-            let backend = RedisBackend::new(&config(&redis)).unwrap();
-            Arc::new(RedisHostCaps::new(hosts.clone(), backend))
-        })
-        .collect();
-    let in_flight = Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let started = Instant::now();
-    let (warm, stop) = (
-        started + Duration::from_millis(300),
-        started + Duration::from_millis(1_300),
-    );
-    let mut tasks = Vec::new();
-    for (r, caps) in replicas.iter().enumerate() {
-        for _ in 0..2 {
-            let (caps, in_flight) = (caps.clone(), in_flight.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut reads = 0u64;
-                while Instant::now() < stop {
-                    let Ok(slot) = caps.acquire(HOST, Duration::from_secs(5)).await else {
-                        continue;
-                    };
-                    assert_eq!(in_flight.fetch_add(1, SeqCst), 0, "cap 1");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    in_flight.fetch_sub(1, SeqCst);
-                    drop(slot);
-                    if Instant::now() > warm {
-                        reads += 1;
-                    }
-                }
-                (r, reads)
-            }));
-        }
-    }
-    let mut reads = [0; 2];
-    for task in tasks {
-        let (r, n) = task.await.unwrap();
-        reads[r] += n;
-    }
-    eprintln!("reads per replica {reads:?}");
+    assert_eq!(peak, 1, "cap 1");
     reads
 }
 
