@@ -138,3 +138,59 @@ async fn clients_seen_once_are_forgotten() {
     admitted(&limiter, 2 * 8_000 + 4_096).await;
     assert!(limiter.clients() <= 1, "{} kept", limiter.clients());
 }
+
+/// A hung Redis (SIGSTOP): requests of one client queue behind the one call
+/// in flight for it, but only that call waits out the timeout — the ones
+/// behind it find the breaker open and fail at once, so the queue is one
+/// timeout long, not one per request. Resumed, the client is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_one_client_one_timeout_not_one_per_request() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let config = RedisConfig {
+        url: redis.url(),
+        timeout_ms: 300,
+        backoff_ms: 100,
+        ..RedisConfig::default()
+    };
+    let backend = RedisBackend::new(&config).unwrap();
+    let limiter = std::sync::Arc::new(RedisRateLimiter::new(
+        backend.clone(),
+        NonZeroU32::new(60).unwrap(),
+    ));
+    // Connected, the script loaded, nothing taken ahead (60 a minute: a
+    // take of one while few requests came).
+    assert!(limiter.check(CLIENT).await.is_ok());
+    redis.signal("STOP");
+    let started = Instant::now();
+    let checks: Vec<_> = (0..20)
+        .map(|_| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let result = limiter
+                    .check(IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 8)))
+                    .await;
+                (result.is_err(), started.elapsed())
+            })
+        })
+        .collect();
+    let mut slowest = Duration::ZERO;
+    for check in checks {
+        let (failed, took) = check.await.unwrap();
+        assert!(failed, "no answer from a stopped Redis");
+        slowest = slowest.max(took);
+    }
+    redis.signal("CONT");
+    eprintln!(
+        "20 checks of one client on a hung Redis (timeout 300 ms): all failed within {slowest:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(1_500),
+        "{slowest:?}: the queue waited a timeout per request"
+    );
+    fanout_testkit::until("served again", Duration::from_secs(10), async || {
+        limiter.check(CLIENT).await.is_ok()
+    })
+    .await;
+}
