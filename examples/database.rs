@@ -55,6 +55,7 @@ impl Query {
 
 pub fn app(engine: Engine, db: Arc<Database>) -> Router {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension())
         .data(db)
         .finish();
     Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))

@@ -69,7 +69,9 @@ impl Query {
 
 /// The app: `FanoutGraphQL` builds each operation's loader with its handle.
 pub fn app(engine: Engine, base: reqwest::Url) -> Router {
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension())
+        .finish();
     let graphql = FanoutGraphQL::new(schema, engine).operation_data(move |operation, data| {
         let items = Items {
             operation: operation.clone(),

@@ -33,7 +33,8 @@ async fn main() {
         .unwrap_or_else(|| "http://127.0.0.1:5000".into());
     let config = Config::default();
     let engine = Engine::new(config.clone()); // one per process
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription) // no extension needed
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension()) // counts each answer as it is built
         .data(Upstream(upstream.parse().expect("an upstream URL")))
         .finish();
     let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));

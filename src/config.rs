@@ -138,6 +138,15 @@ pub struct HttpConfig {
     /// Bytes of one answer (the whole batch's JSON) at most; more: the
     /// answer is `RESPONSE_TOO_LARGE` instead.
     pub max_response_bytes: usize,
+    /// Memory one request's answer (the whole batch's) may hold while it is
+    /// built, counted as resolvers produce it: each field and list item
+    /// weighs 160 bytes plus its string bytes. Past it the request stops at
+    /// once and answers `RESPONSE_TOO_LARGE`.
+    pub max_answer_bytes: usize,
+    /// Memory all requests in flight may hold at once: answers being built
+    /// and the upstream bodies they keep. The request that would pass it
+    /// stops and answers 503 `OVERLOADED` (`Retry-After: 1`).
+    pub max_inflight_bytes: usize,
     /// How long writing a response to a connection may make no progress (the
     /// client reads nothing), in milliseconds; then the connection is closed
     /// and its response dropped.
@@ -166,6 +175,8 @@ impl Default for HttpConfig {
             max_connections: 512,
             max_connections_per_client: 64,
             max_response_bytes: 16 << 20,
+            max_answer_bytes: 96 << 20,
+            max_inflight_bytes: 512 << 20,
             write_timeout_ms: 10_000,
             persisted_queries_bytes: 1 << 20,
             cors_allowed_origins: Vec::new(),
@@ -404,6 +415,11 @@ impl Config {
             (
                 "http.max_response_bytes",
                 self.http.max_response_bytes as u64,
+            ),
+            ("http.max_answer_bytes", self.http.max_answer_bytes as u64),
+            (
+                "http.max_inflight_bytes",
+                self.http.max_inflight_bytes as u64,
             ),
             (
                 "rate_limit.requests_per_minute",

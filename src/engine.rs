@@ -17,6 +17,7 @@ use crate::dedup::Coalesce;
 use crate::documents::Documents;
 use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::identity::{Caller, InternalToken};
+use crate::memory::MemoryPool;
 use crate::persisted::PersistedQueries;
 use crate::transport::{HttpTransport, Transport};
 use crate::upstream::ReadParts;
@@ -140,6 +141,8 @@ impl EngineBuilder {
             read_timeout: self.config.budget.read_timeout(),
             max_redirects: upstream.max_redirects,
             max_request_bytes: upstream.max_request_bytes as u64,
+            memory: Arc::new(MemoryPool::new(self.config.http.max_inflight_bytes)),
+            max_answer_bytes: self.config.http.max_answer_bytes,
         });
         Engine {
             inner: Arc::new(EngineInner {

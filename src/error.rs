@@ -274,9 +274,23 @@ pub enum Rejection {
         /// Which backend, for humans.
         message: String,
     },
-    /// The answer would be larger than `http.max_response_bytes` (200,
-    /// `data: null`; the reads it made were charged).
+    /// The answer would be larger than `http.max_response_bytes` when
+    /// written, or held more than `http.max_answer_bytes` while it was built
+    /// (200, `data: null`; the reads it made were charged).
     ResponseTooLarge {
+        /// The bound it passed.
+        max: usize,
+    },
+    /// The requests in flight hold `http.max_inflight_bytes`; this one
+    /// needed more and was stopped (503, `Retry-After: 1`).
+    Overloaded {
+        /// The process's bound.
+        max: usize,
+    },
+    /// The query texts the batch runs, persisted ones included, are longer
+    /// than `http.max_body_bytes` together (413): a hash-only persisted
+    /// query runs a text its body does not carry.
+    QueryTooLarge {
         /// The configured maximum.
         max: usize,
     },
@@ -313,7 +327,8 @@ impl Rejection {
             | Self::NotAcceptable
             | Self::UnsupportedMediaType { .. } => "BAD_REQUEST",
             Self::BatchTooLarge { .. } => "BATCH_TOO_LARGE",
-            Self::PayloadTooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Self::PayloadTooLarge { .. } | Self::QueryTooLarge { .. } => "PAYLOAD_TOO_LARGE",
+            Self::Overloaded { .. } => "OVERLOADED",
             Self::RequestTimeout { .. } => "REQUEST_TIMEOUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Unavailable { .. } => "UNAVAILABLE",
@@ -326,7 +341,10 @@ impl Rejection {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest { .. } | Self::BatchTooLarge { .. } => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::PayloadTooLarge { .. } | Self::QueryTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -344,6 +362,8 @@ impl Rejection {
         match self {
             Self::BatchTooLarge { max }
             | Self::PayloadTooLarge { max }
+            | Self::QueryTooLarge { max }
+            | Self::Overloaded { max }
             | Self::ResponseTooLarge { max } => ext["max"] = (*max as u64).into(),
             Self::RequestTimeout { timeout_ms } => ext["timeoutMs"] = (*timeout_ms).into(),
             Self::RateLimited { retry_after_secs } => {
@@ -391,6 +411,11 @@ impl IntoResponse for Rejection {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, retry_after_secs.into());
         }
+        if let Self::Overloaded { .. } = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         response
     }
 }
@@ -413,6 +438,14 @@ impl fmt::Display for Rejection {
             Self::ResponseTooLarge { max } => {
                 write!(f, "the answer would be larger than {max} bytes")
             }
+            Self::Overloaded { max } => write!(
+                f,
+                "the requests in flight hold all the memory they may ({max} bytes): retry later"
+            ),
+            Self::QueryTooLarge { max } => write!(
+                f,
+                "the query texts of the request, persisted ones included, may be at most {max} bytes"
+            ),
             Self::Misconfigured { message } | Self::MethodNotAllowed { message, .. } => {
                 f.write_str(message)
             }
@@ -452,6 +485,10 @@ pub(crate) enum OperationError {
     /// A mutation or subscription sent over `GET` (under `FanoutLayer`;
     /// `FanoutGraphQL` answers 405 instead).
     NotAQuery,
+    /// The batch's query texts, persisted ones included, pass
+    /// `http.max_body_bytes` (under `FanoutLayer`; `FanoutGraphQL` answers
+    /// 413 before anything runs).
+    QueryTooLarge { max: usize },
 }
 
 /// The operation error as async-graphql's error (no path).
@@ -494,6 +531,11 @@ pub(crate) fn operation_error(err: &OperationError) -> ServerError {
             "only queries run over GET; send a mutation as a POST".to_string(),
             &Vec::new(),
         ),
+        OperationError::QueryTooLarge { max } => {
+            ext.set("max", *max as u64);
+            let message = Rejection::QueryTooLarge { max: *max }.to_string();
+            ("PAYLOAD_TOO_LARGE", message, &Vec::new())
+        }
         OperationError::PersistedQueryNotSupported { message } => (
             "PERSISTED_QUERY_NOT_SUPPORTED",
             message.clone(),

@@ -38,15 +38,17 @@ use crate::engine::Engine;
 use crate::error::{operation_error, refused, OperationError};
 use crate::finish::{code_errors, finish};
 use crate::identity::Caller;
+use crate::memory::{weigh, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
-    NextRequest, NextValidation,
+    NextRequest, NextResolve, NextValidation, ResolveInfo,
 };
 use async_graphql::parser::types::{ExecutableDocument, OperationType};
-use async_graphql::{Data, Request, Response, ServerResult, Variables};
+use async_graphql::registry::MetaType;
+use async_graphql::{Data, Request, Response, ServerResult, Value, Variables};
 use async_graphql::{ServerError, ValidationResult};
 use std::any::TypeId;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -129,6 +131,7 @@ impl ExtensionFactory for FanoutExtension {
             scope: Mutex::new(None),
             requested: AtomicU64::new(0),
             priced: AtomicBool::new(false),
+            meter: OnceLock::new(),
         })
     }
 }
@@ -146,6 +149,9 @@ struct PerOperation {
     /// This operation counted at the scope's pricing barrier.
     priced: AtomicBool,
     requested: AtomicU64,
+    /// The request whose memory this operation's answer is counted in
+    /// (under either integration).
+    meter: OnceLock<FanoutRequest>,
 }
 
 impl PerOperation {
@@ -171,7 +177,7 @@ impl Extension for PerOperation {
     /// codes here.
     async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
         let mut response = next.run(ctx).await;
-        if !response.errors.is_empty() {
+        if !response.errors.is_empty() && !self.aside.load(Relaxed) {
             code_errors(&mut response.errors, &lock(&self.query));
         }
         response
@@ -183,6 +189,19 @@ impl Extension for PerOperation {
         request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
+        // Under `FanoutGraphQL` (the operation's handle is attached): it
+        // prices and bounds the operation; only the answer is counted here.
+        let attached = request
+            .data
+            .get(&TypeId::of::<Arc<Operation>>())
+            .and_then(|data| data.downcast_ref::<Arc<Operation>>())
+            .cloned();
+        if let Some(operation) = attached {
+            operation.mark_metered();
+            let _ = self.meter.set(operation.request().clone());
+            self.aside.store(true, Relaxed);
+            return next.run(ctx, request).await;
+        }
         // After the extensions registered after this one: the query text
         // and the operation name as they will run (an extension may rewrite
         // them, e.g. a persisted-query lookup).
@@ -205,11 +224,17 @@ impl Extension for PerOperation {
             }
             err
         };
-        let mut request = next.run(ctx, request).await.map_err(refused)?;
-        if request.data.contains_key(&TypeId::of::<Arc<Operation>>()) {
-            self.aside.store(true, Relaxed);
-            return Ok(request);
+        let request = next.run(ctx, request).await.map_err(refused)?;
+        // The text that runs, whatever a persisted-query lookup put there,
+        // is bounded as the body is.
+        if let Some(scope) = &scope {
+            if let Err(max) = scope.run_text(request.query.len()) {
+                return Err(refused(operation_error(&OperationError::QueryTooLarge {
+                    max,
+                })));
+            }
         }
+        let mut request = request;
         *lock(&self.operation_name) = request.operation_name.clone();
         // Parsed here (or the kept document copied) and checked before
         // async-graphql's own steps walk it: its recursion-depth check and
@@ -271,9 +296,46 @@ impl Extension for PerOperation {
         next: NextValidation<'_>,
     ) -> Result<ValidationResult, Vec<ServerError>> {
         next.run(ctx).await.map_err(|mut errors| {
-            code_errors(&mut errors, &lock(&self.query));
+            if !self.aside.load(Relaxed) {
+                code_errors(&mut errors, &lock(&self.query));
+            }
             errors
         })
+    }
+
+    /// Every field and list item, under either integration: the value it
+    /// resolves to is counted in the request's memory as it is produced
+    /// (`memory.rs`). Once the request has tripped, nothing more resolves:
+    /// the resolve parks, and the operation is dropped by its runner.
+    async fn resolve(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        info: ResolveInfo<'_>,
+        next: NextResolve<'_>,
+    ) -> ServerResult<Option<Value>> {
+        let Some(scope) = self.meter.get() else {
+            return next.run(ctx, info).await;
+        };
+        let memory = scope.memory();
+        if memory.is_tripped() {
+            return std::future::pending().await;
+        }
+        let ty = info.return_type;
+        let resolved = next.run(ctx, info).await;
+        let weight = match &resolved {
+            Ok(Some(value @ (Value::Object(_) | Value::List(_)))) => {
+                weigh(value, Self::built_whole(ctx, ty))
+            }
+            Ok(Some(value)) => weigh(value, false),
+            // A null is most often a failed field with its error.
+            Ok(None) => 2 * VALUE_WEIGHT,
+            Err(err) => 2 * VALUE_WEIGHT + err.message.len(),
+        };
+        if !memory.answer(weight) {
+            drop(resolved);
+            return std::future::pending().await;
+        }
+        resolved
     }
 
     async fn execute(
@@ -299,6 +361,8 @@ impl Extension for PerOperation {
             }
         };
         let operation = request.operation();
+        operation.mark_metered();
+        let _ = self.meter.set(request.clone());
         let mut response = match request.refusal().await {
             Some(refusal) => refused(&refusal),
             None => {
@@ -309,7 +373,7 @@ impl Extension for PerOperation {
                 let run = next
                     .run_with_data(ctx, operation_name, data)
                     .instrument(span);
-                request.within_deadline(run).await
+                request.within_bounds(run).await
             }
         };
         let query = std::mem::take(&mut *lock(&self.query));
@@ -324,6 +388,19 @@ impl Extension for PerOperation {
             operation_name,
         );
         response
+    }
+}
+
+impl PerOperation {
+    /// Whether a resolved value of GraphQL type `ty` was built without a
+    /// resolve per child (a custom scalar's object or list), so that its
+    /// children count with it.
+    fn built_whole(ctx: &ExtensionContext<'_>, ty: &str) -> bool {
+        let named = ty.trim_matches(|c| c == '[' || c == ']' || c == '!');
+        matches!(
+            ctx.schema_env.registry.types.get(named),
+            Some(MetaType::Scalar { .. })
+        )
     }
 }
 

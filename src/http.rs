@@ -53,8 +53,10 @@ use tracing::Instrument;
 ///     }
 /// }
 ///
-/// let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
 /// let engine = Engine::new(Config::default());
+/// let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+///     .extension(engine.extension()) // counts each answer as it is built
+///     .finish();
 /// let app: axum::Router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
 /// # drop(app);
 /// ```
@@ -64,6 +66,8 @@ pub struct FanoutGraphQL<E> {
     engine: Engine,
     types: Arc<SchemaTypes>,
     data: Option<OperationData>,
+    /// Whether the schema mounts the engine's extension, found out once.
+    metered: Arc<tokio::sync::OnceCell<bool>>,
 }
 
 impl<E> std::fmt::Debug for FanoutGraphQL<E> {
@@ -98,6 +102,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             engine,
             types,
             data: None,
+            metered: Arc::default(),
         }
     }
 
@@ -142,6 +147,12 @@ impl<E: Executor> FanoutGraphQL<E> {
         let Some(media) = protocol::negotiate(request.headers()) else {
             return Rejection::NotAcceptable.unread();
         };
+        if !self.extension_mounted().await {
+            return Rejection::Misconfigured {
+                message: NOT_METERED.into(),
+            }
+            .unread();
+        }
         if !get {
             if let Err(refused) = protocol::check_json_body(request.headers()) {
                 return refused.unread();
@@ -198,9 +209,24 @@ impl<E: Executor> FanoutGraphQL<E> {
         get: bool,
     ) -> Result<Vec<Response>, Rejection> {
         fanout.expect_operations(requests.len());
+        // The texts the batch runs, persisted ones included, are bounded as
+        // the body is, before any is parsed.
+        let mut text = 0;
+        let requests: Vec<_> = requests
+            .into_iter()
+            .map(|mut request| {
+                let persisted = self.engine.persisted().resolve(&mut request);
+                text += request.query.len();
+                (request, persisted)
+            })
+            .collect();
+        let max = self.engine.config().http.max_body_bytes;
+        if text > max {
+            return Err(Rejection::QueryTooLarge { max });
+        }
         let mut ops: Vec<Op> = requests
             .into_iter()
-            .map(|request| self.prepare(fanout, request))
+            .map(|(request, persisted)| self.prepare(fanout, request, persisted))
             .collect();
         if get
             && ops
@@ -223,16 +249,42 @@ impl<E: Executor> FanoutGraphQL<E> {
                 })
                 .collect());
         }
-        if ops.len() == 1 {
+        let responses = if ops.len() == 1 {
             let op = ops.pop().expect("one operation");
-            return Ok(vec![self.execute(op).await]);
+            vec![self.execute(op).await]
+        } else {
+            ops.into_iter()
+                .map(|op| self.execute(op))
+                .collect::<FuturesOrdered<_>>()
+                .collect()
+                .await
+        };
+        // A memory bound stopped the batch: it answers as one.
+        match fanout.stopped() {
+            Some(rejection) => Err(rejection),
+            None => Ok(responses),
         }
-        Ok(ops
-            .into_iter()
-            .map(|op| self.execute(op))
-            .collect::<FuturesOrdered<_>>()
-            .collect()
-            .await)
+    }
+
+    /// Whether the schema mounts `engine.extension()`, which counts each
+    /// answer as it is built: found out once, by running `{ __typename }`
+    /// with an operation handle the extension marks when it sees it.
+    async fn extension_mounted(&self) -> bool {
+        *self
+            .metered
+            .get_or_init(|| async {
+                let probe = self.engine.begin_request(crate::Caller::Internal);
+                let operation = probe.operation();
+                let mut request = Request::new("{ __typename }");
+                request.data.insert(operation.clone());
+                drop(self.executor.execute(request).await);
+                let metered = operation.is_metered();
+                if !metered {
+                    tracing::error!("{NOT_METERED}");
+                }
+                metered
+            })
+            .await
     }
 
     /// Runs one operation (unless it was refused before it ran) and
@@ -246,7 +298,7 @@ impl<E: Executor> FanoutGraphQL<E> {
                     requested = op.requested.unwrap_or(0)
                 );
                 let run = self.executor.execute(request).instrument(span);
-                op.operation.request().within_deadline(run).await
+                op.operation.request().within_bounds(run).await
             }
             Err(refusal) => refused(&refusal),
         };
@@ -259,16 +311,18 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// copied) and checked ([`crate::shape`]), its required variables
     /// present, its cost priced. async-graphql then validates and runs the
     /// document it is given; a text that fails here never reaches it.
-    fn prepare(&self, fanout: &FanoutRequest, mut request: Request) -> Op {
+    fn prepare(
+        &self,
+        fanout: &FanoutRequest,
+        mut request: Request,
+        persisted: Result<(), OperationError>,
+    ) -> Op {
         let operation = fanout.operation();
         operation_data(&operation, &mut request.data, self.data.as_ref());
         let http = &self.engine.config().http;
         let mut requested = self.engine.costs().map(|_| 0);
         let mut kind = None;
-        let admitted = self
-            .engine
-            .persisted()
-            .resolve(&mut request)
+        let admitted = persisted
             .and_then(|()| {
                 shape::admit(self.engine.documents(), &request.query, http.max_selections)
             })
@@ -310,6 +364,11 @@ impl<E: Executor> FanoutGraphQL<E> {
         }
     }
 }
+
+/// Why `FanoutGraphQL` answers 500 to a schema without the extension.
+const NOT_METERED: &str = "the schema served by FanoutGraphQL does not mount the engine's \
+extension, so its answers could not be bounded in memory while they are built: build it with \
+`Schema::build(..).extension(engine.extension())`, registered before the schema's other extensions";
 
 /// One operation of the batch, with what its response needs afterwards.
 struct Op {

@@ -166,7 +166,12 @@ where
             };
             parts.extensions.insert(fanout.clone());
             let request = http::Request::from_parts(parts, body);
-            fanout.scope(inner.call(request)).await
+            let answered = fanout.clone().scope(inner.call(request)).await;
+            // A memory bound stopped the batch: it answers as one.
+            match fanout.stopped() {
+                Some(rejection) => Ok(rejection.into_response()),
+                None => answered,
+            }
         })
     }
 }

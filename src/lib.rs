@@ -22,7 +22,9 @@
 //! }
 //!
 //! let engine = Engine::new(Config::default());
-//! let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
+//! let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+//!     .extension(engine.extension()) // counts each answer as it is built
+//!     .finish();
 //! let app: axum::Router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
 //! # drop(app);
 //! ```
@@ -51,6 +53,7 @@ mod http;
 mod identity;
 mod layer;
 mod limiter;
+mod memory;
 mod metrics;
 mod nulls;
 mod persisted;

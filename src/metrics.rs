@@ -26,6 +26,7 @@
 //! | `fanout_host_share_busy` | gauge | `host` | 1 when the last claim found the replicas' demand for the host not met (the cap is shared out), else 0 |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
+//! | `fanout_memory_trips_total` | counter | `bound` | requests stopped by a memory bound: `answer` (`http.max_answer_bytes`: `RESPONSE_TOO_LARGE`) or `process` (`http.max_inflight_bytes`: `OVERLOADED`) |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
@@ -126,4 +127,11 @@ pub(crate) fn host_share(host: &str) -> (Gauge, Gauge) {
 /// Counts a check answered in-process because the shared backend was down.
 pub(crate) fn shared_state_fallback(backend: &'static str) {
     counter!("fanout_shared_state_fallback_total", "backend" => backend).increment(1);
+}
+
+/// Counts a request stopped by a memory bound (its own answer's, or the
+/// process's).
+pub(crate) fn memory_trip(process: bool) {
+    let bound = if process { "process" } else { "answer" };
+    counter!("fanout_memory_trips_total", "bound" => bound).increment(1);
 }

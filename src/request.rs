@@ -18,9 +18,10 @@ use crate::config::HttpConfig;
 use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};
 use crate::identity::Caller;
+use crate::memory::{RequestMemory, Trip};
 use crate::upstream::{RequestReads, Upstream};
 use async_graphql::Context;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -60,6 +61,11 @@ struct Scope {
     /// Opened for a `GET`: only queries may run (a page on another site
     /// can make a browser send a `GET` without asking first).
     queries_only: bool,
+    /// Bytes of query text the batch's operations run, persisted ones
+    /// included (bounded by `http.max_body_bytes`, as the body is).
+    text_bytes: AtomicU64,
+    /// `http.max_body_bytes`.
+    max_text_bytes: u64,
 }
 
 impl Engine {
@@ -107,6 +113,8 @@ impl Engine {
                 price_first,
                 unpriced: OnceLock::new(),
                 queries_only,
+                text_bytes: AtomicU64::new(0),
+                max_text_bytes: self.config().http.max_body_bytes as u64,
             }),
         }
     }
@@ -166,18 +174,46 @@ impl FanoutRequest {
         })
     }
 
-    /// Runs one operation, but no longer than the request's deadline plus
-    /// [`FINISH_GRACE`]: past it the operation is dropped — whatever it was
-    /// doing, reads or not — and answers `DEADLINE_EXCEEDED`.
-    pub(crate) async fn within_deadline(
+    /// Runs one operation within the request's bounds in time and memory:
+    /// no longer than the deadline plus [`FINISH_GRACE`] (past it the
+    /// operation is dropped, whatever it was doing, and answers
+    /// `DEADLINE_EXCEEDED`), and not past the request's trip (`memory.rs`:
+    /// the operation is dropped with what it built, and answers the trip's
+    /// code; the integrations then answer the whole request with it).
+    pub(crate) async fn within_bounds(
         &self,
         operation: impl std::future::Future<Output = async_graphql::Response>,
     ) -> async_graphql::Response {
         let until = self.budget().deadline() + FINISH_GRACE;
-        match tokio::time::timeout_at(until, operation).await {
-            Ok(response) => response,
-            Err(_elapsed) => refused(&OperationError::DeadlineExceeded),
+        let memory = self.inner.reads.memory();
+        tokio::select! {
+            biased;
+            trip = memory.tripped() => stopped(trip),
+            () = tokio::time::sleep_until(until) => refused(&OperationError::DeadlineExceeded),
+            response = operation => response,
         }
+    }
+
+    /// Counts `len` bytes more of query text run by the batch; `Err`: the
+    /// texts pass `http.max_body_bytes` together.
+    pub(crate) fn run_text(&self, len: usize) -> Result<(), usize> {
+        let len = len as u64;
+        let total = self.inner.text_bytes.fetch_add(len, Relaxed) + len;
+        let max = self.inner.max_text_bytes;
+        if total > max {
+            return Err(max as usize);
+        }
+        Ok(())
+    }
+
+    /// What the request holds: its answer and kept bodies.
+    pub(crate) fn memory(&self) -> &RequestMemory {
+        self.inner.reads.memory()
+    }
+
+    /// The whole answer for a request a memory bound stopped, if one did.
+    pub(crate) fn stopped(&self) -> Option<Rejection> {
+        self.memory().trip().map(Trip::rejection)
     }
 
     /// The request's budget.
@@ -280,6 +316,7 @@ impl FanoutRequest {
         Arc::new(Operation {
             request: self.clone(),
             sent: AtomicU64::new(0),
+            metered: AtomicBool::new(false),
         })
     }
 }
@@ -317,6 +354,8 @@ pub(crate) fn operation_data(
 pub struct Operation {
     request: FanoutRequest,
     sent: AtomicU64,
+    /// The extension counts this operation's answer (`memory.rs`).
+    metered: AtomicBool,
 }
 
 impl Operation {
@@ -328,6 +367,16 @@ impl Operation {
     /// Reads this operation itself sent (not those it shared).
     pub fn reads(&self) -> u64 {
         self.sent.load(Relaxed)
+    }
+
+    /// The extension saw this operation and counts its answer.
+    pub(crate) fn mark_metered(&self) {
+        self.metered.store(true, Relaxed);
+    }
+
+    /// Whether the extension counts this operation's answer.
+    pub(crate) fn is_metered(&self) -> bool {
+        self.metered.load(Relaxed)
     }
 
     /// The upstream handle for this operation.
@@ -394,4 +443,18 @@ fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
     ctx.data_opt::<Arc<Operation>>()
         .map(|op| &**op)
         .ok_or_else(|| NO_SCOPE.into())
+}
+
+/// An operation a memory bound stopped: `data: null` and the trip's code.
+fn stopped(trip: Trip) -> async_graphql::Response {
+    let rejection = trip.rejection();
+    let mut ext = async_graphql::ErrorExtensionValues::default();
+    ext.set("code", rejection.code());
+    let (Trip::AnswerTooLarge { max } | Trip::ProcessFull { max }) = trip;
+    ext.set("max", max as u64);
+    let mut error = async_graphql::ServerError::new(rejection.to_string(), None);
+    error.extensions = Some(ext);
+    let mut response = async_graphql::Response::from_errors(vec![error]);
+    response.data = async_graphql::Value::Null;
+    response
 }

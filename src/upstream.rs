@@ -21,6 +21,7 @@ use crate::budget::{bump, InFlightSlot, ReadStats, RequestBudget};
 use crate::dedup::{Coalesce, Dedup, Flight, Origin, Role};
 use crate::error::ReadError;
 use crate::hosts::{HostEntry, HostLimiter, HostSlot, HostTable};
+use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics::{self, HostMetrics};
 use crate::transport::{Read, Transport, UpstreamResponse};
 use http::{header, HeaderName, HeaderValue};
@@ -43,6 +44,10 @@ pub(crate) struct ReadParts {
     /// The shared reads in flight across this engine's requests (for the
     /// hosts with `coalesce = true`).
     pub(crate) coalesce: Arc<Coalesce<ReadKey, ReadResult>>,
+    /// What all requests in flight may hold (`http.max_inflight_bytes`).
+    pub(crate) memory: Arc<MemoryPool>,
+    /// What one request's answer may hold (`http.max_answer_bytes`).
+    pub(crate) max_answer_bytes: usize,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
@@ -53,22 +58,30 @@ pub(crate) struct RequestReads {
     dedup: Dedup<ReadKey, ReadResult>,
     /// Body bytes of every response this request keeps.
     kept_bytes: AtomicU64,
+    /// What the request holds, its answer and kept bodies (`memory.rs`).
+    memory: RequestMemory,
 }
 
 pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
 
 impl RequestReads {
     pub(crate) fn new(parts: Arc<ReadParts>, budget: RequestBudget) -> Self {
+        let memory = RequestMemory::new(parts.memory.clone(), parts.max_answer_bytes);
         Self {
             parts,
             budget,
             dedup: Dedup::new(),
             kept_bytes: AtomicU64::new(0),
+            memory,
         }
     }
 
     pub(crate) fn budget(&self) -> &RequestBudget {
         &self.budget
+    }
+
+    pub(crate) fn memory(&self) -> &RequestMemory {
+        &self.memory
     }
 }
 
@@ -531,6 +544,11 @@ impl<'a> Upstream<'a> {
             return Err(response.error(format!(
                 "this request's upstream answers would pass {max} bytes"
             )));
+        }
+        if !self.reads.memory.hold(response.body.len()) {
+            // The process's bound (or the request's answer) stopped the
+            // request; its operations are being dropped.
+            return Err(response.error("this request was stopped by a memory bound"));
         }
         Ok(response)
     }

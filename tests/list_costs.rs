@@ -53,7 +53,9 @@ fn app() -> axum::Router {
         .transport(Arc::new(MemTransport::new()))
         .costs(costs)
         .build();
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription).finish();
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension())
+        .finish();
     axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
 }
 

@@ -456,7 +456,7 @@ async fn under_the_layer_a_mutation_over_get_does_not_run() {
 async fn fanout_graphql_runs_no_mutation_over_get_however_it_is_named() {
     let engine = Engine::new(Config::default());
     let upstream = Upstream::start().await;
-    let (schema, ran) = bump_schema(&upstream, None);
+    let (schema, ran) = bump_schema(&upstream, Some(&engine));
     let app = Router::new().route_service(
         "/graphql",
         fanout_budget::FanoutGraphQL::new(schema, engine),

@@ -77,6 +77,8 @@ pub fn build_with(
     metrics: Option<MetricsRender>,
 ) -> Gateway {
     let schema = schema::builder()
+        // Counts each answer as it is built (`http.max_answer_bytes`).
+        .extension(engine.extension())
         // Protect the process itself: depth, size and parser recursion.
         .limit_depth(MAX_DEPTH)
         .limit_complexity(MAX_COMPLEXITY)

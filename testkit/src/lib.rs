@@ -16,6 +16,7 @@ mod rewrite;
 mod transport;
 mod upstream;
 
+pub mod child;
 pub use poll::until;
 pub use post::{call, graphql_request, metrics_page, post, Answer, PEER};
 pub use redis_cluster::{ClusterNode, RedisCluster};

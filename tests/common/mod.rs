@@ -92,8 +92,8 @@ impl Query {
 pub type TestSchema = Schema<Query, EmptyMutation, EmptySubscription>;
 
 pub fn schema(engine: &Engine, upstream: &Upstream) -> TestSchema {
-    let _ = engine;
     Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension())
         .data(Base(upstream.base()))
         .finish()
 }

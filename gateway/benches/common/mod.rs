@@ -299,6 +299,7 @@ async fn baseline_graphql<E: async_graphql::Executor>(
 /// rate-limit layer (`app::build_with` minus `route_layer`).
 pub fn engine_router(engine: Engine, upstream: &reqwest::Url) -> Router {
     let schema = schema::builder()
+        .extension(engine.extension())
         .data(RegistryUrl(upstream.clone()))
         .finish();
     Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
