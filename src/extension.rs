@@ -38,7 +38,7 @@ use crate::engine::Engine;
 use crate::error::{operation_error, refused, OperationError};
 use crate::finish::{code_errors, finish};
 use crate::identity::Caller;
-use crate::memory::{weigh, VALUE_WEIGHT};
+use crate::memory::{weigh, PENDING_WEIGHT, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
@@ -317,11 +317,12 @@ impl Extension for PerOperation {
             return next.run(ctx, info).await;
         };
         let memory = scope.memory();
-        if memory.is_tripped() {
+        if !memory.answer(PENDING_WEIGHT) {
             return std::future::pending().await;
         }
         let ty = info.return_type;
         let resolved = next.run(ctx, info).await;
+        memory.release_answer(PENDING_WEIGHT);
         let weight = match &resolved {
             Ok(Some(value @ (Value::Object(_) | Value::List(_)))) => {
                 weigh(value, Self::built_whole(ctx, ty))

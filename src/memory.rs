@@ -11,8 +11,9 @@
 //! - Each request has a [`RequestMemory`]. The extension's `resolve` hook
 //!   charges it every value a field or list item resolves to
 //!   ([`weigh`]: a fixed cost per value for the tree's own structure, plus
-//!   its string bytes), and the read path charges it every upstream body the
-//!   request keeps.
+//!   its string bytes) and, while a resolve runs, what its future and its
+//!   resolver's objects hold ([`PENDING_WEIGHT`]); the read path charges it
+//!   every upstream body the request keeps.
 //! - The answer's part is bounded by `http.max_answer_bytes`. Everything the
 //!   request holds is also taken from the engine's [`MemoryPool`]
 //!   (`http.max_inflight_bytes`), in blocks of [`BLOCK`] bytes so that the
@@ -38,6 +39,15 @@ pub(crate) const BLOCK: usize = 64 << 10;
 /// key and index about 100, and maps grow by doubling). Measured against
 /// peak RSS in `gateway/tests/memory.rs`.
 pub(crate) const VALUE_WEIGHT: usize = 160;
+
+/// What a resolve holds while it runs, beyond the value it will produce:
+/// its future (async-graphql boxes one per field, with its context and
+/// `ResolveInfo`, plus the resolver's own state) and the objects its
+/// resolver returned, until their fields are resolved. Counted from the
+/// resolve's start to its end, so an operation with thousands of fields
+/// waiting on reads is counted as it waits. Measured against peak RSS in
+/// `gateway/tests/memory.rs`.
+pub(crate) const PENDING_WEIGHT: usize = 4096;
 
 /// The memory every request in flight may hold at once (answers being built
 /// and upstream bodies kept): one per engine.
@@ -139,6 +149,14 @@ impl RequestMemory {
         self.hold(bytes)
     }
 
+    /// Counts `bytes` of the answer as given back (a resolve that ended:
+    /// its pending weight). What the request took from the pool stays
+    /// taken until the request ends: the pool holds each request's peak.
+    pub(crate) fn release_answer(&self, bytes: usize) {
+        self.answer.fetch_sub(bytes, Relaxed);
+        self.held.fetch_sub(bytes, Relaxed);
+    }
+
     /// Counts `bytes` more held by the request (a kept upstream body, or
     /// the answer through [`answer`](Self::answer)). `false`: the process
     /// bound is reached (the request has tripped) or the request had tripped.
@@ -178,11 +196,6 @@ impl RequestMemory {
             }),
             _ => Some(Trip::ProcessFull { max: self.pool.max }),
         }
-    }
-
-    /// Whether the request has tripped (one load: the resolve hook's check).
-    pub(crate) fn is_tripped(&self) -> bool {
-        self.trip.load(Relaxed) != NOT_TRIPPED
     }
 
     /// Resolves when the request trips.

@@ -11,12 +11,14 @@ use std::sync::Arc;
 
 /// Deepest selection accepted (the introspection query needs about 13).
 pub const MAX_DEPTH: usize = 20;
-/// Most fields one operation's answer may hold: every field and alias,
-/// each list page multiplied by its `first` (the reference page of 20
-/// repositories × 20 tags × manifest and config is about 2,500; 100 tags
-/// with their layers about 5,000). A batch of `http.max_batch_operations`
-/// may hold 20 times this before it is written out.
-pub const MAX_COMPLEXITY: usize = 25_000;
+/// Most fields one operation's answer may hold in the worst case: every
+/// field and alias, each list page multiplied by its `first`, each
+/// descriptor list by the most a manifest may list (the reference page of
+/// 20 repositories × 20 tags × manifest and config is about 2,500; 100 tags
+/// with every layer's digest, media type and size about 77,000). A cheap
+/// refusal before anything runs; what an answer really holds is bounded as
+/// it is built (`http.max_answer_bytes`).
+pub const MAX_COMPLEXITY: usize = 100_000;
 /// Deepest nesting the parser follows before refusing (stack protection).
 pub const MAX_RECURSIVE_DEPTH: usize = 64;
 

@@ -59,10 +59,9 @@ fn list_complexity(first: i32, child_complexity: usize) -> usize {
 }
 
 /// What a descriptor list (`layers`, `manifests`) weighs in the complexity
-/// limit, in rows: a typical image's layer count. A manifest may list up to
-/// [`oci::MAX_DESCRIPTORS`]; past the typical count the answer is bounded by
-/// `http.max_response_bytes`.
-const DESCRIPTOR_WEIGHT: usize = 16;
+/// limit, in rows: the most a manifest may list ([`oci::MAX_DESCRIPTORS`]),
+/// so the limit prices the answer at its real worst case.
+const DESCRIPTOR_WEIGHT: usize = oci::MAX_DESCRIPTORS;
 
 /// `first` must be 1..=100.
 fn page_size(first: i32) -> Result<usize, ReadError> {
@@ -189,7 +188,6 @@ impl Repository {
     ) -> async_graphql::Result<TagConnection> {
         let n = page_size(first)?;
         let tags = self.tag_list(ctx).await?;
-        let all = tags.list();
         let start = match &after {
             None => 0,
             Some(cursor) => match tags.position(cursor) {
@@ -205,22 +203,21 @@ impl Repository {
                 }
             },
         };
-        let page: Vec<Tag> = all
-            .iter()
-            .skip(start)
+        let page: Vec<Tag> = tags
+            .iter_from(start)
             .take(n)
             .map(|name| Tag {
                 repository: self.name.clone(),
-                name: name.clone(),
+                name: name.to_string(),
             })
             .collect();
         Ok(TagConnection {
             page_info: PageInfo {
-                has_next_page: start + page.len() < all.len(),
+                has_next_page: start + page.len() < tags.len(),
                 end_cursor: page.last().map(|t| t.name.clone()),
             },
             nodes: page,
-            total_count: all.len() as i32,
+            total_count: tags.len() as i32,
         })
     }
 

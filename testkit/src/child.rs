@@ -35,6 +35,17 @@ pub struct ChildRun {
 /// child limited to `address_space_mib` of address space, killed after
 /// `limit`.
 pub fn run(test: &str, case: &str, address_space_mib: u64, limit: Duration) -> ChildRun {
+    run_with(test, case, address_space_mib, limit, &[])
+}
+
+/// [`run`], with `env` set in the child too.
+pub fn run_with(
+    test: &str,
+    case: &str,
+    address_space_mib: u64,
+    limit: Duration,
+    env: &[(&str, &str)],
+) -> ChildRun {
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = Command::new("sh")
         .arg("-c")
@@ -45,6 +56,7 @@ pub fn run(test: &str, case: &str, address_space_mib: u64, limit: Duration) -> C
         .arg(exe)
         .args(["--exact", test, "--nocapture", "--test-threads", "1"])
         .env(CASE_VAR, case)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -7,12 +7,16 @@
 //! "no such repository" (not an error); any other 4xx, a 5xx, a body that is
 //! not the expected JSON or a transport failure is `UPSTREAM_ERROR`.
 
+mod tags;
+
+pub use tags::Tags;
+use tags::TagsBuilder;
+
 use crate::names::{Digest, Invalid, RepoName, TagName};
 use async_graphql::Context;
 use fanout_budget::{FanoutContext, Read, ReadError, UpstreamResponse};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The `Accept` header for manifests: OCI and Docker, single and multi-platform.
@@ -133,33 +137,6 @@ fn expect_json(response: &UpstreamResponse) -> Result<(), ReadError> {
     }
 }
 
-/// Every tag of a repository, in the registry's order, indexed by name.
-#[derive(Debug, Default)]
-pub struct Tags {
-    list: Vec<String>,
-    position: HashMap<String, usize>,
-}
-
-impl Tags {
-    fn new(list: Vec<String>) -> Self {
-        let mut position = HashMap::with_capacity(list.len());
-        for (i, tag) in list.iter().enumerate() {
-            position.entry(tag.clone()).or_insert(i);
-        }
-        Self { list, position }
-    }
-
-    /// The tags, in order.
-    pub fn list(&self) -> &[String] {
-        &self.list
-    }
-
-    /// Where `tag` is in the list.
-    pub fn position(&self, tag: &str) -> Option<usize> {
-        self.position.get(tag).copied()
-    }
-}
-
 /// Every tag of `name` (each `Link` page one read); `None` on `NAME_UNKNOWN`.
 ///
 /// Walked, parsed and indexed **once per inbound request**, whoever asks
@@ -194,19 +171,16 @@ async fn walk_tags(
     first: reqwest::Url,
     page: &UpstreamResponse,
 ) -> async_graphql::Result<Arc<Tags>> {
-    #[derive(Deserialize)]
-    struct TagList {
-        tags: Option<Vec<String>>,
-    }
     let mut seen = vec![first.clone()];
-    let mut tags = Vec::new();
+    let mut tags = TagsBuilder::default();
     let mut response = None::<Arc<UpstreamResponse>>;
     loop {
         let page = response.as_deref().unwrap_or(page);
         expect_json(page)?;
-        tags.extend(page.json::<TagList>()?.tags.unwrap_or_default());
+        tags.page(&page.body)
+            .map_err(|e| page.error(format!("unexpected response body: {e}")))?;
         let next = match next_link(page, base) {
-            None => return Ok(Arc::new(Tags::new(tags))),
+            None => return Ok(Arc::new(tags.build())),
             Some(link) if seen.contains(&link) => {
                 return Err(page.error(format!("tag list links back to {link}")).into())
             }
@@ -245,14 +219,42 @@ pub async fn catalog(
     Ok((names, more))
 }
 
+/// The longest string the gateway takes from a manifest or a config for
+/// the schema's short fields (media types, digests, platforms, `os`,
+/// `created`): real ones are under 130 bytes (a media type is at most 127
+/// + 1 + 127, RFC 6838), and a registry serves whatever was pushed — a 15 MB
+/// `os`, aliased in one query, would multiply into the answer. Longer is
+/// `UPSTREAM_ERROR`.
+pub const MAX_SHORT_FIELD: usize = 256;
+
+/// A short field (see [`MAX_SHORT_FIELD`]).
+fn short<'de, D: serde::Deserializer<'de>>(de: D) -> Result<String, D::Error> {
+    let s = String::deserialize(de)?;
+    if s.len() > MAX_SHORT_FIELD {
+        return Err(serde::de::Error::custom(format_args!(
+            "a {}-byte value where at most {MAX_SHORT_FIELD} are taken",
+            s.len()
+        )));
+    }
+    Ok(s)
+}
+
+/// An optional short field (see [`MAX_SHORT_FIELD`]).
+fn short_opt<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    struct Short(#[serde(deserialize_with = "short")] String);
+    Ok(Option::<Short>::deserialize(de)?.map(|s| s.0))
+}
+
 /// A content descriptor.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DescriptorDoc {
     /// Its media type.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "short")]
     pub media_type: String,
     /// `sha256:…`
+    #[serde(deserialize_with = "short")]
     pub digest: String,
     /// Its size in bytes.
     pub size: u64,
@@ -264,10 +266,13 @@ pub struct DescriptorDoc {
 #[derive(Clone, Debug, Deserialize)]
 pub struct PlatformDoc {
     /// e.g. `linux`
+    #[serde(deserialize_with = "short")]
     pub os: String,
     /// e.g. `amd64`
+    #[serde(deserialize_with = "short")]
     pub architecture: String,
     /// e.g. `v8`
+    #[serde(default, deserialize_with = "short_opt")]
     pub variant: Option<String>,
 }
 
@@ -305,13 +310,15 @@ pub async fn manifest(
 /// Descriptors one manifest may list (`layers` or `manifests`); more is
 /// `UPSTREAM_ERROR`. Images have tens of layers (Docker refuses past 127),
 /// indexes a few dozen platforms: a manifest listing thousands is an
-/// upstream trying to multiply the answer.
-pub const MAX_DESCRIPTORS: usize = 1000;
+/// upstream trying to multiply the answer. The complexity limit prices a
+/// descriptor list at this many rows.
+pub const MAX_DESCRIPTORS: usize = 256;
 
 fn parse_manifest(response: &UpstreamResponse) -> Result<ManifestDoc, ReadError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Body {
+        #[serde(default, deserialize_with = "short_opt")]
         media_type: Option<String>,
         config: Option<DescriptorDoc>,
         #[serde(default)]
@@ -360,10 +367,13 @@ fn parse_manifest(response: &UpstreamResponse) -> Result<ManifestDoc, ReadError>
 #[derive(Clone, Debug, Deserialize)]
 pub struct ImageConfigDoc {
     /// e.g. `linux`
+    #[serde(default, deserialize_with = "short_opt")]
     pub os: Option<String>,
     /// e.g. `amd64`
+    #[serde(default, deserialize_with = "short_opt")]
     pub architecture: Option<String>,
     /// RFC 3339 creation time.
+    #[serde(default, deserialize_with = "short_opt")]
     pub created: Option<String>,
 }
 
