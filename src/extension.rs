@@ -1,24 +1,31 @@
-//! The async-graphql extension: the per-operation scope for schemas served
-//! without [`FanoutGraphQL`](crate::FanoutGraphQL).
+//! The async-graphql extension: every schema the engine serves mounts it
+//! (`Schema::build(..).extension(engine.extension())`).
 //!
-//! **When to use it.** [`FanoutGraphQL`](crate::FanoutGraphQL) attaches each
-//! operation's scope itself and needs no extension; prefer it. Mount this
-//! extension (`Schema::build(..).extension(engine.extension())`) when the
-//! schema is executed some other way — async-graphql-axum's `GraphQL`
-//! service, `schema.execute(..)` in a test, a custom handler. It costs what
-//! any async-graphql extension costs: once one is registered, async-graphql
-//! builds a `ResolveInfo` and runs the extension chain for every field and
-//! list item (≈ 7.5 µs per request of the reference query, BENCHMARKS.md).
-//! Mounted together with `FanoutGraphQL`, it sees the operation already
-//! attached and stands aside, so nothing is counted twice.
+//! **Under either integration** its `resolve` hook counts the answer as it
+//! is built: every value a field or list item resolves to, and every resolve
+//! while it runs, in the request's memory (`memory.rs`); once the request
+//! has tripped (`http.max_answer_bytes`, `http.max_inflight_bytes`) a
+//! resolve parks instead of running, and the operation's runner drops the
+//! operation. Only a per-field hook can see an answer while it is built, so
+//! [`FanoutGraphQL`](crate::FanoutGraphQL) requires the extension too (it
+//! checks once). It costs what any async-graphql extension costs: once one
+//! is registered, async-graphql builds a `ResolveInfo` and runs the
+//! extension chain for every field and list item (BENCHMARKS.md).
+//!
+//! **Under `FanoutGraphQL`** it sees the operation's handle already attached
+//! and does nothing else: the service prices, bounds and finishes the
+//! operation. **Anywhere else** — async-graphql-axum's `GraphQL` service
+//! under [`FanoutLayer`](crate::FanoutLayer), `schema.execute(..)` in a
+//! test, a custom handler — it is the per-operation scope:
 //!
 //! async-graphql runs each operation of a batch as its own `Request` and
 //! creates one extension instance per operation. For each operation this
 //! extension:
 //!
 //! 1. in `prepare_request`, after the extensions registered after it (so a
-//!    query rewritten there is the one that runs), hands async-graphql the
-//!    parsed document kept for the operation's text ([`crate::documents`],
+//!    query rewritten there is the one that runs), counts the text against
+//!    the batch's bound (`http.max_body_bytes`, persisted texts included),
+//!    hands async-graphql the parsed document kept for the operation's text ([`crate::documents`],
 //!    the engine's; the text is parsed and kept otherwise), so a text seen
 //!    before is not parsed again;
 //! 2. in `parse_query`, prices the operation with the engine's
@@ -30,7 +37,8 @@
 //!    and the integrator announced the batch
 //!    ([`FanoutRequest::expect_operations`]), waits until every operation is
 //!    priced and refuses all of them if the sum exceeds the budget;
-//! 4. hands the resolvers an [`Operation`] through `run_with_data`;
+//! 4. hands the resolvers an [`Operation`] through `run_with_data`, and
+//!    runs it within the request's deadline and memory bounds;
 //! 5. after execution, finishes the response exactly as `FanoutGraphQL`
 //!    does: contract codes, null propagation, `extensions.fanout`.
 

@@ -11,9 +11,12 @@
 //! prices each operation, runs them concurrently on the schema as
 //! async-graphql's `execute_batch` does, finishes each response
 //! (`finish.rs`) and writes the answers in the negotiated media type
-//! (`protocol.rs`). It needs no async-graphql extension on the schema, so
-//! async-graphql keeps its fast path for every field (see the extension for
-//! when that is the right tool). Its place in the walk of one read:
+//! (`protocol.rs`). The schema mounts `engine.extension()`, which counts
+//! each answer as it is built (checked once, on the first request: without
+//! it every request answers 500, since its answers could not be bounded in
+//! memory). The texts a batch runs, persisted ones included, are bounded
+//! like its body (413). A batch a memory bound stopped answers as one
+//! (`RESPONSE_TOO_LARGE` or 503 `OVERLOADED`). Its place in the walk of one read:
 //! ARCHITECTURE.md (the crate's docs). A browser's `GET` without a query
 //! gets GraphiQL (`graphiql.rs`).
 

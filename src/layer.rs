@@ -24,9 +24,11 @@
 //!    as the task's current one, where the extension finds it.
 //!
 //! **Which integration?** [`FanoutGraphQL`](crate::FanoutGraphQL) runs the
-//! batch itself and needs no extension, so async-graphql keeps its per-field
-//! fast path: prefer it for a new endpoint. The layer fits an endpoint that
-//! exists already; it costs what any async-graphql extension costs per field.
+//! batch itself (GET, media types, persisted queries, GraphiQL): prefer it
+//! for a new endpoint. The layer fits an endpoint that exists already. Both
+//! need the extension on the schema, which counts each answer as it is built;
+//! a batch a memory bound stopped answers as one (the layer replaces the
+//! stock service's answer with `RESPONSE_TOO_LARGE` or 503 `OVERLOADED`).
 //! Every body but a multipart one is read as JSON whatever its content type
 //! says and whatever the method, as async-graphql reads it (a `PUT` is still
 //! counted and capped). Refused with 400 `BAD_REQUEST` before anything is
