@@ -476,3 +476,155 @@ async fn a_panicking_shared_read_answers_an_error_and_leaves_nothing_behind() {
     until("a fresh read sent", || transport.fetched.load(SeqCst) == 2).await;
     next.abort();
 }
+
+/// Issue 23, item 4: the host cap is used only by reads being sent.
+///
+/// Cap 4, all of it taken by slots no read uses; four requests read
+/// `/item/1` and queue for a host slot. One slot frees: the first of them
+/// leads the read, the three others join it while still queued. Then the
+/// three other slots free — and must stay free: three new distinct reads
+/// take them at once and the upstream reaches the cap (before the fix, the
+/// joiners' queued waits took them and held them, idle, and the new reads
+/// were refused `HOST_SATURATED` after `acquire_wait_ms` while the upstream
+/// had one read in flight). A fifth new read waits while the cap is all
+/// reads on the wire. Nothing here waits on a clock: the queues are reached
+/// by one poll each, the rest by counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_joins_gives_up_its_place_in_the_hosts_queue() {
+    const CAP: u64 = 4;
+    let (upstream, engine) = held(true, |c| {
+        c.budget.read_timeout_ms = 60_000;
+        c.budget.deadline_ms = 120_000;
+        for table in c.hosts.values_mut() {
+            (table.max_concurrent, table.acquire_wait_ms) = (CAP as u32, 600);
+        }
+    })
+    .await;
+    let (host, hosts) = (upstream.host(), engine.hosts());
+    let mut fillers = Vec::new();
+    for _ in 0..CAP {
+        let slot = hosts.acquire(&host, Duration::from_secs(1)).await;
+        fillers.push(slot.expect("a free slot"));
+    }
+    // Each read, polled once, is queued for a host slot (in that order).
+    let (mut requests, mut tasks) = (Vec::new(), Vec::new());
+    for _ in 0..CAP {
+        let request = engine.begin_request(Caller::Public);
+        let (operation, read) = (request.operation(), get(&upstream, "/item/1"));
+        let mut task = Box::pin(async move {
+            let response = operation.upstream().read(read).await?;
+            Ok::<_, ReadError>(response.body.clone())
+        });
+        assert!(futures::poll!(task.as_mut()).is_pending());
+        requests.push(request);
+        tasks.push(tokio::spawn(task));
+    }
+    drop(fillers.pop());
+    until_sent(&upstream, 1, &requests, CAP - 1).await;
+    fillers.clear();
+    // The joiners hold no host slot: only the shared read does.
+    let held_by_joiners = hosts.in_flight(&host) - 1;
+
+    let fresh: Vec<_> = (2..=CAP)
+        .map(|i| spawn_read(&engine, get(&upstream, &format!("/item/{i}"))))
+        .collect();
+    until("the new reads sent, or ended", || {
+        upstream.seen.in_flight() == CAP || fresh.iter().all(|(_, task)| task.is_finished())
+    })
+    .await;
+    let on_the_wire = upstream.seen.in_flight();
+    let (mut refused, mut sent) = (0, Vec::new());
+    for (request, task) in fresh {
+        if !task.is_finished() {
+            sent.push((request, task));
+        } else if task
+            .await
+            .unwrap()
+            .is_err_and(|e| e.code() == "HOST_SATURATED")
+        {
+            refused += 1;
+        }
+    }
+    println!(
+        "cap {CAP}: {refused} of {} new reads refused HOST_SATURATED while the upstream had {on_the_wire} of {CAP} reads in flight",
+        CAP - 1
+    );
+    assert_eq!(
+        (held_by_joiners, refused, on_the_wire),
+        (0, 0, CAP),
+        "slots held by joiners; every new read sent: the cap is all reads on the wire"
+    );
+
+    // At the cap, a further read waits — while every slot is a read sent.
+    let request = engine.begin_request(Caller::Public);
+    let (operation, read) = (request.operation(), get(&upstream, "/item/9"));
+    let mut waiting = Box::pin(async move { operation.upstream().read(read).await.map(|_| ()) });
+    assert!(futures::poll!(waiting.as_mut()).is_pending());
+    assert_eq!(
+        (hosts.in_flight(&host), upstream.seen.in_flight()),
+        (CAP, CAP)
+    );
+    drop(waiting);
+
+    upstream.seen.release();
+    for task in tasks {
+        let body = task.await.unwrap().expect("every /item/1 read answered");
+        assert!(String::from_utf8_lossy(&body).contains("item-1"));
+    }
+    for (_, task) in sent {
+        task.await.unwrap().expect("every new read answered");
+    }
+    assert_eq!(coalesced(&requests), CAP - 1);
+    let used: u64 = requests.iter().map(|r| r.budget().used()).sum();
+    assert_eq!((upstream.seen.count("/item/1"), used), (1, 1));
+    assert_eq!(hosts.in_flight(&host), 0);
+}
+
+/// The same within one request: a read that joins while it waits for one
+/// of its request's `max_concurrent_reads` slots gives up its place, so the
+/// slot freed next goes to the request's next read waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_joins_gives_up_its_place_in_the_requests_queue() {
+    let (upstream, engine) = held(true, |c| {
+        c.budget.max_concurrent_reads = 1;
+        c.budget.deadline_ms = 5_000;
+    })
+    .await;
+    let host = upstream.host();
+    let request = engine.begin_request(Caller::Public);
+    let holder = request.operation();
+    let permit = holder.upstream().permit(&host).await.expect("the one slot");
+    // Two reads of the request wait for its slot, in this order.
+    let mut waiting = Vec::new();
+    for path in ["/item/1", "/item/3"] {
+        let (operation, read) = (request.operation(), get(&upstream, path));
+        let mut task = Box::pin(async move {
+            let response = operation.upstream().read(read).await?;
+            Ok::<_, ReadError>(response.body.clone())
+        });
+        assert!(futures::poll!(task.as_mut()).is_pending());
+        waiting.push(task);
+    }
+    let (second, third) = {
+        let mut tasks = waiting.into_iter().map(tokio::spawn);
+        (tasks.next().unwrap(), tasks.next().unwrap())
+    };
+    // Another request reads `/item/1`: the first of them joins it.
+    let (_other, other) = spawn_read(&engine, get(&upstream, "/item/1"));
+    until_sent(&upstream, 1, std::slice::from_ref(&request), 1).await;
+    drop(permit);
+    until("the next read sent, or ended", || {
+        upstream.requests() == 2 || third.is_finished()
+    })
+    .await;
+    assert_eq!(
+        (upstream.seen.count("/item/3"), request.budget().in_flight()),
+        (1, 1),
+        "the freed slot went to the read still waiting, and is its only one"
+    );
+    upstream.seen.release();
+    for task in [second, third, other] {
+        task.await.unwrap().expect("answered");
+    }
+    assert_eq!(request.budget().in_flight(), 0);
+}
