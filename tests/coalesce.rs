@@ -628,3 +628,96 @@ async fn a_read_that_joins_gives_up_its_place_in_the_requests_queue() {
     }
     assert_eq!(request.budget().in_flight(), 0);
 }
+
+/// What one load run saw: refusals, those while the upstream had fewer
+/// reads in flight than the cap, reads answered, and the upstream's mean
+/// reads in flight.
+struct Load {
+    refused: u64,
+    refused_below_cap: u64,
+    answered: u64,
+    mean_in_flight: f64,
+}
+
+/// `clients` loops, each reading one of 16 URLs at random in an inbound
+/// request of its own, for `run`, against a loopback upstream answering in
+/// 20 ms, host cap `cap` with `acquire_wait_ms = 50`.
+async fn load(coalesce: bool, cap: u32, clients: usize, run: Duration) -> Load {
+    let upstream = Upstream::start().await;
+    *upstream.seen.default_delay.lock().unwrap() = Some(Duration::from_millis(20));
+    let mut config = config(&upstream.host(), coalesce);
+    for table in config.hosts.values_mut() {
+        (table.max_concurrent, table.acquire_wait_ms) = (cap, 50);
+    }
+    let engine = Arc::new(Engine::new(config));
+    let upstream = Arc::new(upstream);
+    let stop = tokio::time::Instant::now() + run;
+    let (refused, below, answered) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let tasks: Vec<_> = (0..clients)
+        .map(|client| {
+            let (engine, upstream) = (engine.clone(), upstream.clone());
+            let (refused, below, answered) = (refused.clone(), below.clone(), answered.clone());
+            tokio::spawn(async move {
+                // A small xorshift per client: reproducible, no dependency.
+                let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ (client as u64 + 1);
+                while tokio::time::Instant::now() < stop {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let request = engine.begin_request(Caller::Public);
+                    let operation = request.operation();
+                    let read = get(&upstream, &format!("/item/{}", x % 16));
+                    match operation.upstream().read(read).await {
+                        Ok(_) => answered.fetch_add(1, SeqCst),
+                        Err(ReadError::HostSaturated { .. }) => {
+                            if upstream.seen.in_flight() < u64::from(cap) {
+                                below.fetch_add(1, SeqCst);
+                            }
+                            refused.fetch_add(1, SeqCst)
+                        }
+                        Err(other) => panic!("{other:?}"),
+                    };
+                }
+            })
+        })
+        .collect();
+    let (mut samples, mut sum) = (0u64, 0u64);
+    while tokio::time::Instant::now() < stop {
+        sum += upstream.seen.in_flight();
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    Load {
+        refused: refused.load(SeqCst),
+        refused_below_cap: below.load(SeqCst),
+        answered: answered.load(SeqCst),
+        mean_in_flight: sum as f64 / samples as f64,
+    }
+}
+
+/// A figure, not a check (timing on a shared machine): under load, how
+/// many `HOST_SATURATED` refusals came while the upstream was below the
+/// cap, and how full the cap was kept, with and without coalescing.
+///
+/// `FANOUT_LOAD_SECS=12 cargo test --test coalesce -- --ignored --nocapture load_figures`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run by hand"]
+async fn load_figures() {
+    let secs = std::env::var("FANOUT_LOAD_SECS").map_or(3, |s| s.parse().unwrap());
+    let (cap, clients) = (8, 48);
+    for coalesce in [true, false] {
+        let seen = load(coalesce, cap, clients, Duration::from_secs(secs)).await;
+        let share = 100.0 * seen.refused_below_cap as f64 / seen.refused.max(1) as f64;
+        println!(
+            "cap {cap}, {clients} clients, {secs} s, coalesce = {coalesce}: {} answered, {} refused HOST_SATURATED, {share:.0} % of them while the upstream was below the cap; mean in flight {:.1} of {cap}",
+            seen.answered, seen.refused, seen.mean_in_flight
+        );
+    }
+}
