@@ -48,7 +48,10 @@
 //! A caller that has to wait for its slots before it could lead waits for
 //! a flight of its key to start, too: each start wakes the callers waiting
 //! on one of [`STARTED_SHARDS`] `Notify`s (chosen by the key's hash), which
-//! look again.
+//! look again. One that finds the flight drops its wait for the slots
+//! before it joins (the acquisition point races the two), so a joiner keeps
+//! no place in a host's queue and no slot: the flights hold the only host
+//! slots the coalesced reads use.
 
 use crate::seed::random_state;
 use foldhash::fast::SeedableRandomState;

@@ -16,7 +16,10 @@
 //!
 //! A slot is released when it is dropped — on success, error, timeout, or when
 //! the inbound request is cancelled and its futures are dropped — so a slot
-//! cannot leak. The trait is the seam a shared backend (Redis) plugs into.
+//! cannot leak; a wait for one that is dropped (a read that joined another
+//! request's read instead, a cancelled request) leaves the semaphore's queue,
+//! and a permit granted to it meanwhile goes back. The trait is the seam a
+//! shared backend (Redis) plugs into.
 //!
 //! The engine also keeps, per host, what the read path needs besides the
 //! slot: the `host:port` name the `[hosts]` tables use, whether its table
@@ -35,7 +38,14 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// Hands out per-host slots. Implementations must release a slot when the
-/// returned [`HostSlot`] is dropped.
+/// returned [`HostSlot`] is dropped, and when the future [`acquire`]
+/// returned is dropped before it is ready, give up the caller's place in
+/// any queue and any slot already set aside for it: a read that stops
+/// waiting (it joined an identical read another request sent, or its
+/// request was cancelled) drops that future, and a slot kept for it would
+/// sit idle while other reads are refused.
+///
+/// [`acquire`]: HostLimiter::acquire
 ///
 /// ```
 /// use fanout_budget::{HostLimiter, HostRefusal, HostSlot, LocalHostCaps};

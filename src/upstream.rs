@@ -12,10 +12,15 @@
 //! a body) that another request has in flight is joined instead (after the
 //! cheap refusals, before any slot): the joiner holds no slot, is not
 //! charged, and waits for the shared answer under its own
-//! `min(read_timeout, time left)`. A read that leads holds its request slot
-//! while it waits, like any read, but its host slot and the send move into a
-//! task of their own (`dedup.rs`), bounded by the read timeout alone, so the
-//! leader's cancellation or deadline never cuts the read for the others.
+//! `min(read_timeout, time left)`. A read already waiting for its slots when
+//! an identical read starts joins it too: the wait for the slots is raced
+//! against the flight's start and dropped when the flight wins, so the
+//! joiner leaves the request's and the host's queues (a slot granted to it
+//! meanwhile goes back) and a host's cap is used only by reads being sent.
+//! A read that leads holds its request slot while it waits, like any read,
+//! but its host slot and the send move into a task of their own
+//! (`dedup.rs`), bounded by the read timeout alone, so the leader's
+//! cancellation or deadline never cuts the read for the others.
 
 use crate::budget::{bump, InFlightSlot, ReadStats, RequestBudget};
 use crate::dedup::{Coalesce, Dedup, Flight, Origin, Role};
@@ -189,7 +194,9 @@ impl<'a> Upstream<'a> {
     ///   engine's table before its answer is handed out, and a read that
     ///   starts later is sent afresh (no cache across requests). A read
     ///   waiting for its own slots joins an identical read that starts
-    ///   meanwhile.
+    ///   meanwhile, and leaves the queues it waited in: it keeps no place
+    ///   in them and no slot given to it meanwhile, so the host's cap
+    ///   counts only reads being sent.
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
         let max_redirects = self.reads.parts.max_redirects;
         let mut sent = read.clone();
@@ -355,8 +362,10 @@ impl<'a> Upstream<'a> {
     /// Refusals come first: a request whose budget is spent or whose
     /// deadline has passed is refused, whether or not it could have joined.
     /// While it waits for its slots it joins a flight of its key that starts
-    /// meanwhile; admitted, it looks once more, under the table's lock, and
-    /// joins (its slots go back, nothing is charged) or is charged and leads.
+    /// meanwhile, and the wait is dropped before it waits on the flight (its
+    /// places in the queues, and a slot granted meanwhile, go back);
+    /// admitted, it looks once more, under the table's lock, and joins (its
+    /// slots go back, nothing is charged) or is charged and leads.
     async fn coalesced(&self, read: Read, host: &Arc<HostEntry>) -> ReadResult {
         self.refuse_early(host)?;
         if self.reads.budget.time_left().is_none() {
@@ -364,21 +373,30 @@ impl<'a> Upstream<'a> {
         }
         let table = &self.reads.parts.coalesce;
         let key = ReadKey::of(&read).expect("a safe read has a key");
-        let slots = self.slots(host);
-        tokio::pin!(slots);
-        let (request_slot, host_slot) = loop {
-            // Enabled before the look, so a start after it wakes this read.
-            let started = table.started(&key);
-            tokio::pin!(started);
-            started.as_mut().enable();
-            if let Some(flight) = table.find(&key) {
-                return self.join(flight, host).await;
+        let waited = {
+            let slots = self.slots(host);
+            tokio::pin!(slots);
+            loop {
+                // Enabled before the look, so a start after it wakes this read.
+                let started = table.started(&key);
+                tokio::pin!(started);
+                started.as_mut().enable();
+                if let Some(flight) = table.find(&key) {
+                    break Err(flight);
+                }
+                tokio::select! {
+                    biased;
+                    () = &mut started => {}
+                    slots = &mut slots => break Ok(slots),
+                }
             }
-            tokio::select! {
-                biased;
-                () = &mut started => {}
-                slots = &mut slots => break slots?,
-            }
+        };
+        // The wait for the slots ended above: a read that joins has left
+        // the request's and the host's queues (a slot granted meanwhile
+        // went back to them), so the host's cap is used by reads sent only.
+        let (request_slot, host_slot) = match waited {
+            Err(flight) => return self.join(flight, host).await,
+            Ok(slots) => slots?,
         };
         let mut charged = None;
         let lead = || {

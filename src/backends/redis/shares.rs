@@ -29,7 +29,10 @@
 //!   Otherwise it asks the pool's claimer (one task per host, so one claim at
 //!   a time and a cancelled read never loses a reply) and waits for the
 //!   claim, a slot coming back, or its own wait running out
-//!   (`HOST_SATURATED`).
+//!   (`HOST_SATURATED`). A read that stops waiting — it joined an identical
+//!   read another request sent (`coalesce = true`), or its request was
+//!   cancelled — drops its wait: it leaves the pool's waiters and the local
+//!   cap's queue, and the local slot it held while waiting goes back.
 //! - **Refresh.** While a replica holds or wants anything of a host, its
 //!   claimer claims every `refresh_ms`: that renews the field, reports the
 //!   demand, and gives back what is no longer used (all spare after a period

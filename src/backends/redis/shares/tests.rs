@@ -649,3 +649,113 @@ async fn claims_at_the_edges() {
         Some(redis::Value::Int(1))
     );
 }
+
+/// Issue 23, item 4, on Redis: a read that joins another request's read
+/// (a host with `coalesce = true`) leaves the queues it waited in — the
+/// local cap's and its pool's — so it holds no slot of either and is no
+/// longer counted among the pool's waiters (the demand claims report).
+///
+/// Cap 4, of which another replica holds 3: this one's share is 1, taken
+/// by a slot no read uses. Four requests read `/item/1`: three take a local
+/// slot and wait in the pool, the fourth waits for a local slot. The slot
+/// frees: one of them leads the read, the others join it. Then the other
+/// replica gives its 3 back, and three new distinct reads must be sent at
+/// once (the cap: 4 reads on the wire).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_joins_leaves_the_local_queue_and_the_pool() {
+    use crate::{Caller, Config, Engine, ReadError};
+    const CAP: u32 = 4;
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let upstream = fanout_testkit::Upstream::start().await;
+    upstream.seen.hold();
+    let host = upstream.host();
+    let table = HostConfig {
+        max_concurrent: CAP,
+        acquire_wait_ms: 2_000,
+        coalesce: true,
+    };
+    let mut settings = Config::default();
+    settings.budget.read_timeout_ms = 60_000;
+    settings.budget.deadline_ms = 120_000;
+    settings.hosts.insert(host.clone(), table);
+    let backend = RedisBackend::new(&config(&redis)).unwrap();
+    let caps = Arc::new(RedisHostCaps::new(settings.hosts.clone(), backend));
+    let engine = Engine::builder(settings).host_limiter(caps.clone()).build();
+    let (pool, key) = (caps.pools[&host].clone(), caps.backend.key("shares", &host));
+    let far = (redis_time_us(&redis).await / 1000 + 600_000).to_string();
+    redis
+        .command(&["HSET", &key, "other", &format!("3 3 {far}")])
+        .await
+        .unwrap();
+    let filler = caps.acquire(&host, Duration::from_secs(1)).await.unwrap();
+    assert_eq!(caps.held(&host), (1, 1), "this replica's share: 1");
+
+    let get = |path: &str| crate::Read::get(upstream.url(path).parse().unwrap());
+    let (mut requests, mut tasks) = (Vec::new(), Vec::new());
+    for _ in 0..CAP {
+        let request = engine.begin_request(Caller::Public);
+        let (operation, read) = (request.operation(), get("/item/1"));
+        let mut task = Box::pin(async move {
+            let response = operation.upstream().read(read).await?;
+            Ok::<_, ReadError>(response.body.clone())
+        });
+        assert!(futures::poll!(task.as_mut()).is_pending());
+        requests.push(request);
+        tasks.push(tokio::spawn(task));
+    }
+    assert_eq!(pool.lock().waiting, CAP - 1, "three wait in the pool");
+    assert_eq!(caps.in_flight(&host), u64::from(CAP), "one waits locally");
+    drop(filler);
+    let joined = || -> u64 { requests.iter().map(|r| r.budget().counts().coalesced).sum() };
+    fanout_testkit::until(
+        "one read sent, three joined",
+        Duration::from_secs(30),
+        async || upstream.requests() == 1 && joined() == u64::from(CAP) - 1,
+    )
+    .await;
+    let waiting = pool.lock().waiting;
+    let (_, in_use) = caps.held(&host);
+    let local = caps.in_flight(&host);
+
+    // The other replica goes; three new distinct reads.
+    redis.command(&["HDEL", &key, "other"]).await.unwrap();
+    let fresh: Vec<_> = (2..=u64::from(CAP))
+        .map(|i| {
+            let request = engine.begin_request(Caller::Public);
+            let (operation, read) = (request.operation(), get(&format!("/item/{i}")));
+            let task =
+                tokio::spawn(async move { operation.upstream().read(read).await.map(|_| ()) });
+            (request, task)
+        })
+        .collect();
+    fanout_testkit::until(
+        "the new reads sent, or ended",
+        Duration::from_secs(30),
+        async || {
+            upstream.seen.in_flight() == u64::from(CAP)
+                || fresh.iter().all(|(_, t)| t.is_finished())
+        },
+    )
+    .await;
+    let on_the_wire = upstream.seen.in_flight();
+    let refused = fresh.iter().filter(|(_, t)| t.is_finished()).count();
+    println!(
+        "Redis, cap {CAP}: {refused} of {} new reads refused while the upstream had {on_the_wire} reads in flight",
+        fresh.len()
+    );
+    assert_eq!(
+        (waiting, in_use, local, refused, on_the_wire),
+        (0, 1, 1, 0, u64::from(CAP)),
+        "(joiners waiting in the pool, pool slots in use, local slots, new reads refused, reads on the wire)"
+    );
+    upstream.seen.release();
+    for task in tasks {
+        task.await.unwrap().expect("every /item/1 read answered");
+    }
+    for (_, task) in fresh {
+        task.await.unwrap().expect("every new read answered");
+    }
+    assert_eq!(caps.in_flight(&host), 0);
+}
