@@ -139,9 +139,10 @@ pub struct HttpConfig {
     /// answer is `RESPONSE_TOO_LARGE` instead.
     pub max_response_bytes: usize,
     /// Memory one request's answer (the whole batch's) may hold while it is
-    /// built, counted as resolvers produce it: each field and list item
-    /// weighs 160 bytes plus its string bytes. Past it the request stops at
-    /// once and answers `RESPONSE_TOO_LARGE`.
+    /// built, counted as resolvers produce it (`memory.rs`: each value 80
+    /// bytes plus its string bytes, each object entry 112, each resolve still
+    /// running 4 KiB). Past it the request stops at once and answers
+    /// `RESPONSE_TOO_LARGE`.
     pub max_answer_bytes: usize,
     /// Memory all requests in flight may hold at once: answers being built
     /// and the upstream bodies they keep. The request that would pass it

@@ -337,8 +337,8 @@ impl Extension for PerOperation {
             }
             Ok(Some(value)) => weigh(value, false),
             // A null is most often a failed field with its error.
-            Ok(None) => 2 * VALUE_WEIGHT,
-            Err(err) => 2 * VALUE_WEIGHT + err.message.len(),
+            Ok(None) => 4 * VALUE_WEIGHT,
+            Err(err) => 4 * VALUE_WEIGHT + err.message.len(),
         };
         if !memory.answer(weight) {
             drop(resolved);

@@ -33,12 +33,16 @@ use tokio::sync::Notify;
 /// What a request takes from the pool at a time.
 pub(crate) const BLOCK: usize = 64 << 10;
 
-/// The cost of one value of an answer tree beyond its string bytes: its
-/// slot in the parent's map or list, the key, the map's index and growth
-/// slack (async-graphql's `Value` is 72 bytes; an object's entry with its
-/// key and index about 100, and maps grow by doubling). Measured against
-/// peak RSS in `gateway/tests/memory.rs`.
-pub(crate) const VALUE_WEIGHT: usize = 160;
+/// The cost of one value of an answer tree beyond its string bytes
+/// (async-graphql's `Value` is 72 bytes, plus allocator slack), wherever it
+/// sits: in an object or in a list.
+pub(crate) const VALUE_WEIGHT: usize = 80;
+
+/// The cost of one entry of an object beyond its value: the key, the hash,
+/// the map's index and its growth slack (maps grow by doubling). Counted
+/// when the object is resolved, for every entry — `__typename` included,
+/// which async-graphql inserts without a resolve of its own.
+pub(crate) const ENTRY_WEIGHT: usize = 112;
 
 /// What a resolve holds while it runs, beyond the value it will produce:
 /// its future (async-graphql boxes one per field, with its context and
@@ -219,8 +223,10 @@ impl Drop for RequestMemory {
 }
 
 /// What one resolved value adds to the answer: [`VALUE_WEIGHT`] plus its
-/// own bytes. `deep`: the value's children were not resolved (and counted)
-/// one by one — a custom scalar's object or list — so they count here.
+/// own bytes, and an object's entries ([`ENTRY_WEIGHT`] each; their values
+/// were counted by their own resolves). `deep`: the value's children were
+/// not resolved (and counted) one by one — a custom scalar's object or list
+/// — so they count here.
 pub(crate) fn weigh(value: &async_graphql::Value, deep: bool) -> usize {
     use async_graphql::Value;
     VALUE_WEIGHT
@@ -228,7 +234,11 @@ pub(crate) fn weigh(value: &async_graphql::Value, deep: bool) -> usize {
             Value::String(s) => s.len(),
             Value::Binary(b) => b.len(),
             Value::List(items) if deep => items.iter().map(|v| weigh(v, true)).sum(),
-            Value::Object(map) if deep => map.iter().map(|(k, v)| k.len() + weigh(v, true)).sum(),
+            Value::Object(map) if deep => map
+                .iter()
+                .map(|(k, v)| ENTRY_WEIGHT + k.len() + weigh(v, true))
+                .sum(),
+            Value::Object(map) => map.len() * ENTRY_WEIGHT,
             _ => 0,
         }
 }
