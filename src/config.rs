@@ -176,7 +176,7 @@ impl Default for HttpConfig {
             max_connections: 512,
             max_connections_per_client: 64,
             max_response_bytes: 16 << 20,
-            max_answer_bytes: 128 << 20,
+            max_answer_bytes: 160 << 20,
             max_inflight_bytes: 512 << 20,
             write_timeout_ms: 10_000,
             persisted_queries_bytes: 1 << 20,
