@@ -162,6 +162,42 @@ pub struct HttpConfig {
     /// `scheme://host[:port]`, or `["*"]` for any; empty: no CORS headers,
     /// so browsers keep the endpoint same-origin.
     pub cors_allowed_origins: Vec<String>,
+    /// Whether a `GET` carrying a GraphQL request must show it was not sent
+    /// by a page on another site ([`CsrfGet`]). Unset: the application's
+    /// default — [`CsrfGet::RequirePreflight`] for the library
+    /// ([`csrf_get`](Self::csrf_get)); the gateway ships `allow`.
+    pub csrf_get: Option<CsrfGet>,
+}
+
+/// `[http] csrf_get`: what a `GET` that carries a GraphQL request (a
+/// `query` or `extensions` parameter) must show before it runs.
+///
+/// A `GET` runs queries only (a mutation over `GET` is 405), and CORS keeps
+/// its answer from other origins. But a page on any site can make a
+/// visitor's browser send one — an image tag, a link — with the visitor's
+/// cookies and no CORS preflight: for an app that authenticates by cookie,
+/// such a query runs as the visitor (it spends their reads and their rate
+/// limit, and whatever a query does on the side, it does).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CsrfGet {
+    /// Refused with 400 `BAD_REQUEST` before anything runs unless it carries
+    /// what a page cannot send cross-site without a preflight: a non-empty
+    /// `Apollo-Require-Preflight` or `X-Apollo-Operation-Name` header, or a
+    /// `Content-Type` other than none, `text/plain`, a form or multipart —
+    /// as Apollo Router's CSRF prevention refuses it. The library's default:
+    /// safe for an app with ambient credentials (cookies), at the price of
+    /// stock clients' plain `GET`s (urql's default for queries, a link to a
+    /// query), which must add the header.
+    #[default]
+    RequirePreflight,
+    /// Runs it as any other query. For an endpoint with no ambient
+    /// credentials — no cookie, no session, nothing a browser adds by itself
+    /// that the answer depends on — where a cross-site `GET` gets what the
+    /// page could have fetched itself: the gateway's setting. What another
+    /// site can still do is spend its visitors' reads and per-IP rate limit,
+    /// at most a budget per request.
+    Allow,
 }
 
 impl Default for HttpConfig {
@@ -181,6 +217,7 @@ impl Default for HttpConfig {
             write_timeout_ms: 10_000,
             persisted_queries_bytes: 1 << 20,
             cors_allowed_origins: Vec::new(),
+            csrf_get: None,
         }
     }
 }
@@ -199,6 +236,11 @@ impl HttpConfig {
     /// `write_timeout_ms` as a duration.
     pub fn write_timeout(&self) -> Duration {
         Duration::from_millis(self.write_timeout_ms)
+    }
+
+    /// `csrf_get`, unset meaning [`CsrfGet::RequirePreflight`].
+    pub fn csrf_get(&self) -> CsrfGet {
+        self.csrf_get.unwrap_or_default()
     }
 }
 

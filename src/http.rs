@@ -2,7 +2,8 @@
 //!
 //! [`FanoutGraphQL`] is a `tower::Service` (mount it with axum's
 //! `route_service`). Per request it checks what the protocol asks of the
-//! request's method and headers (`protocol.rs`: GET or POST, `Accept`, CSRF),
+//! request's method and headers (`protocol.rs`: GET or POST, `Accept`, CSRF
+//! for a POST's body and, under `http.csrf_get`, for a GET),
 //! opens the request's scope, reads the body within its bounds (413
 //! `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, both with `Connection: close`)
 //! or the query string of a GET (bounded like a body), parses one operation
@@ -156,10 +157,14 @@ impl<E: Executor> FanoutGraphQL<E> {
             }
             .unread();
         }
-        if !get {
-            if let Err(refused) = protocol::check_json_body(request.headers()) {
-                return refused.unread();
-            }
+        let csrf = if get {
+            let policy = self.engine.config().http.csrf_get();
+            protocol::check_get(request.headers(), request.uri().query(), policy)
+        } else {
+            protocol::check_json_body(request.headers())
+        };
+        if let Err(refused) = csrf {
+            return refused.unread();
         }
         let (parts, body) = request.into_parts();
         let fanout = self.engine.open_request(&parts);

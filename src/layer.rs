@@ -35,7 +35,10 @@
 //! read: a body a browser could send cross-site without a CORS preflight —
 //! no `Content-Type`, `text/plain`, a form or multipart, without an
 //! `Apollo-Require-Preflight` or `X-Apollo-Operation-Name` header (CSRF
-//! prevention, as in [`FanoutGraphQL`](crate::FanoutGraphQL)); a multipart
+//! prevention, as in [`FanoutGraphQL`](crate::FanoutGraphQL)), and likewise,
+//! under `http.csrf_get = "require_preflight"` (the default), a `GET` whose
+//! query string carries `query` or `extensions` (a `GET` without them — a
+//! page the app serves on the same route — passes); a multipart
 //! upload (its batch could not be counted before it runs); and a
 //! subscription stream over HTTP (`Accept: multipart/mixed;
 //! subscriptionSpec="1.0"`: its body would be polled after the layer
@@ -142,6 +145,12 @@ where
                     return Ok(refused.unread());
                 }
             } else {
+                let policy = engine.config().http.csrf_get();
+                if let Err(refused) =
+                    crate::protocol::check_get(&parts.headers, parts.uri.query(), policy)
+                {
+                    return Ok(refused.unread());
+                }
                 // The query string carries what a body would: bounded like one.
                 let max = engine.config().http.max_body_bytes;
                 if parts.uri.query().is_some_and(|q| q.len() > max) {

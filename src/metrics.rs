@@ -24,6 +24,7 @@
 //! | `fanout_redis_calls_total` | counter | — | calls sent to Redis (per-IP checks, host share claims, give-backs, probes) |
 //! | `fanout_host_share_slots` | gauge | `host` | slots of the host's cap this replica may use, as its last claim on Redis answered (`[redis]`; 0 when it holds none) |
 //! | `fanout_host_share_busy` | gauge | `host` | 1 when the last claim found the replicas' demand for the host not met (the cap is shared out), else 0 |
+//! | `fanout_connections_refused_total` | counter | — | inbound connections reset as soon as accepted, their client having its share open (`http.max_connections_per_client`; `serve`) |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
 //! | `fanout_memory_trips_total` | counter | `bound` | requests stopped by a memory bound: `answer` (`http.max_answer_bytes`: `RESPONSE_TOO_LARGE`) or `process` (`http.max_inflight_bytes`: `OVERLOADED`) |
@@ -134,4 +135,9 @@ pub(crate) fn shared_state_fallback(backend: &'static str) {
 pub(crate) fn memory_trip(process: bool) {
     let bound = if process { "process" } else { "answer" };
     counter!("fanout_memory_trips_total", "bound" => bound).increment(1);
+}
+
+/// The counter of inbound connections refused past their client's share.
+pub(crate) fn connections_refused() -> Counter {
+    counter!("fanout_connections_refused_total")
 }

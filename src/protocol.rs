@@ -17,7 +17,13 @@
 //!   before it runs, as Apollo Router does, unless it carries a header a
 //!   page cannot add without a preflight (`Apollo-Require-Preflight`,
 //!   `X-Apollo-Operation-Name`). Any other type but JSON is 415. A `GET`
-//!   runs queries only, whose answers CORS keeps from other origins.
+//!   runs queries only, whose answers CORS keeps from other origins; but a
+//!   page can still make a visitor's browser send one with the visitor's
+//!   cookies (an image tag), so by default (`http.csrf_get =
+//!   "require_preflight"`) a `GET` that carries a GraphQL request is refused
+//!   the same way unless it carries one of those headers or a `Content-Type`
+//!   that forces a preflight; `"allow"` runs it (an endpoint with no ambient
+//!   credentials, as the gateway). See [`CsrfGet`](crate::config::CsrfGet).
 //! - **Answers.** `Accept` picks the media type: `application/graphql-response+json`
 //!   when the client names it (at the highest quality it gives), else
 //!   `application/json` — also for `*/*` and for no `Accept` at all; 406
@@ -29,6 +35,7 @@
 //!
 //! [GraphQL over HTTP]: https://graphql.github.io/graphql-over-http/draft/
 
+use crate::config::CsrfGet;
 use crate::error::Rejection;
 use async_graphql::{BatchRequest, Request, Response, ServerError, Value, Variables};
 use axum::response::{IntoResponse, Response as HttpResponse};
@@ -112,10 +119,8 @@ fn is_utf8(charset: &str) -> bool {
 /// Whether a `GET` wants the GraphiQL page: a browser's navigation (it
 /// accepts `text/html`) without a `query` or `extensions` parameter.
 pub(crate) fn wants_page(headers: &HeaderMap, query_string: Option<&str>) -> bool {
-    let asks = query_string.is_some_and(|q| {
-        form_urlencoded::parse(q.as_bytes()).any(|(k, _)| k == "query" || k == "extensions")
-    });
-    !asks && accepted(headers).any(|(essence, quality, _)| essence == "text/html" && quality > 0)
+    !carries_a_request(query_string)
+        && accepted(headers).any(|(essence, quality, _)| essence == "text/html" && quality > 0)
 }
 
 /// Headers a page cannot send cross-site without a preflight, which mark a
@@ -145,6 +150,34 @@ pub(crate) fn check_preflighted(headers: &HeaderMap) -> Result<(), Rejection> {
         });
     }
     Ok(())
+}
+
+/// Refuses a `GET` that carries a GraphQL request (a `query` or
+/// `extensions` parameter) and that a page could have sent cross-site
+/// without a preflight (the rule of [`check_preflighted`]), unless `policy`
+/// allows it (see the module docs).
+pub(crate) fn check_get(
+    headers: &HeaderMap,
+    query_string: Option<&str>,
+    policy: CsrfGet,
+) -> Result<(), Rejection> {
+    if policy == CsrfGet::Allow || !carries_a_request(query_string) {
+        return Ok(());
+    }
+    check_preflighted(headers).map_err(|_| Rejection::BadRequest {
+        message: "this GET has been blocked as a possible cross-site request forgery: \
+                  send it with a non-empty Apollo-Require-Preflight header, or as a POST \
+                  with Content-Type: application/json"
+            .into(),
+    })
+}
+
+/// Whether a query string carries a GraphQL request: a `query` or an
+/// `extensions` (a persisted query) parameter.
+fn carries_a_request(query_string: Option<&str>) -> bool {
+    query_string.is_some_and(|q| {
+        form_urlencoded::parse(q.as_bytes()).any(|(k, _)| k == "query" || k == "extensions")
+    })
 }
 
 /// Refuses a `POST` body that is not JSON: [`check_preflighted`], then 415

@@ -6,14 +6,22 @@
 //!   semaphore is taken *before* `accept`, and given back when the
 //!   connection ends; past the cap, new connections wait in the kernel's
 //!   listen backlog (completed handshakes cost no file descriptor of ours
-//!   until accepted) instead of exhausting the process's descriptors.
+//!   until accepted) instead of exhausting the process's descriptors. The
+//!   backlog is the listener's own: `TcpListener::bind` gives 128, which a
+//!   flood of connections (even ones refused at once) can fill, and a
+//!   handshake that finds it full is dropped (the client sends its SYN again
+//!   a second later). Bind with a larger one — the gateway listens with
+//!   1,024 (`TcpSocket::listen`).
 //! - **At most `http.max_connections_per_client` of them from one client**,
 //!   keyed as the rate limiter keys clients (the address masked to
 //!   `rate_limit.ipv4_prefix` / `ipv6_prefix`); a peer in
 //!   `rate_limit.trusted_proxies` has no share (it carries everyone). A
-//!   connection past its client's share is closed as soon as it is
+//!   connection past its client's share is refused as soon as it is
 //!   accepted, so one address that keeps reconnecting idle sockets cannot
-//!   hold the whole table.
+//!   hold the whole table; a refusal costs an accept and a reset, and a
+//!   client refused again within 10 s waits a second for its reset, so one
+//!   that reconnects as fast as it is refused is slowed down
+//!   (`src/serve/refusals.rs`).
 //! - **Headers within `http.header_read_timeout_ms`.** hyper's HTTP/1
 //!   connection (`header_read_timeout`, on hyper-util's tokio timer) closes a
 //!   connection whose request head is not complete in time. hyper arms that
@@ -61,18 +69,19 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use std::collections::HashMap;
+use refusals::{Admission, ClientSlot, Clients, Held};
 use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tower::{Service, ServiceExt};
 use write_timeout::WriteTimeout;
 
+mod refusals;
 mod write_timeout;
 
 /// Serves `service` (an axum `Router`, or any service of the same shape) on
@@ -110,62 +119,11 @@ where
         header_read_timeout: http.header_read_timeout(),
         write_timeout: http.write_timeout().max(Duration::from_millis(1)),
         max_connections: http.max_connections.max(1),
-        clients: Arc::new(Clients {
-            max: http.max_connections_per_client.max(1),
-            prefix: ClientPrefix::new(r.ipv4_prefix, r.ipv6_prefix),
-            proxies: TrustedProxies::new(&r.trusted_proxies),
-            open: Mutex::new(HashMap::new()),
-        }),
-    }
-}
-
-/// Each client's share of the connection table.
-struct Clients {
-    max: usize,
-    prefix: ClientPrefix,
-    proxies: TrustedProxies,
-    open: Mutex<HashMap<IpAddr, usize>>,
-}
-
-/// One client's connection, counted while it is open.
-struct ClientSlot {
-    clients: Arc<Clients>,
-    key: Option<IpAddr>,
-}
-
-impl Clients {
-    /// A slot for a connection from `peer`, unless its client has its share.
-    fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<ClientSlot> {
-        if self.proxies.contains(peer) {
-            return Some(ClientSlot {
-                clients: self.clone(),
-                key: None,
-            });
-        }
-        let key = self.prefix.key(peer);
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(key).or_insert(0);
-        if *count >= self.max {
-            return None;
-        }
-        *count += 1;
-        Some(ClientSlot {
-            clients: self.clone(),
-            key: Some(key),
-        })
-    }
-}
-
-impl Drop for ClientSlot {
-    fn drop(&mut self) {
-        let Some(key) = self.key else { return };
-        let mut open = self.clients.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = open.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&key);
-            }
-        }
+        clients: Arc::new(Clients::new(
+            http.max_connections_per_client,
+            ClientPrefix::new(r.ipv4_prefix, r.ipv6_prefix),
+            TrustedProxies::new(&r.trusted_proxies),
+        )),
     }
 }
 
@@ -212,7 +170,7 @@ where
 
     async fn run<F: Future<Output = ()>>(self, signal: F) -> io::Result<()> {
         let Self {
-            mut listener,
+            listener,
             service,
             header_read_timeout,
             write_timeout,
@@ -226,22 +184,22 @@ where
         let permits = Arc::new(Semaphore::new(max_connections));
         let graceful = GracefulShutdown::new();
         let mut signal = std::pin::pin!(signal);
-        loop {
-            // The permit first: past the cap, connections stay in the backlog.
-            let permit = tokio::select! {
-                permit = permits.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
-                () = &mut signal => break,
+        let mut held = Held::new();
+        'serve: loop {
+            // The permit first: past the cap, connections stay in the
+            // backlog (and the held ones are still reset on time).
+            let permit = loop {
+                tokio::select! {
+                    permit = permits.clone().acquire_owned() => break permit.expect("the semaphore is never closed"),
+                    () = held.release() => {}
+                    () = &mut signal => break 'serve,
+                }
             };
-            let (stream, peer) = tokio::select! {
-                // axum's listener retries accept errors (EMFILE included).
-                accepted = axum::serve::Listener::accept(&mut listener) => accepted,
+            // Connections past their client's share are refused in there,
+            // each reusing the permit.
+            let (stream, peer, client) = tokio::select! {
+                admitted = admitted(&listener, &clients, &mut held) => admitted,
                 () = &mut signal => break,
-            };
-            // Past its client's share: closed at once (dropped), the
-            // connection slot given back.
-            let Some(client) = clients.admit(peer.ip()) else {
-                tracing::debug!(%peer, "connection refused: the client has its share open");
-                continue;
             };
             let service = service
                 .clone()
@@ -260,10 +218,52 @@ where
                 drop((permit, client));
             });
         }
-        drop(listener);
+        drop((listener, held));
         graceful.shutdown().await;
         Ok(())
     }
+}
+
+/// The next connection whose client has room in its share, with its slot.
+/// The others are reset, or held and reset later (`held`; its resets are
+/// made here too). Accept errors are retried as axum's listener retries
+/// them: at once for a connection's own failure, after a second (logged) for
+/// anything else, `EMFILE` included. Cancel-safe.
+async fn admitted(
+    listener: &TcpListener,
+    clients: &Arc<Clients>,
+    held: &mut Held,
+) -> (TcpStream, SocketAddr, ClientSlot) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = held.release() => continue,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) if is_connection_error(&e) => continue,
+            Err(e) => {
+                tracing::error!("accept error: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        match clients.admit(peer.ip()) {
+            Admission::Admitted(client) => return (stream, peer, client),
+            Admission::Reset => refusals::reset(stream),
+            Admission::Hold => held.hold(stream),
+        }
+    }
+}
+
+/// A connection's own failure, which says nothing of the listener.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
 }
 
 impl<S> IntoFuture for Serve<S>

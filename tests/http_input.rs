@@ -2,7 +2,7 @@
 mod common;
 
 use common::*;
-use fanout_budget::config::Config;
+use fanout_budget::config::{Config, CsrfGet};
 use fanout_budget::Engine;
 
 async fn setup() -> (Upstream, axum::Router) {
@@ -201,4 +201,132 @@ async fn the_rate_limiter_without_the_tcp_peer_refuses_loudly_not_into_one_bucke
     let (status, _) = post(&limited, body).await;
     assert_eq!(status, 200);
     assert_eq!(upstream.seen.requests(), 1);
+}
+
+/// A `GET` carrying `query`, with `headers`: without a custom header it is
+/// what a page on any site makes a visitor's browser send with no CORS
+/// preflight (`<img src="https://api.example/graphql?query=…">`, a link),
+/// the visitor's cookies attached.
+fn get(query: &str, headers: &[(&str, &str)]) -> axum::http::Request<axum::body::Body> {
+    let mut params = form_urlencoded::Serializer::new(String::new());
+    params.append_pair("query", query);
+    let mut request = axum::http::Request::get(format!("/graphql?{}", params.finish()));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(axum::body::Body::empty()).unwrap()
+}
+
+/// The stock service (async-graphql-axum's `GraphQL`) under `FanoutLayer`.
+fn layered(engine: &Engine, upstream: &Upstream) -> axum::Router {
+    let schema = async_graphql::Schema::build(
+        Query,
+        async_graphql::EmptyMutation,
+        async_graphql::EmptySubscription,
+    )
+    .data(Base(upstream.base()))
+    .extension(engine.extension())
+    .finish();
+    axum::Router::new()
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+        .layer(fanout_budget::FanoutLayer::new(engine.clone()))
+}
+
+const ITEM: &str = "query Q { item(id: 1) { detail { value } } }";
+
+/// Headers a page cannot send cross-site without a CORS preflight, so a
+/// `GET` with one of them comes from a GraphQL client (or a page the CORS
+/// policy let through).
+const PREFLIGHTED: [(&str, &str); 3] = [
+    ("apollo-require-preflight", "true"),
+    ("x-apollo-operation-name", "Q"),
+    ("content-type", "application/json"),
+];
+
+/// A cookie-authenticated app must not let another site spend its users'
+/// reads (or read-only data the answer's side effects reveal): by default a
+/// `GET` a page could send cross-site is refused before anything runs,
+/// under both integrations, as Apollo Router refuses it; a GraphQL client's
+/// `GET` runs.
+#[tokio::test]
+async fn by_default_a_get_a_page_could_send_cross_site_is_refused() {
+    let upstream = Upstream::start().await;
+    let engine = Engine::new(Config::default());
+    for (way, app) in [
+        ("FanoutGraphQL", app(&engine, &upstream)),
+        ("FanoutLayer", layered(&engine, &upstream)),
+    ] {
+        let read = upstream.seen.requests();
+        for headers in [
+            &[][..],
+            &[("cookie", "session=victim")],
+            &[("accept", "application/json")],
+            &[("content-type", "text/plain")],
+            &[("content-type", "application/x-www-form-urlencoded")],
+            &[("apollo-require-preflight", "")],
+        ] {
+            let answer = fanout_testkit::call(&app, get(ITEM, headers)).await;
+            assert_eq!(answer.status, 400, "{way} {headers:?}: {:?}", answer.json());
+            assert_eq!(
+                codes(&answer.json()),
+                vec!["BAD_REQUEST"],
+                "{way} {headers:?}"
+            );
+            let message = answer.json()["errors"][0]["message"].to_string();
+            assert!(message.contains("cross-site"), "{way}: {message}");
+        }
+        assert_eq!(upstream.seen.requests(), read, "{way}: a refused GET read");
+        for header in PREFLIGHTED {
+            let answer = fanout_testkit::call(&app, get(ITEM, &[header])).await;
+            assert_eq!(answer.status, 200, "{way} {header:?}: {:?}", answer.json());
+            assert_eq!(
+                answer.json()["data"]["item"]["detail"]["value"],
+                "item-1",
+                "{way} {header:?}"
+            );
+        }
+    }
+    // A browser's navigation without a query still gets GraphiQL.
+    let page = axum::http::Request::get("/graphql")
+        .header("accept", "text/html")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let answer = fanout_testkit::call(&app(&engine, &upstream), page).await;
+    assert_eq!(answer.status, 200);
+}
+
+/// `http.csrf_get = "allow"` (an endpoint with no ambient credentials, as
+/// the gateway): a plain `GET` runs, under both integrations.
+#[tokio::test]
+async fn csrf_get_allow_runs_a_plain_get() {
+    let upstream = Upstream::start().await;
+    let mut config = Config::default();
+    config.http.csrf_get = Some(CsrfGet::Allow);
+    let engine = Engine::new(config);
+    for (way, app) in [
+        ("FanoutGraphQL", app(&engine, &upstream)),
+        ("FanoutLayer", layered(&engine, &upstream)),
+    ] {
+        let answer = fanout_testkit::call(&app, get(ITEM, &[])).await;
+        assert_eq!(answer.status, 200, "{way}: {:?}", answer.json());
+        assert_eq!(answer.json()["data"]["item"]["detail"]["value"], "item-1");
+    }
+}
+
+#[test]
+fn csrf_get_is_read_from_the_config_and_a_bad_value_names_the_key() {
+    assert_eq!(Config::default().http.csrf_get, None);
+    assert_eq!(Config::default().http.csrf_get(), CsrfGet::RequirePreflight);
+    for (text, want) in [
+        ("allow", CsrfGet::Allow),
+        ("require_preflight", CsrfGet::RequirePreflight),
+    ] {
+        let config = Config::from_toml(&format!("[http]\ncsrf_get = \"{text}\"\n")).unwrap();
+        assert_eq!(config.http.csrf_get, Some(want));
+        assert_eq!(config.http.csrf_get(), want);
+    }
+    for bad in ["\"sideways\"", "true", "\"Allow\""] {
+        let err = Config::from_toml(&format!("[http]\ncsrf_get = {bad}\n")).unwrap_err();
+        assert!(err.0.starts_with("http.csrf_get:"), "{bad}: {err}");
+    }
 }

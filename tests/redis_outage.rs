@@ -2,7 +2,8 @@
 //! The Redis host caps through an outage, on a real `redis-server`: a hung
 //! Redis (SIGSTOP, SIGCONT) leaves no slot behind; a killed one costs no
 //! timeout per call while the breaker is open, and the backend recovers by
-//! itself once it is back; a cancelled acquire leaves nothing held.
+//! itself once it is back — a restarted one caps again within `backoff_ms`
+//! plus one claim; a cancelled acquire leaves nothing held.
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
 use fanout_budget::config::{FailureMode, HostConfig, RedisConfig};
 use fanout_budget::HostLimiter;
@@ -347,6 +348,75 @@ async fn a_killed_redis_fails_fast_and_recovers_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_fails_fast_and_recovers_closed() {
     killed(FailureMode::Closed).await;
+}
+
+/// After a restart the shared cap is back within one `backoff_ms` and one
+/// claim: the first probe after Redis is back gets through. Redis is
+/// restarted right after a probe failed, the worst moment: a whole backoff
+/// before the next probe. (The connection manager used to answer that probe
+/// with the reconnect the last failure had started while Redis was down, and
+/// only then start another: one more backoff, 2.0 s instead of 1.0 s.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_redis_caps_again_within_one_backoff() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let backoff = Duration::from_millis(1_000);
+    let config = RedisConfig {
+        url: redis.url(),
+        failure_mode: FailureMode::Open,
+        timeout_ms: 200,
+        lease_ms: LEASE_MS,
+        backoff_ms: backoff.as_millis() as u64,
+        ..RedisConfig::default()
+    };
+    let mut hosts = BTreeMap::new();
+    let host = HostConfig {
+        max_concurrent: CAP,
+        acquire_wait_ms: 5_000,
+        ..Default::default()
+    };
+    hosts.insert(HOST.to_string(), host);
+    let backend = RedisBackend::new(&config).unwrap();
+    let caps = Arc::new(RedisHostCaps::new(hosts, backend.clone()));
+    let replicas = [Replica {
+        caps: caps.clone(),
+        backend: backend.clone(),
+    }];
+    let load = load(&replicas, 2);
+    until("reads on Redis", Duration::from_secs(10), async || {
+        held(&redis).await > 0
+    })
+    .await;
+
+    redis.kill();
+    until("breaker open", Duration::from_secs(10), async || {
+        backend.is_open()
+    })
+    .await;
+    let failed = backend.failed_calls();
+    // Only probes fail while the breaker is open (checks skip Redis).
+    until("a probe failed", backoff * 3, async || {
+        backend.failed_calls() > failed
+    })
+    .await;
+    redis.restart().await;
+    let back = Instant::now();
+    // A read counted against the shared cap: a slot of this replica's
+    // share in use, and the share held on the restarted Redis.
+    until(
+        "a read on the shared cap again",
+        Duration::from_secs(10),
+        async || caps.held(HOST).1 > 0 && held(&redis).await > 0,
+    )
+    .await;
+    let took = back.elapsed();
+    load.stop().await;
+    println!("shared cap back {took:?} after the restart (backoff {backoff:?})");
+    assert!(
+        took < backoff + Duration::from_millis(800),
+        "the shared cap came back {took:?} after the restart, backoff {backoff:?}"
+    );
 }
 
 /// `calls` of `command` in `INFO commandstats` (scripts' calls included).

@@ -422,9 +422,19 @@ const MUTATIONS_OVER_GET: [(&str, Option<&str>); 2] = [
     ),
 ];
 
+/// Cross-site `GET`s allowed (`http.csrf_get = "allow"`, the gateway's
+/// setting), so that what is checked is the guard behind it: over `GET`
+/// only queries run. (By default such a `GET` is refused before it runs:
+/// tests/http_input.rs.)
+fn allowing_cross_site_gets() -> Engine {
+    let mut config = Config::default();
+    config.http.csrf_get = Some(fanout_budget::config::CsrfGet::Allow);
+    Engine::new(config)
+}
+
 #[tokio::test]
 async fn under_the_layer_a_mutation_over_get_does_not_run() {
-    let engine = Engine::new(Config::default());
+    let engine = allowing_cross_site_gets();
     let upstream = Upstream::start().await;
     let (schema, ran) = bump_schema(&upstream, Some(&engine));
     let app = Router::new()
@@ -454,7 +464,7 @@ async fn under_the_layer_a_mutation_over_get_does_not_run() {
 
 #[tokio::test]
 async fn fanout_graphql_runs_no_mutation_over_get_however_it_is_named() {
-    let engine = Engine::new(Config::default());
+    let engine = allowing_cross_site_gets();
     let upstream = Upstream::start().await;
     let (schema, ran) = bump_schema(&upstream, Some(&engine));
     let app = Router::new().route_service(
@@ -558,6 +568,7 @@ async fn under_the_layer_a_get_is_bounded_like_a_body() {
     let mut params = form_urlencoded::Serializer::new(String::new());
     params.append_pair("query", &padded);
     let request = axum::http::Request::get(format!("/graphql?{}", params.finish()))
+        .header("apollo-require-preflight", "true")
         .body(axum::body::Body::empty())
         .unwrap();
     let answer = fanout_testkit::call(&app, request).await;

@@ -5,6 +5,7 @@ use crate::schema::{self, RegistrySchema};
 use axum::routing::get;
 use axum::Router;
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
+use fanout_budget::config::CsrfGet;
 use fanout_budget::{cors_layer, Config, Engine, FanoutGraphQL, RateLimitLayer};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -41,13 +42,33 @@ pub type MetricsRender = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 /// With `[redis] url` (one server) or `cluster_nodes` (a Redis Cluster) set,
 /// the per-host caps and the per-IP limit are shared on Redis (nothing
 /// connects until the first request, so a Redis that is down does not stop
-/// start-up).
+/// start-up). The gateway's [`defaults`] fill in what `config` leaves unset.
 pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRender>) -> Gateway {
+    let config = defaults(config);
     let mut engine = Engine::builder(config.clone()).costs(schema::costs());
     if let Some(redis) = redis_backend(&config) {
         engine = engine.host_limiter(Arc::new(RedisHostCaps::new(config.hosts.clone(), redis)));
     }
     build_with(engine.build(), upstream, metrics)
+}
+
+/// `config` with the gateway's defaults where they differ from the
+/// library's, for keys the configuration leaves unset:
+///
+/// - `http.csrf_get = "allow"`: a plain cross-site `GET` runs. The gateway
+///   has no ambient credentials — no cookie, no session; the internal token
+///   is a header, which a page cannot add without a preflight — and serves
+///   what the registry shows anyone, so a page that makes a visitor's
+///   browser send a `GET` gets nothing it could not fetch itself (CORS
+///   keeps the answer from it anyway). Stock clients send their queries as
+///   plain `GET`s (urql's default; graphql-http's audits), and would be
+///   refused under the library's `require_preflight`. What a page can still
+///   do is spend its visitors' per-IP rate limit and reads, one budget per
+///   request; set `require_preflight` if the gateway sits behind something
+///   that adds credentials from a browser's cookies.
+pub fn defaults(mut config: Config) -> Config {
+    config.http.csrf_get.get_or_insert(CsrfGet::Allow);
+    config
 }
 
 fn redis_backend(config: &Config) -> Option<RedisBackend> {
@@ -72,7 +93,9 @@ pub fn rate_limit_layer(config: &Config) -> RateLimitLayer {
     }
 }
 
-/// The gateway on an engine built by the caller (a custom host limiter or clock).
+/// The gateway on an engine built by the caller (a custom host limiter or
+/// clock), whose configuration is taken as it is (pass it through
+/// [`defaults`] first for the gateway's).
 pub fn build_with(
     engine: Engine,
     upstream: reqwest::Url,

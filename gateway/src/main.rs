@@ -73,7 +73,7 @@ async fn main() -> ExitCode {
         },
     };
     let gateway = app::build(config, upstream.clone(), render);
-    let listener = match tokio::net::TcpListener::bind(args.listen).await {
+    let listener = match listen(args.listen) {
         Ok(listener) => listener,
         Err(e) => {
             eprintln!("fanout-gateway: cannot listen on {}: {e}", args.listen);
@@ -125,6 +125,23 @@ async fn main() -> ExitCode {
     }
     println!("fanout-gateway stopped");
     ExitCode::SUCCESS
+}
+
+/// The listener, with a backlog of 1,024 connections waiting for their
+/// accept: `TcpListener::bind`'s 128 overflows under a flood of connections
+/// past their client's share (each accepted and reset at once), and a fresh
+/// client whose handshake finds the queue full waits a second for its SYN to
+/// be sent again (`gateway/tests/connection_churn.rs`).
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    // As `TcpListener::bind`: a restart rebinds at once.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 async fn shutdown() {

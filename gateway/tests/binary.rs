@@ -155,6 +155,7 @@ fn a_bad_config_stops_start_up_naming_the_key() {
             "[redis]\nfailure_mode = \"sideways\"\n",
             "redis.failure_mode",
         ),
+        ("[http]\ncsrf_get = \"sideways\"\n", "http.csrf_get"),
         (
             "[redis]\ncluster_nodes = [\"10.0.0.1:6379\"]\n",
             "redis.cluster_nodes",

@@ -7,6 +7,7 @@ mod common;
 
 use axum::body::Body;
 use common::Fixture;
+use fanout_budget::config::CsrfGet;
 use fanout_budget::Config;
 use fanout_testkit::{call, Answer, PEER};
 use serde_json::{json, Value};
@@ -620,4 +621,43 @@ async fn an_options_runs_nothing_with_or_without_cors() {
     let answer = send(&fixture, "OPTIONS", "/graphql", &headers, &body).await;
     assert_eq!(answer.status, 429);
     assert_eq!(fixture.reads(), 0);
+}
+
+/// The gateway ships `http.csrf_get = "allow"` (`app::defaults`: it has no
+/// ambient credentials): a plain `GET` — as urql sends its queries, as a
+/// link would — runs. Configured `require_preflight` (the library's
+/// default), the same `GET` is refused before any read, and a GraphQL
+/// client's `GET` runs.
+#[tokio::test]
+async fn the_gateway_runs_a_plain_get_unless_configured_to_require_a_preflight() {
+    let uri = get_uri(&[("query", REPO)]);
+    let fixture = Fixture::default().await;
+    assert_eq!(
+        fixture.gateway.engine.config().http.csrf_get,
+        Some(CsrfGet::Allow)
+    );
+    let answer = send(&fixture, "GET", &uri, &[], "").await;
+    assert_eq!(answer.status, 200, "{:?}", answer.json());
+    assert_eq!(answer.json()["data"]["repository"]["name"], "acme/app");
+
+    let mut config = Config::default();
+    config.http.csrf_get = Some(CsrfGet::RequirePreflight);
+    let strict = Fixture::new(config).await;
+    let reads = strict.reads();
+    for headers in [&[][..], &[("accept", GRAPHQL_RESPONSE)]] {
+        let answer = send(&strict, "GET", &uri, headers, "").await;
+        assert_eq!(answer.status, 400, "{headers:?}: {:?}", answer.json());
+        assert_eq!(code(&answer.json()), "BAD_REQUEST");
+    }
+    assert_eq!(strict.reads(), reads, "a refused GET read");
+    let answer = send(
+        &strict,
+        "GET",
+        &uri,
+        &[("apollo-require-preflight", "true")],
+        "",
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{:?}", answer.json());
+    assert_eq!(answer.json()["data"]["repository"]["name"], "acme/app");
 }

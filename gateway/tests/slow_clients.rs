@@ -1,8 +1,9 @@
 //! Slow, idle and refused clients over real TCP, against
 //! `fanout_budget::serve` on 127.0.0.1:0 with short timeouts (headers
 //! 300 ms, body 500 ms): partial headers, idle keep-alive, a trickled body,
-//! `Expect: 100-continue` with no body, the connection cap, a refused
-//! request's connection closed cleanly, and a client that never reads a
+//! `Expect: 100-continue` with no body, the connection cap, a client's
+//! share of it (a repeated refusal held a second, then reset, even with the
+//! table full), a refused request's connection closed cleanly, and a client that never reads a
 //! large response (writes 300 ms) or reads it slowly. Time bounds are
 //! generous (the machine is shared); only the trickle's and the slow
 //! reader's pacing sleeps.
@@ -117,6 +118,24 @@ impl Client {
 
     async fn send(&mut self, bytes: &[u8]) {
         self.write.as_mut().unwrap().write_all(bytes).await.unwrap();
+    }
+
+    /// Sends on a connection the server may have refused: a reset that
+    /// arrived first fails the write, and the next read says so.
+    async fn send_unless_reset(&mut self, bytes: &[u8]) {
+        let _ = self.write.as_mut().unwrap().write_all(bytes).await;
+    }
+
+    /// `GET /healthz` on a new connection, which the server may refuse (a
+    /// reset, perhaps before the connect is seen to complete): the status,
+    /// or `None` when the connection ended unanswered.
+    async fn healthz_unless_refused(addr: SocketAddr) -> Option<u16> {
+        let mut client = Self::on(TcpStream::connect(addr).await.ok()?);
+        client.send_unless_reset(HEALTHZ).await;
+        let answered = timeout(BOUND, client.response()).await;
+        answered
+            .expect("answered or closed")
+            .map(|(status, _, _)| status)
     }
 
     /// The next response: status, head (lower-cased), body; `None` when the
@@ -499,14 +518,10 @@ async fn one_client_holds_at_most_its_share_of_the_connections() {
     for _ in 0..4 {
         idle.push(Client::connect(server.addr).await); // sends nothing
     }
-    // A fifth from the same address: closed at once, not served.
-    let mut fifth = Client::connect(server.addr).await;
-    fifth.send(HEALTHZ).await;
-    assert!(
-        timeout(BOUND, fifth.response())
-            .await
-            .expect("answered or closed")
-            .is_none(),
+    // A fifth from the same address: reset at once, not served.
+    assert_eq!(
+        Client::healthz_unless_refused(server.addr).await,
+        None,
         "a connection past the client's share was served"
     );
     // Another client is served meanwhile.
@@ -515,18 +530,52 @@ async fn one_client_holds_at_most_its_share_of_the_connections() {
     let (status, _, _) = timeout(BOUND, other.response()).await.unwrap().unwrap();
     assert_eq!(status, 200);
     // One of the four closes: the first client gets a slot back (the
-    // server notices the close asynchronously; bounded retries).
+    // server notices the close asynchronously; bounded retries, each
+    // refusal now held a second before its reset).
     drop(idle.pop());
     let deadline = Instant::now() + BOUND;
     loop {
-        let mut again = Client::connect(server.addr).await;
-        again.send(HEALTHZ).await;
-        if let Ok(Some((200, _, _))) = timeout(BOUND, again.response()).await {
+        if Client::healthz_unless_refused(server.addr).await == Some(200) {
             break;
         }
         assert!(Instant::now() < deadline, "the slot was never given back");
         tokio::task::yield_now().await;
     }
     drop((idle, other));
+    server.stop().await;
+}
+
+/// A client refused twice within seconds has its next connection held a
+/// second, then reset — on time even while the connection table is full
+/// (the server waits for a free slot, not for an accept).
+#[tokio::test]
+async fn a_held_refusal_is_reset_after_a_second_even_with_the_table_full() {
+    let server = Server::start(|c| {
+        c.http.max_connections = 2;
+        c.http.max_connections_per_client = 1;
+        c.http.header_read_timeout_ms = 60_000;
+    })
+    .await;
+    let _first = Client::connect(server.addr).await; // its share
+                                                     // Refused at once: the first refusal.
+    assert_eq!(Client::healthz_unless_refused(server.addr).await, None);
+    // Refused again: held.
+    let held_from = Instant::now();
+    let held = TcpStream::connect(server.addr).await;
+    // Another client takes the last slot: the table is full.
+    let mut other = Client::connect_from(server.addr, [127, 0, 0, 2]).await;
+    other.send(HEALTHZ).await;
+    let (status, _, _) = timeout(BOUND, other.response()).await.unwrap().unwrap();
+    assert_eq!(status, 200);
+    if let Ok(held) = held {
+        let mut held = Client::on(held);
+        let _ = held.closed().await;
+    }
+    let took = held_from.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(3),
+        "the held connection ended after {took:?}"
+    );
+    drop(other);
     server.stop().await;
 }

@@ -30,7 +30,11 @@
 //!   opens it: for at least `backoff_ms`, calls skip Redis and `failure_mode`
 //!   applies at once — no `timeout_ms` paid, connection refused included. One
 //!   background probe per `backoff_ms` closes it again; each change is logged
-//!   once. The probe is `TIME` on one server; one still failing `lease_ms`
+//!   once. The probe is `TIME` on one server — sent twice when the first
+//!   fails on a lost connection, since the connection manager answers the
+//!   first call after an outage with the reconnect it made while Redis was
+//!   down, so the first probe after a restart gets through and the limits
+//!   resume within `backoff_ms` and one call; one still failing `lease_ms`
 //!   after the breaker opened drops the connection, so a silently dead one
 //!   is replaced (by then no share it carried is live). On a cluster the
 //!   probe is a new connection, which replaces the current one if it asks
@@ -399,9 +403,10 @@ impl RedisBackend {
 
     /// One probe: on a cluster, a new connection, which asks every master
     /// for its `TIME` (see [`learn_cluster_clocks`](Self::learn_cluster_clocks))
-    /// and replaces the current one when they all answer. On a server, `TIME`;
-    /// still failing `lease_ms` after the breaker opened, the connection is
-    /// dropped and the next probe makes a new one.
+    /// and replaces the current one when they all answer. On a server, `TIME`
+    /// (once more on the connection's fresh reconnect if the first failed on
+    /// a lost connection); still failing `lease_ms` after the breaker opened,
+    /// the connection is dropped and the next probe makes a new one.
     async fn probe(&self, opened: Instant) -> Result<(), Unavailable> {
         let deadline = self.local_deadline();
         if self.is_cluster() {
@@ -419,9 +424,20 @@ impl RedisBackend {
             return Ok(());
         }
         let probed = self.call(Route::Probe, deadline, |mut conn| async move {
-            let (secs, micros) = redis::cmd("TIME")
-                .query_async::<(i64, i64)>(&mut conn)
-                .await?;
+            let time = redis::cmd("TIME");
+            let (secs, micros) = match time.query_async::<(i64, i64)>(&mut conn).await {
+                // The connection manager answers a call with the outcome of
+                // the reconnect the last failure started — made while Redis
+                // was down — and only then starts another. Without a second
+                // try, the first probe after Redis is back would fail on that
+                // stale outcome and the shared limits would wait one more
+                // `backoff_ms`. The second try waits on the fresh reconnect,
+                // within the same deadline.
+                Err(e) if e.is_io_error() || e.is_unrecoverable_error() => {
+                    time.query_async::<(i64, i64)>(&mut conn).await?
+                }
+                answer => answer?,
+            };
             self.observe(None, secs * 1_000_000 + micros);
             Ok(())
         });
