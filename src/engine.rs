@@ -70,6 +70,7 @@ pub struct EngineBuilder {
     transport: Option<Arc<dyn Transport>>,
     hosts: Option<Arc<dyn HostLimiter>>,
     costs: Option<CostTable>,
+    known_hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -106,6 +107,29 @@ impl EngineBuilder {
         self
     }
 
+    /// Gives `host` (`HOST:PORT`, as [`host_name`](crate::host_name) names a
+    /// URL's host) an entry of its own without a `[hosts]` table: its own
+    /// `host` label on the metrics, no cap. The hosts with a `[hosts]` table
+    /// have one already; every other host shares one entry and the label
+    /// `host="other"` ([`OTHER_HOSTS`](crate::OTHER_HOSTS)), so the
+    /// metrics stay bounded whatever hosts redirects and `permit` names
+    /// reach. Meant for the few upstreams an application reads by design
+    /// (the gateway names its `--upstream`).
+    ///
+    /// ```
+    /// use fanout_budget::{host_name, Config, Engine};
+    ///
+    /// let upstream = "http://registry.internal:5000".parse().unwrap();
+    /// let engine = Engine::builder(Config::default())
+    ///     .known_host(host_name(&upstream))
+    ///     .build();
+    /// # drop(engine);
+    /// ```
+    pub fn known_host(mut self, host: impl Into<String>) -> Self {
+        self.known_hosts.push(host.into().to_ascii_lowercase());
+        self
+    }
+
     /// Prices every operation with `costs` before it runs (the cost preview:
     /// `extensions.fanout.requested`, and `refuse_over_estimate`).
     pub fn costs(mut self, costs: CostTable) -> Self {
@@ -136,7 +160,10 @@ impl EngineBuilder {
         let reads = Arc::new(ReadParts {
             transport,
             hosts,
-            host_table: HostTable::new(&self.config.hosts),
+            host_table: HostTable::new(
+                &self.config.hosts,
+                self.known_hosts.iter().map(String::as_str),
+            ),
             coalesce: Arc::new(Coalesce::new()),
             read_timeout: self.config.budget.read_timeout(),
             max_redirects: upstream.max_redirects,
@@ -171,6 +198,7 @@ impl Engine {
             transport: None,
             hosts: None,
             costs: None,
+            known_hosts: Vec::new(),
         }
     }
 

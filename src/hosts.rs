@@ -21,19 +21,31 @@
 //! and a permit granted to it meanwhile goes back. The trait is the seam a
 //! shared backend (Redis) plugs into.
 //!
-//! The engine also keeps, per host, what the read path needs besides the
-//! slot: the `host:port` name the `[hosts]` tables use, whether its table
-//! turns coalescing on (`coalesce`), and the host's metric handles
-//! ([`HostTable`], built on a host's first read).
+//! **Bounded by configuration, not by traffic.** The hosts a process reads
+//! from are chosen by its upstreams (a redirect may name any host) and by its
+//! resolvers (`permit` names), so nothing is kept per host merely because it
+//! was read. The semaphores are made at start, one per `[hosts]` table; an
+//! unlimited host is counted under its name only while it has a read in
+//! flight. The engine's [`HostTable`] — what the read path needs besides the
+//! slot: the host's metric handles and whether its table turns coalescing on
+//! (`coalesce`) — is fixed when the engine is built: one entry per `[hosts]`
+//! table and per known host
+//! ([`EngineBuilder::known_host`](crate::EngineBuilder::known_host); the
+//! gateway names its `--upstream`), each with its own `host` label, and one
+//! entry every other host shares, labelled [`OTHER_HOSTS`] (`host="other"`).
+//! Only the stored state and the labels are shared: a read still carries its
+//! host's real name to the limiter, the transport and its errors
+//! (`UPSTREAM_TIMEOUT {host}`).
 
 use crate::config::HostConfig;
 use crate::error::HostRefusal;
 use crate::metrics::HostMetrics;
-use dashmap::DashMap;
+use crate::seed::random_state;
+use dashmap::{DashMap, Entry};
+use foldhash::fast::SeedableRandomState;
 use futures::future::BoxFuture;
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -121,70 +133,76 @@ impl std::fmt::Debug for HostSlot {
     }
 }
 
-/// One host's in-process cap: `max_concurrent` permits, or none for a host
-/// without a `[hosts]` table (unlimited: its slots are only counted).
+/// One configured host's in-process cap: `max_concurrent` permits.
 #[derive(Debug)]
 struct HostCap {
-    limit: Option<(Arc<Semaphore>, HostConfig)>,
-    /// Slots held, for an unlimited host (a capped one counts its permits).
-    unlimited_in_flight: Arc<AtomicU64>,
-}
-
-/// A slot of an unlimited host: counted while held.
-struct Counted(Arc<AtomicU64>);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
-    }
+    permits: Arc<Semaphore>,
+    config: HostConfig,
 }
 
 impl HostCap {
-    fn new(config: Option<&HostConfig>) -> Self {
-        let limit = config.map(|config| {
-            let permits = (config.max_concurrent as usize).min(Semaphore::MAX_PERMITS);
-            (Arc::new(Semaphore::new(permits)), config.clone())
-        });
+    fn new(config: &HostConfig) -> Self {
+        let permits = (config.max_concurrent as usize).min(Semaphore::MAX_PERMITS);
         Self {
-            limit,
-            unlimited_in_flight: Arc::default(),
+            permits: Arc::new(Semaphore::new(permits)),
+            config: config.clone(),
         }
     }
 
     fn in_flight(&self) -> u64 {
-        match &self.limit {
-            Some((permits, config)) => {
-                u64::from(config.max_concurrent).saturating_sub(permits.available_permits() as u64)
-            }
-            None => self.unlimited_in_flight.load(Relaxed),
-        }
+        u64::from(self.config.max_concurrent)
+            .saturating_sub(self.permits.available_permits() as u64)
     }
 
     /// A slot, waiting at most the host's `acquire_wait` and at most
     /// `time_left`.
     async fn acquire(&self, time_left: Duration) -> Result<HostSlot, HostRefusal> {
-        let Some((permits, config)) = &self.limit else {
-            self.unlimited_in_flight.fetch_add(1, Relaxed);
-            return Ok(HostSlot::new(Counted(self.unlimited_in_flight.clone())));
-        };
         let saturated = || HostRefusal::Saturated {
-            max_concurrent: config.max_concurrent,
+            max_concurrent: self.config.max_concurrent,
         };
-        if config.max_concurrent == 0 {
+        if self.config.max_concurrent == 0 {
             return Err(saturated());
         }
-        if let Ok(permit) = permits.clone().try_acquire_owned() {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             return Ok(HostSlot::new(permit));
         }
-        let wait = config.acquire_wait().min(time_left);
-        match tokio::time::timeout(wait, permits.clone().acquire_owned()).await {
+        let wait = self.config.acquire_wait().min(time_left);
+        match tokio::time::timeout(wait, self.permits.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(HostSlot::new(permit)),
             _ => Err(saturated()),
         }
     }
 }
 
+/// Reads in flight to the hosts without a `[hosts]` table, by host: an entry
+/// exists only while its host has a read in flight.
+type Counts = DashMap<Arc<str>, u64, SeedableRandomState>;
+
+/// A slot of a host without a table: counted while held; the host's entry
+/// leaves the counts with its last slot.
+struct Counted {
+    counts: Arc<Counts>,
+    host: Arc<str>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Entry::Occupied(mut count) = self.counts.entry(self.host.clone()) {
+            *count.get_mut() -= 1;
+            if *count.get() == 0 {
+                count.remove();
+            }
+        }
+    }
+}
+
 /// The in-process, per-host caps.
+///
+/// A host with a `[hosts]` table has its semaphore, made once at start.
+/// Every other host is unlimited: its reads in flight are counted under its
+/// name while it has any, and nothing of it is kept after its last one ends,
+/// so a stream of distinct hosts (redirect targets, permit names) keeps no
+/// state beyond the reads in flight.
 ///
 /// ```
 /// use fanout_budget::config::HostConfig;
@@ -202,28 +220,44 @@ impl HostCap {
 /// ```
 #[derive(Debug)]
 pub struct LocalHostCaps {
-    configured: BTreeMap<String, HostConfig>,
-    hosts: DashMap<String, Arc<HostCap>>,
+    /// One per `[hosts]` table, fixed at start.
+    capped: HashMap<String, HostCap, SeedableRandomState>,
+    /// The other hosts' reads in flight.
+    counts: Arc<Counts>,
 }
 
 impl LocalHostCaps {
     /// Caps for the `[hosts]` tables; every other host is unlimited.
     pub fn new(hosts: BTreeMap<String, HostConfig>) -> Self {
+        let mut capped = HashMap::with_capacity_and_hasher(hosts.len(), random_state());
+        capped.extend(
+            hosts
+                .iter()
+                .map(|(host, config)| (host.clone(), HostCap::new(config))),
+        );
         Self {
-            configured: hosts,
-            hosts: DashMap::new(),
+            capped,
+            counts: Arc::new(DashMap::with_hasher(random_state())),
         }
     }
 
-    /// The cap for `host` (created on first use).
-    fn cap(&self, host: &str) -> Arc<HostCap> {
-        if let Some(cap) = self.hosts.get(host) {
-            return cap.clone();
-        }
-        self.hosts
-            .entry(host.to_string())
-            .or_insert_with(|| Arc::new(HostCap::new(self.configured.get(host))))
-            .clone()
+    /// A counted slot of `host`, which has no table.
+    fn count(&self, host: &str) -> HostSlot {
+        let host = match self.counts.get_mut(host) {
+            Some(mut count) => {
+                *count += 1;
+                count.key().clone()
+            }
+            None => {
+                let mut count = self.counts.entry(host.into()).or_insert(0);
+                *count += 1;
+                count.key().clone()
+            }
+        };
+        HostSlot::new(Counted {
+            counts: self.counts.clone(),
+            host,
+        })
     }
 }
 
@@ -233,69 +267,128 @@ impl HostLimiter for LocalHostCaps {
         host: &'a str,
         time_left: Duration,
     ) -> BoxFuture<'a, Result<HostSlot, HostRefusal>> {
-        Box::pin(async move { self.cap(host).acquire(time_left).await })
+        Box::pin(async move {
+            match self.capped.get(host) {
+                Some(cap) => cap.acquire(time_left).await,
+                None => Ok(self.count(host)),
+            }
+        })
     }
 
     fn in_flight(&self, host: &str) -> u64 {
-        self.hosts.get(host).map_or(0, |cap| cap.in_flight())
+        match self.capped.get(host) {
+            Some(cap) => cap.in_flight(),
+            None => self.counts.get(host).map_or(0, |count| *count),
+        }
     }
 }
 
-/// What the read path keeps about one host, built on its first read.
-pub(crate) struct HostEntry {
-    /// `host:port` (as the URL names it; just `host` without a known port).
-    pub(crate) name: Box<str>,
-    /// The host's metric handles.
-    pub(crate) metrics: HostMetrics,
+/// The label every host without an entry of its own shares on the metrics.
+pub const OTHER_HOSTS: &str = "other";
+
+/// What the read path keeps about a host with an entry of its own, or
+/// about all the other hosts together.
+struct HostState {
+    /// The `host` label.
+    label: Box<str>,
+    /// The metric handles, registered on the first read (so after the
+    /// application installed its recorder).
+    metrics: OnceLock<HostMetrics>,
     /// Its `[hosts]` table says `coalesce = true`.
-    pub(crate) coalesce: bool,
+    coalesce: bool,
 }
 
-/// The hosts one engine has read from, by `host:port`.
-#[derive(Default)]
+impl HostState {
+    fn new(label: &str, coalesce: bool) -> Arc<Self> {
+        Arc::new(Self {
+            label: label.into(),
+            metrics: OnceLock::new(),
+            coalesce,
+        })
+    }
+}
+
+/// One read's host: its real name, and the state it shares — its own when
+/// the host has an entry of its own, else that of every other host.
+#[derive(Clone)]
+pub(crate) struct HostEntry {
+    /// `host:port` (as the URL names it; just `host` without a known port):
+    /// what the host limiter, the transport and error messages see.
+    pub(crate) name: String,
+    state: Arc<HostState>,
+}
+
+impl HostEntry {
+    /// The metric handles of the host's label.
+    pub(crate) fn metrics(&self) -> &HostMetrics {
+        let state = &*self.state;
+        state.metrics.get_or_init(|| HostMetrics::new(&state.label))
+    }
+
+    /// Its `[hosts]` table says `coalesce = true`.
+    pub(crate) fn coalesce(&self) -> bool {
+        self.state.coalesce
+    }
+}
+
+/// The hosts with an entry of their own — one per `[hosts]` table and per
+/// known host ([`EngineBuilder::known_host`](crate::EngineBuilder::known_host)),
+/// fixed when the engine is built — and one entry every other host shares
+/// (label [`OTHER_HOSTS`]). Looking a host up never adds anything.
 pub(crate) struct HostTable {
-    entries: DashMap<Box<str>, Arc<HostEntry>>,
-    /// The hosts whose `[hosts]` table turns coalescing on.
-    coalescing: BTreeSet<Box<str>>,
+    own: HashMap<Box<str>, Arc<HostState>, SeedableRandomState>,
+    other: Arc<HostState>,
 }
 
 impl HostTable {
-    /// The table for the `[hosts]` tables `hosts`.
-    pub(crate) fn new(hosts: &BTreeMap<String, HostConfig>) -> Self {
-        let coalescing = hosts.iter().filter(|(_, config)| config.coalesce);
+    /// The table for the `[hosts]` tables `hosts` and the `known` hosts.
+    pub(crate) fn new<'k>(
+        hosts: &BTreeMap<String, HostConfig>,
+        known: impl IntoIterator<Item = &'k str>,
+    ) -> Self {
+        let mut own = HashMap::with_hasher(random_state());
+        for name in known {
+            own.insert(name.into(), HostState::new(name, false));
+        }
+        for (name, config) in hosts {
+            own.insert(name.as_str().into(), HostState::new(name, config.coalesce));
+        }
         Self {
-            entries: DashMap::new(),
-            coalescing: coalescing.map(|(name, _)| name.as_str().into()).collect(),
+            own,
+            other: HostState::new(OTHER_HOSTS, false),
         }
     }
 
-    /// The entry for `url`'s host, built on first use.
-    pub(crate) fn resolve(&self, url: &reqwest::Url) -> Arc<HostEntry> {
-        self.resolve_name(&host_name(url))
+    /// The entry for `url`'s host.
+    pub(crate) fn resolve(&self, url: &reqwest::Url) -> HostEntry {
+        self.entry(host_name(url))
     }
 
-    /// The entry for host `name` (`host:port`), built on first use.
-    pub(crate) fn resolve_name(&self, name: &str) -> Arc<HostEntry> {
-        if let Some(entry) = self.entries.get(name) {
-            return entry.clone();
-        }
-        let name: Box<str> = name.into();
-        self.entries
-            .entry(name.clone())
-            .or_insert_with(|| {
-                Arc::new(HostEntry {
-                    metrics: HostMetrics::new(&name),
-                    coalesce: self.coalescing.contains(&name),
-                    name,
-                })
-            })
-            .clone()
+    /// The entry for host `name` (`host:port`).
+    pub(crate) fn entry(&self, name: String) -> HostEntry {
+        let state = self.own.get(name.as_str()).unwrap_or(&self.other).clone();
+        HostEntry { name, state }
+    }
+
+    /// The hosts with an entry of their own.
+    #[cfg(test)]
+    fn own(&self) -> usize {
+        self.own.len()
     }
 }
 
-/// `host:port`, or `host` without a known port (what error messages and the
-/// `[hosts]` tables call a host).
-pub(crate) fn host_name(url: &reqwest::Url) -> String {
+/// `host:port`, or `host` without a known port: what the `[hosts]` tables,
+/// [`EngineBuilder::known_host`](crate::EngineBuilder::known_host), error
+/// messages (`extensions.host`) and the metrics' `host` label call a URL's
+/// host.
+///
+/// ```
+/// let url = "https://Registry.Example/v2/".parse().unwrap();
+/// assert_eq!(fanout_budget::host_name(&url), "registry.example:443");
+/// let url = "http://[::1]:5000/v2/".parse().unwrap();
+/// assert_eq!(fanout_budget::host_name(&url), "[::1]:5000");
+/// ```
+pub fn host_name(url: &reqwest::Url) -> String {
     let host = url.host_str().unwrap_or("");
     match url.port_or_known_default() {
         Some(port) => format!("{host}:{port}"),
@@ -307,24 +400,74 @@ pub(crate) fn host_name(url: &reqwest::Url) -> String {
 mod tests {
     use super::*;
 
+    fn url(s: &str) -> reqwest::Url {
+        reqwest::Url::parse(s).unwrap()
+    }
+
     #[test]
-    fn one_entry_per_host_and_port_named_as_the_hosts_tables_name_it() {
-        let table = HostTable::default();
-        let url = |s: &str| reqwest::Url::parse(s).unwrap();
-        let a = table.resolve(&url("http://reg.example:5000/v2/a"));
-        let b = table.resolve(&url("http://reg.example:5000/v2/b?x=1"));
-        assert!(Arc::ptr_eq(&a, &b));
-        assert_eq!(&*a.name, "reg.example:5000");
+    fn hosts_are_named_as_the_hosts_tables_name_them() {
+        let table = HostTable::new(&BTreeMap::new(), []);
+        let name = |s: &str| table.resolve(&url(s)).name;
+        assert_eq!(name("http://reg.example:5000/v2/a"), "reg.example:5000");
         // The scheme's default port is the port; an explicit default is the same host.
-        let c = table.resolve(&url("https://reg.example/v2/"));
-        let d = table.resolve(&url("http://reg.example:443/v2/"));
-        assert_eq!(&*c.name, "reg.example:443");
-        assert!(Arc::ptr_eq(&c, &d));
-        assert!(!Arc::ptr_eq(&a, &c));
-        assert_eq!(
-            &*table.resolve(&url("http://[::1]:8080/")).name,
-            "[::1]:8080"
-        );
+        assert_eq!(name("https://reg.example/v2/"), "reg.example:443");
+        assert_eq!(name("http://reg.example:443/v2/"), "reg.example:443");
+        assert_eq!(name("http://[::1]:8080/"), "[::1]:8080");
+    }
+
+    /// A host with a `[hosts]` table or known has its own entry; 50,000
+    /// other hosts add nothing and share one, each read keeping its name.
+    #[test]
+    fn only_configured_and_known_hosts_have_an_entry_of_their_own() {
+        let coalescing = HostConfig {
+            coalesce: true,
+            ..Default::default()
+        };
+        let hosts = [("reg.example:5000".to_string(), coalescing)].into();
+        let table = HostTable::new(&hosts, ["cdn.example:443"]);
+        let reg = table.resolve(&url("http://reg.example:5000/v2/a"));
+        let reg_again = table.resolve(&url("http://reg.example:5000/v2/b?x=1"));
+        assert!(Arc::ptr_eq(&reg.state, &reg_again.state));
+        assert_eq!(&*reg.state.label, "reg.example:5000");
+        assert!(reg.coalesce());
+        let cdn = table.resolve(&url("https://cdn.example/blob"));
+        assert_eq!(&*cdn.state.label, "cdn.example:443");
+        assert!(!cdn.coalesce());
+        let first = table.resolve(&url("http://h0.example/"));
+        for i in 0..50_000 {
+            let other = table.resolve(&url(&format!("http://h{i}.example:{}/", i % 65_536)));
+            assert_eq!(other.name, format!("h{i}.example:{}", i % 65_536));
+            assert!(Arc::ptr_eq(&other.state, &first.state));
+            let permit = table.entry(format!("db-{i}:5432"));
+            assert!(Arc::ptr_eq(&permit.state, &first.state));
+        }
+        assert_eq!(&*first.state.label, OTHER_HOSTS);
+        assert!(!first.coalesce());
+        assert_eq!(table.own(), 2);
+    }
+
+    /// Hosts without a table are counted by name while they have reads in
+    /// flight, and forgotten with their last one.
+    #[tokio::test]
+    async fn an_unlimited_host_is_kept_only_while_it_has_reads_in_flight() {
+        let caps = LocalHostCaps::new(BTreeMap::new());
+        let left = Duration::from_secs(5);
+        for i in 0..50_000 {
+            let host = format!("h{i}.example:80");
+            let slot = caps.acquire(&host, left).await.unwrap();
+            assert_eq!(caps.in_flight(&host), 1);
+            drop(slot);
+        }
+        assert_eq!(caps.counts.len(), 0, "hosts kept after their reads");
+        let a = caps.acquire("a:1", left).await.unwrap();
+        let b = caps.acquire("a:1", left).await.unwrap();
+        let c = caps.acquire("b:1", left).await.unwrap();
+        assert_eq!((caps.in_flight("a:1"), caps.in_flight("b:1")), (2, 1));
+        assert_eq!(caps.counts.len(), 2);
+        drop(a);
+        assert_eq!(caps.in_flight("a:1"), 1);
+        drop((b, c));
+        assert_eq!(caps.counts.len(), 0);
     }
 
     #[tokio::test]

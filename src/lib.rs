@@ -75,7 +75,7 @@ pub use engine::{Engine, EngineBuilder};
 pub use error::{HostRefusal, ReadError, Rejection, Unavailable};
 pub use extension::FanoutExtension;
 pub use finish::OrNull;
-pub use hosts::{HostLimiter, HostSlot, LocalHostCaps};
+pub use hosts::{host_name, HostLimiter, HostSlot, LocalHostCaps, OTHER_HOSTS};
 pub use http::FanoutGraphQL;
 pub use identity::{Caller, INTERNAL_TOKEN_HEADER};
 pub use layer::{FanoutLayer, FanoutService};

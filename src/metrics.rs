@@ -2,9 +2,20 @@
 //!
 //! The engine records; the application installs a recorder (the gateway
 //! exports Prometheus text at `/metrics`). Without a recorder every call is a
-//! no-op. Per-host handles are registered once per host and engine (when the
-//! engine first reads from the host) and kept in the engine's host table, so
-//! the read path registers nothing.
+//! no-op. Per-host handles are registered once per `host` label and engine
+//! (on the first read that needs them, so after the application installed
+//! its recorder) and kept in the engine's host table, so the read path
+//! registers nothing.
+//!
+//! **The `host` label is bounded by the configuration.** A host with a
+//! `[hosts."HOST:PORT"]` table, or known to the engine
+//! ([`EngineBuilder::known_host`](crate::EngineBuilder::known_host): the
+//! gateway's `--upstream`), is labelled with its own `HOST:PORT`; every other
+//! host (a redirect's target, a `permit` name, an upstream without a table)
+//! is counted under `host="other"` ([`OTHER_HOSTS`](crate::OTHER_HOSTS)).
+//! Reads reach whatever hosts their upstreams redirect to, so a label per
+//! host would let them add series without end. Errors and trace spans still
+//! name the real host.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -31,7 +42,7 @@
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
-/// Cached metric handles for one upstream host.
+/// Cached metric handles for one `host` label: a host of its own, or `other`.
 pub(crate) struct HostMetrics {
     pub(crate) in_flight: Gauge,
     pub(crate) ok: Counter,
@@ -46,7 +57,7 @@ pub(crate) struct HostMetrics {
 }
 
 impl HostMetrics {
-    /// Registers the handles for `host`.
+    /// Registers the handles for the label `host`.
     pub(crate) fn new(host: &str) -> Self {
         let h = host.to_string();
         let reads = |outcome: &'static str| counter!("fanout_upstream_reads_total", "host" => h.clone(), "outcome" => outcome);

@@ -1,6 +1,7 @@
 //! Hash seeds for the maps whose keys clients choose: the de-duplication
-//! table (URLs), the parsed-document cache (query texts) and the limiter's
-//! key store (client addresses).
+//! table (URLs), the parsed-document cache (query texts), the limiter's
+//! key store (client addresses) and the host caps' in-flight counts (hosts
+//! redirects name).
 //!
 //! The hasher is foldhash's (fast, not steerable without its seed). Its seeds
 //! are drawn from `std`'s `RandomState` — keyed by the operating system's

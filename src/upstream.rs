@@ -41,7 +41,8 @@ use tracing::Instrument;
 pub(crate) struct ReadParts {
     pub(crate) transport: Arc<dyn Transport>,
     pub(crate) hosts: Arc<dyn HostLimiter>,
-    /// Each upstream host's name and metric handles, built once.
+    /// The hosts with an entry of their own (a `[hosts]` table, a known
+    /// host) and the entry every other host shares: fixed at start.
     pub(crate) host_table: HostTable,
     pub(crate) read_timeout: Duration,
     pub(crate) max_redirects: u32,
@@ -270,7 +271,7 @@ impl<'a> Upstream<'a> {
     /// the send — or, to a host that coalesces, another request's read.
     async fn send(&self, read: Read) -> ReadResult {
         let host = self.reads.parts.host_table.resolve(&read.url);
-        if host.coalesce && read.is_safe() && read.body.is_empty() {
+        if host.coalesce() && read.is_safe() && read.body.is_empty() {
             return self.coalesced(read, &host).await;
         }
         let admitted = self.admit(&host).await?;
@@ -303,7 +304,7 @@ impl<'a> Upstream<'a> {
             // Refused a host slot: saturated, or the shared caps down.
             ReadError::HostSaturated { .. } => {
                 bump(&stats.refused_host);
-                host.metrics.rejections.increment(1);
+                host.metrics().rejections.increment(1);
             }
             _ => bump(&stats.refused_host),
         }
@@ -366,7 +367,7 @@ impl<'a> Upstream<'a> {
     /// places in the queues, and a slot granted meanwhile, go back);
     /// admitted, it looks once more, under the table's lock, and joins (its
     /// slots go back, nothing is charged) or is charged and leads.
-    async fn coalesced(&self, read: Read, host: &Arc<HostEntry>) -> ReadResult {
+    async fn coalesced(&self, read: Read, host: &HostEntry) -> ReadResult {
         self.refuse_early(host)?;
         if self.reads.budget.time_left().is_none() {
             return Err(self.refused(host, ReadError::DeadlineExceeded));
@@ -429,7 +430,7 @@ impl<'a> Upstream<'a> {
     fn shared_send(
         &self,
         read: Read,
-        host: &Arc<HostEntry>,
+        host: &HostEntry,
         host_slot: HostSlot,
         now: Instant,
     ) -> impl std::future::Future<Output = ReadResult> + Send + 'static {
@@ -453,7 +454,7 @@ impl<'a> Upstream<'a> {
     /// own), kept under this request's byte bound.
     async fn join(&self, flight: Flight<ReadResult>, host: &HostEntry) -> ReadResult {
         bump(&self.reads.budget.stats().coalesced);
-        host.metrics.coalesced.increment(1);
+        host.metrics().coalesced.increment(1);
         tracing::Span::current().record("coalesced", true);
         let answer = self.wait(flight, host, Instant::now()).await?;
         let own = UpstreamResponse::new(
@@ -489,7 +490,10 @@ impl<'a> Upstream<'a> {
     /// call, a cache) to `host` (the name its `[hosts]` table uses): charged
     /// as one read, holding a request slot and a host slot while it lives —
     /// every refusal a read can meet, with the same codes. Run the call
-    /// inside [`Permit::timeout`] to bound it like a read.
+    /// inside [`Permit::timeout`] to bound it like a read. A name without a
+    /// `[hosts]` table (or [`known_host`](crate::EngineBuilder::known_host))
+    /// is unlimited and counted under `host="other"` on the metrics; its
+    /// errors still name it.
     ///
     /// ```
     /// use async_graphql::{Context, Object};
@@ -510,11 +514,7 @@ impl<'a> Upstream<'a> {
     /// ```
     pub async fn permit(&self, host: &str) -> Result<Permit<'a>, ReadError> {
         // Named as the `[hosts]` tables name it, whatever the case.
-        let entry = self
-            .reads
-            .parts
-            .host_table
-            .resolve_name(&host.to_ascii_lowercase());
+        let entry = self.reads.parts.host_table.entry(host.to_ascii_lowercase());
         let admitted = self.admit(&entry).await?;
         Ok(Permit {
             limit: self.limit(admitted.now),
@@ -601,7 +601,7 @@ impl Limit {
     /// [`error`](Self::error) for a call to `host` cut at `until`, counted
     /// in the host's metrics.
     fn elapsed(&self, host: &HostEntry) -> ReadError {
-        let m = &host.metrics;
+        let m = host.metrics();
         m.timeouts.increment(1);
         let counter = if self.by_deadline {
             &m.deadline
@@ -623,7 +623,7 @@ async fn wire(
     limit: Limit,
     answer: impl FnOnce(UpstreamResponse) -> ReadResult,
 ) -> ReadResult {
-    let m = &host.metrics;
+    let m = host.metrics();
     let fetch = transport.fetch(read, &host.name);
     let mut wire = Wire::start(m, limit.started);
     let sent = tokio::time::timeout_at(limit.until, fetch).await;
@@ -656,7 +656,7 @@ pub struct Permit<'a> {
     admitted: Admitted<'a>,
     limit: Limit,
     stats: &'a ReadStats,
-    host: Arc<HostEntry>,
+    host: HostEntry,
     outcome: Outcome,
 }
 
@@ -695,7 +695,7 @@ impl Permit<'_> {
 
 impl Drop for Permit<'_> {
     fn drop(&mut self) {
-        let m = &self.host.metrics;
+        let m = self.host.metrics();
         m.latency.record(self.admitted.now.elapsed().as_secs_f64());
         match self.outcome {
             Outcome::Succeeded => {

@@ -39,13 +39,21 @@ pub type MetricsRender = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 
 /// The gateway for `config`, reading the registry at `upstream`.
 ///
+/// The registry's host is a known host of the engine
+/// ([`EngineBuilder::known_host`](fanout_budget::EngineBuilder::known_host)):
+/// it keeps its own `host` label on the metrics without a `[hosts]` table.
+/// Every other host without a table — a redirect's target, a CDN — is
+/// counted under `host="other"`.
+///
 /// With `[redis] url` (one server) or `cluster_nodes` (a Redis Cluster) set,
 /// the per-host caps and the per-IP limit are shared on Redis (nothing
 /// connects until the first request, so a Redis that is down does not stop
 /// start-up). The gateway's [`defaults`] fill in what `config` leaves unset.
 pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRender>) -> Gateway {
     let config = defaults(config);
-    let mut engine = Engine::builder(config.clone()).costs(schema::costs());
+    let mut engine = Engine::builder(config.clone())
+        .costs(schema::costs())
+        .known_host(fanout_budget::host_name(&upstream));
     if let Some(redis) = redis_backend(&config) {
         engine = engine.host_limiter(Arc::new(RedisHostCaps::new(config.hosts.clone(), redis)));
     }

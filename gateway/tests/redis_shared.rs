@@ -74,6 +74,33 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
     .await;
 }
 
+/// A host without a `[hosts]` table is never on Redis: reads to 1,000
+/// distinct such hosts (redirect targets, `permit` names) through the
+/// shared caps leave no key there, and are counted locally only while in
+/// flight.
+#[tokio::test]
+async fn hosts_without_a_table_leave_nothing_on_redis() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let mut config = config(&redis, FailureMode::Closed, 10_000);
+    config
+        .hosts
+        .insert("capped.example:80".into(), HostConfig::default());
+    let caps = RedisHostCaps::new(
+        config.hosts.clone(),
+        RedisBackend::new(&config.redis).unwrap(),
+    );
+    for i in 0..1_000 {
+        let host = format!("h{i}.example:80");
+        let slot = caps.acquire(&host, Duration::from_secs(1)).await.unwrap();
+        assert_eq!(caps.in_flight(&host), 1);
+        drop(slot);
+        assert_eq!(caps.in_flight(&host), 0);
+    }
+    assert_eq!(redis.keys("*").await, Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn a_crashed_replicas_slots_free_up_after_the_lease() {
     let Some(redis) = RedisServer::start().await else {

@@ -59,6 +59,11 @@ pub enum Fault {
     SelfLink,
     /// Answer the right JSON with a `Link: rel="next"` to another origin.
     ForeignLink,
+    /// Redirect (302) to the same path on a loopback address of its own for
+    /// each request this registry has received: `http://127.a.b.c:PORT`,
+    /// `a.b.c` the request's number (a host nobody listens on, when `PORT`
+    /// is a free port: every hop reaches a new upstream host and fails).
+    Scatter(u16),
     /// Answer 200 JSON whose every field is a string of this many bytes
     /// (the wrong shape everywhere: a parser's error quotes it).
     WrongShape(usize),
@@ -372,6 +377,20 @@ async fn apply(shared: &Shared, fault: Option<Fault>, path: &str, real: &[u8]) -
                 .body(axum::body::Body::empty())
                 .unwrap(),
         ),
+        Fault::Scatter(port) => {
+            let n = shared.counters.requests.load(SeqCst);
+            let [_, a, b, c] = (n as u32).to_be_bytes();
+            Some(
+                Response::builder()
+                    .status(StatusCode::FOUND)
+                    .header(
+                        header::LOCATION,
+                        format!("http://127.{a}.{b}.{c}:{port}{path}"),
+                    )
+                    .body(axum::body::Body::empty())
+                    .unwrap(),
+            )
+        }
         Fault::InvalidUtf8 => Some(json(axum::body::Body::from(vec![0xff, 0xfe, 0xfd, b'{']))),
         Fault::WrongShape(n) => {
             let text = "B".repeat(n);
