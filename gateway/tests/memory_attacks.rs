@@ -121,7 +121,10 @@ fn body(shape: &str) -> String {
         }
         ("first0", n) => {
             let tags = aliases(n[1], |i| format!("a{i}:tags(first:0){{totalCount}}"));
-            batch(format!("{{repositories(first:100){{nodes{{{tags}}}}}}}"), n[0])
+            batch(
+                format!("{{repositories(first:100){{nodes{{{tags}}}}}}}"),
+                n[0],
+            )
         }
         ("invalid_tags", n) => {
             let pages = aliases(n[1], |i| format!("a{i}:tags(first:100){{...N}}"));
@@ -220,5 +223,9 @@ fn small_requests_stay_within_the_memory_bounds() {
             escaped.push(format!("{shape}: ended {}, {report:?}", run.ended));
         }
     }
-    assert!(escaped.is_empty(), "past the bounds:\n{}", escaped.join("\n"));
+    assert!(
+        escaped.is_empty(),
+        "past the bounds:\n{}",
+        escaped.join("\n")
+    );
 }
