@@ -406,12 +406,16 @@ impl PerOperation {
     /// Whether a resolved value of GraphQL type `ty` was built without a
     /// resolve per child (a custom scalar's object or list), so that its
     /// children count with it.
+    /// A list type's items are resolved (and counted) one by one, whatever
+    /// their type — a list of scalars included — so only a value whose own
+    /// type is a scalar is.
     fn built_whole(ctx: &ExtensionContext<'_>, ty: &str) -> bool {
-        let named = ty.trim_matches(|c| c == '[' || c == ']' || c == '!');
-        matches!(
-            ctx.schema_env.registry.types.get(named),
-            Some(MetaType::Scalar { .. })
-        )
+        let named = ty.trim_end_matches('!');
+        !named.starts_with('[')
+            && matches!(
+                ctx.schema_env.registry.types.get(named),
+                Some(MetaType::Scalar { .. })
+            )
     }
 }
 
