@@ -172,9 +172,33 @@ fn run_case(shape: &str) {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let gateway = app::build(Config::default(), upstream, None);
-        let body = body(shape);
+        let body = if shape.starts_with("held/") {
+            String::new()
+        } else {
+            body(shape)
+        };
         let before = child::rss_mib();
         child::reset_peak();
+        if let Some(n) = shape.strip_prefix("held/") {
+            // `held/<n>`: n answers of about 11 MB whose bodies are not read
+            // yet (slow clients), one after another.
+            let body = self::body("typename/6/45/8");
+            let mut held = Vec::new();
+            for _ in 0..n.parse::<usize>().unwrap() {
+                let request = fanout_testkit::graphql_request(
+                    body.clone(),
+                    &[],
+                    Some(fanout_testkit::PEER.parse().unwrap()),
+                );
+                let response = tower::ServiceExt::oneshot(gateway.router.clone(), request)
+                    .await
+                    .unwrap();
+                held.push(response);
+            }
+            let rise = child::peak_mib() - before;
+            child::report(format!("{} held {rise:.0}", held[0].status().as_u16()));
+            return;
+        }
         let answer = fanout_testkit::post(&gateway.router, body.clone(), &[]).await;
         let rise = child::peak_mib() - before;
         child::report(format!(
