@@ -140,7 +140,8 @@ pub struct HttpConfig {
     pub max_response_bytes: usize,
     /// Memory one request's answer (the whole batch's) may hold while it is
     /// built, counted as resolvers produce it (`memory.rs`: each value 80
-    /// bytes plus its string bytes, each object entry 112, each resolve still
+    /// bytes plus its string bytes, each object entry 112, each field error
+    /// 1.5 KiB plus its message, extensions and path, each resolve still
     /// running 4 KiB). Past it the request stops at once and answers
     /// `RESPONSE_TOO_LARGE`.
     pub max_answer_bytes: usize,

@@ -46,7 +46,7 @@ use crate::engine::Engine;
 use crate::error::{operation_error, refused, OperationError};
 use crate::finish::{code_errors, finish};
 use crate::identity::Caller;
-use crate::memory::{weigh, PENDING_WEIGHT, VALUE_WEIGHT};
+use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use crate::shape::{self, Shape};
 use crate::types::SchemaTypes;
@@ -329,6 +329,7 @@ impl Extension for PerOperation {
             return std::future::pending().await;
         }
         let ty = info.return_type;
+        let depth = std::iter::successors(Some(info.path_node), |node| node.parent).count();
         let resolved = next.run(ctx, info).await;
         memory.release_answer(PENDING_WEIGHT);
         let weight = match &resolved {
@@ -336,9 +337,10 @@ impl Extension for PerOperation {
                 weigh(value, Self::built_whole(ctx, ty))
             }
             Ok(Some(value)) => weigh(value, false),
-            // A null is most often a failed field with its error.
+            // A null; a failed field's error was counted where it was
+            // added (`OrNull`).
             Ok(None) => 4 * VALUE_WEIGHT,
-            Err(err) => 4 * VALUE_WEIGHT + err.message.len(),
+            Err(err) => 4 * VALUE_WEIGHT + weigh_error(err, depth),
         };
         if !memory.answer(weight) {
             drop(resolved);
@@ -404,12 +406,16 @@ impl PerOperation {
     /// Whether a resolved value of GraphQL type `ty` was built without a
     /// resolve per child (a custom scalar's object or list), so that its
     /// children count with it.
+    /// A list type's items are resolved (and counted) one by one, whatever
+    /// their type — a list of scalars included — so only a value whose own
+    /// type is a scalar is.
     fn built_whole(ctx: &ExtensionContext<'_>, ty: &str) -> bool {
-        let named = ty.trim_matches(|c| c == '[' || c == ']' || c == '!');
-        matches!(
-            ctx.schema_env.registry.types.get(named),
-            Some(MetaType::Scalar { .. })
-        )
+        let named = ty.trim_end_matches('!');
+        !named.starts_with('[')
+            && matches!(
+                ctx.schema_env.registry.types.get(named),
+                Some(MetaType::Scalar { .. })
+            )
     }
 }
 

@@ -49,8 +49,17 @@ impl<T, E: Into<async_graphql::Error>> OrNull<T> for Result<T, E> {
         match self {
             Ok(value) => Some(value),
             Err(err) => {
-                let err = err.into().into_server_error(ctx.item.pos);
-                ctx.add_error(ctx.set_error_path(err));
+                let err = ctx.set_error_path(err.into().into_server_error(ctx.item.pos));
+                // The error is part of the answer being built: counted as
+                // it is added (the field's null is counted by its resolve;
+                // past the bound, the next resolve parks).
+                if let Some(operation) = ctx.data_opt::<std::sync::Arc<Operation>>() {
+                    let _within = operation
+                        .request()
+                        .memory()
+                        .answer(crate::memory::weigh_error(&err, 0));
+                }
+                ctx.add_error(err);
                 None
             }
         }

@@ -203,56 +203,87 @@ impl Repository {
                 }
             },
         };
-        let page: Vec<Tag> = tags
-            .iter_from(start)
-            .take(n)
-            .map(|name| Tag {
-                repository: self.name.clone(),
-                name: name.to_string(),
-            })
-            .collect();
+        let end = tags.len().min(start.saturating_add(n));
         Ok(TagConnection {
-            page_info: PageInfo {
-                has_next_page: start + page.len() < tags.len(),
-                end_cursor: page.last().map(|t| t.name.clone()),
-            },
-            nodes: page,
-            total_count: tags.len() as i32,
+            repository: self.name.clone(),
+            tags,
+            rows: start.min(end)..end,
         })
     }
 
     async fn tag(&self, ctx: &Context<'_>, name: String) -> async_graphql::Result<Option<Tag>> {
         let tags = self.tag_list(ctx).await?;
-        Ok(tags.position(&name).is_some().then(|| Tag {
+        Ok(tags.position(&name).map(|index| Tag {
             repository: self.name.clone(),
-            name,
+            tags,
+            index,
         }))
     }
 }
 
+// Positions in the request's one tag list: nothing of the list is copied
+// until a field resolves (and is counted). A page holding copies of its
+// names while a row waits on a read would hold what the answer's bound does
+// not see, and a registry's tag names can be long
+// (`gateway/tests/memory_attacks.rs`, `fat_tags`).
 /// A page of tags.
-#[derive(SimpleObject)]
 pub struct TagConnection {
-    nodes: Vec<Tag>,
-    page_info: PageInfo,
-    total_count: i32,
+    repository: RepoName,
+    tags: Arc<Tags>,
+    rows: std::ops::Range<usize>,
 }
 
-/// A tag of a repository.
+/// A page of tags.
+#[Object]
+impl TagConnection {
+    async fn nodes(&self) -> Vec<Tag> {
+        self.rows
+            .clone()
+            .map(|index| Tag {
+                repository: self.repository.clone(),
+                tags: self.tags.clone(),
+                index,
+            })
+            .collect()
+    }
+
+    async fn page_info(&self) -> PageInfo {
+        PageInfo {
+            has_next_page: self.rows.end < self.tags.len(),
+            end_cursor: (!self.rows.is_empty())
+                .then(|| self.tags.get(self.rows.end - 1))
+                .flatten()
+                .map(str::to_string),
+        }
+    }
+
+    async fn total_count(&self) -> i32 {
+        self.tags.len() as i32
+    }
+}
+
+/// A tag of a repository: its position in the request's tag list.
 pub struct Tag {
     repository: RepoName,
-    name: String,
+    tags: Arc<Tags>,
+    index: usize,
+}
+
+impl Tag {
+    fn tag(&self) -> &str {
+        self.tags.get(self.index).unwrap_or_default()
+    }
 }
 
 #[Object]
 impl Tag {
     async fn name(&self) -> &str {
-        &self.name
+        self.tag()
     }
 
     async fn manifest(&self, ctx: &Context<'_>) -> Option<Manifest> {
         // The tag comes from the registry's own tag list.
-        let tag = TagName::parse(&self.name)
+        let tag = TagName::parse(self.tag())
             .map_err(|e| oci::invalid_from_registry(ctx, e))
             .or_null(ctx)?;
         let doc = oci::manifest(ctx, &self.repository, &tag)

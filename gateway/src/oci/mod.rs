@@ -197,15 +197,17 @@ async fn walk_tags(
 }
 
 /// One catalog page: up to `n` names after `last`, and whether more follow.
+///
+/// At most `n` names are taken from the answer, whatever it lists: a
+/// registry that ignores `n` (16 MB of names) would otherwise make every
+/// name a row of the page — and async-graphql sets up every row of a list
+/// before the answer's bound counts the first. More names than asked for
+/// mean the page has a next one.
 pub async fn catalog(
     ctx: &Context<'_>,
     n: usize,
     last: Option<&str>,
 ) -> async_graphql::Result<(Vec<String>, bool)> {
-    #[derive(Deserialize)]
-    struct Catalog {
-        repositories: Vec<String>,
-    }
     let base = registry(ctx)?;
     let mut page = endpoint(base, ["v2", "_catalog"])?;
     page.query_pairs_mut().append_pair("n", &n.to_string());
@@ -214,9 +216,76 @@ pub async fn catalog(
     }
     let response = read(ctx, Read::get(page)).await?;
     expect_json(&response)?;
-    let names = response.json::<Catalog>()?.repositories;
-    let more = next_link(&response, base).is_some();
+    let (names, beyond) = catalog_names(&response.body, n)
+        .map_err(|e| response.error(format!("unexpected response body: {e}")))?;
+    let more = beyond || next_link(&response, base).is_some();
     Ok((names, more))
+}
+
+/// The first `n` names of a catalog page's `repositories`, and whether it
+/// lists more (those are skipped, not kept).
+fn catalog_names(body: &[u8], n: usize) -> serde_json::Result<(Vec<String>, bool)> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use std::fmt;
+
+    struct Page(usize);
+    struct Names(usize);
+
+    impl<'de> Visitor<'de> for Page {
+        type Value = (Vec<String>, bool);
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a catalog object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut names = None;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "repositories" && names.is_none() {
+                    names = Some(map.next_value_seed(Names(self.0))?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            names.ok_or_else(|| serde::de::Error::missing_field("repositories"))
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for Names {
+        type Value = (Vec<String>, bool);
+
+        fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<Self::Value, D::Error> {
+            de.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Names {
+        type Value = (Vec<String>, bool);
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array of repository names")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut names = Vec::with_capacity(self.0.min(seq.size_hint().unwrap_or(0)));
+            while names.len() < self.0 {
+                match seq.next_element::<String>()? {
+                    Some(name) => names.push(name),
+                    None => return Ok((names, false)),
+                }
+            }
+            let mut beyond = false;
+            while seq.next_element::<IgnoredAny>()?.is_some() {
+                beyond = true;
+            }
+            Ok((names, beyond))
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let page = de.deserialize_map(Page(n))?;
+    de.end()?;
+    Ok(page)
 }
 
 /// The longest string the gateway takes from a manifest or a config for
@@ -393,4 +462,48 @@ pub async fn config_blob(
         })
         .await?;
     Ok(doc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::catalog_names;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_catalog_page_keeps_at_most_the_names_asked_for() {
+        let body = br#"{"repositories":["a","b","c"],"x":1}"#;
+        assert_eq!(catalog_names(body, 2).unwrap(), (names(&["a", "b"]), true));
+        assert_eq!(
+            catalog_names(body, 3).unwrap(),
+            (names(&["a", "b", "c"]), false)
+        );
+        assert_eq!(
+            catalog_names(body, 100).unwrap(),
+            (names(&["a", "b", "c"]), false)
+        );
+        assert_eq!(
+            catalog_names(br#"{"repositories":[]}"#, 5).unwrap(),
+            (vec![], false)
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_a_catalog_is_an_error() {
+        for body in [
+            &br#"{"repositories":null}"#[..],
+            br#"{"names":["a"]}"#,
+            br#"{"repositories":["a",1]}"#,
+            br#"["a"]"#,
+            br#"{"repositories":["a"]} trailing"#,
+        ] {
+            assert!(
+                catalog_names(body, 2).is_err(),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
 }
