@@ -202,10 +202,13 @@ impl<E: Executor> FanoutGraphQL<E> {
             .instrument(span.clone())
             .await;
         span.record("reads", fanout.budget().used());
-        match responses {
+        let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
             Err(refused) => refused.into_response(),
-        }
+        };
+        // Until the client has read it, the answer holds its bytes in the
+        // process's memory pool.
+        fanout.memory().lease_body(answer)
     }
 
     /// Prices, then runs (or refuses) every operation of the request.

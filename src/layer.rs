@@ -179,10 +179,13 @@ where
             let request = http::Request::from_parts(parts, body);
             let answered = fanout.clone().scope(inner.call(request)).await;
             // A memory bound stopped the batch: it answers as one.
-            match fanout.stopped() {
-                Some(rejection) => Ok(rejection.into_response()),
-                None => answered,
-            }
+            let answer = match fanout.stopped() {
+                Some(rejection) => rejection.into_response(),
+                None => answered?,
+            };
+            // Until the client has read it, the answer holds its bytes in
+            // the process's memory pool.
+            Ok(fanout.memory().lease_body(answer))
         })
     }
 }

@@ -232,3 +232,52 @@ fn a_page_within_the_bound_is_answered() {
         assert!(rise < 64.0, "{integration}: peak rose {rise:.0} MiB");
     }
 }
+
+/// An answer a client has not read yet still holds its bytes in the pool:
+/// unread answers fill it, the next request is refused `OVERLOADED`, and
+/// once they are read (or dropped) their bytes come back.
+#[tokio::test]
+async fn unread_answers_hold_their_bytes_until_they_are_sent() {
+    use tower::ServiceExt;
+    let mut config = Config::default();
+    config.http.max_inflight_bytes = 4 << 20;
+    for integration in ["service", "layer"] {
+        let app = router(integration, config.clone());
+        let send = || {
+            let body = json!({ "query": "{ long }" }).to_string();
+            app.clone()
+                .oneshot(fanout_testkit::graphql_request(body, &[], None))
+        };
+        let mut unread = Vec::new();
+        let refused = loop {
+            let answer = send().await.unwrap();
+            if answer.status() != 200 {
+                break answer;
+            }
+            unread.push(answer);
+            assert!(
+                unread.len() < 10,
+                "{integration}: 10 MiB held in a 4 MiB pool"
+            );
+        };
+        assert_eq!(refused.status(), 503, "{integration}");
+        assert_eq!(
+            unread.len(),
+            3,
+            "{integration}: three 1 MiB answers fit in 4 MiB"
+        );
+        let body = axum::body::to_bytes(refused.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let json: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["errors"][0]["extensions"]["code"], "OVERLOADED");
+        // Read: given back.
+        for answer in unread.drain(..) {
+            let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            assert!(body.len() > 1 << 20);
+        }
+        assert_eq!(send().await.unwrap().status(), 200, "{integration}");
+    }
+}
