@@ -12,6 +12,7 @@
 use bytes::Bytes;
 use fanout_budget::config::HostConfig;
 use fanout_budget::{Caller, Config, Engine, Read, ReadError, Transport, UpstreamResponse};
+use fanout_testkit::prometheus::{host_labels, value};
 use futures::future::BoxFuture;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -116,35 +117,6 @@ async fn scatter(engine: &Engine, from: u64, to: u64) {
     }
 }
 
-/// The process's resident memory, KiB.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// Every `host` label value on a Prometheus text page, and the number of
-/// series that carry one.
-fn host_labels(page: &str) -> (BTreeSet<&str>, usize) {
-    let mut hosts = BTreeSet::new();
-    let mut series = 0;
-    for line in page.lines().filter(|l| !l.starts_with('#')) {
-        if let Some((_, rest)) = line.split_once("host=\"") {
-            hosts.insert(rest.split_once('"').unwrap().0);
-            series += 1;
-        }
-    }
-    (hosts, series)
-}
-
-/// The value of the series `name{…}` whose labels include every one of `labels`.
-fn value(page: &str, name: &str, labels: &[&str]) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .find(|l| labels.iter().all(|label| l.contains(label)))
-        .map(|l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
-}
-
 #[tokio::test]
 async fn distinct_hosts_share_one_entry_and_one_label() {
     let _serial = SERIAL.lock().await;
@@ -159,10 +131,10 @@ async fn distinct_hosts_share_one_entry_and_one_label() {
 
     scatter(&engine, 0, WARM).await;
     let page = metrics.render();
-    let before = rss_kib();
+    let before = (fanout_testkit::child::rss_mib() * 1024.0) as u64;
     scatter(&engine, WARM, HOSTS).await;
     let page_after = metrics.render();
-    let grown = rss_kib().saturating_sub(before);
+    let grown = ((fanout_testkit::child::rss_mib() * 1024.0) as u64).saturating_sub(before);
     let (hosts, series) = host_labels(&page_after);
     println!(
         "{} distinct hosts after a warm-up of {}: RSS +{} KiB ({} B per host); \

@@ -8,8 +8,8 @@
 use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
 use fanout_budget::{Config, Engine, FanoutGraphQL, FanoutLayer};
+use fanout_testkit::sha256_hex;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 struct Query;
 
@@ -24,13 +24,6 @@ impl Query {
 fn long_query() -> String {
     let aliases: String = (0..1990).map(|i| format!("p{i:04}: ping ")).collect();
     format!("{{ {aliases}}}")
-}
-
-fn sha256_hex(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 #[tokio::test]

@@ -10,8 +10,8 @@ mod common;
 
 use common::{require_binary, require_path, EmbeddedRegistry};
 use fanout_budget::Config;
+use fanout_testkit::sha256_hex;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -319,13 +319,6 @@ fn content_type(exchange: &Value) -> &str {
     exchange["response"]["headers"]["content-type"]
         .as_str()
         .unwrap_or("")
-}
-
-fn sha256_hex(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// `acme/app` with its first five tags, as a client that adds `__typename`

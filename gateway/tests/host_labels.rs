@@ -16,6 +16,7 @@
 use fanout_budget::Config;
 use fanout_gateway::app;
 use fanout_gateway::embedded::{EmbeddedRegistry, Fault};
+use fanout_testkit::prometheus::{host_labels, value};
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashSet};
 use std::net::Ipv4Addr;
@@ -25,35 +26,6 @@ const NAMES: usize = 200;
 /// Hosts read before the memory is first measured (warm-up).
 const WARM: usize = 1_000;
 const TOKEN: &str = "host-labels-internal-token";
-
-/// The process's resident memory, KiB.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse().unwrap()
-}
-
-/// Every `host` label value on a Prometheus text page, and the number of
-/// series that carry one.
-fn host_labels(page: &str) -> (BTreeSet<&str>, usize) {
-    let mut hosts = BTreeSet::new();
-    let mut series = 0;
-    for line in page.lines().filter(|l| !l.starts_with('#')) {
-        if let Some((_, rest)) = line.split_once("host=\"") {
-            hosts.insert(rest.split_once('"').unwrap().0);
-            series += 1;
-        }
-    }
-    (hosts, series)
-}
-
-/// The value of the series `name{…}` whose labels include every one of `labels`.
-fn value(page: &str, name: &str, labels: &[&str]) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .find(|l| labels.iter().all(|label| l.contains(label)))
-        .map(|l| l.rsplit_once(' ').unwrap().1.parse().unwrap())
-}
 
 #[tokio::test]
 async fn redirects_to_distinct_hosts_share_one_label() {
@@ -89,7 +61,10 @@ async fn redirects_to_distinct_hosts_share_one_label() {
     for round in 0..hosts / NAMES {
         if round * NAMES == WARM {
             let page = fanout_testkit::metrics_page(&gateway.router).await;
-            before = (rss_kib(), page.len());
+            before = (
+                (fanout_testkit::child::rss_mib() * 1024.0) as u64,
+                page.len(),
+            );
         }
         let answer = fanout_testkit::post(
             &gateway.router,
@@ -119,7 +94,7 @@ async fn redirects_to_distinct_hosts_share_one_label() {
     }
     assert_eq!(seen.len(), hosts, "every hop reached a host of its own");
     let page = fanout_testkit::metrics_page(&gateway.router).await;
-    let grown = rss_kib().saturating_sub(before.0);
+    let grown = ((fanout_testkit::child::rss_mib() * 1024.0) as u64).saturating_sub(before.0);
     let (labels, series) = host_labels(&page);
     let measured = hosts - WARM;
     println!(

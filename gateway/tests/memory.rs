@@ -20,8 +20,8 @@ use fanout_gateway::app;
 use fanout_gateway::embedded::store::{digest, Image, Store, OCI_CONFIG, OCI_LAYER, OCI_MANIFEST};
 use fanout_gateway::embedded::EmbeddedRegistry;
 use fanout_testkit::child;
+use fanout_testkit::sha256_hex;
 use serde_json::{json, Value};
-use sha2::{Digest as _, Sha256};
 use std::time::Duration;
 
 /// The registry's base URL, in the child.
@@ -33,17 +33,7 @@ const MANY_TAGS: usize = 1_000_000;
 /// `acme/evil:t`'s config has a 15 MB `os`, `acme/many` has a million tags.
 fn hostile_store() -> Store {
     let mut store = Store::fixture();
-    let layers: Vec<Vec<u8>> = (0..256)
-        .map(|i| format!("layer {i}").into_bytes())
-        .collect();
-    store.put_image(
-        "acme/wide",
-        Some("t"),
-        &Image {
-            layers,
-            ..Image::demo("linux", "amd64", "wide")
-        },
-    );
+    store.put_image("acme/wide", Some("t"), &Image::with_layers(256));
     let config = json!({ "os": "x".repeat(15 << 20), "architecture": "amd64" })
         .to_string()
         .into_bytes();
@@ -66,13 +56,6 @@ fn hostile_store() -> Store {
             .insert(format!("v{i:07}"), manifest_digest.clone());
     }
     store
-}
-
-fn sha256_hex(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// 130 aliases of the 256-layer manifest's layers: priced just under the

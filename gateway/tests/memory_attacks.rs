@@ -48,17 +48,7 @@ const SHAPES: &[&str] = &[
 /// grammar; `acme/bad` has a tag `a` and 99 short tags outside the grammar.
 fn store() -> Store {
     let mut store = Store::fixture();
-    let layers: Vec<Vec<u8>> = (0..256)
-        .map(|i| format!("layer {i}").into_bytes())
-        .collect();
-    store.put_image(
-        "acme/wide",
-        Some("t"),
-        &Image {
-            layers,
-            ..Image::demo("linux", "amd64", "wide")
-        },
-    );
+    store.put_image("acme/wide", Some("t"), &Image::with_layers(256));
     let demo = Image::demo("linux", "amd64", "f");
     for i in 30..96 {
         store.put_image(&format!("filler/r{i:02}"), Some("latest"), &demo);

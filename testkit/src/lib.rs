@@ -17,6 +17,7 @@ mod transport;
 mod upstream;
 
 pub mod child;
+pub mod prometheus;
 pub use poll::until;
 pub use post::{call, graphql_request, metrics_page, post, Answer, PEER};
 pub use redis_cluster::{ClusterNode, RedisCluster};
@@ -341,4 +342,13 @@ pub fn doubling_chain(links: usize, leaf: &str) -> String {
     }
     query.push_str(&format!(" fragment F{links} on Query {{ {leaf} }}"));
     query
+}
+
+/// The SHA-256 of `text` in lowercase hex (a persisted query's `sha256Hash`).
+pub fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

@@ -80,6 +80,19 @@ impl Image {
     }
 }
 
+impl Image {
+    /// A small image with `layers` tiny layers (a manifest listing many
+    /// descriptors).
+    pub fn with_layers(layers: usize) -> Self {
+        Self {
+            layers: (0..layers)
+                .map(|i| format!("layer {i}").into_bytes())
+                .collect(),
+            ..Image::demo("linux", "amd64", "wide")
+        }
+    }
+}
+
 /// Every repository, in name order (the catalog order).
 #[derive(Clone, Debug, Default)]
 pub struct Store {
