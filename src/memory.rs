@@ -91,16 +91,22 @@ impl MemoryPool {
 
     /// Takes `bytes`, or nothing when that would pass the bound.
     fn take(&self, bytes: usize) -> bool {
-        self.used
-            .fetch_update(Relaxed, Relaxed, |used| {
-                let after = used.checked_add(bytes)?;
-                (after <= self.max).then_some(after)
-            })
-            .is_ok()
+        let taken = self.used.fetch_update(Relaxed, Relaxed, |used| {
+            let after = used.checked_add(bytes)?;
+            (after <= self.max).then_some(after)
+        });
+        match taken {
+            Ok(before) => {
+                crate::metrics::memory_held(before + bytes);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     fn give_back(&self, bytes: usize) {
-        self.used.fetch_sub(bytes, Relaxed);
+        let before = self.used.fetch_sub(bytes, Relaxed);
+        crate::metrics::memory_held(before - bytes);
     }
 
     /// Bytes taken by the requests in flight.

@@ -38,6 +38,7 @@
 //! | `fanout_connections_refused_total` | counter | — | inbound connections reset as soon as accepted, their client having its share open (`http.max_connections_per_client`; `serve`) |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
+//! | `fanout_memory_held_bytes` | gauge | — | memory the requests in flight hold in the engine's pool (`http.max_inflight_bytes`): answers being built and written, upstream bodies kept; taken in 64 KiB blocks |
 //! | `fanout_memory_trips_total` | counter | `bound` | requests stopped by a memory bound: `answer` (`http.max_answer_bytes`: `RESPONSE_TOO_LARGE`) or `process` (`http.max_inflight_bytes`: `OVERLOADED`) |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
@@ -139,6 +140,12 @@ pub(crate) fn host_share(host: &str) -> (Gauge, Gauge) {
 /// Counts a check answered in-process because the shared backend was down.
 pub(crate) fn shared_state_fallback(backend: &'static str) {
     counter!("fanout_shared_state_fallback_total", "backend" => backend).increment(1);
+}
+
+/// What the requests in flight hold in the pool now (set once per 64 KiB
+/// block taken or given back, not per value).
+pub(crate) fn memory_held(bytes: usize) {
+    gauge!("fanout_memory_held_bytes").set(bytes as f64);
 }
 
 /// Counts a request stopped by a memory bound (its own answer's, or the
