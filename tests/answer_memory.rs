@@ -34,6 +34,19 @@ impl Query {
         ctx.data_unchecked::<Long>().0.as_str().to_owned()
     }
 
+    /// One upstream read (of the testkit's loopback upstream, whose base
+    /// URL is in the schema's data when a test puts it there).
+    async fn page(&self, ctx: &Context<'_>) -> Option<String> {
+        use fanout_budget::{FanoutContext, OrNull, Read};
+        let base = ctx.data_opt::<Base>()?;
+        let url = format!("{}/item/1", base.0).parse().unwrap();
+        let read =
+            async { Ok::<_, async_graphql::Error>(ctx.upstream()?.read(Read::get(url)).await?) };
+        read.await
+            .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+            .or_null(ctx)
+    }
+
     /// `n` small rows.
     async fn items(&self, n: u32) -> Vec<Item> {
         (0..n)
@@ -60,6 +73,54 @@ fn router(integration: &str, config: Config) -> Router {
         _ => Router::new()
             .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
             .layer(FanoutLayer::new(engine)),
+    }
+}
+
+/// The upstream's base URL.
+struct Base(String);
+
+/// Nothing is read past the bound: once the answer has tripped, a field
+/// that would read parks instead (its sibling aliases tripped it first), and
+/// the upstream sees nothing, though the same field reads in a request that
+/// does not trip (its connection kept warm, so a read could go out at once).
+#[tokio::test]
+async fn nothing_is_read_past_the_bound() {
+    let upstream = fanout_testkit::Upstream::start().await;
+    let mut config = Config::default();
+    config.http.max_answer_bytes = 8 << 20;
+    let engine = Engine::new(config);
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(engine.extension())
+        .data(Long(Arc::new("x".repeat(1 << 20))))
+        .data(Base(upstream.base()))
+        .finish();
+    let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
+    let aliases: String = (0..20).map(|i| format!("a{i}: long ")).collect();
+    let tripped = json!({ "query": format!("{{ {aliases} page }}") }).to_string();
+    let page = json!({ "query": "{ page }" }).to_string();
+    for _ in 0..3 {
+        let before = upstream.seen.requests();
+        let answer = fanout_testkit::post(&app, page.clone(), &[]).await;
+        assert!(
+            answer.json()["data"]["page"].is_string(),
+            "{:?}",
+            answer.json()
+        );
+        assert_eq!(
+            upstream.seen.requests() - before,
+            1,
+            "a request that does not trip reads"
+        );
+        let answer = fanout_testkit::post(&app, tripped.clone(), &[]).await;
+        assert_eq!(
+            answer.json()["errors"][0]["extensions"]["code"],
+            "RESPONSE_TOO_LARGE"
+        );
+        assert_eq!(
+            upstream.seen.requests() - before,
+            1,
+            "nothing read past the bound"
+        );
     }
 }
 
