@@ -556,6 +556,23 @@ pub(crate) fn refused(err: &OperationError) -> async_graphql::Response {
     response
 }
 
+/// An operation a memory bound stopped: `data: null` and the whole
+/// request's rejection as its one error (the integrations then answer the
+/// request with the rejection itself).
+pub(crate) fn stopped(rejection: &Rejection) -> async_graphql::Response {
+    let body = rejection.body();
+    let mut ext = ErrorExtensionValues::default();
+    ext.set("code", rejection.code());
+    if let Some(max) = body["errors"][0]["extensions"]["max"].as_u64() {
+        ext.set("max", max);
+    }
+    let mut error = ServerError::new(rejection.to_string(), None);
+    error.extensions = Some(ext);
+    let mut response = async_graphql::Response::from_errors(vec![error]);
+    response.data = async_graphql::Value::Null;
+    response
+}
+
 /// A shared-state backend (Redis) did not answer: unreachable, too slow,
 /// or skipped while its breaker is open.
 #[derive(Clone, Debug, PartialEq, Eq)]

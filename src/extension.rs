@@ -329,7 +329,7 @@ impl Extension for PerOperation {
             return std::future::pending().await;
         }
         let ty = info.return_type;
-        let depth = std::iter::successors(Some(info.path_node), |node| node.parent).count();
+        let path = info.path_node;
         let resolved = next.run(ctx, info).await;
         memory.release_answer(PENDING_WEIGHT);
         let weight = match &resolved {
@@ -340,7 +340,10 @@ impl Extension for PerOperation {
             // A null; a failed field's error was counted where it was
             // added (`OrNull`).
             Ok(None) => 4 * VALUE_WEIGHT,
-            Err(err) => 4 * VALUE_WEIGHT + weigh_error(err, depth),
+            Err(err) => {
+                let depth = std::iter::successors(Some(path), |node| node.parent).count();
+                4 * VALUE_WEIGHT + weigh_error(err, depth)
+            }
         };
         if !memory.answer(weight) {
             drop(resolved);

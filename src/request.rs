@@ -16,7 +16,7 @@
 use crate::budget::RequestBudget;
 use crate::config::HttpConfig;
 use crate::engine::Engine;
-use crate::error::{refused, OperationError, Rejection};
+use crate::error::{refused, stopped, OperationError, Rejection};
 use crate::identity::Caller;
 use crate::memory::{RequestMemory, Trip};
 use crate::upstream::{RequestReads, Upstream};
@@ -188,7 +188,7 @@ impl FanoutRequest {
         let memory = self.inner.reads.memory();
         tokio::select! {
             biased;
-            trip = memory.tripped() => stopped(trip),
+            trip = memory.tripped() => stopped(&trip.rejection()),
             () = tokio::time::sleep_until(until) => refused(&OperationError::DeadlineExceeded),
             response = operation => response,
         }
@@ -443,18 +443,4 @@ fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
     ctx.data_opt::<Arc<Operation>>()
         .map(|op| &**op)
         .ok_or_else(|| NO_SCOPE.into())
-}
-
-/// An operation a memory bound stopped: `data: null` and the trip's code.
-fn stopped(trip: Trip) -> async_graphql::Response {
-    let rejection = trip.rejection();
-    let mut ext = async_graphql::ErrorExtensionValues::default();
-    ext.set("code", rejection.code());
-    let (Trip::AnswerTooLarge { max } | Trip::ProcessFull { max }) = trip;
-    ext.set("max", max as u64);
-    let mut error = async_graphql::ServerError::new(rejection.to_string(), None);
-    error.extensions = Some(ext);
-    let mut response = async_graphql::Response::from_errors(vec![error]);
-    response.data = async_graphql::Value::Null;
-    response
 }
