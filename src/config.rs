@@ -146,7 +146,7 @@ pub struct HttpConfig {
     /// `RESPONSE_TOO_LARGE`.
     pub max_answer_bytes: usize,
     /// Memory all requests in flight may hold at once: answers being built
-    /// and the upstream bodies they keep. The request that would pass it
+    /// and being written to clients, and the upstream bodies they keep. The request that would pass it
     /// stops and answers 503 `OVERLOADED` (`Retry-After: 1`).
     pub max_inflight_bytes: usize,
     /// How long writing a response to a connection may make no progress (the
