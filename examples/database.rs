@@ -8,7 +8,7 @@
 //! `{"query":"{ a: row(id: 1) b: row(id: 2) }"}` to localhost:3000/graphql.
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
-use fanout_budget::{Config, Engine, FanoutContext, FanoutGraphQL, OrNull};
+use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, OrNull};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +55,7 @@ impl Query {
 
 pub fn app(engine: Engine, db: Arc<Database>) -> Router {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .data(db)
         .finish();
     Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))

@@ -15,7 +15,9 @@
 use async_graphql::dataloader::{DataLoader, Loader};
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
 use axum::Router;
-use fanout_budget::{Config, Engine, FanoutGraphQL, Operation, OrNull, Read, ReadError};
+use fanout_budget::{
+    Config, Engine, FanoutExtension, FanoutGraphQL, Operation, OrNull, Read, ReadError,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -70,7 +72,7 @@ impl Query {
 /// The app: `FanoutGraphQL` builds each operation's loader with its handle.
 pub fn app(engine: Engine, base: reqwest::Url) -> Router {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .finish();
     let graphql = FanoutGraphQL::new(schema, engine).operation_data(move |operation, data| {
         let items = Items {

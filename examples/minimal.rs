@@ -7,7 +7,7 @@
 //! — two operations, one budget, one read.
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
-use fanout_budget::{Config, Engine, FanoutContext, FanoutGraphQL, OrNull, Read};
+use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, OrNull, Read};
 
 struct Upstream(reqwest::Url);
 struct Query;
@@ -34,7 +34,7 @@ async fn main() {
     let config = Config::default();
     let engine = Engine::new(config.clone()); // one per process
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension()) // counts each answer as it is built
+        .extension(FanoutExtension::new(&engine)) // counts each answer as it is built
         .data(Upstream(upstream.parse().expect("an upstream URL")))
         .finish();
     let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));

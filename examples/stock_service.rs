@@ -9,7 +9,7 @@
 //! — two operations, one budget, one read (`tests/stock_service.rs`).
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
-use fanout_budget::{Config, Engine, FanoutContext, FanoutLayer, OrNull, Read};
+use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutLayer, OrNull, Read};
 
 struct Upstream(reqwest::Url);
 struct Query;
@@ -32,7 +32,7 @@ async fn read(ctx: &Context<'_>, path: &str) -> async_graphql::Result<String> {
 pub fn app(engine: Engine, upstream: reqwest::Url) -> Router {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .data(Upstream(upstream))
-        .extension(engine.extension()) // counts reads, codes errors
+        .extension(FanoutExtension::new(&engine)) // counts reads, codes errors
         .finish();
     Router::new()
         .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))

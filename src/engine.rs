@@ -13,15 +13,18 @@
 
 use crate::config::Config;
 use crate::cost::CostTable;
-use crate::dedup::Coalesce;
-use crate::documents::Documents;
-use crate::hosts::{HostLimiter, HostTable, LocalHostCaps};
-use crate::identity::{Caller, InternalToken};
+use crate::document::cache::Documents;
+use crate::document::persisted::PersistedQueries;
+use crate::inbound::identity::{Caller, InternalToken};
 use crate::memory::MemoryPool;
-use crate::persisted::PersistedQueries;
-use crate::transport::{HttpTransport, Transport};
-use crate::upstream::ReadParts;
+use crate::read::budget::RequestBudget;
+use crate::read::dedup::Coalesce;
+use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
+use crate::read::transport::{HttpTransport, Transport};
+use crate::read::{ReadParts, RequestReads};
+use crate::request::FanoutRequest;
 use std::sync::Arc;
+use tokio::time::Instant;
 
 /// The long-lived engine state. Clone it freely.
 ///
@@ -233,9 +236,50 @@ impl Engine {
         self.inner.token.identify(headers)
     }
 
-    /// What every request's reads need (handed to each request as it opens).
-    pub(crate) fn read_parts(&self) -> &Arc<ReadParts> {
-        &self.inner.reads
+    /// Opens the scope of the inbound HTTP request `parts` belongs to: the
+    /// caller is the [`Caller`] the rate-limit layer left in its extensions,
+    /// else whoever its internal-token header says.
+    pub(crate) fn open_request(&self, parts: &http::request::Parts) -> FanoutRequest {
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .copied()
+            .unwrap_or_else(|| self.identify(&parts.headers));
+        crate::metrics::request(caller == Caller::Internal);
+        let queries_only = parts.method == http::Method::GET;
+        self.open(caller, parts.extensions.clone(), queries_only)
+    }
+
+    /// Opens the budget and de-duplication scope of one inbound HTTP request.
+    ///
+    /// The deadline starts now; the limit depends on who calls
+    /// (`max_reads`, or `internal_max_reads` for [`Caller::Internal`]).
+    pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
+        self.open(caller, http::Extensions::new(), false)
+    }
+
+    fn open(
+        &self,
+        caller: Caller,
+        extensions: http::Extensions,
+        queries_only: bool,
+    ) -> FanoutRequest {
+        let b = &self.config().budget;
+        let limit = match caller {
+            Caller::Internal => b.internal_max_reads,
+            Caller::Public => b.max_reads,
+        };
+        let budget =
+            RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
+        let price_first = b.refuse_over_estimate && self.costs().is_some();
+        FanoutRequest::new(
+            RequestReads::new(self.inner.reads.clone(), budget),
+            caller,
+            extensions,
+            price_first,
+            queries_only,
+            self.config().http.max_body_bytes,
+        )
     }
 }
 

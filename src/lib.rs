@@ -23,7 +23,7 @@
 //!
 //! let engine = Engine::new(Config::default());
 //! let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-//!     .extension(engine.extension()) // counts each answer as it is built
+//!     .extension(FanoutExtension::new(&engine)) // counts each answer as it is built
 //!     .finish();
 //! let app: axum::Router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
 //! # drop(app);
@@ -37,53 +37,37 @@
 
 #[cfg(feature = "redis")]
 pub mod backends;
-mod budget;
 pub mod config;
-mod cors;
 mod cost;
-mod dedup;
-mod documents;
+mod document;
 mod engine;
 mod error;
-mod extension;
-mod finish;
-mod graphiql;
-mod hosts;
-mod http;
-mod identity;
-mod layer;
-mod limiter;
+mod graphql;
+mod inbound;
 mod memory;
 mod metrics;
-mod nulls;
-mod persisted;
-mod protocol;
+mod read;
 mod request;
 mod seed;
-mod serve;
-mod shape;
-mod transport;
-mod types;
-mod upstream;
 
-pub use budget::{BudgetSnapshot, ReadCounts, RequestBudget};
 pub use config::Config;
-pub use cors::cors_layer;
 pub use cost::{CostTable, FieldCost};
-pub use documents::weight as document_weight;
+pub use document::cache::weight as document_weight;
 pub use engine::{Engine, EngineBuilder};
 pub use error::{HostRefusal, ReadError, Rejection, Unavailable};
-pub use extension::FanoutExtension;
-pub use finish::OrNull;
-pub use hosts::{host_name, HostLimiter, HostSlot, LocalHostCaps, OTHER_HOSTS};
-pub use http::FanoutGraphQL;
-pub use identity::{Caller, INTERNAL_TOKEN_HEADER};
-pub use layer::{FanoutLayer, FanoutService};
-pub use limiter::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
+pub use graphql::extension::FanoutExtension;
+pub use graphql::finish::OrNull;
+pub use graphql::layer::{FanoutLayer, FanoutService};
+pub use graphql::service::FanoutGraphQL;
+pub use inbound::cors::cors_layer;
+pub use inbound::identity::{Caller, INTERNAL_TOKEN_HEADER};
+pub use inbound::limiter::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
+pub use inbound::serve::{serve, Serve};
+pub use read::budget::{BudgetSnapshot, ReadCounts, RequestBudget};
+pub use read::hosts::{host_name, HostLimiter, HostSlot, LocalHostCaps, OTHER_HOSTS};
+pub use read::transport::{HttpTransport, Read, Transport, UpstreamResponse};
+pub use read::{Permit, Upstream};
 pub use request::{FanoutContext, FanoutRequest, Operation};
-pub use serve::{serve, Serve};
-pub use transport::{HttpTransport, Read, Transport, UpstreamResponse};
-pub use upstream::{Permit, Upstream};
 
 /// The HTTP client the default transport uses (its `Url` names every read).
 pub use reqwest;

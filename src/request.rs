@@ -13,19 +13,17 @@
 //! operation of the batch is priced, and all are refused together when
 //! their worst case exceeds the budget. Both integrations use it.
 
-use crate::budget::RequestBudget;
 use crate::config::HttpConfig;
-use crate::engine::Engine;
 use crate::error::{refused, stopped, OperationError, Rejection};
-use crate::identity::Caller;
+use crate::inbound::identity::Caller;
 use crate::memory::{RequestMemory, Trip};
-use crate::upstream::{RequestReads, Upstream};
+use crate::read::budget::RequestBudget;
+use crate::read::{RequestReads, Upstream};
 use async_graphql::Context;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// The fan-out scope of one inbound HTTP request: its budget and its
 /// de-duplication cache, shared (`Arc`) by every operation of a batch.
@@ -68,53 +66,27 @@ struct Scope {
     max_text_bytes: u64,
 }
 
-impl Engine {
-    /// Opens the scope of the inbound HTTP request `parts` belongs to: the
-    /// caller is the [`Caller`] the rate-limit layer left in its extensions,
-    /// else whoever its internal-token header says.
-    pub(crate) fn open_request(&self, parts: &http::request::Parts) -> FanoutRequest {
-        let caller = parts
-            .extensions
-            .get::<Caller>()
-            .copied()
-            .unwrap_or_else(|| self.identify(&parts.headers));
-        crate::metrics::request(caller == Caller::Internal);
-        let queries_only = parts.method == http::Method::GET;
-        self.open(caller, parts.extensions.clone(), queries_only)
-    }
-
-    /// Opens the budget and de-duplication scope of one inbound HTTP request.
-    ///
-    /// The deadline starts now; the limit depends on who calls
-    /// (`max_reads`, or `internal_max_reads` for [`Caller::Internal`]).
-    pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
-        self.open(caller, http::Extensions::new(), false)
-    }
-
-    fn open(
-        &self,
+impl FanoutRequest {
+    /// The scope of one inbound HTTP request, its reads handed `reads`
+    /// (what [`Engine`](crate::Engine) opens for each request).
+    pub(crate) fn new(
+        reads: RequestReads,
         caller: Caller,
         extensions: http::Extensions,
+        price_first: bool,
         queries_only: bool,
-    ) -> FanoutRequest {
-        let b = &self.config().budget;
-        let limit = match caller {
-            Caller::Internal => b.internal_max_reads,
-            Caller::Public => b.max_reads,
-        };
-        let budget =
-            RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
-        let price_first = b.refuse_over_estimate && self.costs().is_some();
+        max_text_bytes: usize,
+    ) -> Self {
         FanoutRequest {
             inner: Arc::new(Scope {
-                reads: RequestReads::new(self.read_parts().clone(), budget),
+                reads,
                 caller,
                 extensions,
                 price_first,
                 unpriced: OnceLock::new(),
                 queries_only,
                 text_bytes: AtomicU64::new(0),
-                max_text_bytes: self.config().http.max_body_bytes as u64,
+                max_text_bytes: max_text_bytes as u64,
             }),
         }
     }
@@ -437,7 +409,7 @@ impl FanoutContext for Context<'_> {
 }
 
 const NO_SCOPE: &str =
-    "no fanout-budget scope: serve the schema with FanoutGraphQL or mount engine.extension()";
+    "no fanout-budget scope: serve the schema with FanoutGraphQL or mount FanoutExtension::new(&engine)";
 
 fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
     ctx.data_opt::<Arc<Operation>>()

@@ -9,7 +9,7 @@
 
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
 use axum::Router;
-use fanout_budget::{Config, Engine, FanoutGraphQL, FanoutLayer};
+use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL, FanoutLayer};
 use fanout_testkit::child;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -60,7 +60,7 @@ impl Query {
 
 fn schema(engine: &Engine) -> Schema<Query, EmptyMutation, EmptySubscription> {
     Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .data(Long(Arc::new("x".repeat(1 << 20))))
         .finish()
 }
@@ -90,7 +90,7 @@ async fn nothing_is_read_past_the_bound() {
     config.http.max_answer_bytes = 8 << 20;
     let engine = Engine::new(config);
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .data(Long(Arc::new("x".repeat(1 << 20))))
         .data(Base(upstream.base()))
         .finish();

@@ -4,7 +4,7 @@
 //! if it were a custom scalar's value built whole.
 
 use async_graphql::{EmptyMutation, EmptySubscription, Json, Object, Schema};
-use fanout_budget::{Config, Engine};
+use fanout_budget::{Config, Engine, FanoutExtension};
 
 struct Query;
 
@@ -26,7 +26,7 @@ async fn code(query: &str, max_answer_bytes: usize) -> Option<String> {
     config.http.max_answer_bytes = max_answer_bytes;
     let engine = Engine::new(config);
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .finish();
     let response = schema.execute(query).await;
     response.errors.first().and_then(|e| {

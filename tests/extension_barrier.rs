@@ -5,7 +5,7 @@
 use async_graphql::{
     BatchRequest, Context, EmptyMutation, EmptySubscription, Object, Request, Schema,
 };
-use fanout_budget::{Caller, Config, CostTable, Engine, FanoutContext, FieldCost};
+use fanout_budget::{Caller, Config, CostTable, Engine, FanoutContext, FanoutExtension, FieldCost};
 
 struct Query;
 
@@ -26,7 +26,7 @@ fn priced(max_reads: u64) -> (Engine, Schema<Query, EmptyMutation, EmptySubscrip
     let costs = CostTable::new().field("Query", "limit", FieldCost::reads(1));
     let engine = Engine::builder(config).costs(costs).build();
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .finish();
     (engine, schema)
 }

@@ -4,7 +4,7 @@
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use axum::http::StatusCode;
 use fanout_budget::config::{Config, HostConfig};
-use fanout_budget::{Engine, FanoutContext, FanoutGraphQL, Read};
+use fanout_budget::{Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
 // The hostile routes (`/loop`, `/chain`, `/to`, `/file`, `/endless`,
 // `/trickle`, `/numbers`) are the testkit upstream's.
 use fanout_testkit::Upstream as Hostile;
@@ -66,7 +66,7 @@ async fn run(engine: &Engine, query: &str) -> Value {
 
 async fn run_counting(engine: &Engine, query: &str, parses: Arc<AtomicU64>) -> Value {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .data(parses)
         .finish();
     let app =

@@ -3,7 +3,7 @@ mod common;
 
 use common::*;
 use fanout_budget::config::{Config, CsrfGet};
-use fanout_budget::Engine;
+use fanout_budget::{Engine, FanoutExtension};
 
 async fn setup() -> (Upstream, axum::Router) {
     let upstream = Upstream::start().await;
@@ -225,7 +225,7 @@ fn layered(engine: &Engine, upstream: &Upstream) -> axum::Router {
         async_graphql::EmptySubscription,
     )
     .data(Base(upstream.base()))
-    .extension(engine.extension())
+    .extension(FanoutExtension::new(&engine))
     .finish();
     axum::Router::new()
         .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))

@@ -4,7 +4,8 @@
 //! when no read repeats.
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use fanout_budget::{
-    Config, CostTable, Engine, FanoutContext, FanoutGraphQL, FieldCost, OrNull, Read,
+    Config, CostTable, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, FieldCost, OrNull,
+    Read,
 };
 use fanout_testkit::MemTransport;
 use proptest::prelude::*;
@@ -54,7 +55,7 @@ fn app() -> axum::Router {
         .costs(costs)
         .build();
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .finish();
     axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
 }

@@ -7,7 +7,7 @@
 
 use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
-use fanout_budget::{Config, Engine, FanoutGraphQL, FanoutLayer};
+use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL, FanoutLayer};
 use fanout_testkit::sha256_hex;
 use serde_json::{json, Value};
 
@@ -30,7 +30,7 @@ fn long_query() -> String {
 async fn hash_only_operations_count_the_texts_they_run() {
     let engine = Engine::new(Config::default());
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .finish();
     let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
     let query = long_query();
@@ -64,7 +64,7 @@ async fn hash_only_operations_count_the_texts_they_run() {
 async fn under_the_layer_a_rewritten_text_counts_as_it_runs() {
     let engine = Engine::new(Config::default());
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .extension(fanout_testkit::Rewrite {
             from: "#long",
             to: long_query(),

@@ -13,7 +13,7 @@ use async_graphql::{
 };
 use axum::Router;
 use common::*;
-use fanout_budget::{Caller, Config, Engine, FanoutLayer};
+use fanout_budget::{Caller, Config, Engine, FanoutExtension, FanoutLayer};
 use serde_json::Value;
 
 /// Operation `i` reads items `i` and `i + 1`: 10 reads asked, 6 distinct.
@@ -27,7 +27,7 @@ const DISTINCT: u64 = 6;
 fn with_extension(engine: &Engine, upstream: &Upstream) -> TestSchema {
     Schema::build(Query, EmptyMutation, EmptySubscription)
         .data(Base(upstream.base()))
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .finish()
 }
 
@@ -299,7 +299,7 @@ async fn under_the_layer_the_batch_is_priced_first_and_never_waits_for_a_refused
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .data(Base(upstream.base()))
         .extension(Deny)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .finish();
     let app = Router::new()
         .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
@@ -391,7 +391,9 @@ fn bump_schema(
             from: "#bump",
             to: "mutation { bump }".into(),
         };
-        builder = builder.extension(engine.extension()).extension(lookup);
+        builder = builder
+            .extension(FanoutExtension::new(&engine))
+            .extension(lookup);
     }
     (builder.finish(), ran)
 }

@@ -6,7 +6,7 @@ use axum::routing::get;
 use axum::Router;
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
 use fanout_budget::config::CsrfGet;
-use fanout_budget::{cors_layer, Config, Engine, FanoutGraphQL, RateLimitLayer};
+use fanout_budget::{cors_layer, Config, Engine, FanoutExtension, FanoutGraphQL, RateLimitLayer};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -111,7 +111,7 @@ pub fn build_with(
 ) -> Gateway {
     let schema = schema::builder()
         // Counts each answer as it is built (`http.max_answer_bytes`).
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         // Protect the process itself: depth, size and parser recursion.
         .limit_depth(MAX_DEPTH)
         .limit_complexity(MAX_COMPLEXITY)

@@ -7,7 +7,7 @@ mod common;
 use async_graphql::{BatchRequest, Request, Variables};
 use axum::Router;
 use common::*;
-use fanout_budget::{Caller, Config, Engine, FanoutGraphQL};
+use fanout_budget::{Caller, Config, Engine, FanoutExtension, FanoutGraphQL};
 use fanout_gateway::embedded::Fault;
 use fanout_gateway::oci::RegistryUrl;
 use fanout_gateway::schema::{self, RegistrySchema};
@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 fn with_extension(f: &Fixture) -> RegistrySchema {
     let engine = f.gateway.engine.clone();
     schema::builder()
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .data(RegistryUrl(f.registry.url().parse().unwrap()))
         .finish()
 }
@@ -57,7 +57,7 @@ async fn a_kept_document_answers_under_the_extension_as_a_fresh_parse() {
         .costs(schema::costs())
         .build();
     let plain = schema::builder()
-        .extension(parsing.extension())
+        .extension(FanoutExtension::new(&parsing))
         .data(RegistryUrl(f.registry.url().parse().unwrap()))
         .finish();
     for query in [
@@ -194,7 +194,7 @@ fn json_of_batch(batch: async_graphql::BatchResponse) -> Vec<Value> {
 async fn a_query_rewritten_by_a_later_extension_is_the_one_that_runs() {
     let f = Fixture::default().await;
     let schema = schema::builder()
-        .extension(f.gateway.engine.extension())
+        .extension(FanoutExtension::new(&f.gateway.engine))
         .extension(fanout_testkit::Rewrite {
             from: "{ __typename }",
             to: PAGE.to_string(),

@@ -7,7 +7,7 @@ mod common;
 
 use async_graphql::Request;
 use common::*;
-use fanout_budget::Config;
+use fanout_budget::{Config, FanoutExtension};
 use fanout_gateway::oci::RegistryUrl;
 use fanout_gateway::{app, schema};
 use fanout_testkit::doubling_chain;
@@ -140,7 +140,7 @@ async fn the_hostile_corpus_is_refused_fast_by_the_extension() {
         .limit_depth(app::MAX_DEPTH)
         .limit_complexity(app::MAX_COMPLEXITY)
         .limit_recursive_depth(app::MAX_RECURSIVE_DEPTH)
-        .extension(f.gateway.engine.extension())
+        .extension(FanoutExtension::new(&f.gateway.engine))
         .data(RegistryUrl(f.registry.url().parse().unwrap()))
         .finish();
     for (name, query, code) in corpus() {

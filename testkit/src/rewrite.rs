@@ -9,7 +9,7 @@ use async_graphql::{Request, ServerResult};
 use std::sync::Arc;
 
 /// Replaces the query text `from` with `to` (register it after
-/// `engine.extension()`, as a persisted-query extension would be).
+/// `FanoutExtension::new(&engine)`, as a persisted-query extension would be).
 #[derive(Clone, Debug)]
 pub struct Rewrite {
     /// The text sent.

@@ -5,7 +5,9 @@
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
 use axum::http::StatusCode;
 use axum::Router;
-use fanout_budget::{Engine, FanoutContext, FanoutGraphQL, OrNull, Read, ReadError};
+use fanout_budget::{
+    Engine, FanoutContext, FanoutExtension, FanoutGraphQL, OrNull, Read, ReadError,
+};
 use serde_json::{json, Value};
 
 pub use fanout_testkit::{Behaviour, Upstream};
@@ -93,7 +95,7 @@ pub type TestSchema = Schema<Query, EmptyMutation, EmptySubscription>;
 
 pub fn schema(engine: &Engine, upstream: &Upstream) -> TestSchema {
     Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .data(Base(upstream.base()))
         .finish()
 }

@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use fanout_budget::{Caller, Engine, FanoutGraphQL};
+use fanout_budget::{Caller, Engine, FanoutExtension, FanoutGraphQL};
 use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
 use fanout_gateway::oci::{RegistryUrl, MANIFEST_ACCEPT};
 use fanout_gateway::schema::{self, RegistrySchema};
@@ -299,7 +299,7 @@ async fn baseline_graphql<E: async_graphql::Executor>(
 /// rate-limit layer (`app::build_with` minus `route_layer`).
 pub fn engine_router(engine: Engine, upstream: &reqwest::Url) -> Router {
     let schema = schema::builder()
-        .extension(engine.extension())
+        .extension(FanoutExtension::new(&engine))
         .data(RegistryUrl(upstream.clone()))
         .finish();
     Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))

@@ -20,7 +20,7 @@
 
 use super::{down, Lua, RedisBackend};
 use crate::error::Unavailable;
-use crate::limiter::{Decision, InboundLimiter};
+use crate::inbound::limiter::{Decision, InboundLimiter};
 use dashmap::DashMap;
 use futures::future::BoxFuture;
 use std::net::IpAddr;

@@ -57,7 +57,7 @@
 use super::{down, Lua, RedisBackend};
 use crate::config::{FailureMode, HostConfig};
 use crate::error::{HostRefusal, Unavailable};
-use crate::hosts::{HostLimiter, HostSlot, LocalHostCaps};
+use crate::read::hosts::{HostLimiter, HostSlot, LocalHostCaps};
 use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -32,7 +32,7 @@
 //! found is kept ([`Shape::order`]) so the cost preview can price each
 //! fragment once too.
 
-use crate::documents::Documents;
+use crate::document::cache::Documents;
 use crate::error::OperationError;
 use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, OperationDefinition, Selection, SelectionSet,

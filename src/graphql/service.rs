@@ -12,7 +12,7 @@
 //! prices each operation, runs them concurrently on the schema as
 //! async-graphql's `execute_batch` does, finishes each response
 //! (`finish.rs`) and writes the answers in the negotiated media type
-//! (`protocol.rs`). The schema mounts `engine.extension()`, which counts
+//! (`protocol.rs`). The schema mounts `FanoutExtension::new(&engine)`, which counts
 //! each answer as it is built (checked once, on the first request: without
 //! it every request answers 500, since its answers could not be bounded in
 //! memory). The texts a batch runs, persisted ones included, are bounded
@@ -21,13 +21,13 @@
 //! ARCHITECTURE.md (the crate's docs). A browser's `GET` without a query
 //! gets GraphiQL (`graphiql.rs`).
 
+use crate::document::guard;
+use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{refused, OperationError, Rejection};
-use crate::finish::finish;
-use crate::protocol;
+use crate::graphql::finish::finish;
+use crate::graphql::protocol;
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
-use crate::shape;
-use crate::types::SchemaTypes;
 use async_graphql::parser::types::OperationType;
 use async_graphql::{
     BatchRequest, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
@@ -59,7 +59,7 @@ use tracing::Instrument;
 ///
 /// let engine = Engine::new(Config::default());
 /// let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-///     .extension(engine.extension()) // counts each answer as it is built
+///     .extension(FanoutExtension::new(&engine)) // counts each answer as it is built
 ///     .finish();
 /// let app: axum::Router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
 /// # drop(app);
@@ -277,7 +277,7 @@ impl<E: Executor> FanoutGraphQL<E> {
         }
     }
 
-    /// Whether the schema mounts `engine.extension()`, which counts each
+    /// Whether the schema mounts `FanoutExtension::new(&engine)`, which counts each
     /// answer as it is built: found out once, by running `{ __typename }`
     /// with an operation handle the extension marks when it sees it.
     async fn extension_mounted(&self) -> bool {
@@ -319,7 +319,7 @@ impl<E: Executor> FanoutGraphQL<E> {
 
     /// One operation before it runs: its handle attached, its persisted
     /// query resolved (`persisted.rs`), its text parsed (or its kept document
-    /// copied) and checked ([`crate::shape`]), its required variables
+    /// copied) and checked ([`crate::document::guard`]), its required variables
     /// present, its cost priced. async-graphql then validates and runs the
     /// document it is given; a text that fails here never reaches it.
     fn prepare(
@@ -335,12 +335,12 @@ impl<E: Executor> FanoutGraphQL<E> {
         let mut kind = None;
         let admitted = persisted
             .and_then(|()| {
-                shape::admit(self.engine.documents(), &request.query, http.max_selections)
+                guard::admit(self.engine.documents(), &request.query, http.max_selections)
             })
             .and_then(|(doc, shape)| {
-                let op = shape::operation(&doc, request.operation_name.as_deref());
+                let op = guard::operation(&doc, request.operation_name.as_deref());
                 kind = op.map(|op| op.ty);
-                match op.and_then(|op| shape::missing_variable(op, &request.variables)) {
+                match op.and_then(|op| guard::missing_variable(op, &request.variables)) {
                     Some(message) => Err(OperationError::BadUserInput { message }),
                     None => Ok((doc, shape)),
                 }
@@ -379,7 +379,7 @@ impl<E: Executor> FanoutGraphQL<E> {
 /// Why `FanoutGraphQL` answers 500 to a schema without the extension.
 const NOT_METERED: &str = "the schema served by FanoutGraphQL does not mount the engine's \
 extension, so its answers could not be bounded in memory while they are built: build it with \
-`Schema::build(..).extension(engine.extension())`, registered before the schema's other extensions";
+`Schema::build(..).extension(FanoutExtension::new(&engine))`, registered before the schema's other extensions";
 
 /// One operation of the batch, with what its response needs afterwards.
 struct Op {
@@ -433,7 +433,7 @@ fn path_of(request: &http::Request<Body>) -> &str {
 
 /// One of GraphiQL's assets (`…/graphiql/<name>`).
 fn asset(name: &str) -> HttpResponse {
-    match crate::graphiql::asset(name) {
+    match crate::graphql::graphiql::asset(name) {
         Some((content_type, bytes)) => (
             [
                 (header::CONTENT_TYPE, content_type),
@@ -454,8 +454,8 @@ fn graphiql(request: &http::Request<Body>) -> Option<HttpResponse> {
     if !protocol::wants_page(request.headers(), request.uri().query()) {
         return None;
     }
-    let page = crate::graphiql::page(path.trim_end_matches('/'));
-    let csp = crate::graphiql::CONTENT_SECURITY_POLICY;
+    let page = crate::graphql::graphiql::page(path.trim_end_matches('/'));
+    let csp = crate::graphql::graphiql::CONTENT_SECURITY_POLICY;
     Some(
         (
             [(header::CONTENT_SECURITY_POLICY, csp)],

@@ -204,7 +204,7 @@ fn the_monotonic_clock_never_goes_back() {
 mod keys {
     //! The limiter's key: the forwarded client (`ip:port` and `[v6]:port`
     //! read as the address, garbage refused) masked to its prefix.
-    use crate::identity::{ClientPrefix, ForwardedError, TrustedProxies};
+    use crate::inbound::identity::{ClientPrefix, ForwardedError, TrustedProxies};
     use std::net::IpAddr;
 
     fn ip(text: &str) -> IpAddr {

@@ -32,7 +32,7 @@
 //! holding: a client past its share that retries within 10 s (a browser
 //! behind a busy NAT, say) learns of each refusal a second late.
 
-use crate::identity::{ClientPrefix, TrustedProxies};
+use crate::inbound::identity::{ClientPrefix, TrustedProxies};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::pin::Pin;

@@ -2,7 +2,7 @@
 //!
 //! [`FanoutLayer`] is the way in for an app that already serves its schema
 //! with a stock service — async-graphql-axum's `GraphQL`, or its own handler —
-//! and mounts [`engine.extension()`](crate::Engine::extension) on the schema.
+//! and mounts [`FanoutExtension::new(&engine)`](crate::FanoutExtension::new) on the schema.
 //! Per HTTP request the layer:
 //!
 //! 1. opens the request's scope (the caller from the rate-limit layer's
@@ -42,7 +42,7 @@
 //! upload (its batch could not be counted before it runs); and a
 //! subscription stream over HTTP (`Accept: multipart/mixed;
 //! subscriptionSpec="1.0"`: its body would be polled after the layer
-//! returned, outside the request's scope). Register `engine.extension()`
+//! returned, outside the request's scope). Register `FanoutExtension::new(&engine)`
 //! first among the schema's extensions: an extension before it that refuses
 //! an operation is seen only when that operation ends.
 
@@ -72,7 +72,7 @@ use std::task::{Context, Poll};
 ///
 /// let engine = Engine::new(Config::default());
 /// let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-///     .extension(engine.extension())
+///     .extension(FanoutExtension::new(&engine))
 ///     .finish();
 /// # let graphql = axum::routing::post(|| async { "the stock service" });
 /// // With async-graphql-axum: `let graphql = async_graphql_axum::GraphQL::new(schema);`
@@ -141,13 +141,13 @@ where
             // body of every other method (HEAD included), as a batch.
             let has_body = parts.method != Method::GET;
             if has_body {
-                if let Err(refused) = crate::protocol::check_preflighted(&parts.headers) {
+                if let Err(refused) = crate::graphql::protocol::check_preflighted(&parts.headers) {
                     return Ok(refused.unread());
                 }
             } else {
                 let policy = engine.config().http.csrf_get();
                 if let Err(refused) =
-                    crate::protocol::check_get(&parts.headers, parts.uri.query(), policy)
+                    crate::graphql::protocol::check_get(&parts.headers, parts.uri.query(), policy)
                 {
                     return Ok(refused.unread());
                 }

@@ -13,7 +13,7 @@
 //! at or above the failed field, and writes `null` there. It only runs when an
 //! error's key is missing, so a clean answer costs nothing.
 
-use crate::types::SchemaTypes;
+use crate::document::schema_types::SchemaTypes;
 use async_graphql::parser::types::{ExecutableDocument, Field, Selection, SelectionSet};
 use async_graphql::{Name, PathSegment, Positioned, Response, Value};
 use std::collections::HashSet;
@@ -57,7 +57,7 @@ fn operation<'d>(
     types: &'d SchemaTypes,
     name: Option<&str>,
 ) -> Option<(&'d str, &'d Positioned<SelectionSet>)> {
-    let op = crate::shape::operation(doc, name)?;
+    let op = crate::document::guard::operation(doc, name)?;
     Some((types.root(op.ty)?, &op.selection_set))
 }
 

@@ -77,23 +77,27 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
     (
         SCRIPTS[0],
         JS,
-        include_bytes!("../assets/graphiql/react-18.3.1.production.min.js"),
+        include_bytes!("../../assets/graphiql/react-18.3.1.production.min.js"),
     ),
     (
         SCRIPTS[1],
         JS,
-        include_bytes!("../assets/graphiql/react-dom-18.3.1.production.min.js"),
+        include_bytes!("../../assets/graphiql/react-dom-18.3.1.production.min.js"),
     ),
     (
         SCRIPTS[2],
         JS,
-        include_bytes!("../assets/graphiql/graphiql-3.9.0.min.js"),
+        include_bytes!("../../assets/graphiql/graphiql-3.9.0.min.js"),
     ),
-    (SCRIPTS[3], JS, include_bytes!("../assets/graphiql/init.js")),
+    (
+        SCRIPTS[3],
+        JS,
+        include_bytes!("../../assets/graphiql/init.js"),
+    ),
     (
         STYLESHEET,
         CSS,
-        include_bytes!("../assets/graphiql/graphiql-3.9.0.min.css"),
+        include_bytes!("../../assets/graphiql/graphiql-3.9.0.min.css"),
     ),
 ];
 #[cfg(not(feature = "graphiql"))]

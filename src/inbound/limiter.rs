@@ -4,7 +4,7 @@
 //! does, per inbound request:
 //!
 //! 1. **Identity first.** A caller presenting the exact internal token
-//!    ([`crate::identity`]) is exempt: it is not counted, and it is marked
+//!    ([`crate::inbound::identity`]) is exempt: it is not counted, and it is marked
 //!    [`Caller::Internal`] in the request's extensions (the HTTP integration
 //!    then gives it `internal_max_reads`). A *wrong* token makes an ordinary
 //!    caller — counted and limited exactly like one without a token.
@@ -13,7 +13,7 @@
 //!    — masked to `ipv4_prefix` / `ipv6_prefix` bits ([`ClientPrefix`]), so a
 //!    client rotating addresses inside its IPv6 /64 is one key. A decisive
 //!    forwarded entry that is not an address is 400 `BAD_REQUEST`, charged to
-//!    no one ([`crate::identity`]).
+//!    no one ([`crate::inbound::identity`]).
 //! 3. **The check** is GCRA (the `governor` crate, its keyed `DashMap`
 //!    store as it is, hashed by foldhash under random seeds (`seed.rs`) —
 //!    client addresses are chosen by clients) with a burst of `requests_per_minute`,
@@ -34,7 +34,7 @@
 
 use crate::config::{FailureMode, RateLimitConfig};
 use crate::error::{Rejection, Unavailable};
-use crate::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
+use crate::inbound::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
 use crate::metrics;
 use crate::seed::random_state;
 use axum::extract::ConnectInfo;
@@ -204,7 +204,7 @@ enum Backend {
 
 /// The inbound limiter as a `tower::Layer` (configuration only).
 ///
-/// Serve the app with connect info (as [`serve`](crate::serve) does), so
+/// Serve the app with connect info (as [`serve`](crate::inbound::serve) does), so
 /// the limiter keys by the TCP peer:
 ///
 /// ```

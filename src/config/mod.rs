@@ -4,6 +4,8 @@
 //! errors whose message names the key (`budget.max_reads must be at least 1`),
 //! so a typo stops start-up instead of silently running on a default.
 
+pub(crate) mod cidr;
+
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -488,7 +490,7 @@ impl Config {
             }
         }
         for cidr in &self.rate_limit.trusted_proxies {
-            if crate::identity::Cidr::parse(cidr).is_none() {
+            if cidr::Cidr::parse(cidr).is_none() {
                 return Err(ConfigError(format!(
                     "rate_limit.trusted_proxies: \"{cidr}\" is not a CIDR (e.g. \"10.0.0.0/8\")"
                 )));

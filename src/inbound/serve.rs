@@ -59,7 +59,7 @@
 //! new one for its next request instead of writing into a closed connection.
 
 use crate::config::Config;
-use crate::identity::{ClientPrefix, TrustedProxies};
+use crate::inbound::identity::{ClientPrefix, TrustedProxies};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::response::Response;

@@ -2,7 +2,7 @@
 //!
 //! Two things walk an operation against the schema's types: the cost preview
 //! ([`crate::cost`], before the operation runs) and null propagation
-//! ([`crate::nulls`], after it ran with errors). Both need, per object or
+//! ([`crate::graphql::nulls`], after it ran with errors). Both need, per object or
 //! interface type and field: the field's declared type (`[Tag!]!`), the
 //! named type under its wrappers (`Tag`), and the numeric defaults of its
 //! arguments.

@@ -1,5 +1,5 @@
 //! The async-graphql extension: every schema the engine serves mounts it
-//! (`Schema::build(..).extension(engine.extension())`).
+//! (`Schema::build(..).extension(FanoutExtension::new(&engine))`).
 //!
 //! **Under either integration** its `resolve` hook counts the answer as it
 //! is built: every value a field or list item resolves to, and every resolve
@@ -25,7 +25,7 @@
 //! 1. in `prepare_request`, after the extensions registered after it (so a
 //!    query rewritten there is the one that runs), counts the text against
 //!    the batch's bound (`http.max_body_bytes`, persisted texts included),
-//!    hands async-graphql the parsed document kept for the operation's text ([`crate::documents`],
+//!    hands async-graphql the parsed document kept for the operation's text ([`crate::document::cache`],
 //!    the engine's; the text is parsed and kept otherwise), so a text seen
 //!    before is not parsed again;
 //! 2. in `parse_query`, prices the operation with the engine's
@@ -42,14 +42,14 @@
 //! 5. after execution, finishes the response exactly as `FanoutGraphQL`
 //!    does: contract codes, null propagation, `extensions.fanout`.
 
+use crate::document::guard::{self, Shape};
+use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{operation_error, refused, OperationError};
-use crate::finish::{code_errors, finish};
-use crate::identity::Caller;
+use crate::graphql::finish::{code_errors, finish};
+use crate::inbound::identity::Caller;
 use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
-use crate::shape::{self, Shape};
-use crate::types::SchemaTypes;
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
     NextRequest, NextResolve, NextValidation, ResolveInfo,
@@ -63,7 +63,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 use tracing::Instrument;
 
-/// The extension factory; mount it with `Schema::build(..).extension(engine.extension())`.
+/// The extension factory; mount it with `Schema::build(..).extension(FanoutExtension::new(&engine))`.
 ///
 /// ```
 /// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
@@ -81,7 +81,7 @@ use tracing::Instrument;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let engine = Engine::new(Config::default());
 /// let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-///     .extension(engine.extension())
+///     .extension(FanoutExtension::new(&engine))
 ///     .finish();
 /// let response = schema.execute("{ limit }").await;
 /// assert!(response.errors.is_empty());
@@ -97,6 +97,17 @@ pub struct FanoutExtension {
 }
 
 impl FanoutExtension {
+    /// The extension for `engine`, to mount with
+    /// `Schema::build(..).extension(FanoutExtension::new(&engine))` (the
+    /// engine's [`CostTable`](crate::CostTable), if any, prices each operation).
+    pub fn new(engine: &Engine) -> Self {
+        FanoutExtension {
+            engine: engine.clone(),
+            types: Arc::default(),
+            data: None,
+        }
+    }
+
     /// Adds `data(operation, data)` to each operation's data before it runs
     /// (see [`FanoutGraphQL::operation_data`](crate::FanoutGraphQL::operation_data)).
     pub fn operation_data(
@@ -105,18 +116,6 @@ impl FanoutExtension {
     ) -> Self {
         self.data = Some(Arc::new(data));
         self
-    }
-}
-
-impl Engine {
-    /// The async-graphql extension to mount with `Schema::build(..).extension(..)`
-    /// (the engine's [`CostTable`](crate::CostTable), if any, prices each operation).
-    pub fn extension(&self) -> FanoutExtension {
-        FanoutExtension {
-            engine: self.clone(),
-            types: Arc::default(),
-            data: None,
-        }
     }
 }
 
@@ -249,7 +248,7 @@ impl Extension for PerOperation {
         // its complexity visitors expand fragments without a memo.
         let engine = &self.factory.engine;
         let max = engine.config().http.max_selections;
-        let (doc, shape) = shape::admit(engine.documents(), &request.query, max)
+        let (doc, shape) = guard::admit(engine.documents(), &request.query, max)
             .map_err(|err| refused(operation_error(&err)))?;
         request.set_parsed_query(doc);
         // Kept for pricing in `parse_query`, which gets this document.
@@ -273,7 +272,7 @@ impl Extension for PerOperation {
         let parsed = next.run(ctx, query, variables).await.and_then(|doc| {
             // A stock service runs whatever a GET's query string holds; a
             // page on another site can send one without asking first.
-            match crate::shape::operation(&doc, name.as_deref()) {
+            match crate::document::guard::operation(&doc, name.as_deref()) {
                 Some(op) if queries_only && op.ty != OperationType::Query => {
                     Err(operation_error(&OperationError::NotAQuery))
                 }

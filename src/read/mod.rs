@@ -22,19 +22,24 @@
 //! (`dedup.rs`), bounded by the read timeout alone, so the leader's
 //! cancellation or deadline never cuts the read for the others.
 
-use crate::budget::{bump, InFlightSlot, ReadStats, RequestBudget};
-use crate::dedup::{Coalesce, Dedup, Flight, Origin, Role};
+pub(crate) mod budget;
+pub(crate) mod dedup;
+pub(crate) mod hosts;
+pub(crate) mod transport;
+
 use crate::error::ReadError;
-use crate::hosts::{HostEntry, HostLimiter, HostSlot, HostTable};
 use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics::{self, HostMetrics};
-use crate::transport::{Read, Transport, UpstreamResponse};
+use budget::{bump, InFlightSlot, ReadStats, RequestBudget};
+use dedup::{Coalesce, Dedup, Flight, Origin, Role};
+use hosts::{HostEntry, HostLimiter, HostSlot, HostTable};
 use http::{header, HeaderName, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
+use transport::{Read, Transport, UpstreamResponse};
 
 /// What every read of an engine needs; the engine hands it to each request
 /// once, when the request opens.

@@ -15,9 +15,9 @@
 //!   back where async-graphql dropped a failed field's key (`nulls.rs`), and
 //!   `extensions.fanout = {limit, used, remaining, operationReads, requested}`.
 
+use crate::document::schema_types::SchemaTypes;
 use crate::error::ReadError;
 use crate::request::Operation;
-use crate::types::SchemaTypes;
 use async_graphql::{Context, ErrorExtensionValues, Name, Response, ServerError, Value};
 use std::sync::LazyLock;
 
@@ -77,7 +77,7 @@ pub(crate) fn finish(
 ) {
     if !response.errors.is_empty() {
         code_errors(&mut response.errors, query);
-        crate::nulls::propagate(response, types, query, operation_name);
+        crate::graphql::nulls::propagate(response, types, query, operation_name);
     }
     response
         .extensions
@@ -141,7 +141,7 @@ pub(crate) fn code_errors(errors: &mut [ServerError], query: &str) {
             && error.locations.first().is_some_and(|pos| {
                 let doc = doc.get_or_insert_with(|| async_graphql::parser::parse_query(query).ok());
                 doc.as_ref()
-                    .is_some_and(|doc| crate::shape::argument_is_variable(doc, *pos))
+                    .is_some_and(|doc| crate::document::guard::argument_is_variable(doc, *pos))
             })
         {
             "BAD_USER_INPUT"

@@ -17,8 +17,8 @@
 //! pessimistic by design, so `actual ≤ requested` for every query whose lists
 //! are bounded by their declared multipliers. Nothing is executed.
 
-use crate::shape::Shape;
-use crate::types::{FieldInfo, SchemaTypes};
+use crate::document::guard::Shape;
+use crate::document::schema_types::{FieldInfo, SchemaTypes};
 use async_graphql::parser::types::{
     ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
 };
@@ -143,7 +143,7 @@ impl CostTable {
 /// named `operation_name`, or the only one — with the declared `costs` and
 /// the schema's `types`. 0 when there is no such operation (validation then refuses it).
 ///
-/// Linear in the document: `shape` (from [`crate::shape::check`]) orders the
+/// Linear in the document: `shape` (from [`crate::document::guard::check`]) orders the
 /// fragments so that each is priced once, after the fragments it spreads,
 /// and a spread adds its fragment's price. Pricing is linear in the
 /// multiplier (`cost(s, m) = m × cost(s, 1)`), so a fragment's price at 1
@@ -156,7 +156,7 @@ pub(crate) fn estimate(
     variables: &Variables,
     operation_name: Option<&str>,
 ) -> u64 {
-    let Some(op) = crate::shape::operation(doc, operation_name) else {
+    let Some(op) = crate::document::guard::operation(doc, operation_name) else {
         return 0;
     };
     let Some(root) = types.root(op.ty) else {

@@ -1,0 +1,9 @@
+//! The GraphQL integrations and the GraphQL-over-HTTP protocol.
+
+pub(crate) mod extension;
+pub(crate) mod finish;
+pub(crate) mod graphiql;
+pub(crate) mod layer;
+pub(crate) mod nulls;
+pub(crate) mod protocol;
+pub(crate) mod service;
