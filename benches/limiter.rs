@@ -35,7 +35,7 @@ mod support;
 use criterion::{black_box, BenchmarkGroup, Criterion};
 use fanout_budget::backends::redis::{RedisBackend, RedisRateLimiter};
 use fanout_budget::config::{RateLimitConfig, RedisConfig};
-use fanout_budget::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
+use fanout_budget::inbound::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
 use fanout_testkit::{graphql_request, RedisServer};
 use foldhash::fast::RandomState;
 use governor::clock::DefaultClock;

@@ -82,5 +82,7 @@ async fn main() {
         .await
         .unwrap();
     println!("listening on http://127.0.0.1:3000/graphql");
-    fanout_budget::serve(listener, app, &config).await.unwrap();
+    fanout_budget::inbound::serve(listener, app, &config)
+        .await
+        .unwrap();
 }

@@ -16,7 +16,7 @@ use async_graphql::dataloader::{DataLoader, Loader};
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
 use axum::Router;
 use fanout_budget::{
-    Config, Engine, FanoutExtension, FanoutGraphQL, Operation, OrNull, Read, ReadError,
+    request::Operation, Config, Engine, FanoutExtension, FanoutGraphQL, OrNull, Read, ReadError,
 };
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -99,5 +99,7 @@ async fn main() {
         .await
         .unwrap();
     println!("listening on http://127.0.0.1:3000/graphql (upstream {base})");
-    fanout_budget::serve(listener, app, &config).await.unwrap();
+    fanout_budget::inbound::serve(listener, app, &config)
+        .await
+        .unwrap();
 }

@@ -43,5 +43,7 @@ async fn main() {
         .unwrap();
     println!("listening on http://127.0.0.1:3000/graphql (upstream {upstream})");
     // axum::serve works too; this one also bounds slow and idle clients.
-    fanout_budget::serve(listener, app, &config).await.unwrap();
+    fanout_budget::inbound::serve(listener, app, &config)
+        .await
+        .unwrap();
 }

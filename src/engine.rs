@@ -5,7 +5,7 @@
 //! transport (a pooled `reqwest::Client` by default), the per-host
 //! [`HostLimiter`], the parsed-document cache and the internal callers'
 //! token. For each inbound HTTP request it opens one
-//! [`FanoutRequest`](crate::FanoutRequest) (`request.rs`) and hands it, once,
+//! [`FanoutRequest`](crate::request::FanoutRequest) (`request.rs`) and hands it, once,
 //! what the request's reads need (the read path's parts).
 //!
 //! Time is tokio's clock everywhere — deadlines, read timeouts, waits — so
@@ -29,7 +29,7 @@ use tokio::time::Instant;
 /// The long-lived engine state. Clone it freely.
 ///
 /// ```
-/// use fanout_budget::{Caller, Config, Engine};
+/// use fanout_budget::{Config, Engine, inbound::Caller};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let engine = Engine::new(Config::default());
@@ -58,7 +58,7 @@ struct EngineInner {
 /// Builds an [`Engine`] with non-default parts.
 ///
 /// ```
-/// use fanout_budget::{Config, Engine, LocalHostCaps};
+/// use fanout_budget::{Config, Engine, read::LocalHostCaps};
 /// use std::sync::Arc;
 ///
 /// let config = Config::default();
@@ -110,17 +110,17 @@ impl EngineBuilder {
         self
     }
 
-    /// Gives `host` (`HOST:PORT`, as [`host_name`](crate::host_name) names a
+    /// Gives `host` (`HOST:PORT`, as [`host_name`](crate::read::host_name) names a
     /// URL's host) an entry of its own without a `[hosts]` table: its own
     /// `host` label on the metrics, no cap. The hosts with a `[hosts]` table
     /// have one already; every other host shares one entry and the label
-    /// `host="other"` ([`OTHER_HOSTS`](crate::OTHER_HOSTS)), so the
+    /// `host="other"` ([`OTHER_HOSTS`](crate::read::OTHER_HOSTS)), so the
     /// metrics stay bounded whatever hosts redirects and `permit` names
     /// reach. Meant for the few upstreams an application reads by design
     /// (the gateway names its `--upstream`).
     ///
     /// ```
-    /// use fanout_budget::{host_name, Config, Engine};
+    /// use fanout_budget::{Config, Engine, read::host_name};
     ///
     /// let upstream = "http://registry.internal:5000".parse().unwrap();
     /// let engine = Engine::builder(Config::default())

@@ -5,7 +5,7 @@
 //! | type | made by | becomes |
 //! |---|---|---|
 //! | [`ReadError`] | a read (or a resolver refusing its input) | a GraphQL error with `extensions.code`, at the field's path |
-//! | [`HostRefusal`] | a [`HostLimiter`](crate::HostLimiter) | a [`ReadError`] naming the host |
+//! | [`HostRefusal`] | a [`HostLimiter`](crate::read::HostLimiter) | a [`ReadError`] naming the host |
 //! | [`Rejection`] | the HTTP integration, the limiter | a whole HTTP answer: status, `errors[0].extensions.code` |
 //!
 //! A [`ReadError`] converts into `async_graphql::Error` with its code
@@ -193,7 +193,7 @@ impl From<ReadError> for async_graphql::Error {
     }
 }
 
-/// A [`HostLimiter`](crate::HostLimiter)'s refusal of a host slot (the read
+/// A [`HostLimiter`](crate::read::HostLimiter)'s refusal of a host slot (the read
 /// path names the host when it makes the [`ReadError`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum HostRefusal {
@@ -233,7 +233,7 @@ impl HostRefusal {
 /// A whole HTTP request refused: its status, its code, one error.
 ///
 /// ```
-/// use fanout_budget::Rejection;
+/// use fanout_budget::error::Rejection;
 /// use http::StatusCode;
 ///
 /// let refused = Rejection::BatchTooLarge { max: 20 };

@@ -1,14 +1,14 @@
 //! Bound the upstream work one inbound GraphQL HTTP request can cause.
 //!
 //! One [`Engine`] per process; per inbound HTTP request one
-//! [`FanoutRequest`] — a read budget, a deadline and a de-duplication cache —
+//! [`FanoutRequest`](request::FanoutRequest) — a read budget, a deadline and a de-duplication cache —
 //! shared by every operation of a batch; one acquisition point,
 //! [`ctx.upstream()`](FanoutContext::upstream), through which every resolver
 //! reads:
 //!
 //! ```
 //! use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
-//! use fanout_budget::{Config, Engine, FanoutContext, FanoutGraphQL, OrNull, Read};
+//! use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, OrNull, Read};
 //!
 //! struct Query;
 //!
@@ -38,36 +38,24 @@
 #[cfg(feature = "redis")]
 pub mod backends;
 pub mod config;
-mod cost;
+pub mod cost;
 mod document;
 mod engine;
-mod error;
-mod graphql;
-mod inbound;
+pub mod error;
+pub mod graphql;
+pub mod inbound;
 mod memory;
 mod metrics;
-mod read;
-mod request;
+pub mod read;
+pub mod request;
 mod seed;
 
 pub use config::Config;
-pub use cost::{CostTable, FieldCost};
-pub use document::cache::weight as document_weight;
 pub use engine::{Engine, EngineBuilder};
-pub use error::{HostRefusal, ReadError, Rejection, Unavailable};
-pub use graphql::extension::FanoutExtension;
-pub use graphql::finish::OrNull;
-pub use graphql::layer::{FanoutLayer, FanoutService};
-pub use graphql::service::FanoutGraphQL;
-pub use inbound::cors::cors_layer;
-pub use inbound::identity::{Caller, INTERNAL_TOKEN_HEADER};
-pub use inbound::limiter::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
-pub use inbound::serve::{serve, Serve};
-pub use read::budget::{BudgetSnapshot, ReadCounts, RequestBudget};
-pub use read::hosts::{host_name, HostLimiter, HostSlot, LocalHostCaps, OTHER_HOSTS};
-pub use read::transport::{HttpTransport, Read, Transport, UpstreamResponse};
-pub use read::{Permit, Upstream};
-pub use request::{FanoutContext, FanoutRequest, Operation};
+pub use error::ReadError;
+pub use graphql::{FanoutExtension, FanoutGraphQL, FanoutLayer, OrNull};
+pub use read::{Read, UpstreamResponse};
+pub use request::FanoutContext;
 
 /// The HTTP client the default transport uses (its `Url` names every read).
 pub use reqwest;

@@ -12,7 +12,7 @@
 //! ([`EngineBuilder::known_host`](crate::EngineBuilder::known_host): the
 //! gateway's `--upstream`), is labelled with its own `HOST:PORT`; every other
 //! host (a redirect's target, a `permit` name, an upstream without a table)
-//! is counted under `host="other"` ([`OTHER_HOSTS`](crate::OTHER_HOSTS)).
+//! is counted under `host="other"` ([`OTHER_HOSTS`](crate::read::OTHER_HOSTS)).
 //! Reads reach whatever hosts their upstreams redirect to, so a label per
 //! host would let them add series without end. Errors and trace spans still
 //! name the real host.

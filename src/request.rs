@@ -29,7 +29,7 @@ use tokio::sync::watch;
 /// de-duplication cache, shared (`Arc`) by every operation of a batch.
 ///
 /// ```
-/// use fanout_budget::{Caller, Config, Engine};
+/// use fanout_budget::{Config, Engine, inbound::Caller};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let engine = Engine::new(Config::default());

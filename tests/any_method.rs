@@ -2,7 +2,7 @@
 //! time unless the caller names its answer; headers that change the answer
 //! tell reads apart; a redirect keeps or drops the method, body and
 //! credentials as a browser would.
-use fanout_budget::{Caller, Config, Engine, Read};
+use fanout_budget::{inbound::Caller, Config, Engine, Read};
 use fanout_testkit::MemTransport;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use std::sync::Arc;

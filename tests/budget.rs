@@ -3,7 +3,7 @@ mod common;
 
 use common::*;
 use fanout_budget::config::Config;
-use fanout_budget::{Caller, Engine};
+use fanout_budget::{inbound::Caller, Engine};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_thousand_concurrent_reads_through_the_engine_send_at_most_the_budget() {

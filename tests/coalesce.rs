@@ -9,7 +9,8 @@
 use bytes::Bytes;
 use fanout_budget::config::HostConfig;
 use fanout_budget::{
-    Caller, Config, Engine, FanoutRequest, Read, ReadError, Transport, UpstreamResponse,
+    inbound::Caller, read::Transport, request::FanoutRequest, Config, Engine, Read, ReadError,
+    UpstreamResponse,
 };
 use fanout_testkit::scripted::{self, read, HOST};
 use fanout_testkit::{MemTransport, Upstream};

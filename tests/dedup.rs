@@ -11,7 +11,7 @@ async fn a_cancelled_operation_does_not_poison_the_batch() {
         common::Behaviour::Delay(std::time::Duration::from_millis(300)),
     );
     let engine = fanout_budget::Engine::new(fanout_budget::Config::default());
-    let request = engine.begin_request(fanout_budget::Caller::Public);
+    let request = engine.begin_request(fanout_budget::inbound::Caller::Public);
     let url: reqwest::Url = format!("{}/item/1", upstream.base()).parse().unwrap();
 
     let (a, b) = (request.operation(), request.operation());

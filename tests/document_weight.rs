@@ -2,7 +2,7 @@
 //! the estimate is held against the heap a parsed document really keeps,
 //! counted by this binary's global allocator (on the parsing thread only).
 use async_graphql::parser::parse_query;
-use fanout_budget::document_weight as weight;
+use fanout_budget::cost::document_weight as weight;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 

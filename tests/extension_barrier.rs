@@ -5,7 +5,11 @@
 use async_graphql::{
     BatchRequest, Context, EmptyMutation, EmptySubscription, Object, Request, Schema,
 };
-use fanout_budget::{Caller, Config, CostTable, Engine, FanoutContext, FanoutExtension, FieldCost};
+use fanout_budget::{
+    cost::{CostTable, FieldCost},
+    inbound::Caller,
+    Config, Engine, FanoutContext, FanoutExtension,
+};
 
 struct Query;
 

@@ -11,7 +11,9 @@
 //! Prometheus recorder, so nothing else runs in it.
 use bytes::Bytes;
 use fanout_budget::config::HostConfig;
-use fanout_budget::{Caller, Config, Engine, Read, ReadError, Transport, UpstreamResponse};
+use fanout_budget::{
+    inbound::Caller, read::Transport, Config, Engine, Read, ReadError, UpstreamResponse,
+};
 use fanout_testkit::prometheus::{host_labels, value};
 use futures::future::BoxFuture;
 use http::{header, HeaderMap, HeaderValue, StatusCode};

@@ -151,14 +151,16 @@ async fn refusals_before_the_body_close_the_connection_and_later_ones_do_not() {
 /// A shared limiter that is always down.
 struct Down;
 
-impl fanout_budget::InboundLimiter for Down {
+impl fanout_budget::inbound::InboundLimiter for Down {
     fn check(
         &self,
         _key: std::net::IpAddr,
-    ) -> futures::future::BoxFuture<'_, Result<fanout_budget::Decision, fanout_budget::Unavailable>>
-    {
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<fanout_budget::inbound::Decision, fanout_budget::error::Unavailable>,
+    > {
         Box::pin(async {
-            Err(fanout_budget::Unavailable {
+            Err(fanout_budget::error::Unavailable {
                 message: "down".into(),
             })
         })
@@ -169,7 +171,7 @@ impl fanout_budget::InboundLimiter for Down {
 async fn a_closed_mode_503_closes_the_connection() {
     use tower::ServiceExt;
     let (_upstream, app) = setup().await;
-    let layer = fanout_budget::RateLimitLayer::new(&Default::default()).shared(
+    let layer = fanout_budget::inbound::RateLimitLayer::new(&Default::default()).shared(
         std::sync::Arc::new(Down),
         fanout_budget::config::FailureMode::Closed,
     );
@@ -184,7 +186,9 @@ async fn a_closed_mode_503_closes_the_connection() {
 async fn the_rate_limiter_without_the_tcp_peer_refuses_loudly_not_into_one_bucket() {
     let (upstream, app) = setup().await;
     let config = Config::default();
-    let limited = app.route_layer(fanout_budget::RateLimitLayer::new(&config.rate_limit));
+    let limited = app.route_layer(fanout_budget::inbound::RateLimitLayer::new(
+        &config.rate_limit,
+    ));
     let body = r#"{"query":"{ item(id: 1) { detail { value } } }"}"#;
     // Served without connect info: every client would share one bucket.
     let bare =
@@ -197,7 +201,7 @@ async fn the_rate_limiter_without_the_tcp_peer_refuses_loudly_not_into_one_bucke
         .contains("connect_info"));
     assert_eq!(bare.headers["connection"], "close");
     assert_eq!(upstream.seen.requests(), 0);
-    // With the peer, as `fanout_budget::serve` records it: served.
+    // With the peer, as `fanout_budget::inbound::serve` records it: served.
     let (status, _) = post(&limited, body).await;
     assert_eq!(status, 200);
     assert_eq!(upstream.seen.requests(), 1);

@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use fanout_budget::config::{Config, HostConfig};
-use fanout_budget::{Caller, Engine, Read};
+use fanout_budget::{inbound::Caller, Engine, Read};
 use proptest::prelude::*;
 
 use std::time::Duration;

@@ -4,8 +4,8 @@
 //! when no read repeats.
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use fanout_budget::{
-    Config, CostTable, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, FieldCost, OrNull,
-    Read,
+    cost::{CostTable, FieldCost},
+    Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, OrNull, Read,
 };
 use fanout_testkit::MemTransport;
 use proptest::prelude::*;

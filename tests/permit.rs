@@ -87,7 +87,7 @@ async fn queries_are_charged_capped_and_cut_like_reads() {
 #[tokio::test(start_paused = true)]
 async fn a_permit_counts_as_a_read_on_every_outcome() {
     let engine = Engine::new(config(10, 1, 300));
-    let request = engine.begin_request(fanout_budget::Caller::Public);
+    let request = engine.begin_request(fanout_budget::inbound::Caller::Public);
     let op = request.operation();
     let upstream = op.upstream();
     // Succeeded, timed out, cancelled mid-call, held without a call.

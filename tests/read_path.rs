@@ -2,7 +2,10 @@
 //! and the read's timer on tokio's (paused) clock — the engine's one clock.
 use fanout_budget::config::HostConfig;
 use fanout_budget::{
-    Caller, Config, HostLimiter, HostRefusal, HostSlot, LocalHostCaps, Read, ReadError,
+    error::HostRefusal,
+    inbound::Caller,
+    read::{HostLimiter, HostSlot, LocalHostCaps},
+    Config, Read, ReadError,
 };
 use fanout_testkit::scripted::{engine, read};
 use futures::poll;

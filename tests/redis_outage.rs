@@ -6,7 +6,7 @@
 //! plus one claim; a cancelled acquire leaves nothing held.
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
 use fanout_budget::config::{FailureMode, HostConfig, RedisConfig};
-use fanout_budget::HostLimiter;
+use fanout_budget::read::HostLimiter;
 use fanout_testkit::{until, RedisServer};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};

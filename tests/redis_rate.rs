@@ -5,7 +5,7 @@
 //! took ahead and did not use goes back to the client's quota.
 use fanout_budget::backends::redis::{RedisBackend, RedisRateLimiter};
 use fanout_budget::config::RedisConfig;
-use fanout_budget::{Decision, InboundLimiter};
+use fanout_budget::inbound::{Decision, InboundLimiter};
 use fanout_testkit::RedisServer;
 use std::net::IpAddr;
 use std::num::NonZeroU32;

@@ -13,7 +13,7 @@ use async_graphql::{
 };
 use axum::Router;
 use common::*;
-use fanout_budget::{Caller, Config, Engine, FanoutExtension, FanoutLayer};
+use fanout_budget::{inbound::Caller, Config, Engine, FanoutExtension, FanoutLayer};
 use serde_json::Value;
 
 /// Operation `i` reads items `i` and `i + 1`: 10 reads asked, 6 distinct.
@@ -288,8 +288,11 @@ impl async_graphql::extensions::Extension for Deny {
 
 #[tokio::test]
 async fn under_the_layer_the_batch_is_priced_first_and_never_waits_for_a_refused_operation() {
-    let costs =
-        fanout_budget::CostTable::new().field("Item", "detail", fanout_budget::FieldCost::reads(1));
+    let costs = fanout_budget::cost::CostTable::new().field(
+        "Item",
+        "detail",
+        fanout_budget::cost::FieldCost::reads(1),
+    );
     let mut config = Config::default();
     config.budget.refuse_over_estimate = true;
     config.budget.max_reads = 6;

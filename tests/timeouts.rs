@@ -105,7 +105,7 @@ async fn a_passed_deadline_refuses_reads_without_sending_them() {
     let mut config = Config::default();
     config.budget.deadline_ms = 1_000;
     let engine = Engine::new(config);
-    let request = engine.begin_request(fanout_budget::Caller::Public);
+    let request = engine.begin_request(fanout_budget::inbound::Caller::Public);
     assert!(request.budget().time_left().is_some());
     tokio::time::advance(Duration::from_millis(999)).await;
     assert_eq!(request.budget().time_left(), Some(Duration::from_millis(1)));

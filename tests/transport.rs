@@ -2,7 +2,10 @@
 //! refused once it passes the byte cap even without a `Content-Length`.
 //! (The testkit upstream's `/one`: one chunk; `/many`: four of 50,000 bytes,
 //! chunk `i` all `b'a' + i`, without a `Content-Length`.)
-use fanout_budget::{HttpTransport, Read, ReadError, Transport};
+use fanout_budget::{
+    read::{HttpTransport, Transport},
+    Read, ReadError,
+};
 use fanout_testkit::Upstream;
 
 async fn fetch(base: &str, path: &str, cap: usize) -> Result<bytes::Bytes, ReadError> {

@@ -3,7 +3,7 @@
 use crate::fixtures::{charge, current_thread, in_task, mem_engine, timed_reads, urls};
 use crate::{CHUNK, CONTENDED};
 use criterion::{black_box, Criterion};
-use fanout_budget::{Caller, Engine, FanoutRequest, Read};
+use fanout_budget::{inbound::Caller, request::FanoutRequest, Engine, Read};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};

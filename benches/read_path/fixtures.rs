@@ -3,7 +3,7 @@
 use crate::{CHUNK, HOST};
 use criterion::black_box;
 use fanout_budget::config::HostConfig;
-use fanout_budget::{Caller, Config, Engine, FanoutRequest, Read};
+use fanout_budget::{inbound::Caller, request::FanoutRequest, Config, Engine, Read};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

@@ -6,7 +6,7 @@ use crate::fixtures::{
 use crate::support::{paired, Paired};
 use crate::{CHUNK, HOST, LONG, ROUNDS};
 use criterion::{black_box, BenchmarkGroup};
-use fanout_budget::{Caller, Engine, Read, Transport};
+use fanout_budget::{inbound::Caller, read::Transport, Engine, Read};
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

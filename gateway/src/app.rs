@@ -6,7 +6,10 @@ use axum::routing::get;
 use axum::Router;
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
 use fanout_budget::config::CsrfGet;
-use fanout_budget::{cors_layer, Config, Engine, FanoutExtension, FanoutGraphQL, RateLimitLayer};
+use fanout_budget::{
+    inbound::{cors_layer, RateLimitLayer},
+    Config, Engine, FanoutExtension, FanoutGraphQL,
+};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
@@ -53,7 +56,7 @@ pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRend
     let config = defaults(config);
     let mut engine = Engine::builder(config.clone())
         .costs(schema::costs())
-        .known_host(fanout_budget::host_name(&upstream));
+        .known_host(fanout_budget::read::host_name(&upstream));
     if let Some(redis) = redis_backend(&config) {
         engine = engine.host_limiter(Arc::new(RedisHostCaps::new(config.hosts.clone(), redis)));
     }

@@ -110,8 +110,8 @@ async fn main() -> ExitCode {
     // included) or when writing its answer stalls for http.write_timeout_ms;
     // the peer's address reaches the rate limiter.
     let config = gateway.engine.config().clone();
-    let serve =
-        fanout_budget::serve(listener, gateway.router, &config).with_graceful_shutdown(signal);
+    let serve = fanout_budget::inbound::serve(listener, gateway.router, &config)
+        .with_graceful_shutdown(signal);
     tokio::select! {
         served = serve => {
             if let Err(e) = served {

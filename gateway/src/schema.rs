@@ -10,7 +10,10 @@ use async_graphql::{
     Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
     ScalarType, Schema, SimpleObject, Value,
 };
-use fanout_budget::{CostTable, FanoutContext, FieldCost, OrNull, ReadError};
+use fanout_budget::{
+    cost::{CostTable, FieldCost},
+    FanoutContext, OrNull, ReadError,
+};
 use std::sync::Arc;
 
 /// The gateway's schema type.

@@ -36,7 +36,7 @@ impl Served {
         let gateway =
             fanout_gateway::app::build(config.clone(), registry.url().parse().unwrap(), None);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let serve = fanout_budget::serve(listener, gateway.router, &config);
+        let serve = fanout_budget::inbound::serve(listener, gateway.router, &config);
         let addr = serve.local_addr().unwrap();
         let server = tokio::spawn(serve.into_future());
         Self {

@@ -7,7 +7,7 @@ mod common;
 use async_graphql::{BatchRequest, Request, Variables};
 use axum::Router;
 use common::*;
-use fanout_budget::{Caller, Config, Engine, FanoutExtension, FanoutGraphQL};
+use fanout_budget::{inbound::Caller, Config, Engine, FanoutExtension, FanoutGraphQL};
 use fanout_gateway::embedded::Fault;
 use fanout_gateway::oci::RegistryUrl;
 use fanout_gateway::schema::{self, RegistrySchema};

@@ -73,7 +73,7 @@ async fn graphiql_runs_a_query_in_chromium_offline() {
     let fixture = Fixture::default().await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    let serve = fanout_budget::serve(
+    let serve = fanout_budget::inbound::serve(
         listener,
         fixture.gateway.router.clone(),
         fixture.gateway.engine.config(),

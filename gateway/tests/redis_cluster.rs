@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
 use fanout_budget::config::{FailureMode, HostConfig};
-use fanout_budget::{Config, Engine, HostLimiter};
+use fanout_budget::{read::HostLimiter, Config, Engine};
 use fanout_gateway::app::{self, Gateway};
 use fanout_testkit::{until, RedisCluster};
 use serde_json::{json, Value};

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
 use fanout_budget::config::{FailureMode, HostConfig};
-use fanout_budget::{Config, HostLimiter};
+use fanout_budget::{read::HostLimiter, Config};
 use fanout_gateway::app::{self, Gateway};
 use fanout_gateway::embedded::EmbeddedRegistry;
 use fanout_testkit::until;

@@ -1,5 +1,5 @@
 //! Slow, idle and refused clients over real TCP, against
-//! `fanout_budget::serve` on 127.0.0.1:0 with short timeouts (headers
+//! `fanout_budget::inbound::serve` on 127.0.0.1:0 with short timeouts (headers
 //! 300 ms, body 500 ms): partial headers, idle keep-alive, a trickled body,
 //! `Expect: 100-continue` with no body, the connection cap, a client's
 //! share of it (a repeated refusal held a second, then reset, even with the
@@ -28,7 +28,7 @@ const AT_LEAST: Duration = Duration::from_millis(250);
 const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n";
 const BUDGET: &str = r#"{"query":"{ fanoutBudget { limit } }"}"#;
 
-/// The gateway served by `fanout_budget::serve`; stopped by [`Server::stop`]
+/// The gateway served by `fanout_budget::inbound::serve`; stopped by [`Server::stop`]
 /// (aborted if a test fails first).
 struct Server {
     addr: SocketAddr,
@@ -52,9 +52,10 @@ impl Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serve = fanout_budget::serve(listener, router, config).with_graceful_shutdown(async {
-            let _ = stopped.await;
-        });
+        let serve =
+            fanout_budget::inbound::serve(listener, router, config).with_graceful_shutdown(async {
+                let _ = stopped.await;
+            });
         Self {
             addr,
             stop: Some(stop),

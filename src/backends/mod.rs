@@ -1,9 +1,9 @@
 //! Shared-state backends behind the engine's two seams.
 //!
-//! The in-process backends live with their concept: [`LocalHostCaps`](crate::LocalHostCaps)
-//! behind [`HostLimiter`](crate::HostLimiter), and governor's in-process
-//! GCRA inside the [`RateLimitLayer`](crate::RateLimitLayer) (the
-//! [`InboundLimiter`](crate::InboundLimiter) seam). When one replica is not
+//! The in-process backends live with their concept: [`LocalHostCaps`](crate::read::LocalHostCaps)
+//! behind [`HostLimiter`](crate::read::HostLimiter), and governor's in-process
+//! GCRA inside the [`RateLimitLayer`](crate::inbound::RateLimitLayer) (the
+//! [`InboundLimiter`](crate::inbound::InboundLimiter) seam). When one replica is not
 //! enough, the same seams take the Redis backends here; resolvers and the HTTP
 //! integration do not change. The per-request fan-out budget always stays
 //! in-process: one HTTP request lands on one replica.

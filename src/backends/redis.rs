@@ -105,7 +105,7 @@ use tokio::time::Instant;
 ///
 /// ```
 /// use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
-/// use fanout_budget::{Config, Engine, RateLimitLayer};
+/// use fanout_budget::{Config, Engine, inbound::RateLimitLayer};
 /// use std::num::NonZeroU32;
 /// use std::sync::Arc;
 ///

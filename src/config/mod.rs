@@ -260,7 +260,7 @@ pub struct HostConfig {
     /// upstream request; the requests that join it are not charged (off by
     /// default: an upstream that answers each caller differently, beyond
     /// what the read's headers say, must not be coalesced). See
-    /// [`Upstream::read`](crate::Upstream::read).
+    /// [`Upstream::read`](crate::read::Upstream::read).
     pub coalesce: bool,
 }
 

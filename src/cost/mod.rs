@@ -17,6 +17,7 @@
 //! pessimistic by design, so `actual ≤ requested` for every query whose lists
 //! are bounded by their declared multipliers. Nothing is executed.
 
+pub use crate::document::cache::weight as document_weight;
 use crate::document::guard::Shape;
 use crate::document::schema_types::{FieldInfo, SchemaTypes};
 use async_graphql::parser::types::{
@@ -102,7 +103,7 @@ impl FieldCost {
 /// The declared costs of a schema's fields.
 ///
 /// ```
-/// use fanout_budget::{Config, CostTable, Engine, FieldCost};
+/// use fanout_budget::{Config, Engine, cost::{CostTable, FieldCost}};
 ///
 /// // `Query.repositories(first)` reads one page, then each row's sub-selection.
 /// let costs = CostTable::new()

@@ -187,7 +187,7 @@ impl Drop for Documents {
 ///
 /// ```
 /// let doc = async_graphql::parser::parse_query("{ repositories(first: 20) { name } }").unwrap();
-/// let bytes = fanout_budget::document_weight(&doc).unwrap();
+/// let bytes = fanout_budget::cost::document_weight(&doc).unwrap();
 /// assert!(bytes > 0);
 /// ```
 pub fn weight(doc: &ExecutableDocument) -> Option<usize> {

@@ -29,7 +29,7 @@
 //!    the engine's; the text is parsed and kept otherwise), so a text seen
 //!    before is not parsed again;
 //! 2. in `parse_query`, prices the operation with the engine's
-//!    [`CostTable`](crate::CostTable) (if one is set) and adds it to the
+//!    [`CostTable`](crate::cost::CostTable) (if one is set) and adds it to the
 //!    request's `requested`;
 //! 3. in `execute`, takes the request's scope — the [`FanoutRequest`] the
 //!    integrator put into the batch's data (`BatchRequest::data`), else a new
@@ -67,7 +67,7 @@ use tracing::Instrument;
 ///
 /// ```
 /// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
-/// use fanout_budget::{Config, Engine, FanoutContext};
+/// use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension};
 ///
 /// struct Query;
 ///
@@ -99,7 +99,7 @@ pub struct FanoutExtension {
 impl FanoutExtension {
     /// The extension for `engine`, to mount with
     /// `Schema::build(..).extension(FanoutExtension::new(&engine))` (the
-    /// engine's [`CostTable`](crate::CostTable), if any, prices each operation).
+    /// engine's [`CostTable`](crate::cost::CostTable), if any, prices each operation).
     pub fn new(engine: &Engine) -> Self {
         FanoutExtension {
             engine: engine.clone(),

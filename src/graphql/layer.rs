@@ -6,7 +6,7 @@
 //! Per HTTP request the layer:
 //!
 //! 1. opens the request's scope (the caller from the rate-limit layer's
-//!    [`Caller`](crate::Caller), else the internal-token header) — one budget,
+//!    [`Caller`](crate::inbound::Caller), else the internal-token header) — one budget,
 //!    one de-duplication cache, one deadline;
 //! 2. for any method but `GET` (whose operation is in the query string,
 //!    bounded like a body: 413; only queries run, the extension refuses
@@ -16,7 +16,7 @@
 //!    `BAD_REQUEST`, more than `max_batch_operations` is 400
 //!    `BATCH_TOO_LARGE` — nothing runs, nothing is read. The count announces
 //!    the batch to the scope's pricing barrier
-//!    ([`FanoutRequest::expect_operations`](crate::FanoutRequest::expect_operations)), so with `refuse_over_estimate`
+//!    ([`FanoutRequest::expect_operations`](crate::request::FanoutRequest::expect_operations)), so with `refuse_over_estimate`
 //!    no operation runs before every one is priced;
 //! 3. hands the request on — the body as it was read, the scope in the
 //!    request's extensions (a handler can take it with
@@ -59,7 +59,7 @@ use std::task::{Context, Poll};
 ///
 /// ```
 /// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
-/// use fanout_budget::{Config, Engine, FanoutLayer};
+/// use fanout_budget::{Config, Engine, FanoutExtension, FanoutLayer};
 ///
 /// struct Query;
 ///

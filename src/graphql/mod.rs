@@ -7,3 +7,8 @@ pub(crate) mod layer;
 pub(crate) mod nulls;
 pub(crate) mod protocol;
 pub(crate) mod service;
+
+pub use extension::FanoutExtension;
+pub use finish::OrNull;
+pub use layer::{FanoutLayer, FanoutService};
+pub use service::FanoutGraphQL;

@@ -46,7 +46,7 @@ use tracing::Instrument;
 ///
 /// ```
 /// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
-/// use fanout_budget::{Config, Engine, FanoutGraphQL};
+/// use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
 ///
 /// struct Query;
 ///
@@ -284,7 +284,7 @@ impl<E: Executor> FanoutGraphQL<E> {
         *self
             .metered
             .get_or_init(|| async {
-                let probe = self.engine.begin_request(crate::Caller::Internal);
+                let probe = self.engine.begin_request(crate::inbound::Caller::Internal);
                 let operation = probe.operation();
                 let mut request = Request::new("{ __typename }");
                 request.data.insert(operation.clone());

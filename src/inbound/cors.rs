@@ -26,7 +26,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 /// list is empty (no CORS headers at all).
 ///
 /// ```
-/// use fanout_budget::{config::HttpConfig, cors_layer};
+/// use fanout_budget::{config::HttpConfig, inbound::cors_layer};
 ///
 /// let http = HttpConfig {
 ///     cors_allowed_origins: vec!["https://app.example".into()],

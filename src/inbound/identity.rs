@@ -37,7 +37,7 @@ const FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forward
 /// Who is calling.
 ///
 /// ```
-/// use fanout_budget::{Caller, Config, Engine, INTERNAL_TOKEN_HEADER};
+/// use fanout_budget::{Config, Engine, inbound::{Caller, INTERNAL_TOKEN_HEADER}};
 ///
 /// let mut config = Config::default();
 /// config.rate_limit.internal_token = "s3cret".into();

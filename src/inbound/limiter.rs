@@ -82,7 +82,7 @@ pub enum Decision {
 /// A shared (cross-replica) per-key limiter.
 ///
 /// ```
-/// use fanout_budget::{Decision, InboundLimiter, Unavailable};
+/// use fanout_budget::{error::Unavailable, inbound::{Decision, InboundLimiter}};
 /// use futures::future::BoxFuture;
 /// use std::net::IpAddr;
 ///
@@ -208,7 +208,7 @@ enum Backend {
 /// the limiter keys by the TCP peer:
 ///
 /// ```
-/// use fanout_budget::{Config, RateLimitLayer};
+/// use fanout_budget::{Config, inbound::RateLimitLayer};
 ///
 /// let config = Config::default();
 /// let app: axum::Router = axum::Router::new()
@@ -414,7 +414,7 @@ impl RateLimitLayer {
 
 /// Why a request without its TCP peer is refused.
 const NO_PEER: &str = "RateLimitLayer needs each request's TCP peer: serve the app with \
-    fanout_budget::serve, or axum's into_make_service_with_connect_info::<SocketAddr>()";
+    fanout_budget::inbound::serve, or axum's into_make_service_with_connect_info::<SocketAddr>()";
 
 /// The IETF `RateLimit` field.
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

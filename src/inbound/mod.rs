@@ -4,3 +4,8 @@ pub(crate) mod cors;
 pub(crate) mod identity;
 pub(crate) mod limiter;
 pub(crate) mod serve;
+
+pub use cors::cors_layer;
+pub use identity::{Caller, INTERNAL_TOKEN_HEADER};
+pub use limiter::{Decision, InboundLimiter, RateLimitLayer, RateLimitService};
+pub use serve::{serve, Serve};

@@ -51,7 +51,7 @@
 //! Only HTTP/1 is served (the gateway's axum is built with `http1` only).
 //!
 //! A refusal that answers before the request body was read carries
-//! `Connection: close` ([`Rejection::unread`](crate::Rejection::unread)) rather than draining the body:
+//! `Connection: close` ([`Rejection::unread`](crate::error::Rejection::unread)) rather than draining the body:
 //! draining would read up to `max_body_bytes` for a client that is being
 //! refused (a rate-limited one included), or wait for a slow one, while
 //! closing costs nothing. hyper then ends the connection after the response
@@ -100,7 +100,7 @@ mod write_timeout;
 /// let config = Config::default();
 /// let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-/// let server = fanout_budget::serve(listener, app, &config);
+/// let server = fanout_budget::inbound::serve(listener, app, &config);
 /// let addr = server.local_addr()?;
 /// let stop = async {};  // e.g. tokio::signal::ctrl_c()
 /// server.with_graceful_shutdown(stop).await?;

@@ -42,7 +42,7 @@ mod tests;
 /// Every operation of a batch sees the same budget:
 ///
 /// ```
-/// # use fanout_budget::{Caller, Config, Engine};
+/// # use fanout_budget::{Config, Engine, inbound::Caller};
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let mut config = Config::default();
 /// config.budget.max_reads = 3;

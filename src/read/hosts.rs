@@ -60,7 +60,7 @@ use tokio::sync::Semaphore;
 /// [`acquire`]: HostLimiter::acquire
 ///
 /// ```
-/// use fanout_budget::{HostLimiter, HostRefusal, HostSlot, LocalHostCaps};
+/// use fanout_budget::{error::HostRefusal, read::{HostLimiter, HostSlot, LocalHostCaps}};
 /// use futures::future::BoxFuture;
 /// use std::time::Duration;
 ///
@@ -98,7 +98,7 @@ pub trait HostLimiter: Send + Sync + 'static {
 /// Permission for one read to be in flight to one host; dropping it releases it.
 ///
 /// ```
-/// use fanout_budget::HostSlot;
+/// use fanout_budget::read::HostSlot;
 /// use std::sync::Arc;
 ///
 /// let semaphore = Arc::new(tokio::sync::Semaphore::new(1));
@@ -206,7 +206,7 @@ impl Drop for Counted {
 ///
 /// ```
 /// use fanout_budget::config::HostConfig;
-/// use fanout_budget::{HostLimiter, LocalHostCaps};
+/// use fanout_budget::read::{HostLimiter, LocalHostCaps};
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -384,9 +384,9 @@ impl HostTable {
 ///
 /// ```
 /// let url = "https://Registry.Example/v2/".parse().unwrap();
-/// assert_eq!(fanout_budget::host_name(&url), "registry.example:443");
+/// assert_eq!(fanout_budget::read::host_name(&url), "registry.example:443");
 /// let url = "http://[::1]:5000/v2/".parse().unwrap();
-/// assert_eq!(fanout_budget::host_name(&url), "[::1]:5000");
+/// assert_eq!(fanout_budget::read::host_name(&url), "[::1]:5000");
 /// ```
 pub fn host_name(url: &reqwest::Url) -> String {
     let host = url.host_str().unwrap_or("");

@@ -27,19 +27,22 @@ pub(crate) mod dedup;
 pub(crate) mod hosts;
 pub(crate) mod transport;
 
+pub use budget::{BudgetSnapshot, ReadCounts, RequestBudget};
+pub use hosts::{host_name, HostLimiter, HostSlot, LocalHostCaps, OTHER_HOSTS};
+pub use transport::{HttpTransport, Read, Transport, UpstreamResponse};
+
 use crate::error::ReadError;
 use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics::{self, HostMetrics};
-use budget::{bump, InFlightSlot, ReadStats, RequestBudget};
+use budget::{bump, InFlightSlot, ReadStats};
 use dedup::{Coalesce, Dedup, Flight, Origin, Role};
-use hosts::{HostEntry, HostLimiter, HostSlot, HostTable};
+use hosts::{HostEntry, HostTable};
 use http::{header, HeaderName, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
-use transport::{Read, Transport, UpstreamResponse};
 
 /// What every read of an engine needs; the engine hands it to each request
 /// once, when the request opens.

@@ -293,7 +293,7 @@ impl UpstreamResponse {
 /// Sends one read.
 ///
 /// ```
-/// use fanout_budget::{Read, ReadError, Transport, UpstreamResponse};
+/// use fanout_budget::{Read, ReadError, UpstreamResponse, read::Transport};
 /// use futures::future::BoxFuture;
 ///
 /// /// Answers every read with `{}`.
@@ -321,7 +321,7 @@ pub trait Transport: Send + Sync + 'static {
 /// The default transport: reqwest, with a cap on the bytes read per response.
 ///
 /// ```
-/// use fanout_budget::{Config, Engine, HttpTransport};
+/// use fanout_budget::{Config, Engine, read::HttpTransport};
 /// use std::sync::Arc;
 ///
 /// let client = reqwest::Client::builder()

@@ -3,7 +3,7 @@
 //! and installed paths found or skipped by the contract's rule, a throwaway
 //! `redis-server`, a
 //! future that pends once, a median and a paired (turn-about) measure, the sum of a batch's
-//! `operationReads`, one in-memory [`Transport`](fanout_budget::Transport)
+//! `operationReads`, one in-memory [`Transport`](fanout_budget::read::Transport)
 //! ([`MemTransport`]), one fault-injecting loopback upstream ([`Upstream`])
 //! and one in-process GraphQL POST ([`post`]).
 #![forbid(unsafe_code)]

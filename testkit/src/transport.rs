@@ -3,7 +3,7 @@
 
 use crate::YieldOnce;
 use bytes::Bytes;
-use fanout_budget::{Read, ReadError, Transport, UpstreamResponse};
+use fanout_budget::{read::Transport, Read, ReadError, UpstreamResponse};
 use futures::future::BoxFuture;
 use http::{HeaderMap, StatusCode};
 use std::collections::HashMap;

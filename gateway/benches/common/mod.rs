@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use fanout_budget::{Caller, Engine, FanoutExtension, FanoutGraphQL};
+use fanout_budget::{inbound::Caller, Engine, FanoutExtension, FanoutGraphQL};
 use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
 use fanout_gateway::oci::{RegistryUrl, MANIFEST_ACCEPT};
 use fanout_gateway::schema::{self, RegistrySchema};

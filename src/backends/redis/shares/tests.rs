@@ -663,7 +663,7 @@ async fn claims_at_the_edges() {
 /// once (the cap: 4 reads on the wire).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_that_joins_leaves_the_local_queue_and_the_pool() {
-    use crate::{Caller, Config, Engine, ReadError};
+    use crate::{inbound::Caller, Config, Engine, ReadError};
     const CAP: u32 = 4;
     let Some(redis) = RedisServer::start().await else {
         return;
