@@ -18,7 +18,7 @@ use crate::document::persisted::PersistedQueries;
 use crate::inbound::identity::{Caller, InternalToken};
 use crate::memory::MemoryPool;
 use crate::read::budget::RequestBudget;
-use crate::read::dedup::Coalesce;
+use crate::read::coalesce::Coalesce;
 use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::read::transport::{HttpTransport, Transport};
 use crate::read::{ReadParts, RequestReads};

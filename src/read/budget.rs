@@ -19,10 +19,12 @@
 //!   passes a wake-up it received on to the next;
 //! - per-request counters ([`ReadCounts`]).
 //!
-//! The budget never sends anything; the acquisition point (`upstream.rs`)
-//! charges it right before a read is sent. Its refusals are unit errors
+//! The budget never sends anything; the acquisition point (`read/mod.rs`)
+//! charges it right before a read is sent, and counts each read sent to its
+//! end (`Pending`). Its refusals are unit errors
 //! ([`Exhausted`], [`TimedOut`]); the acquisition point names them.
 
+use crate::error::ReadError;
 #[cfg(loom)]
 use ::loom::sync::atomic::AtomicU64 as ChargeCounter;
 #[cfg(not(loom))]
@@ -341,4 +343,43 @@ impl std::fmt::Debug for RequestBudget {
 /// Adds one to a counter of [`ReadStats`].
 pub(crate) fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Relaxed);
+}
+
+/// One read a request sent (or leads), as its counters see it: it ends in
+/// exactly one of `succeeded`, `failed` and `timed_out` — or, dropped
+/// unfinished (its request was cancelled), `cancelled` — so
+/// `issued = succeeded + failed + timed_out + cancelled`.
+pub(crate) struct Pending<'a> {
+    stats: &'a ReadStats,
+    finished: bool,
+}
+
+impl<'a> Pending<'a> {
+    /// A read sent now, counted in `stats` when it ends.
+    pub(crate) fn new(stats: &'a ReadStats) -> Self {
+        Self {
+            stats,
+            finished: false,
+        }
+    }
+
+    /// The read ended with `outcome`.
+    pub(crate) fn finish<T>(&mut self, outcome: &Result<T, ReadError>) {
+        self.finished = true;
+        bump(match outcome {
+            Ok(_) => &self.stats.succeeded,
+            Err(ReadError::UpstreamTimeout { .. } | ReadError::DeadlineExceeded) => {
+                &self.stats.timed_out
+            }
+            Err(_) => &self.stats.failed,
+        });
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            bump(&self.stats.cancelled);
+        }
+    }
 }

@@ -1,0 +1,308 @@
+//! The read's vocabulary: a [`Read`] (what is sent) and an
+//! [`UpstreamResponse`] (what came back), and what makes two reads the same
+//! read (`ReadKey`). Data only: every step of the read path names these,
+//! and this file names no step.
+
+use crate::error::ReadError;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::sync::OnceCell;
+
+/// One upstream request: a method, a URL, headers and a body.
+///
+/// A read's identity for de-duplication is its method, URL and headers: a
+/// `GET` or `HEAD` is de-duplicated with every identical one of the inbound
+/// request (headers that change the answer — `Accept`, `Authorization` —
+/// tell reads apart). Any other method is sent every time, unless the
+/// caller names the answer with [`dedup_key`](Self::dedup_key).
+///
+/// ```
+/// use fanout_budget::Read;
+/// use http::{header, HeaderValue, Method};
+///
+/// // A GraphQL subgraph answering a query: POST, de-duplicated by its text.
+/// let url: fanout_budget::reqwest::Url = "http://books.local/graphql".parse().unwrap();
+/// let query = r#"{"query":"{ book(id: 1) { title } }"}"#;
+/// let read = Read::new(Method::POST, url)
+///     .header(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))
+///     .header(header::AUTHORIZATION, HeaderValue::from_static("Bearer s3cret"))
+///     .body(query)
+///     .dedup_key(query);
+/// assert_eq!(read.method(), Method::POST);
+/// assert_eq!(read.body_bytes(), query.as_bytes());
+/// ```
+#[derive(Clone, Debug)]
+pub struct Read {
+    pub(crate) method: http::Method,
+    pub(crate) url: reqwest::Url,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+    pub(crate) body: Bytes,
+    pub(crate) key: Option<Box<str>>,
+}
+
+impl Read {
+    /// A GET of `url`.
+    pub fn get(url: reqwest::Url) -> Self {
+        Self::new(http::Method::GET, url)
+    }
+
+    /// A `method` request to `url`, with no headers and no body yet.
+    pub fn new(method: http::Method, url: reqwest::Url) -> Self {
+        Self {
+            method,
+            url,
+            headers: Vec::new(),
+            body: Bytes::new(),
+            key: None,
+        }
+    }
+
+    /// Sends `Accept: accept` (part of the read's identity for de-duplication).
+    ///
+    /// Build a fixed value once, not per read (checking a long media-type
+    /// list costs more than the engine's whole read path):
+    ///
+    /// ```
+    /// use fanout_budget::Read;
+    /// use http::HeaderValue;
+    ///
+    /// static MANIFEST: HeaderValue = HeaderValue::from_static("application/vnd.oci.image.manifest.v1+json");
+    /// let url = "http://registry.local:5000/v2/acme/app/manifests/latest".parse().unwrap();
+    /// let read = Read::get(url).accept(MANIFEST.clone());
+    /// assert_eq!(read.accept_header(), Some(&MANIFEST));
+    /// ```
+    pub fn accept(self, accept: HeaderValue) -> Self {
+        self.header(http::header::ACCEPT, accept)
+    }
+
+    /// Sends header `name: value` too (part of the read's identity).
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// Sends `body`.
+    pub fn body(mut self, body: impl Into<Bytes>) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    /// De-duplicates this read with every other read of the inbound request
+    /// given the same `key` (and the same method and URL), whatever its
+    /// method: say that `key` names the answer (a query's text, a search).
+    pub fn dedup_key(mut self, key: impl Into<Box<str>>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The method.
+    pub fn method(&self) -> http::Method {
+        self.method.clone()
+    }
+
+    /// The URL.
+    pub fn url(&self) -> &reqwest::Url {
+        &self.url
+    }
+
+    /// The headers, in the order they were added.
+    pub fn headers(&self) -> &[(HeaderName, HeaderValue)] {
+        &self.headers
+    }
+
+    /// The `Accept` header, if any.
+    pub fn accept_header(&self) -> Option<&HeaderValue> {
+        self.headers
+            .iter()
+            .find_map(|(name, value)| (name == http::header::ACCEPT).then_some(value))
+    }
+
+    /// The body (empty for none).
+    pub fn body_bytes(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// Whether reads are de-duplicated without a key: `GET` and `HEAD`
+    /// answer the same to the same request.
+    pub(crate) fn is_safe(&self) -> bool {
+        matches!(self.method, http::Method::GET | http::Method::HEAD)
+    }
+}
+
+/// What the upstream answered (any status): status, headers, and the body.
+///
+/// One response is shared by every caller that de-duplication answers with
+/// it, for the rest of the inbound request; [`derived`](Self::derived)
+/// lets them share what is made of it too (a parsed body, an index).
+#[derive(Debug)]
+pub struct UpstreamResponse {
+    /// `host:port` that answered.
+    pub host: String,
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The response headers.
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+    /// What `derived` made of this response, once.
+    derived: OnceCell<Arc<dyn Any + Send + Sync>>,
+}
+
+impl UpstreamResponse {
+    /// The longest message [`error`](Self::error) keeps, in bytes.
+    pub const MAX_MESSAGE: usize = 256;
+
+    /// A response (what a [`Transport`] returns).
+    pub fn new(
+        host: impl Into<String>,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Self {
+        Self {
+            host: host.into(),
+            status,
+            headers,
+            body,
+            derived: OnceCell::new(),
+        }
+    }
+
+    /// What `derive` makes of this response, made **once** for everyone the
+    /// response is shared with: the first caller runs `derive`, callers
+    /// arriving meanwhile wait for it, later ones get the same `Arc` — the
+    /// value or the error. So N fields that read the same URL in one request
+    /// cost one read *and* one parse, not N parses of the same body (which,
+    /// with nothing to wait on, would also run without yielding to the
+    /// request's deadline). If the first caller is cancelled, the next one
+    /// derives instead.
+    ///
+    /// One derived type per response: asking for another type runs `derive`
+    /// without keeping its result. `derive` must not read this same response
+    /// again (it would wait for itself).
+    ///
+    /// ```
+    /// # use fanout_budget::{ReadError, UpstreamResponse};
+    /// # use http::{HeaderMap, StatusCode};
+    /// # tokio_test_block_on(async {
+    /// let response = UpstreamResponse::new("registry:5000", StatusCode::OK, HeaderMap::new(), r#"["a","b"]"#.into());
+    /// let parse = || async { response.json::<Vec<String>>() };
+    /// let first = response.derived(parse).await?;
+    /// let again = response
+    ///     .derived::<Vec<String>, ReadError, _, _>(|| async { unreachable!("made once") })
+    ///     .await?;
+    /// assert!(std::sync::Arc::ptr_eq(&first, &again));
+    /// # Ok::<_, ReadError>(())
+    /// # }).unwrap();
+    /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+    /// # }
+    /// ```
+    pub async fn derived<T, E, F, Fut>(&self, derive: F) -> Result<Arc<T>, E>
+    where
+        T: Send + Sync + 'static,
+        E: Clone + Send + Sync + 'static,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let mut derive = Some(derive);
+        let kept = self
+            .derived
+            .get_or_init(|| async {
+                let derive = derive.take().expect("derived once");
+                let made: Result<Arc<T>, E> = derive().await.map(Arc::new);
+                Arc::new(made) as Arc<dyn Any + Send + Sync>
+            })
+            .await;
+        match (kept.downcast_ref::<Result<Arc<T>, E>>(), derive) {
+            (Some(made), _) => made.clone(),
+            // Another type was derived first: make this one, unkept.
+            (None, Some(derive)) => derive().await.map(Arc::new),
+            (None, None) => unreachable!("the value just derived has this type"),
+        }
+    }
+
+    /// An `UPSTREAM_ERROR` for this response, with its status.
+    ///
+    /// The message is cut to [`MAX_MESSAGE`](Self::MAX_MESSAGE) bytes: it may quote the
+    /// upstream's own data (a parser's error names the value it choked on),
+    /// and one error can be copied into every field that shares the read.
+    pub fn error(&self, message: impl Into<String>) -> ReadError {
+        let mut message = message.into();
+        if message.len() > Self::MAX_MESSAGE {
+            let mut end = Self::MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push('…');
+        }
+        ReadError::Upstream {
+            host: self.host.clone(),
+            status: Some(self.status.as_u16()),
+            message,
+        }
+    }
+
+    /// This response if its status is a success (2xx), else an
+    /// `UPSTREAM_ERROR` with the status: a read answers whatever the upstream
+    /// said (a 404 may be an answer), and this is the one call that makes
+    /// any other status an error.
+    ///
+    /// ```
+    /// use fanout_budget::UpstreamResponse;
+    /// use http::{HeaderMap, StatusCode};
+    ///
+    /// let page = UpstreamResponse::new("api:80", StatusCode::BAD_GATEWAY, HeaderMap::new(), "<html>".into());
+    /// let err = page.error_for_status().unwrap_err();
+    /// assert_eq!(err.code(), "UPSTREAM_ERROR");
+    /// assert_eq!(err.extensions().get("status"), Some(&async_graphql::Value::from(502)));
+    /// ```
+    pub fn error_for_status(&self) -> Result<&Self, ReadError> {
+        if self.status.is_success() {
+            Ok(self)
+        } else {
+            Err(self.error(format!("unexpected status {}", self.status)))
+        }
+    }
+
+    /// The body as JSON, or `UPSTREAM_ERROR` if it is not the expected JSON.
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, ReadError> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| self.error(format!("unexpected response body: {e}")))
+    }
+
+    /// A header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// What makes two reads the same read: the method, the URL, the headers,
+/// the body, and the caller's key (a read that is not a `GET` or `HEAD` has
+/// one, or is never shared).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ReadKey {
+    method: http::Method,
+    url: Box<str>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// A `GET` with a body (a search API's) answers by its body too.
+    body: bytes::Bytes,
+    key: Option<Box<str>>,
+}
+
+impl ReadKey {
+    /// The key of `read`, or `None`: it is never shared.
+    pub(crate) fn of(read: &Read) -> Option<Self> {
+        (read.is_safe() || read.key.is_some()).then(|| Self {
+            method: read.method.clone(),
+            url: read.url.as_str().into(),
+            headers: read.headers.clone(),
+            body: read.body.clone(),
+            key: read.key.clone(),
+        })
+    }
+}
