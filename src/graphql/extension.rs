@@ -20,48 +20,45 @@
 //!
 //! async-graphql runs each operation of a batch as its own `Request` and
 //! creates one extension instance per operation. For each operation this
-//! extension:
+//! extension runs the per-operation pipeline (`pipeline.rs`), as
+//! `FanoutGraphQL` does:
 //!
 //! 1. in `prepare_request`, after the extensions registered after it (so a
-//!    query rewritten there is the one that runs), counts the text against
-//!    the batch's bound (`http.max_body_bytes`, persisted texts included),
-//!    hands async-graphql the parsed document kept for the operation's text ([`crate::document::cache`],
-//!    the engine's; the text is parsed and kept otherwise), so a text seen
-//!    before is not parsed again;
-//! 2. in `parse_query`, prices the operation with the engine's
-//!    [`CostTable`](crate::cost::CostTable) (if one is set) and adds it to the
-//!    request's `requested`;
-//! 3. in `execute`, takes the request's scope — the [`FanoutRequest`] the
-//!    integrator put into the batch's data (`BatchRequest::data`), else a new
-//!    one for this operation alone — and, when `refuse_over_estimate` is on
-//!    and the integrator announced the batch
-//!    ([`FanoutRequest::expect_operations`]), waits until every operation is
-//!    priced and refuses all of them if the sum exceeds the budget;
-//! 4. hands the resolvers an [`Operation`] through `run_with_data`, and
-//!    runs it within the request's deadline and memory bounds;
-//! 5. after execution, finishes the response exactly as `FanoutGraphQL`
-//!    does: contract codes, null propagation, `extensions.fanout`.
+//!    query rewritten there, such as a persisted-query lookup, is the one
+//!    that runs), takes the request's scope — the [`FanoutRequest`] the
+//!    integrator put into the operation's data (`BatchRequest::data`), else
+//!    the one [`FanoutLayer`](crate::FanoutLayer) opened for the HTTP
+//!    request this task serves, else a new one for this operation alone —
+//!    counts the text against the batch's bound (`http.max_body_bytes`),
+//!    and admits and prices the operation ([`Op::admit`]: the document
+//!    kept for the text handed to async-graphql, so a text seen before is
+//!    not parsed again); a refusal here is the operation's answer;
+//! 2. in `execute`, refuses it at the batch's barrier or runs it with its
+//!    [`Operation`] handle (`run_with_data`) within the request's deadline
+//!    and memory bounds, and finishes the response ([`Op::run`]).
+//!
+//! An operation that ends before this extension admitted it — refused by
+//! an extension registered before this one — still counts at the barrier,
+//! at 0, when the extension is dropped.
 
-use crate::document::guard::{self, Shape};
+use super::finish::code_errors;
+use super::pipeline::Op;
 use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
-use crate::error::{operation_error, refused, OperationError};
-use crate::graphql::finish::{code_errors, finish};
+use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
 use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
-use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
+use crate::request::{FanoutRequest, Operation, OperationData};
 use async_graphql::extensions::{
-    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextParseQuery, NextPrepareRequest,
-    NextRequest, NextResolve, NextValidation, ResolveInfo,
+    Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
+    NextResolve, NextValidation, ResolveInfo,
 };
-use async_graphql::parser::types::{ExecutableDocument, OperationType};
 use async_graphql::registry::MetaType;
-use async_graphql::{Data, Request, Response, ServerResult, Value, Variables};
+use async_graphql::{Data, Request, Response, ServerResult, Value};
 use async_graphql::{ServerError, ValidationResult};
 use std::any::TypeId;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use tracing::Instrument;
 
 /// The extension factory; mount it with `Schema::build(..).extension(FanoutExtension::new(&engine))`.
 ///
@@ -132,11 +129,9 @@ impl ExtensionFactory for FanoutExtension {
         Arc::new(PerOperation {
             factory: self.clone(),
             aside: AtomicBool::new(false),
-            operation_name: Mutex::new(None),
             query: Mutex::new(String::new()),
-            shape: Mutex::new(None),
             scope: Mutex::new(None),
-            requested: AtomicU64::new(0),
+            op: Mutex::new(None),
             priced: AtomicBool::new(false),
             meter: OnceLock::new(),
         })
@@ -147,15 +142,14 @@ struct PerOperation {
     factory: FanoutExtension,
     /// `FanoutGraphQL` already attached this operation's scope.
     aside: AtomicBool,
-    operation_name: Mutex<Option<String>>,
+    /// The text that runs, for the codes of errors async-graphql raises.
     query: Mutex<String>,
-    /// The checked document's shape, from `prepare_request`.
-    shape: Mutex<Option<Shape>>,
     /// The request's scope, found in `prepare_request`.
     scope: Mutex<Option<FanoutRequest>>,
+    /// The operation, admitted in `prepare_request`, run in `execute`.
+    op: Mutex<Option<Op>>,
     /// This operation counted at the scope's pricing barrier.
     priced: AtomicBool,
-    requested: AtomicU64,
     /// The request whose memory this operation's answer is counted in
     /// (under either integration).
     meter: OnceLock<FanoutRequest>,
@@ -209,89 +203,45 @@ impl Extension for PerOperation {
             self.aside.store(true, Relaxed);
             return next.run(ctx, request).await;
         }
-        // After the extensions registered after this one: the query text
-        // and the operation name as they will run (an extension may rewrite
-        // them, e.g. a persisted-query lookup).
-        // An operation refused here never reaches `parse_query`, where it
-        // would be priced: it counts as priced at 0, so the rest of an
-        // announced batch does not wait for it until the deadline.
         // The request's scope: the one the integrator put into the
         // operation's data, else the one `FanoutLayer` opened for the HTTP
-        // request this task serves.
+        // request this task serves, else one of its own.
         let scope = request
             .data
             .get(&TypeId::of::<FanoutRequest>())
             .and_then(|data| data.downcast_ref::<FanoutRequest>())
             .cloned()
-            .or_else(FanoutRequest::current);
-        lock(&self.scope).clone_from(&scope);
-        let refused = |err| {
-            if let Some(scope) = &scope {
-                self.price(scope, 0);
-            }
-            err
-        };
-        let request = next.run(ctx, request).await.map_err(refused)?;
+            .or_else(FanoutRequest::current)
+            .unwrap_or_else(|| {
+                // Outside any HTTP request's scope (a bare `schema.execute`,
+                // a subscription): a scope of its own, still priced first.
+                let scope = self.factory.engine.begin_request(Caller::Public);
+                scope.expect_operations(1);
+                scope
+            });
+        *lock(&self.scope) = Some(scope.clone());
+        // After the extensions registered after this one: the query text
+        // and the operation name as they will run.
+        let mut request = next.run(ctx, request).await.inspect_err(|_| {
+            self.price(&scope, 0);
+        })?;
+        request.query.clone_into(&mut lock(&self.query));
         // The text that runs, whatever a persisted-query lookup put there,
         // is bounded as the body is.
-        if let Some(scope) = &scope {
-            if let Err(max) = scope.run_text(request.query.len()) {
-                return Err(refused(operation_error(&OperationError::QueryTooLarge {
-                    max,
-                })));
-            }
-        }
-        let mut request = request;
-        *lock(&self.operation_name) = request.operation_name.clone();
-        // Parsed here (or the kept document copied) and checked before
-        // async-graphql's own steps walk it: its recursion-depth check and
-        // its complexity visitors expand fragments without a memo.
+        let text = scope
+            .run_text(request.query.len())
+            .map_err(|max| OperationError::QueryTooLarge { max });
+        let types = self.types(ctx);
         let engine = &self.factory.engine;
-        let max = engine.config().http.max_selections;
-        let (doc, shape) = guard::admit(engine.documents(), &request.query, max)
-            .map_err(|err| refused(operation_error(&err)))?;
-        request.set_parsed_query(doc);
-        // Kept for pricing in `parse_query`, which gets this document.
-        *lock(&self.shape) = Some(shape);
+        let op = Op::admit(engine, &types, &scope, &mut request, text);
+        self.priced.store(true, Relaxed);
+        op.operation().mark_metered();
+        let _ = self.meter.set(scope);
+        if let Some(refusal) = op.refusal() {
+            return Err(operation_error(refusal));
+        }
+        *lock(&self.op) = Some(op);
         Ok(request)
-    }
-
-    async fn parse_query(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        query: &str,
-        variables: &Variables,
-        next: NextParseQuery<'_>,
-    ) -> ServerResult<ExecutableDocument> {
-        if self.aside.load(Relaxed) {
-            return next.run(ctx, query, variables).await;
-        }
-        query.clone_into(&mut lock(&self.query));
-        let name = lock(&self.operation_name).clone();
-        let queries_only = lock(&self.scope).as_ref().is_some_and(|s| s.queries_only());
-        let parsed = next.run(ctx, query, variables).await.and_then(|doc| {
-            // A stock service runs whatever a GET's query string holds; a
-            // page on another site can send one without asking first.
-            match crate::document::guard::operation(&doc, name.as_deref()) {
-                Some(op) if queries_only && op.ty != OperationType::Query => {
-                    Err(operation_error(&OperationError::NotAQuery))
-                }
-                _ => Ok(doc),
-            }
-        });
-        let shape = lock(&self.shape).take();
-        let requested = match (&parsed, shape, self.factory.engine.costs()) {
-            (Ok(doc), Some(shape), Some(costs)) => {
-                let types = self.types(ctx);
-                crate::cost::estimate(costs, &types, doc, &shape, variables, name.as_deref())
-            }
-            _ => 0,
-        };
-        self.requested.store(requested, Relaxed);
-        if let Some(scope) = &*lock(&self.scope) {
-            self.price(scope, requested);
-        }
-        parsed
     }
 
     /// async-graphql's validation answers without running the operation
@@ -360,47 +310,16 @@ impl Extension for PerOperation {
         if self.aside.load(Relaxed) {
             return next.run(ctx, operation_name).await;
         }
-        let requested = self.requested.load(Relaxed);
-        let scope = lock(&self.scope).take();
-        let request = match scope {
-            Some(request) => request,
-            None => {
-                // Outside any HTTP request's scope (a bare `schema.execute`,
-                // a subscription): a scope of its own, still priced first.
-                let request = self.factory.engine.begin_request(Caller::Public);
-                request.expect_operations(1);
-                request.priced(requested);
-                request
-            }
+        let Some(op) = lock(&self.op).take() else {
+            // Not admitted here (an extension before this one ran the
+            // operation some other way): nothing to bound.
+            return next.run(ctx, operation_name).await;
         };
-        let operation = request.operation();
-        operation.mark_metered();
-        let _ = self.meter.set(request.clone());
-        let mut response = match request.refusal().await {
-            Some(refusal) => refused(&refusal),
-            None => {
-                let mut data = Data::default();
-                operation_data(&operation, &mut data, self.factory.data.as_ref());
-                let span =
-                    tracing::debug_span!("graphql.operation", name = operation_name, requested);
-                let run = next
-                    .run_with_data(ctx, operation_name, data)
-                    .instrument(span);
-                request.within_bounds(run).await
-            }
-        };
-        let query = std::mem::take(&mut *lock(&self.query));
+        let mut data = Data::default();
+        op.data(&mut data, self.factory.data.as_ref());
         let types = self.types(ctx);
-        let priced = self.factory.engine.costs().map(|_| requested);
-        finish(
-            &mut response,
-            &operation,
-            priced,
-            &types,
-            &query,
-            operation_name,
-        );
-        response
+        op.run(&types, next.run_with_data(ctx, operation_name, data))
+            .await
     }
 }
 

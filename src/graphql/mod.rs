@@ -5,6 +5,7 @@ pub(crate) mod finish;
 pub(crate) mod graphiql;
 pub(crate) mod layer;
 pub(crate) mod nulls;
+pub(crate) mod pipeline;
 pub(crate) mod protocol;
 pub(crate) mod service;
 

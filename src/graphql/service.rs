@@ -21,14 +21,12 @@
 //! ARCHITECTURE.md (the crate's docs). A browser's `GET` without a query
 //! gets GraphiQL (`graphiql.rs`).
 
-use crate::document::guard;
+use super::pipeline::Op;
+use super::protocol;
 use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
-use crate::error::{refused, OperationError, Rejection};
-use crate::graphql::finish::finish;
-use crate::graphql::protocol;
-use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
-use async_graphql::parser::types::OperationType;
+use crate::error::{OperationError, Rejection};
+use crate::request::{FanoutRequest, Operation, OperationData};
 use async_graphql::{
     BatchRequest, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
 };
@@ -197,10 +195,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             operations = requests.len(),
             reads = tracing::field::Empty,
         );
-        let responses = self
-            .run(&fanout, requests, get)
-            .instrument(span.clone())
-            .await;
+        let responses = self.run(&fanout, requests).instrument(span.clone()).await;
         span.record("reads", fanout.budget().used());
         let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
@@ -211,13 +206,14 @@ impl<E: Executor> FanoutGraphQL<E> {
         fanout.memory().lease_body(answer)
     }
 
-    /// Prices, then runs (or refuses) every operation of the request.
-    /// Over `GET` only queries run: anything else refuses the request (405).
+    /// Admits and prices every operation of the request, then runs them
+    /// (or refuses them) concurrently, each through the pipeline
+    /// (`pipeline.rs`). Over `GET` only queries run: anything else refuses
+    /// the request (405).
     async fn run(
         &self,
         fanout: &FanoutRequest,
         requests: Vec<Request>,
-        get: bool,
     ) -> Result<Vec<Response>, Rejection> {
         fanout.expect_operations(requests.len());
         // The texts the batch runs, persisted ones included, are bounded as
@@ -235,37 +231,28 @@ impl<E: Executor> FanoutGraphQL<E> {
         if text > max {
             return Err(Rejection::QueryTooLarge { max });
         }
-        let mut ops: Vec<Op> = requests
+        let mut ops: Vec<(Op, Request)> = requests
             .into_iter()
-            .map(|(request, persisted)| self.prepare(fanout, request, persisted))
+            .map(|(mut request, persisted)| {
+                let op = Op::admit(&self.engine, &self.types, fanout, &mut request, persisted);
+                (op, request)
+            })
             .collect();
-        if get
-            && ops
-                .iter()
-                .any(|op| op.kind.is_some_and(|k| k != OperationType::Query))
+        if ops
+            .iter()
+            .any(|(op, _)| op.refusal() == Some(&OperationError::NotAQuery))
         {
             return Err(Rejection::MethodNotAllowed {
                 allow: "POST",
                 message: "only queries run over GET; send a mutation as a POST".into(),
             });
         }
-        // Every operation is priced: the barrier answers at once.
-        if let Some(refusal) = fanout.refusal().await {
-            return Ok(ops
-                .iter_mut()
-                .map(|op| {
-                    let mut response = refused(&refusal);
-                    op.finish(&mut response, &self.types);
-                    response
-                })
-                .collect());
-        }
         let responses = if ops.len() == 1 {
-            let op = ops.pop().expect("one operation");
-            vec![self.execute(op).await]
+            let (op, request) = ops.pop().expect("one operation");
+            vec![self.execute(op, request).await]
         } else {
             ops.into_iter()
-                .map(|op| self.execute(op))
+                .map(|(op, request)| self.execute(op, request))
                 .collect::<FuturesOrdered<_>>()
                 .collect()
                 .await
@@ -275,6 +262,12 @@ impl<E: Executor> FanoutGraphQL<E> {
             Some(rejection) => Err(rejection),
             None => Ok(responses),
         }
+    }
+
+    /// Runs one admitted operation on the executor, through the pipeline.
+    async fn execute(&self, op: Op, mut request: Request) -> Response {
+        op.data(&mut request.data, self.data.as_ref());
+        op.run(&self.types, self.executor.execute(request)).await
     }
 
     /// Whether the schema mounts `FanoutExtension::new(&engine)`, which counts each
@@ -297,115 +290,12 @@ impl<E: Executor> FanoutGraphQL<E> {
             })
             .await
     }
-
-    /// Runs one operation (unless it was refused before it ran) and
-    /// finishes its response.
-    async fn execute(&self, mut op: Op) -> Response {
-        let mut response = match op.request.take().expect("each operation runs once") {
-            Ok(request) => {
-                let span = tracing::debug_span!(
-                    "graphql.operation",
-                    name = op.name.as_deref(),
-                    requested = op.requested.unwrap_or(0)
-                );
-                let run = self.executor.execute(request).instrument(span);
-                op.operation.request().within_bounds(run).await
-            }
-            Err(refusal) => refused(&refusal),
-        };
-        op.finish(&mut response, &self.types);
-        response
-    }
-
-    /// One operation before it runs: its handle attached, its persisted
-    /// query resolved (`persisted.rs`), its text parsed (or its kept document
-    /// copied) and checked ([`crate::document::guard`]), its required variables
-    /// present, its cost priced. async-graphql then validates and runs the
-    /// document it is given; a text that fails here never reaches it.
-    fn prepare(
-        &self,
-        fanout: &FanoutRequest,
-        mut request: Request,
-        persisted: Result<(), OperationError>,
-    ) -> Op {
-        let operation = fanout.operation();
-        operation_data(&operation, &mut request.data, self.data.as_ref());
-        let http = &self.engine.config().http;
-        let mut requested = self.engine.costs().map(|_| 0);
-        let mut kind = None;
-        let admitted = persisted
-            .and_then(|()| {
-                guard::admit(self.engine.documents(), &request.query, http.max_selections)
-            })
-            .and_then(|(doc, shape)| {
-                let op = guard::operation(&doc, request.operation_name.as_deref());
-                kind = op.map(|op| op.ty);
-                match op.and_then(|op| guard::missing_variable(op, &request.variables)) {
-                    Some(message) => Err(OperationError::BadUserInput { message }),
-                    None => Ok((doc, shape)),
-                }
-            })
-            .map(|(doc, shape)| {
-                if let Some(costs) = self.engine.costs() {
-                    requested = Some(crate::cost::estimate(
-                        costs,
-                        &self.types,
-                        &doc,
-                        &shape,
-                        &request.variables,
-                        request.operation_name.as_deref(),
-                    ));
-                }
-                doc
-            });
-        fanout.priced(requested.unwrap_or(0));
-        let query = request.query.clone();
-        let name = request.operation_name.clone();
-        let request = admitted.map(|doc| {
-            request.set_parsed_query(doc);
-            request
-        });
-        Op {
-            query,
-            name,
-            request: Some(request),
-            operation,
-            requested,
-            kind,
-        }
-    }
 }
 
 /// Why `FanoutGraphQL` answers 500 to a schema without the extension.
 const NOT_METERED: &str = "the schema served by FanoutGraphQL does not mount the engine's \
 extension, so its answers could not be bounded in memory while they are built: build it with \
 `Schema::build(..).extension(FanoutExtension::new(&engine))`, registered before the schema's other extensions";
-
-/// One operation of the batch, with what its response needs afterwards.
-struct Op {
-    /// The request to run, or why it is refused before running.
-    request: Option<Result<Request, OperationError>>,
-    operation: Arc<Operation>,
-    /// The estimate, when a cost table priced the operation.
-    requested: Option<u64>,
-    query: String,
-    name: Option<String>,
-    /// Query, mutation or subscription, once the text parsed.
-    kind: Option<OperationType>,
-}
-
-impl Op {
-    fn finish(&self, response: &mut Response, types: &SchemaTypes) {
-        finish(
-            response,
-            &self.operation,
-            self.requested,
-            types,
-            &self.query,
-            self.name.as_deref(),
-        );
-    }
-}
 
 impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
     type Response = HttpResponse;

@@ -1,0 +1,152 @@
+//! The per-operation pipeline, the one sequence every integration runs for
+//! each operation of a request:
+//!
+//! 1. **admit** ([`Op::admit`]): the text is guarded — its kept parsed
+//!    document copied, or parsed and checked (`document/guard.rs`:
+//!    selections, depth, aliases) — the operation it names found (over a
+//!    `GET`, only a query: `NOT_A_QUERY`), its required variables present
+//!    (`BAD_USER_INPUT`); a text that fails here never reaches
+//!    async-graphql's own parser and validation;
+//! 2. **price**: with a [`CostTable`](crate::cost::CostTable), the
+//!    operation's worst case in reads (`cost/`), added to the request's
+//!    `requested`; every operation counts at the batch's pricing barrier,
+//!    a refused one at 0, so the rest never wait for it;
+//! 3. **refuse** ([`Op::run`]): once every operation of the batch is priced,
+//!    all are refused together if their worst case exceeds the budget
+//!    (`refuse_over_estimate`);
+//! 4. **run within the request's bounds**: the deadline (plus a short grace
+//!    to answer the rest of the page) and the memory trip;
+//! 5. **finish** (`finish.rs`): contract codes, `null`s put back, and
+//!    `extensions.fanout`.
+//!
+//! [`FanoutGraphQL`](crate::FanoutGraphQL) admits each operation of the
+//! batch it parsed, then runs them concurrently; the extension admits in
+//! async-graphql's `prepare_request` hook and runs in its `execute` hook.
+
+use super::finish::finish;
+use crate::document::guard;
+use crate::document::schema_types::SchemaTypes;
+use crate::engine::Engine;
+use crate::error::{refused, OperationError};
+use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
+use async_graphql::parser::types::OperationType;
+use async_graphql::{Data, Request, Response};
+use std::future::Future;
+use std::sync::Arc;
+use tracing::Instrument;
+
+/// One operation of a request, admitted (or refused) and priced, with
+/// what its answer needs once it ran.
+pub(crate) struct Op {
+    operation: Arc<Operation>,
+    /// Why it is refused before it runs, if it is.
+    refused: Option<OperationError>,
+    /// The estimate, when a cost table priced the operation.
+    requested: Option<u64>,
+    query: String,
+    name: Option<String>,
+}
+
+impl Op {
+    /// Steps 1 and 2 for `request`, an operation of `scope` (`prior`: a
+    /// refusal found before, such as an unknown persisted query). On
+    /// success the request carries the document async-graphql will run.
+    pub(crate) fn admit(
+        engine: &Engine,
+        types: &SchemaTypes,
+        scope: &FanoutRequest,
+        request: &mut Request,
+        prior: Result<(), OperationError>,
+    ) -> Op {
+        let costs = engine.costs();
+        let mut requested = costs.map(|_| 0);
+        let max = engine.config().http.max_selections;
+        let name = request.operation_name.as_deref();
+        let admitted = prior
+            .and_then(|()| guard::admit(engine.documents(), &request.query, max))
+            .and_then(|(doc, shape)| {
+                let op = guard::operation(&doc, name);
+                // A page on another site can make a browser send a GET
+                // without asking first: only a query runs over one.
+                if scope.queries_only() && op.is_some_and(|op| op.ty != OperationType::Query) {
+                    return Err(OperationError::NotAQuery);
+                }
+                if let Some(message) =
+                    op.and_then(|op| guard::missing_variable(op, &request.variables))
+                {
+                    return Err(OperationError::BadUserInput { message });
+                }
+                if let Some(costs) = costs {
+                    let variables = &request.variables;
+                    requested = Some(crate::cost::estimate(
+                        costs, types, &doc, &shape, variables, name,
+                    ));
+                }
+                Ok(doc)
+            });
+        scope.priced(requested.unwrap_or(0));
+        let refused = match admitted {
+            Ok(doc) => {
+                request.set_parsed_query(doc);
+                None
+            }
+            Err(refusal) => Some(refusal),
+        };
+        Op {
+            operation: scope.operation(),
+            refused,
+            requested,
+            query: request.query.clone(),
+            name: request.operation_name.clone(),
+        }
+    }
+
+    /// Why the operation is refused before it runs, if it is.
+    pub(crate) fn refusal(&self) -> Option<&OperationError> {
+        self.refused.as_ref()
+    }
+
+    /// The operation's handle.
+    pub(crate) fn operation(&self) -> &Arc<Operation> {
+        &self.operation
+    }
+
+    /// Puts the operation's handle, then what the app adds, into `data`
+    /// (the data the operation runs with).
+    pub(crate) fn data(&self, data: &mut Data, app: Option<&OperationData>) {
+        operation_data(&self.operation, data, app);
+    }
+
+    /// Steps 3 to 5: refused at the batch's barrier (or before, at step 1),
+    /// else `execute` — the operation running with [`data`](Self::data) —
+    /// within the request's bounds; then finished.
+    pub(crate) async fn run(
+        self,
+        types: &SchemaTypes,
+        execute: impl Future<Output = Response>,
+    ) -> Response {
+        let scope = self.operation.request();
+        let refusal = scope.refusal().await.or(self.refused);
+        let mut response = match refusal {
+            Some(refusal) => refused(&refusal),
+            None => {
+                let span = tracing::debug_span!(
+                    "graphql.operation",
+                    name = self.name.as_deref(),
+                    requested = self.requested.unwrap_or(0)
+                );
+                scope.within_bounds(execute.instrument(span)).await
+            }
+        };
+        let name = self.name.as_deref();
+        finish(
+            &mut response,
+            &self.operation,
+            self.requested,
+            types,
+            &self.query,
+            name,
+        );
+        response
+    }
+}
