@@ -155,7 +155,7 @@ impl UpstreamResponse {
     /// The longest message [`error`](Self::error) keeps, in bytes.
     pub const MAX_MESSAGE: usize = 256;
 
-    /// A response (what a [`Transport`] returns).
+    /// A response (what a [`Transport`](crate::read::Transport) returns).
     pub fn new(
         host: impl Into<String>,
         status: StatusCode,
