@@ -20,7 +20,7 @@
 //! registering many texts costs the others at most a resend, never memory.
 //! A text is kept only once its hash is checked, so nobody can plant a text
 //! under another text's hash. The kept text is parsed like any other
-//! through the parsed-document cache (`documents.rs`).
+//! through the parsed-document cache (`cache.rs`).
 
 use crate::error::OperationError;
 use crate::seed::random_state;

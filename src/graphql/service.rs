@@ -3,23 +3,24 @@
 //! [`FanoutGraphQL`] is a `tower::Service` (mount it with axum's
 //! `route_service`). Per request it checks what the protocol asks of the
 //! request's method and headers (`protocol.rs`: GET or POST, `Accept`, CSRF
-//! for a POST's body and, under `http.csrf_get`, for a GET),
-//! opens the request's scope, reads the body within its bounds (413
+//! for a POST's body and, under `http.csrf_get`, for a GET), opens the
+//! request's scope, reads the body within its bounds (413
 //! `PAYLOAD_TOO_LARGE`, 408 `REQUEST_TIMEOUT`, both with `Connection: close`)
 //! or the query string of a GET (bounded like a body), parses one operation
 //! or a batch (400 `BAD_REQUEST`, 400 `BATCH_TOO_LARGE`: nothing runs,
-//! nothing is read), resolves persisted queries (`persisted.rs`), checks and
-//! prices each operation, runs them concurrently on the schema as
-//! async-graphql's `execute_batch` does, finishes each response
-//! (`finish.rs`) and writes the answers in the negotiated media type
-//! (`protocol.rs`). The schema mounts `FanoutExtension::new(&engine)`, which counts
-//! each answer as it is built (checked once, on the first request: without
-//! it every request answers 500, since its answers could not be bounded in
-//! memory). The texts a batch runs, persisted ones included, are bounded
-//! like its body (413). A batch a memory bound stopped answers as one
-//! (`RESPONSE_TOO_LARGE` or 503 `OVERLOADED`). Its place in the walk of one read:
-//! ARCHITECTURE.md (the crate's docs). A browser's `GET` without a query
-//! gets GraphiQL (`graphiql.rs`).
+//! nothing is read), resolves persisted queries (`document/persisted.rs`)
+//! and bounds the texts the batch runs like its body (413). Then each
+//! operation goes through the per-operation pipeline (`pipeline.rs`: admit,
+//! price, refuse, run within bounds, finish), all of them concurrently as
+//! async-graphql's `execute_batch` runs them, and the answers are written in
+//! the negotiated media type (`protocol.rs`). A batch a memory bound stopped
+//! answers as one (`RESPONSE_TOO_LARGE` or 503 `OVERLOADED`).
+//!
+//! The schema mounts [`FanoutExtension`](crate::FanoutExtension), which
+//! counts each answer as it is built (checked once, on the first request:
+//! without it every request answers 500, since its answers could not be
+//! bounded in memory). A browser's `GET` without a query gets GraphiQL
+//! (`graphiql.rs`). Its place in the walk of one read: ARCHITECTURE.md.
 
 use super::pipeline::Op;
 use super::protocol;

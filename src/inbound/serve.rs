@@ -21,7 +21,7 @@
 //!   hold the whole table; a refusal costs an accept and a reset, and a
 //!   client refused again within 10 s waits a second for its reset, so one
 //!   that reconnects as fast as it is refused is slowed down
-//!   (`src/serve/refusals.rs`).
+//!   (`src/inbound/serve/refusals.rs`).
 //! - **Headers within `http.header_read_timeout_ms`.** hyper's HTTP/1
 //!   connection (`header_read_timeout`, on hyper-util's tokio timer) closes a
 //!   connection whose request head is not complete in time. hyper arms that
@@ -33,7 +33,7 @@
 //!   hyper has no write timeout: a client that never reads its response
 //!   would pin the response in memory for as long as it keeps the socket
 //!   open. Each connection's stream is wrapped in a `WriteTimeout`
-//!   (`src/serve/write_timeout.rs`): a write that stays pending that long
+//!   (`src/inbound/serve/write_timeout.rs`): a write that stays pending that long
 //!   ends the connection, and everything it holds is dropped.
 //! - **Bodies** are bounded where they are read, in
 //!   [`FanoutGraphQL`](crate::FanoutGraphQL): the whole body within
