@@ -145,7 +145,7 @@ where
                     return Ok(refused.unread());
                 }
             } else {
-                let policy = engine.config().http.csrf_get();
+                let policy = engine.config().http.csrf_get_or_default();
                 if let Err(refused) =
                     crate::graphql::protocol::check_get(&parts.headers, parts.uri.query(), policy)
                 {

@@ -157,7 +157,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             .unread();
         }
         let csrf = if get {
-            let policy = self.engine.config().http.csrf_get();
+            let policy = self.engine.config().http.csrf_get_or_default();
             protocol::check_get(request.headers(), request.uri().query(), policy)
         } else {
             protocol::check_json_body(request.headers())

@@ -28,10 +28,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 /// ```
 /// use fanout_budget::{config::HttpConfig, inbound::cors_layer};
 ///
-/// let http = HttpConfig {
-///     cors_allowed_origins: vec!["https://app.example".into()],
-///     ..HttpConfig::default()
-/// };
+/// let http = HttpConfig::default().cors_allowed_origins(["https://app.example"]);
 /// let app: axum::Router = axum::Router::new()
 ///     .route("/graphql", axum::routing::post(|| async { "…" }))
 ///     .layer(tower::util::option_layer(cors_layer(&http)));

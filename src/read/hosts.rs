@@ -210,7 +210,7 @@ impl Drop for Counted {
 /// use std::time::Duration;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let one = HostConfig { max_concurrent: 1, acquire_wait_ms: 10, ..Default::default() };
+/// let one = HostConfig::default().max_concurrent(1).acquire_wait_ms(10);
 /// let caps = LocalHostCaps::new([("registry:5000".to_string(), one)].into());
 /// let slot = caps.acquire("registry:5000", Duration::from_secs(1)).await.unwrap();
 /// assert!(caps.acquire("registry:5000", Duration::from_secs(1)).await.is_err(), "at the cap");

@@ -1,0 +1,207 @@
+//! `[http]`: limits on the inbound HTTP request and its answer, CORS and
+//! CSRF, their keys and their rules.
+
+use super::{at_least_one, ConfigError};
+use serde::Deserialize;
+use std::time::Duration;
+
+section! {
+    /// `[http]`
+    #[derive(Clone, Debug, Deserialize, PartialEq)]
+    #[serde(deny_unknown_fields, default)]
+    pub struct HttpConfig {
+        /// More operations in one batch: the whole batch is rejected, nothing runs.
+        pub max_batch_operations: usize = 20,
+        /// Largest accepted request body, in bytes.
+        pub max_body_bytes: usize = 65_536,
+        /// Memory for parsed documents kept by query text, so a text seen
+        /// before is not parsed again (each entry weighed as its text plus its
+        /// document's estimated heap, `documents::weight`); `0`: every query is
+        /// parsed.
+        pub document_cache_bytes: usize = 8 << 20,
+        /// Field selections one operation may expand to, fragments expanded
+        /// (counted in linear time before async-graphql validates it); more:
+        /// `GRAPHQL_VALIDATION_FAILED`, nothing runs.
+        pub max_selections: u64 = 2_000,
+        /// How long a client may take to send a request's headers, in
+        /// milliseconds (then the connection is closed).
+        pub header_read_timeout_ms: u64 = 5_000,
+        /// How long a client may take to send a request's body, in milliseconds
+        /// (never past the request deadline); then 408 and the connection closed.
+        pub body_read_timeout_ms: u64 = 10_000,
+        /// Open inbound connections at most; more wait in the listen backlog.
+        pub max_connections: usize = 512,
+        /// Open inbound connections from one client at most (keyed as
+        /// `[rate_limit]` keys clients; trusted proxies have no share); more are
+        /// closed as soon as they are accepted.
+        pub max_connections_per_client: usize = 64,
+        /// Bytes of one answer (the whole batch's JSON) at most; more: the
+        /// answer is `RESPONSE_TOO_LARGE` instead.
+        pub max_response_bytes: usize = 16 << 20,
+        /// Memory one request's answer (the whole batch's) may hold while it is
+        /// built, counted as resolvers produce it (`memory.rs`: each value 80
+        /// bytes plus its string bytes, each object entry 112, each field error
+        /// 1.5 KiB plus its message, extensions and path, each resolve still
+        /// running 4 KiB). Past it the request stops at once and answers
+        /// `RESPONSE_TOO_LARGE`.
+        pub max_answer_bytes: usize = 160 << 20,
+        /// Memory all requests in flight may hold at once: answers being built
+        /// and being written to clients, and the upstream bodies they keep. The request that would pass it
+        /// stops and answers 503 `OVERLOADED` (`Retry-After: 1`).
+        pub max_inflight_bytes: usize = 512 << 20,
+        /// How long writing a response to a connection may make no progress (the
+        /// client reads nothing), in milliseconds; then the connection is closed
+        /// and its response dropped.
+        pub write_timeout_ms: u64 = 10_000,
+        /// Memory for the query texts of Apollo automatic persisted queries,
+        /// kept by their SHA-256 (each weighed as its text plus 128 bytes) in
+        /// two generations of half each: a text asked for once per generation
+        /// stays. `0`: persisted queries are off
+        /// (a hash-only request is `PERSISTED_QUERY_NOT_SUPPORTED`).
+        pub persisted_queries_bytes: usize = 1 << 20,
+        /// Origins a browser app may call the endpoint from (CORS), each
+        /// `scheme://host[:port]`, or `["*"]` for any; empty: no CORS headers,
+        /// so browsers keep the endpoint same-origin.
+        pub cors_allowed_origins: Vec<String> = Vec::new() => list,
+        /// Whether a `GET` carrying a GraphQL request must show it was not sent
+        /// by a page on another site ([`CsrfGet`]). Unset: the application's
+        /// default — [`CsrfGet::RequirePreflight`] for the library
+        /// ([`csrf_get_or_default`](Self::csrf_get_or_default)); the gateway
+        /// ships `allow`.
+        pub csrf_get: Option<CsrfGet> = None => into,
+    }
+}
+
+/// `[http] csrf_get`: what a `GET` that carries a GraphQL request (a
+/// `query` or `extensions` parameter) must show before it runs.
+///
+/// A `GET` runs queries only (a mutation over `GET` is 405), and CORS keeps
+/// its answer from other origins. But a page on any site can make a
+/// visitor's browser send one — an image tag, a link — with the visitor's
+/// cookies and no CORS preflight: for an app that authenticates by cookie,
+/// such a query runs as the visitor (it spends their reads and their rate
+/// limit, and whatever a query does on the side, it does).
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CsrfGet {
+    /// Refused with 400 `BAD_REQUEST` before anything runs unless it carries
+    /// what a page cannot send cross-site without a preflight: a non-empty
+    /// `Apollo-Require-Preflight` or `X-Apollo-Operation-Name` header, or a
+    /// `Content-Type` other than none, `text/plain`, a form or multipart —
+    /// as Apollo Router's CSRF prevention refuses it. The library's default:
+    /// safe for an app with ambient credentials (cookies), at the price of
+    /// stock clients' plain `GET`s (urql's default for queries, a link to a
+    /// query), which must add the header.
+    #[default]
+    RequirePreflight,
+    /// Runs it as any other query. For an endpoint with no ambient
+    /// credentials — no cookie, no session, nothing a browser adds by itself
+    /// that the answer depends on — where a cross-site `GET` gets what the
+    /// page could have fetched itself: the gateway's setting. What another
+    /// site can still do is spend its visitors' reads and per-IP rate limit,
+    /// at most a budget per request.
+    Allow,
+}
+
+impl HttpConfig {
+    /// `header_read_timeout_ms` as a duration.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// `body_read_timeout_ms` as a duration.
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
+    }
+
+    /// `write_timeout_ms` as a duration.
+    pub fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.write_timeout_ms)
+    }
+
+    /// `csrf_get`, unset meaning [`CsrfGet::RequirePreflight`].
+    pub fn csrf_get_or_default(&self) -> CsrfGet {
+        self.csrf_get.unwrap_or_default()
+    }
+
+    /// Counts, sizes and timeouts are at least 1 (the caches may be 0: off);
+    /// `cors_allowed_origins` are origins.
+    pub(super) fn check(&self) -> Result<(), ConfigError> {
+        at_least_one(
+            "http",
+            [
+                ("max_batch_operations", self.max_batch_operations as u64),
+                ("max_body_bytes", self.max_body_bytes as u64),
+                ("max_selections", self.max_selections),
+                ("header_read_timeout_ms", self.header_read_timeout_ms),
+                ("body_read_timeout_ms", self.body_read_timeout_ms),
+                ("max_connections", self.max_connections as u64),
+                (
+                    "max_connections_per_client",
+                    self.max_connections_per_client as u64,
+                ),
+                ("write_timeout_ms", self.write_timeout_ms),
+                ("max_response_bytes", self.max_response_bytes as u64),
+                ("max_answer_bytes", self.max_answer_bytes as u64),
+                ("max_inflight_bytes", self.max_inflight_bytes as u64),
+            ],
+        )?;
+        check_origins(&self.cors_allowed_origins)
+    }
+}
+
+/// Checks `[http] cors_allowed_origins`: `["*"]` alone, or origins.
+fn check_origins(origins: &[String]) -> Result<(), ConfigError> {
+    let key = "http.cors_allowed_origins";
+    if origins.iter().any(|o| o == "*") && origins.len() > 1 {
+        return Err(ConfigError::new(
+            key,
+            "\"*\" allows every origin; list it alone",
+        ));
+    }
+    for origin in origins.iter().filter(|o| *o != "*") {
+        let ok = origin.split_once("://").is_some_and(|(scheme, rest)| {
+            matches!(scheme, "http" | "https")
+                && !rest.is_empty()
+                && !rest.contains(['/', '?', '#', ' ', '*'])
+        }) && ::http::HeaderValue::from_str(origin).is_ok();
+        if !ok {
+            return Err(ConfigError::new(
+                key,
+                format!(
+                    "\"{origin}\" is not an origin (scheme://host[:port], e.g. \"https://app.example\", no path)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_origins;
+
+    #[test]
+    fn origins_are_checked() {
+        let ok =
+            |list: &[&str]| check_origins(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(ok(&[]).is_ok());
+        assert!(ok(&["*"]).is_ok());
+        assert!(ok(&["https://app.example", "http://localhost:3000"]).is_ok());
+        for bad in [
+            &["*", "https://a.example"][..],
+            &["https://app.example/"],
+            &["app.example"],
+            &["ftp://app.example"],
+            &["https://"],
+        ] {
+            let err = ok(bad).unwrap_err();
+            assert_eq!(err.key(), Some("http.cors_allowed_origins"), "{err}");
+            assert!(
+                err.to_string().starts_with("http.cors_allowed_origins: "),
+                "{err}"
+            );
+        }
+    }
+}
