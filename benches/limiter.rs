@@ -174,12 +174,9 @@ fn layer_service(
     keys: &Arc<Vec<IpAddr>>,
     rpm: NonZeroU32,
 ) -> RateLimitService<Empty> {
-    let config = RateLimitConfig {
-        requests_per_minute: rpm.get(),
-        internal_token: TOKEN.into(),
-        trusted_proxies: Vec::new(),
-        ..RateLimitConfig::default()
-    };
+    let config = RateLimitConfig::default()
+        .requests_per_minute(rpm.get())
+        .internal_token(TOKEN);
     let service = tower::Layer::layer(&RateLimitLayer::new(&config), Empty);
     rt.block_on(async {
         for k in keys.iter() {
@@ -281,11 +278,9 @@ fn tokens(c: &mut Criterion, rt: &Runtime, denied: &AtomicU64) {
 fn redis(c: &mut Criterion, denied: &AtomicU64, run_paired: bool) -> Option<Paired> {
     let rt = current_thread();
     let server = rt.block_on(RedisServer::start())?;
-    let config = RedisConfig {
-        url: format!("redis://127.0.0.1:{}", server.port),
-        timeout_ms: 1_000,
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default()
+        .url(format!("redis://127.0.0.1:{}", server.port))
+        .timeout_ms(1_000);
     let backend = RedisBackend::new(&config).expect("a redis URL");
     rt.block_on(async {
         for _ in 0..200 {

@@ -67,11 +67,9 @@ async fn main() {
     let mut config = Config::default();
     config.hosts.insert(
         DB.to_string(),
-        fanout_budget::config::HostConfig {
-            max_concurrent: 4,
-            acquire_wait_ms: 200,
-            ..Default::default()
-        },
+        fanout_budget::config::HostConfig::default()
+            .max_concurrent(4)
+            .acquire_wait_ms(200),
     );
     let db = Arc::new(Database {
         latency: Duration::from_millis(20),

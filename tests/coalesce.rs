@@ -26,10 +26,7 @@ use tokio::task::JoinHandle;
 /// The default configuration, with a `[hosts]` table for `host`.
 fn config(host: &str, coalesce: bool) -> Config {
     let mut config = Config::default();
-    let table = HostConfig {
-        coalesce,
-        ..Default::default()
-    };
+    let table = HostConfig::default().coalesce(coalesce);
     config.hosts.insert(host.to_string(), table);
     config
 }

@@ -139,11 +139,7 @@ async fn a_hop_to_another_host_takes_that_hosts_slot() {
     let mut config = Config::default();
     config.hosts.insert(
         format!("127.0.0.1:{}", capped.addr.port()),
-        HostConfig {
-            max_concurrent: 0,
-            acquire_wait_ms: 10,
-            ..Default::default()
-        },
+        HostConfig::default().max_concurrent(0).acquire_wait_ms(10),
     );
     let answer = ask(
         &Engine::new(config),

@@ -320,17 +320,24 @@ async fn csrf_get_allow_runs_a_plain_get() {
 #[test]
 fn csrf_get_is_read_from_the_config_and_a_bad_value_names_the_key() {
     assert_eq!(Config::default().http.csrf_get, None);
-    assert_eq!(Config::default().http.csrf_get(), CsrfGet::RequirePreflight);
+    assert_eq!(
+        Config::default().http.csrf_get_or_default(),
+        CsrfGet::RequirePreflight
+    );
     for (text, want) in [
         ("allow", CsrfGet::Allow),
         ("require_preflight", CsrfGet::RequirePreflight),
     ] {
         let config = Config::from_toml(&format!("[http]\ncsrf_get = \"{text}\"\n")).unwrap();
         assert_eq!(config.http.csrf_get, Some(want));
-        assert_eq!(config.http.csrf_get(), want);
+        assert_eq!(config.http.csrf_get_or_default(), want);
     }
     for bad in ["\"sideways\"", "true", "\"Allow\""] {
         let err = Config::from_toml(&format!("[http]\ncsrf_get = {bad}\n")).unwrap_err();
-        assert!(err.0.starts_with("http.csrf_get:"), "{bad}: {err}");
+        assert_eq!(err.key(), Some("http.csrf_get"), "{bad}: {err}");
+        assert!(
+            err.to_string().starts_with("http.csrf_get:"),
+            "{bad}: {err}"
+        );
     }
 }

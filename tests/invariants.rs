@@ -66,7 +66,7 @@ proptest! {
             config.budget.max_reads = case.budget;
             config.budget.read_timeout_ms = 60;
             config.budget.max_concurrent_reads = case.per_request;
-            config.hosts.insert(upstream.host(), HostConfig { max_concurrent: case.cap, acquire_wait_ms: 500, ..Default::default() });
+            config.hosts.insert(upstream.host(), HostConfig::default().max_concurrent(case.cap).acquire_wait_ms(500));
             let engine = Engine::new(config);
             let mut requests = Vec::new();
             let mut tasks = Vec::new();

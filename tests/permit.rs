@@ -19,11 +19,9 @@ fn config(max_reads: u64, cap: u32, read_timeout_ms: u64) -> Config {
     config.budget.read_timeout_ms = read_timeout_ms;
     config.hosts.insert(
         DB.to_string(),
-        HostConfig {
-            max_concurrent: cap,
-            acquire_wait_ms: 10_000,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(cap)
+            .acquire_wait_ms(10_000),
     );
     config
 }

@@ -15,11 +15,9 @@ use std::time::Duration;
 
 /// Caps for host `h:1` alone.
 fn cap(max_concurrent: u32, acquire_wait_ms: u64) -> LocalHostCaps {
-    let config = HostConfig {
-        max_concurrent,
-        acquire_wait_ms,
-        ..Default::default()
-    };
+    let config = HostConfig::default()
+        .max_concurrent(max_concurrent)
+        .acquire_wait_ms(acquire_wait_ms);
     LocalHostCaps::new([("h:1".to_string(), config)].into())
 }
 
@@ -111,11 +109,7 @@ async fn every_outcome_releases_the_host_slot_and_balances_the_counters() {
     config.budget.read_timeout_ms = 300;
     config.hosts.insert(
         "up.test:81".into(),
-        HostConfig {
-            max_concurrent: 1,
-            acquire_wait_ms: 10,
-            ..Default::default()
-        },
+        HostConfig::default().max_concurrent(1).acquire_wait_ms(10),
     );
     let (engine, transport) = engine(config);
     let request = engine.begin_request(Caller::Public);
@@ -168,11 +162,7 @@ async fn a_cap_of_zero_refuses_without_charging() {
     let mut config = Config::default();
     config.hosts.insert(
         "up.test:81".into(),
-        HostConfig {
-            max_concurrent: 0,
-            acquire_wait_ms: 10,
-            ..Default::default()
-        },
+        HostConfig::default().max_concurrent(0).acquire_wait_ms(10),
     );
     let (engine, _transport) = engine(config);
     let request = engine.begin_request(Caller::Public);
@@ -190,19 +180,11 @@ async fn each_read_takes_the_slot_of_its_own_host() {
     let mut config = Config::default();
     config.hosts.insert(
         "open.test:81".into(),
-        HostConfig {
-            max_concurrent: 4,
-            acquire_wait_ms: 10,
-            ..Default::default()
-        },
+        HostConfig::default().max_concurrent(4).acquire_wait_ms(10),
     );
     config.hosts.insert(
         "closed.test:82".into(),
-        HostConfig {
-            max_concurrent: 0,
-            acquire_wait_ms: 10,
-            ..Default::default()
-        },
+        HostConfig::default().max_concurrent(0).acquire_wait_ms(10),
     );
     let (engine, _transport) = engine(config);
     let at = |host: &str, path: &str| Read::get(format!("http://{host}/{path}").parse().unwrap());

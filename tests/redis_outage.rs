@@ -25,20 +25,16 @@ struct Replica {
 }
 
 fn replicas(redis: &RedisServer, n: usize, mode: FailureMode, timeout_ms: u64) -> Vec<Replica> {
-    let config = RedisConfig {
-        url: redis.url(),
-        failure_mode: mode,
-        timeout_ms,
-        lease_ms: LEASE_MS,
-        backoff_ms: 200,
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default()
+        .url(redis.url())
+        .failure_mode(mode)
+        .timeout_ms(timeout_ms)
+        .lease_ms(LEASE_MS)
+        .backoff_ms(200);
     let mut hosts = BTreeMap::new();
-    let host = HostConfig {
-        max_concurrent: CAP,
-        acquire_wait_ms: 5_000,
-        ..Default::default()
-    };
+    let host = HostConfig::default()
+        .max_concurrent(CAP)
+        .acquire_wait_ms(5_000);
     hosts.insert(HOST.to_string(), host);
     (0..n)
         .map(|_| {
@@ -208,6 +204,7 @@ async fn hang(mode: FailureMode) {
             let answered = match mode {
                 FailureMode::Open => Stats::get(&stats.ok) >= ok + 40,
                 FailureMode::Closed => Stats::get(&stats.unavailable) >= refused + 40,
+                other => unreachable!("no outage test for {other:?}"),
             };
             answered && failed_calls(&replicas) >= failed + 4
         },
@@ -299,6 +296,7 @@ async fn killed(mode: FailureMode) {
         match mode {
             FailureMode::Open => drop(got.expect("open: the local cap serves")),
             FailureMode::Closed => assert_eq!(got.unwrap_err().code(), "UNAVAILABLE"),
+            other => unreachable!("no outage test for {other:?}"),
         }
     }
     // The probes keep failing (every backoff) and calls stay fast meanwhile.
@@ -362,20 +360,16 @@ async fn a_restarted_redis_caps_again_within_one_backoff() {
         return;
     };
     let backoff = Duration::from_millis(1_000);
-    let config = RedisConfig {
-        url: redis.url(),
-        failure_mode: FailureMode::Open,
-        timeout_ms: 200,
-        lease_ms: LEASE_MS,
-        backoff_ms: backoff.as_millis() as u64,
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default()
+        .url(redis.url())
+        .failure_mode(FailureMode::Open)
+        .timeout_ms(200)
+        .lease_ms(LEASE_MS)
+        .backoff_ms(backoff.as_millis() as u64);
     let mut hosts = BTreeMap::new();
-    let host = HostConfig {
-        max_concurrent: CAP,
-        acquire_wait_ms: 5_000,
-        ..Default::default()
-    };
+    let host = HostConfig::default()
+        .max_concurrent(CAP)
+        .acquire_wait_ms(5_000);
     hosts.insert(HOST.to_string(), host);
     let backend = RedisBackend::new(&config).unwrap();
     let caps = Arc::new(RedisHostCaps::new(hosts, backend.clone()));
@@ -490,7 +484,8 @@ fn zero_redis_durations_are_refused_naming_the_key() {
             _ => config.redis.backoff_ms = 0,
         }
         let err = config.validate().unwrap_err();
-        assert_eq!(err.0, format!("redis.{key} must be at least 1"));
+        assert_eq!(err.to_string(), format!("redis.{key} must be at least 1"));
+        assert_eq!(err.key(), Some(format!("redis.{key}").as_str()));
     }
 }
 
@@ -499,14 +494,16 @@ fn redis_durations_that_void_every_share_are_refused_naming_the_key() {
     let mut config = fanout_budget::Config::default();
     config.redis.refresh_ms = config.redis.lease_ms / 3 + 1;
     let err = config.validate().unwrap_err();
+    assert_eq!(err.key(), Some("redis.refresh_ms"));
     assert!(err
-        .0
+        .to_string()
         .starts_with("redis.refresh_ms must be less than a third of redis.lease_ms"));
     let mut config = fanout_budget::Config::default();
     config.redis.timeout_ms = config.redis.lease_ms * 2 / 3 + 1;
     let err = config.validate().unwrap_err();
+    assert_eq!(err.key(), Some("redis.timeout_ms"));
     assert!(err
-        .0
+        .to_string()
         .starts_with("redis.timeout_ms must be less than two thirds of redis.lease_ms"));
     assert!(fanout_budget::Config::default().validate().is_ok());
 }

@@ -14,11 +14,7 @@ use std::time::{Duration, Instant};
 const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 7));
 
 fn limiter(redis: &RedisServer, per_minute: u32) -> (RedisRateLimiter, RedisBackend) {
-    let config = RedisConfig {
-        url: redis.url(),
-        timeout_ms: 2_000,
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default().url(redis.url()).timeout_ms(2_000);
     let backend = RedisBackend::new(&config).unwrap();
     let rpm = NonZeroU32::new(per_minute).unwrap();
     (RedisRateLimiter::new(backend.clone(), rpm), backend)
@@ -148,12 +144,10 @@ async fn a_hung_redis_costs_one_client_one_timeout_not_one_per_request() {
     let Some(redis) = RedisServer::start().await else {
         return;
     };
-    let config = RedisConfig {
-        url: redis.url(),
-        timeout_ms: 300,
-        backoff_ms: 100,
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default()
+        .url(redis.url())
+        .timeout_ms(300)
+        .backoff_ms(100);
     let backend = RedisBackend::new(&config).unwrap();
     let limiter = std::sync::Arc::new(RedisRateLimiter::new(
         backend.clone(),

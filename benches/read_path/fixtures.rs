@@ -30,11 +30,9 @@ pub(crate) fn mem_engine(yields: bool) -> Engine {
     if std::env::var("READ_PATH_NOCAP").as_deref() != Ok("1") {
         config.hosts.insert(
             HOST.into(),
-            HostConfig {
-                max_concurrent: 256,
-                acquire_wait_ms: 50,
-                ..Default::default()
-            },
+            HostConfig::default()
+                .max_concurrent(256)
+                .acquire_wait_ms(50),
         );
     }
     Engine::builder(config)

@@ -15,11 +15,9 @@ async fn a_client_disconnect_cancels_its_reads_over_real_tcp() {
     let mut config = Config::default();
     config.hosts.insert(
         registry.host(),
-        HostConfig {
-            max_concurrent: 8,
-            acquire_wait_ms: 1000,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(8)
+            .acquire_wait_ms(1000),
     );
     let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);
     let engine = gateway.engine.clone();

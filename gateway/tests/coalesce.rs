@@ -76,12 +76,10 @@ async fn thousand_requests(coalesce: bool) -> Seen {
     // coalescing, 11,000 reads queue for the host's slots): generous bounds.
     config.budget.read_timeout_ms = 120_000;
     config.budget.deadline_ms = 240_000;
-    let table = HostConfig {
-        coalesce,
-        // Without coalescing 11,000 reads queue for the host's 256 slots.
-        acquire_wait_ms: 30_000,
-        ..Default::default()
-    };
+    // Without coalescing 11,000 reads queue for the host's 256 slots.
+    let table = HostConfig::default()
+        .coalesce(coalesce)
+        .acquire_wait_ms(30_000);
     config.hosts.insert(host.clone(), table);
     let tags: Vec<String> = (0..TAGS).map(|i| format!("t{i:02}")).collect();
     if coalesce {

@@ -17,11 +17,9 @@ async fn every_kind_of_bad_upstream_answer_degrades_only_its_row() {
     // A cap makes the slot accounting observable.
     config.hosts.insert(
         registry.host(),
-        HostConfig {
-            max_concurrent: 16,
-            acquire_wait_ms: 1000,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(16)
+            .acquire_wait_ms(1000),
     );
     let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);
     let faults = [

@@ -33,11 +33,9 @@ fn fleet(cluster: &RedisCluster, registry: &EmbeddedRegistry) -> Vec<Gateway> {
     config.redis.backoff_ms = 200;
     config.rate_limit.requests_per_minute = RPM;
     config.budget.deadline_ms = DEADLINE.as_millis() as u64;
-    let host = HostConfig {
-        max_concurrent: 4,
-        acquire_wait_ms: 2_000,
-        ..Default::default()
-    };
+    let host = HostConfig::default()
+        .max_concurrent(4)
+        .acquire_wait_ms(2_000);
     config.hosts.insert(registry.host(), host);
     (0..REPLICAS)
         .map(|_| app::build(config.clone(), registry.url().parse().unwrap(), None))

@@ -16,11 +16,9 @@ fn capped(host: &str, max_concurrent: u32, acquire_wait_ms: u64) -> Config {
     config.rate_limit.requests_per_minute = 1_000_000;
     config.hosts.insert(
         host.to_string(),
-        HostConfig {
-            max_concurrent,
-            acquire_wait_ms,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(max_concurrent)
+            .acquire_wait_ms(acquire_wait_ms),
     );
     config
 }
@@ -196,11 +194,9 @@ async fn two_hosts_with_different_caps_are_enforced_independently() {
     let mut config = capped(&a.host(), 1, 30_000);
     config.hosts.insert(
         b.host(),
-        HostConfig {
-            max_concurrent: 3,
-            acquire_wait_ms: 30_000,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(3)
+            .acquire_wait_ms(30_000),
     );
     // One engine (one process), two schemas over two registries.
     let engine = Engine::builder(config)

@@ -37,11 +37,9 @@ async fn a_thousand_concurrent_requests() {
     config.rate_limit.requests_per_minute = 1_000_000;
     config.hosts.insert(
         registry.host(),
-        HostConfig {
-            max_concurrent: cap,
-            acquire_wait_ms: 2_000,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(cap)
+            .acquire_wait_ms(2_000),
     );
     let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);
 

@@ -98,11 +98,9 @@ async fn two_replicas_share_the_per_ip_limit_and_host_caps_on_a_cluster() {
 
     // One capped upstream host through the two gateways (as on one server).
     let mut config = self::config(&cluster, FailureMode::Closed, 10_000);
-    let host = HostConfig {
-        max_concurrent: 4,
-        acquire_wait_ms: 30_000,
-        ..Default::default()
-    };
+    let host = HostConfig::default()
+        .max_concurrent(4)
+        .acquire_wait_ms(30_000);
     config.hosts.insert(registry.host(), host);
     let (a, b) = (
         app::build(config.clone(), registry.url().parse().unwrap(), None),
@@ -116,11 +114,9 @@ async fn two_replicas_share_the_per_ip_limit_and_host_caps_on_a_cluster() {
     let hosts: Vec<String> = (0..6).map(|i| format!("h{i}.test:443")).collect();
     let mut config = self::config(&cluster, FailureMode::Closed, 10_000);
     for (i, h) in hosts.iter().enumerate() {
-        let cap = HostConfig {
-            max_concurrent: 2 + i as u32 % 2,
-            acquire_wait_ms: 5_000,
-            ..Default::default()
-        };
+        let cap = HostConfig::default()
+            .max_concurrent(2 + i as u32 % 2)
+            .acquire_wait_ms(5_000);
         config.hosts.insert(h.clone(), cap);
     }
     let replicas: Vec<Arc<RedisHostCaps>> = (0..2)
@@ -342,11 +338,9 @@ async fn failover(mode: FailureMode, fault: Fault) {
     registry.set_latency(Some(Duration::from_millis(20)));
     let mut config = config(&cluster, mode, 5);
     config.budget.deadline_ms = DEADLINE_MS;
-    let host = HostConfig {
-        max_concurrent: CAP,
-        acquire_wait_ms: 1_000,
-        ..Default::default()
-    };
+    let host = HostConfig::default()
+        .max_concurrent(CAP)
+        .acquire_wait_ms(1_000);
     config.hosts.insert(registry.host(), host);
     let replicas = [
         Replica::new(&config, &registry),
@@ -406,6 +400,7 @@ async fn failover(mode: FailureMode, fault: Fault) {
         // Each replica on its own cap while Redis is skipped.
         FailureMode::Open => 2 * u64::from(CAP),
         FailureMode::Closed => u64::from(CAP),
+        other => unreachable!("no failover test for {other:?}"),
     };
     assert!(
         outage_peak <= fleet_bound,
@@ -455,6 +450,7 @@ async fn failover(mode: FailureMode, fault: Fault) {
             refused >= 10,
             "closed: refused {refused} during the failover"
         ),
+        other => unreachable!("no failover test for {other:?}"),
     }
     let slowest: Vec<Duration> = [WARM_UP, OUTAGE, RECOVERED]
         .map(|phase| Duration::from_micros(load.get(phase, |o| &o.slowest_us)))

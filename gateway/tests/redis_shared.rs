@@ -58,11 +58,9 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
     let mut config = config(&redis, FailureMode::Closed, 10_000);
     config.hosts.insert(
         registry.host(),
-        HostConfig {
-            max_concurrent: 4,
-            acquire_wait_ms: 30_000,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(4)
+            .acquire_wait_ms(30_000),
     );
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
     a_cap_of_four_holds_across(&[&a, &b], &registry).await;
@@ -111,11 +109,7 @@ async fn a_crashed_replicas_slots_free_up_after_the_lease() {
     let host = "upstream.test:5000".to_string();
     config.hosts.insert(
         host.clone(),
-        HostConfig {
-            max_concurrent: 2,
-            acquire_wait_ms: 20,
-            ..Default::default()
-        },
+        HostConfig::default().max_concurrent(2).acquire_wait_ms(20),
     );
     // The crashed replica held both slots and never reported again: its
     // field of the host's hash, lapsing a lease after its last claim.
@@ -157,11 +151,7 @@ async fn a_held_slot_outlives_its_lease_while_renewed() {
     let host = "upstream.test:5001".to_string();
     config.hosts.insert(
         host.clone(),
-        HostConfig {
-            max_concurrent: 1,
-            acquire_wait_ms: 10,
-            ..Default::default()
-        },
+        HostConfig::default().max_concurrent(1).acquire_wait_ms(10),
     );
     let caps = RedisHostCaps::new(
         config.hosts.clone(),
@@ -311,11 +301,9 @@ async fn a_dead_redis_costs_no_timeout_per_request() {
     config.redis.backoff_ms = 200;
     config.hosts.insert(
         registry.host(),
-        HostConfig {
-            max_concurrent: 8,
-            acquire_wait_ms: 1_000,
-            ..Default::default()
-        },
+        HostConfig::default()
+            .max_concurrent(8)
+            .acquire_wait_ms(1_000),
     );
     let gateway = replica(&config, &registry);
     // One read (the tag list), so one host lease and one per-IP check.
@@ -381,13 +369,9 @@ async fn the_share_of_a_host_is_on_metrics() {
     };
     let registry = EmbeddedRegistry::fixture().await.unwrap();
     let mut config = config(&redis, FailureMode::Closed, 10_000);
-    config.hosts.insert(
-        registry.host(),
-        HostConfig {
-            max_concurrent: 16,
-            ..Default::default()
-        },
-    );
+    config
+        .hosts
+        .insert(registry.host(), HostConfig::default().max_concurrent(16));
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .expect("the only recorder of this test binary");
