@@ -8,8 +8,8 @@
 //! they must keep: `budget.rs` (`[budget]`), `http.rs` (`[http]`),
 //! `hosts.rs` (`[hosts."HOST:PORT"]`), `rate_limit.rs` (`[rate_limit]`),
 //! `redis.rs` (`[redis]`), `upstream.rs` (`[upstream]`); `error.rs` the
-//! error and how a TOML error finds its key. This file is the whole file's
-//! [`Config`], its loading and its [`validate`](Config::validate).
+//! error and how a TOML error finds its key. This file holds [`Config`]
+//! (the whole file), its loading and its [`validate`](Config::validate).
 //!
 //! Every struct is `#[non_exhaustive]`, so a key added later breaks no user:
 //! build one from `Default` (or TOML) and set what you need, with the

@@ -90,7 +90,7 @@ max_redirects = 0
 /// line and column). Each error's `key()` is the key.
 #[test]
 fn a_bad_value_of_each_section_names_its_key() {
-    let cases: &[(&str, &str, Option<(usize, usize)>)] = &[
+    let cases = [
         ("[budget]\nmax_reads = 0", "budget.max_reads", None),
         (
             "[budget]\ndeadline_ms = \"soon\"",
@@ -174,8 +174,8 @@ fn a_bad_value_of_each_section_names_its_key() {
     ];
     for (text, key, position) in cases {
         let err = Config::from_toml(text).unwrap_err();
-        assert_eq!(err.key(), Some(*key), "{text:?}: {err}");
-        assert_eq!(err.line().zip(err.column()), *position, "{text:?}: {err}");
+        assert_eq!(err.key(), Some(key), "{text:?}: {err}");
+        assert_eq!(err.line().zip(err.column()), position, "{text:?}: {err}");
         let shown = err.to_string();
         assert!(shown.starts_with(key), "{text:?}: {shown}");
         assert!(shown.contains(err.message()), "{text:?}: {shown}");
