@@ -1,6 +1,6 @@
 //! `[budget]`: the per-request read budget, its keys and their rules.
 
-use super::{at_least_one, ConfigError};
+use super::error::{at_least_one, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 

@@ -155,6 +155,20 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// `section.key must be at least 1` for the first of `values` that is 0.
+pub(super) fn at_least_one<const N: usize>(
+    section: &str,
+    values: [(&str, u64); N],
+) -> Result<(), ConfigError> {
+    match values.into_iter().find(|(_, value)| *value == 0) {
+        Some((key, _)) => Err(ConfigError::rule(
+            format!("{section}.{key}"),
+            "must be at least 1",
+        )),
+        None => Ok(()),
+    }
+}
+
 /// One segment of a dotted key as TOML writes it: bare if it can be,
 /// otherwise quoted (`registry.local`, `"registry:5000"`).
 pub(crate) fn key_segment(segment: &str) -> String {

@@ -1,7 +1,7 @@
 //! `[http]`: limits on the inbound HTTP request and its answer, CORS and
 //! CSRF, their keys and their rules.
 
-use super::{at_least_one, ConfigError};
+use super::error::{at_least_one, ConfigError};
 use serde::Deserialize;
 use std::time::Duration;
 

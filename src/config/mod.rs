@@ -8,8 +8,10 @@
 //! they must keep: `budget.rs` (`[budget]`), `http.rs` (`[http]`),
 //! `hosts.rs` (`[hosts."HOST:PORT"]`), `rate_limit.rs` (`[rate_limit]`),
 //! `redis.rs` (`[redis]`), `upstream.rs` (`[upstream]`); `error.rs` the
-//! error and how a TOML error finds its key. This file holds [`Config`]
-//! (the whole file), its loading and its [`validate`](Config::validate).
+//! error, how a TOML error finds its key, and the rule they share (`at
+//! least 1`). The sections name `error.rs` and nothing else here. This file
+//! holds [`Config`] (the whole file), its loading and its
+//! [`validate`](Config::validate).
 //!
 //! Every struct is `#[non_exhaustive]`, so a key added later breaks no user:
 //! build one from `Default` (or TOML) and set what you need, with the
@@ -180,19 +182,5 @@ impl Config {
         self.rate_limit.check()?;
         self.redis.check()?;
         Ok(())
-    }
-}
-
-/// `section.key must be at least 1` for the first of `values` that is 0.
-fn at_least_one<const N: usize>(
-    section: &str,
-    values: [(&str, u64); N],
-) -> Result<(), ConfigError> {
-    match values.into_iter().find(|(_, value)| *value == 0) {
-        Some((key, _)) => Err(ConfigError::rule(
-            format!("{section}.{key}"),
-            "must be at least 1",
-        )),
-        None => Ok(()),
     }
 }

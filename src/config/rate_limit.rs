@@ -1,7 +1,8 @@
 //! `[rate_limit]`: inbound per-client limiting and internal callers, their
 //! keys and their rules.
 
-use super::{at_least_one, cidr::Cidr, ConfigError};
+use super::cidr::Cidr;
+use super::error::{at_least_one, ConfigError};
 use serde::Deserialize;
 use std::fmt;
 

@@ -1,6 +1,6 @@
 //! `[redis]`: shared state across replicas, its keys and their rules.
 
-use super::{at_least_one, ConfigError};
+use super::error::{at_least_one, ConfigError};
 use serde::Deserialize;
 
 section! {
