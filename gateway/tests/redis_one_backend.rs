@@ -1,13 +1,14 @@
 //! One Redis backend for the whole process: the gateway's per-IP limit and
-//! per-host caps share one connection to a `redis-server` and one breaker,
-//! so an outage and the recovery are each reported once.
+//! per-host caps share one connection to a `redis-server` (to each node of
+//! a Redis Cluster) and one breaker, so an outage and the recovery are each
+//! reported once.
 mod common;
 
 use common::*;
 use fanout_budget::config::{FailureMode, HostConfig};
 use fanout_budget::Config;
 use fanout_gateway::app::{self, Gateway};
-use fanout_testkit::until;
+use fanout_testkit::{until, RedisCluster};
 use serde_json::json;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,11 @@ use std::time::{Duration, Instant};
 fn gateway(redis: &RedisServer, registry: &EmbeddedRegistry, mode: FailureMode) -> Gateway {
     let mut config = Config::default();
     config.redis.url = redis.url();
+    gateway_on(config, registry, mode)
+}
+
+/// The same on the `[redis]` of `config`.
+fn gateway_on(mut config: Config, registry: &EmbeddedRegistry, mode: FailureMode) -> Gateway {
     config.redis.failure_mode = mode;
     config.redis.backoff_ms = 100;
     config.rate_limit.requests_per_minute = 60;
@@ -42,7 +48,8 @@ async fn one_read(gateway: &Gateway, peer: &str) -> u16 {
     status
 }
 
-/// Connections to `redis` other than the one asking (`CLIENT LIST`).
+/// Clients connected to `redis` (`CLIENT LIST`): normal ones (not a
+/// replication link), but for the one asking.
 async fn connections(redis: &RedisServer) -> usize {
     let Some(redis::Value::BulkString(list)) = redis.command(&["CLIENT", "LIST"]).await else {
         panic!("CLIENT LIST");
@@ -50,7 +57,7 @@ async fn connections(redis: &RedisServer) -> usize {
     String::from_utf8(list)
         .unwrap()
         .lines()
-        .filter(|client| !client.contains("cmd=client|list"))
+        .filter(|client| client.contains(" flags=N ") && !client.contains("cmd=client|list"))
         .count()
 }
 
@@ -81,6 +88,52 @@ async fn both_limits_of_a_gateway_share_one_connection() {
         1,
         "one connection for both limits"
     );
+}
+
+/// The same on a Redis Cluster (three masters, one replica each): one
+/// connection to each master (the cluster client sends nothing to a
+/// replica), for both limits.
+#[tokio::test]
+async fn both_limits_of_a_gateway_share_one_connection_per_cluster_master() {
+    let Some(cluster) = RedisCluster::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
+    let mut config = Config::default();
+    config.redis.cluster_nodes = cluster.urls();
+    // Six servers and a test binary on a shared 2-core machine.
+    config.redis.timeout_ms = 250;
+    let gateway = gateway_on(config, &registry, FailureMode::Closed);
+    // Clients whose per-IP keys fall on every master.
+    for i in 0..30 {
+        assert_eq!(
+            one_read(&gateway, &format!("192.0.2.{}:1", 100 + i)).await,
+            200
+        );
+    }
+    let masters = cluster.masters().await;
+    assert_eq!(masters.len(), 3);
+    let ports = cluster.live_ports();
+    let want: Vec<usize> = ports
+        .iter()
+        .map(|p| usize::from(masters.contains(p)))
+        .collect();
+    let per_node = async || {
+        let mut counts = Vec::new();
+        for port in &ports {
+            counts.push(connections(cluster.node(*port)).await);
+        }
+        counts
+    };
+    // (The seeds asked for the slot map close their connections meanwhile.)
+    until(
+        "one connection per master",
+        Duration::from_secs(5),
+        async || per_node().await == want,
+    )
+    .await;
+    assert_eq!(one_read(&gateway, "192.0.2.99:1").await, 200);
+    assert_eq!(per_node().await, want, "one connection per master");
 }
 
 /// The log lines at `INFO` and above written while it is the default

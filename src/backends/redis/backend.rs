@@ -1,30 +1,18 @@
-//! [`RedisBackend`]: one process's connection to its shared state, every
-//! call to Redis going through [`call`](RedisBackend::call).
+//! [`RedisBackend`]: one process's connection to its shared state; every
+//! call to Redis goes through [`call`](RedisBackend::call).
 //!
-//! - **A call** is bounded by `timeout_ms` (connecting included) and counted
-//!   (`fanout_redis_calls_total`). It goes out by a [`Route`]: a new check
-//!   is skipped while the breaker is open; a probe is always sent; a
+//! - **A call** is bounded by `timeout_ms` (connecting included), counted
+//!   (`fanout_redis_calls_total`), and goes out by a [`Route`]: a new check
+//!   is skipped while the breaker is open, a probe is always sent, a
 //!   give-back goes on the current connection only.
-//! - **Breaker** (`backends/breaker.rs`). A failed or timed-out call opens
-//!   it — unless it failed on a connection a probe has replaced since: a
-//!   follow-up still in flight to a hung master says nothing of the new
-//!   connection. One background probe per `backoff_ms` closes it again.
-//! - **The probe.** On a server, `TIME` — sent twice when the first fails on
-//!   a lost connection, since the connection manager answers the first call
-//!   after an outage with the reconnect it made while Redis was down, so
-//!   the first probe after a restart gets through and the limits resume
-//!   within `backoff_ms` and one call; still failing `lease_ms` after the
-//!   breaker opened, the connection is dropped, so a silently dead one is
-//!   replaced (by then no share it carried is live). On a cluster, a new
-//!   connection, which replaces the current one once every master serving
-//!   slots answered its `TIME` (`conn`): through a failover the breaker
-//!   stays open instead of closing on whichever node happened to answer.
-//!   A new connection, because the cluster client corrects a route only on
-//!   a redirect or a refused connection: a hung master (connections open,
-//!   nothing answered) only times out, and the current connection keeps
-//!   sending its slots to it after its replica took over.
+//! - **The breaker** (`backends/breaker.rs`): a failed or timed-out call
+//!   opens it — unless it failed on a connection a probe has since
+//!   replaced (a follow-up still in flight to a hung master says nothing of
+//!   the new one). One background [`probe`](RedisBackend::probe) per
+//!   `backoff_ms` closes it again: on a server `TIME`, on a cluster a new
+//!   connection that every master answered.
 //! - **Timed scripts** carry their deadline on the clock of the node that
-//!   runs them ([`Clocks`]), and the clocks learn from every reply.
+//!   runs them ([`Clocks`]), which learn from every reply.
 
 use super::clocks::Clocks;
 use super::conn::{Conn, Target};
@@ -40,8 +28,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// A shared Redis connection — to one server or to a Redis Cluster — with a
-/// call timeout, a key prefix and a circuit breaker. One per process: the
-/// limits on it come from [`SharedLimits`](super::SharedLimits).
+/// call timeout, a key prefix and a circuit breaker. One per process, and
+/// every limit on it: [`SharedLimits`](crate::backends::redis::SharedLimits)
+/// makes them.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -92,17 +81,6 @@ pub(super) enum Route {
     /// For something already held (a give-back): always sent, on the
     /// current connection only.
     FollowUp,
-}
-
-/// A call that gave no answer.
-pub(super) struct Failure {
-    pub(super) error: Unavailable,
-}
-
-impl From<Failure> for Unavailable {
-    fn from(failure: Failure) -> Self {
-        failure.error
-    }
 }
 
 /// Redis gave no answer, because of `err`.
@@ -279,14 +257,12 @@ impl RedisBackend {
         route: Route,
         deadline: Instant,
         f: F,
-    ) -> Result<T, Failure>
+    ) -> Result<T, Unavailable>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        let skipped = || Failure {
-            error: down("skipped after a failed call (backoff)"),
-        };
+        let skipped = || down("skipped after a failed call (backoff)");
         if route == Route::Call && self.is_open() {
             return Err(skipped());
         }
@@ -320,7 +296,7 @@ impl RedisBackend {
         } else {
             self.trip(&error);
         }
-        Err(Failure { error })
+        Err(error)
     }
 
     fn trip(&self, error: &Unavailable) {
@@ -337,7 +313,12 @@ impl RedisBackend {
         });
     }
 
-    /// One probe (see the module's docs).
+    /// One probe: on a cluster, a new connection, which asks every master
+    /// for its `TIME` (`conn`) and replaces the current one when they all
+    /// answer. On a server, `TIME` (once more on the connection's fresh
+    /// reconnect if the first failed on a lost connection); still failing
+    /// `lease_ms` after the breaker opened, the connection is dropped (by
+    /// then no share it carried is live) and the next probe makes a new one.
     async fn probe(&self, opened: Instant) -> Result<(), Unavailable> {
         let deadline = self.local_deadline();
         if self.is_cluster() {
@@ -374,12 +355,12 @@ impl RedisBackend {
         });
         match probed.await {
             Ok(()) => Ok(()),
-            Err(failure) => {
+            Err(error) => {
                 // Once no share it carried can still be live.
                 if opened.elapsed() >= self.inner.lease {
                     *self.inner.conn.lock().await = None;
                 }
-                Err(failure.error)
+                Err(error)
             }
         }
     }
@@ -394,7 +375,7 @@ impl RedisBackend {
         key: &str,
         holder: Option<&str>,
         ints: &[i64],
-    ) -> Result<T, Failure> {
+    ) -> Result<T, Unavailable> {
         self.call(route, deadline, |mut conn| async move {
             script.run(&mut conn, key, holder, ints).await
         })
@@ -414,7 +395,7 @@ impl RedisBackend {
         key: &str,
         holder: Option<&str>,
         ints: &[i64],
-    ) -> Result<T, Failure> {
+    ) -> Result<T, Unavailable> {
         let local = self.local_deadline();
         let mut args = ints.to_vec();
         args.push(0);

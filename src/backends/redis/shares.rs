@@ -43,7 +43,8 @@ pub struct RedisHostCaps {
 
 impl RedisHostCaps {
     /// Caps for the `[hosts]` tables, shared on `backend` (a process's
-    /// [`SharedLimits`](super::SharedLimits) makes them on its backend).
+    /// [`SharedLimits`](crate::backends::redis::SharedLimits) makes them on
+    /// its backend, beside its other limits).
     pub fn new(hosts: BTreeMap<String, HostConfig>, backend: RedisBackend) -> Self {
         // Unique per replica and restart: no clock involved.
         let nonce =

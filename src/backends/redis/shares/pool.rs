@@ -207,11 +207,11 @@ impl Pool {
                     let hdel = redis::cmd("HDEL").arg(&key).arg(&holder).clone();
                     async move { hdel.query_async::<i64>(&mut conn).await }
                 });
-                let Err(failure) = removed.await else {
+                let Err(error) = removed.await else {
                     return;
                 };
                 if Instant::now() + backend.backoff() >= until {
-                    tracing::debug!(error = %failure.error, "could not give back a host share; it lapses");
+                    tracing::debug!(%error, "could not give back a host share; it lapses");
                     return;
                 }
                 tokio::time::sleep(backend.backoff()).await;
