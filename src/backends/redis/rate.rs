@@ -140,7 +140,10 @@ impl Stock {
     }
 }
 
-/// The per-IP limit on Redis.
+/// The per-IP limit on Redis, an [`InboundLimiter`] for
+/// [`RateLimitLayer::shared`](crate::inbound::RateLimitLayer::shared) (a
+/// process's [`SharedLimits`](crate::backends::redis::SharedLimits) makes it
+/// on its backend, beside its other limits).
 #[derive(Debug)]
 pub struct RedisRateLimiter {
     backend: RedisBackend,
