@@ -4,14 +4,12 @@ use crate::oci::RegistryUrl;
 use crate::schema::{self, RegistrySchema};
 use axum::routing::get;
 use axum::Router;
-use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps, RedisRateLimiter};
+use fanout_budget::backends::redis::SharedLimits;
 use fanout_budget::config::CsrfGet;
 use fanout_budget::{
     inbound::{cors_layer, RateLimitLayer},
     Config, Engine, FanoutExtension, FanoutGraphQL,
 };
-use std::num::NonZeroU32;
-use std::sync::Arc;
 
 /// Deepest selection accepted (the introspection query needs about 13).
 pub const MAX_DEPTH: usize = 20;
@@ -34,6 +32,9 @@ pub struct Gateway {
     pub engine: Engine,
     /// The schema.
     pub schema: RegistrySchema,
+    /// The limits shared on Redis (`[redis]`), all on one backend: the
+    /// engine's host caps and the per-IP limit; `None`: in-process.
+    pub shared: Option<SharedLimits>,
 }
 
 /// Renders `/metrics`; the binary installs a Prometheus recorder and passes
@@ -49,18 +50,20 @@ pub type MetricsRender = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 /// counted under `host="other"`.
 ///
 /// With `[redis] url` (one server) or `cluster_nodes` (a Redis Cluster) set,
-/// the per-host caps and the per-IP limit are shared on Redis (nothing
-/// connects until the first request, so a Redis that is down does not stop
-/// start-up). The gateway's [`defaults`] fill in what `config` leaves unset.
+/// the per-host caps and the per-IP limit are shared on Redis, both on one
+/// backend: one connection per node, one breaker (nothing connects until
+/// the first request, so a Redis that is down does not stop start-up). The
+/// gateway's [`defaults`] fill in what `config` leaves unset.
 pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRender>) -> Gateway {
     let config = defaults(config);
+    let shared = shared_limits(&config);
     let mut engine = Engine::builder(config.clone())
         .costs(schema::costs())
         .known_host(fanout_budget::read::host_name(&upstream));
-    if let Some(redis) = redis_backend(&config) {
-        engine = engine.host_limiter(Arc::new(RedisHostCaps::new(config.hosts.clone(), redis)));
+    if let Some(shared) = &shared {
+        engine = engine.host_limiter(shared.host_limiter());
     }
-    build_with(engine.build(), upstream, metrics)
+    assemble(engine.build(), shared, upstream, metrics)
 }
 
 /// `config` with the gateway's defaults where they differ from the
@@ -82,33 +85,38 @@ pub fn defaults(mut config: Config) -> Config {
     config
 }
 
-fn redis_backend(config: &Config) -> Option<RedisBackend> {
-    if !config.redis.is_enabled() {
-        return None;
-    }
+/// The limits shared on Redis for `config`; `None` without `[redis]`.
+fn shared_limits(config: &Config) -> Option<SharedLimits> {
     // The URL or the nodes were validated with the configuration.
-    RedisBackend::new(&config.redis).ok()
+    SharedLimits::open(config).ok().flatten()
 }
 
-/// The inbound limiter for `config`: in-process, or shared on Redis.
-pub fn rate_limit_layer(config: &Config) -> RateLimitLayer {
-    let layer = RateLimitLayer::new(&config.rate_limit);
-    match redis_backend(config) {
-        None => layer,
-        Some(redis) => {
-            let rpm =
-                NonZeroU32::new(config.rate_limit.requests_per_minute).unwrap_or(NonZeroU32::MIN);
-            let mode = redis.failure_mode();
-            layer.shared(Arc::new(RedisRateLimiter::new(redis, rpm)), mode)
-        }
+/// The inbound limiter: on `shared` (Redis), or in-process for `config`.
+pub fn rate_limit_layer(config: &Config, shared: Option<&SharedLimits>) -> RateLimitLayer {
+    match shared {
+        Some(shared) => shared.rate_limit_layer(),
+        None => RateLimitLayer::new(&config.rate_limit),
     }
 }
 
 /// The gateway on an engine built by the caller (a custom host limiter or
 /// clock), whose configuration is taken as it is (pass it through
-/// [`defaults`] first for the gateway's).
+/// [`defaults`] first for the gateway's). With `[redis]`, the per-IP limit
+/// is shared on Redis on limits of its own: an engine whose host caps are
+/// on Redis comes from [`build`], which puts both on one backend.
 pub fn build_with(
     engine: Engine,
+    upstream: reqwest::Url,
+    metrics: Option<MetricsRender>,
+) -> Gateway {
+    let shared = shared_limits(engine.config());
+    assemble(engine, shared, upstream, metrics)
+}
+
+/// The gateway on `engine`, its per-IP limit on `shared` if any.
+fn assemble(
+    engine: Engine,
+    shared: Option<SharedLimits>,
     upstream: reqwest::Url,
     metrics: Option<MetricsRender>,
 ) -> Gateway {
@@ -123,7 +131,7 @@ pub fn build_with(
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
     // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.
-    let limiter = rate_limit_layer(engine.config());
+    let limiter = rate_limit_layer(engine.config(), shared.as_ref());
     let graphql = FanoutGraphQL::new(schema.clone(), engine.clone());
     let router = Router::new()
         .route_service("/graphql", graphql.clone())
@@ -138,5 +146,6 @@ pub fn build_with(
         router,
         engine,
         schema,
+        shared,
     }
 }

@@ -9,7 +9,7 @@ mod common;
 use common::*;
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
 use fanout_budget::config::{FailureMode, HostConfig};
-use fanout_budget::{read::HostLimiter, Config, Engine};
+use fanout_budget::{read::HostLimiter, Config};
 use fanout_gateway::app::{self, Gateway};
 use fanout_testkit::{until, RedisCluster};
 use serde_json::{json, Value};
@@ -29,7 +29,7 @@ fn config(cluster: &RedisCluster, mode: FailureMode, rpm: u32) -> Config {
     config
 }
 
-/// A gateway replica whose host caps' backend the test can watch.
+/// A gateway replica whose shared limits' backend the test can watch.
 struct Replica {
     gateway: Gateway,
     caps: Arc<RedisHostCaps>,
@@ -38,18 +38,13 @@ struct Replica {
 
 impl Replica {
     fn new(config: &Config, registry: &EmbeddedRegistry) -> Self {
-        let backend = RedisBackend::new(&config.redis).unwrap();
-        assert!(backend.is_cluster());
-        let caps = Arc::new(RedisHostCaps::new(config.hosts.clone(), backend.clone()));
-        let engine = Engine::builder(config.clone())
-            .costs(fanout_gateway::schema::costs())
-            .host_limiter(caps.clone())
-            .build();
-        let gateway = app::build_with(engine, registry.url().parse().unwrap(), None);
+        let gateway = app::build(config.clone(), registry.url().parse().unwrap(), None);
+        let shared = gateway.shared.clone().expect("[redis] cluster_nodes");
+        assert!(shared.backend().is_cluster());
         Self {
+            caps: shared.host_limiter(),
+            backend: shared.backend().clone(),
             gateway,
-            caps,
-            backend,
         }
     }
 }
@@ -374,14 +369,14 @@ async fn failover(mode: FailureMode, fault: Fault) {
     let new_master = cluster.master_of(&host_key).await;
     assert_ne!(new_master, victim);
     assert!(!masters.contains(&new_master), "a replica took over");
-    // The breakers close: both replicas' host caps run on Redis again.
+    // The breakers close (one per replica): both replicas' host caps and
+    // per-IP limits run on Redis again.
     let closed = until("breakers closed", Duration::from_secs(10), async || {
         replicas.iter().all(|r| !r.backend.is_open())
     })
     .await;
-    // Each replica serves again on Redis (its per-IP limiter's breaker,
-    // which this test does not see, closed too), and the reads the open
-    // mode let through on the local caps alone have ended.
+    // Each replica serves again on Redis, and the reads the open mode let
+    // through on the local caps alone have ended.
     let served = |r: usize| load.served[r].load(SeqCst);
     let base = [served(0), served(1)];
     until(
@@ -485,7 +480,7 @@ async fn failover(mode: FailureMode, fault: Fault) {
     println!(
         "{mode:?}, {fault:?}: master {victim}; cluster ready again {promoted:?} after, breakers \
          closed {closed:?} later; during the failover {served} served, {refused} refused, \
-         {outage_failures} failed Redis calls (host caps), \
+         {outage_failures} failed Redis calls, \
          upstream peak {outage_peak} (cap {CAP}); after it peak {recovered_peak}; slowest \
          request by phase {slowest:?}; {:?} in all",
         killed.elapsed(),

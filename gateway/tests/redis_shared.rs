@@ -326,7 +326,7 @@ async fn a_dead_redis_costs_no_timeout_per_request() {
     let dead = timed(20).await;
     println!("1-read request, Redis up: {healthy:?}; Redis dead (timeout 2000 ms): {dead:?}");
     // At most the first request after the kill meets the broken connection;
-    // then the breakers are open and no request waits on Redis.
+    // then the breaker is open and no request waits on Redis.
     for took in &dead[1..] {
         assert!(
             *took < Duration::from_millis(500),

@@ -4,8 +4,9 @@
 //! behind [`HostLimiter`](crate::read::HostLimiter), and governor's in-process
 //! GCRA inside the [`RateLimitLayer`](crate::inbound::RateLimitLayer) (the
 //! [`InboundLimiter`](crate::inbound::InboundLimiter) seam). When one replica is not
-//! enough, the same seams take the Redis backends here; resolvers and the HTTP
-//! integration do not change. The per-request fan-out budget always stays
+//! enough, the same seams take the Redis backends here — both made once per
+//! process on one backend by [`SharedLimits`](redis::SharedLimits); resolvers
+//! and the HTTP integration do not change. The per-request fan-out budget always stays
 //! in-process: one HTTP request lands on one replica.
 //!
 //! Which to use:

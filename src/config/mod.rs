@@ -109,6 +109,7 @@ pub use error::ConfigError;
 pub use hosts::HostConfig;
 pub use http::{CsrfGet, HttpConfig};
 pub use rate_limit::RateLimitConfig;
+pub(crate) use redis::share_use;
 pub use redis::{FailureMode, RedisConfig};
 pub use upstream::UpstreamConfig;
 

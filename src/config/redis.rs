@@ -2,6 +2,7 @@
 
 use super::error::{at_least_one, ConfigError};
 use serde::Deserialize;
+use std::time::Duration;
 
 section! {
     /// `[redis]`
@@ -77,7 +78,16 @@ pub enum FailureMode {
     Closed,
 }
 
-/// Checks `[redis] url` and `cluster_nodes` (the message names the key).
+/// How long a share of a host's cap on Redis may be used after the claim
+/// that granted it was sent: two thirds of `lease_ms`, so Redis still holds
+/// it then. `timeout_ms` is less ([`check_redis`]): a claim answered later
+/// would arrive void.
+pub(crate) fn share_use(redis: &RedisConfig) -> Duration {
+    Duration::from_millis(redis.lease_ms) / 3 * 2
+}
+
+/// Checks `[redis]`: its durations' rules, `url` and `cluster_nodes` (the
+/// message names the key).
 fn check_redis(redis: &RedisConfig) -> Result<(), String> {
     let scheme = |key: &str, url: &str| {
         if url.starts_with("redis://") || url.starts_with("rediss://") {
@@ -90,9 +100,8 @@ fn check_redis(redis: &RedisConfig) -> Result<(), String> {
     };
     let url = &redis.url;
     let nodes = &redis.cluster_nodes;
-    // A share is used within 2/3 of `lease_ms` of its claim being sent: an
-    // answer slower than that would arrive void.
-    if redis.timeout_ms.saturating_mul(3) >= redis.lease_ms.saturating_mul(2) {
+    // A claim's answer slower than its share's use would arrive void.
+    if Duration::from_millis(redis.timeout_ms) >= share_use(redis) {
         return Err(format!(
             "redis.timeout_ms must be less than two thirds of redis.lease_ms ({} ms)",
             redis.lease_ms

@@ -1,9 +1,28 @@
-//! The connection to the shared state: one server or a Redis Cluster, and
-//! the cluster's slots (which master serves a key, and so whose clock a
-//! reply carries).
+//! The connection to the shared state: one server or a Redis Cluster.
+//!
+//! An enum of the two connection kinds — a `redis::aio::ConnectionManager`
+//! (multiplexed, reconnecting) or a `redis::cluster_async::ClusterConnection`
+//! (a multiplexed connection per node; it follows `MOVED`/`ASK`, refreshes
+//! its slot map and reconnects) — implements `ConnectionLike` by
+//! delegation, so the scripts, the breaker, the timeouts and
+//! `failure_mode` are one code path for both. Nothing connects until the
+//! first call: a Redis (or a whole cluster) that is down at start-up does
+//! not stop start-up.
+//!
+//! A cluster connection is seeded not with `cluster_nodes` but with the
+//! nodes the first of them to answer lists in `CLUSTER SLOTS` (the client
+//! waits for every seed, and a hung one takes all of `timeout_ms` to fail);
+//! the cluster client's own retries (a redirect, a reconnect, `TRYAGAIN`,
+//! `CLUSTERDOWN`) fit inside one call's `timeout_ms`. A new connection
+//! learns the clocks of the nodes it reaches ([`Clocks`]): a server's
+//! `TIME`; on a cluster, every master serving slots, each asked by a key of
+//! its slots, so it is routed — redirects included — as the checks are.
 
+use super::clocks::Clocks;
+use super::lua::{RedisTime, NODE_TIME};
+use super::slots::{key_in, ranges_by_master};
 use crate::config::RedisConfig;
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -12,19 +31,96 @@ use redis::{
 };
 use std::time::Duration;
 
-/// Slots of a Redis Cluster.
-pub(super) const SLOTS: usize = 16_384;
-
 /// Where the shared state lives.
 pub(super) enum Target {
-    Server(redis::Client),
+    /// One server, and the call timeout (for connecting).
+    Server {
+        client: redis::Client,
+        timeout: Duration,
+    },
     Cluster(Cluster),
+}
+
+impl Target {
+    /// `[redis]`'s `url`, or its `cluster_nodes` when set (nothing connects).
+    pub(super) fn new(config: &RedisConfig) -> RedisResult<Self> {
+        Ok(if config.cluster_nodes.is_empty() {
+            Self::Server {
+                client: redis::Client::open(config.url.as_str())?,
+                timeout: Duration::from_millis(config.timeout_ms),
+            }
+        } else {
+            Self::Cluster(Cluster::new(config)?)
+        })
+    }
+
+    /// A new connection, with the clocks of the nodes it reaches learned
+    /// (`probe_key(n)`: the keys to route a master's `TIME` by).
+    pub(super) async fn connect(
+        &self,
+        clocks: &Clocks,
+        probe_key: impl Fn(u32) -> String,
+    ) -> RedisResult<Conn> {
+        match self {
+            Self::Server { client, timeout } => {
+                // No retries inside: the breaker paces reconnection.
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(*timeout)
+                    .set_number_of_retries(0);
+                let mut manager = client.get_connection_manager_with_config(config).await?;
+                let RedisTime(now_us) = redis::cmd("TIME").query_async(&mut manager).await?;
+                clocks.observe(None, now_us);
+                Ok(Conn::Server(manager))
+            }
+            Self::Cluster(cluster) => {
+                // A live node's slot map, then connections to its nodes.
+                let mut conn = Conn::Cluster(cluster.connect().await?);
+                learn_masters_clocks(&mut conn, clocks, probe_key).await?;
+                Ok(conn)
+            }
+        }
+    }
+}
+
+/// Asks every master serving slots for its time: `CLUSTER SLOTS` from any
+/// node, then to each master `NODE_TIME`, sent with a key of one of its
+/// slots (so the client's routing, redirects included, takes it there, as
+/// it takes the checks). Each answer sets the clock offset of every slot
+/// that master serves. `Ok` only when every master answered: a master down
+/// or not yet replaced fails it.
+async fn learn_masters_clocks(
+    conn: &mut Conn,
+    clocks: &Clocks,
+    probe_key: impl Fn(u32) -> String,
+) -> RedisResult<()> {
+    let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await?;
+    let masters = ranges_by_master(&slots)?;
+    if masters.is_empty() {
+        return Err((ErrorKind::ClusterDown, "no master serves slots").into());
+    }
+    let asks = masters.iter().filter_map(|ranges| {
+        // None: a hash tag in key_prefix keeps every key off this master.
+        let key = key_in(ranges, &probe_key)?;
+        let mut conn = conn.clone();
+        Some(async move {
+            let RedisTime(now_us) = redis::cmd("EVAL")
+                .arg(NODE_TIME)
+                .arg(1)
+                .arg(&key)
+                .query_async(&mut conn)
+                .await?;
+            clocks.observe_master(ranges, now_us);
+            RedisResult::Ok(())
+        })
+    });
+    futures::future::try_join_all(asks).await?;
+    Ok(())
 }
 
 /// A connection of either kind; every call goes through its
 /// [`ConnectionLike`], which delegates.
 #[derive(Clone)]
-pub(crate) enum Conn {
+pub(super) enum Conn {
     Server(ConnectionManager),
     Cluster(ClusterConnection),
 }
@@ -55,67 +151,6 @@ impl ConnectionLike for Conn {
             Conn::Cluster(c) => c.get_db(),
         }
     }
-}
-
-/// The cluster slot of `key`, as Redis computes it: CRC16 (XMODEM) of the
-/// key's hash tag — what is between its first `{` and the next `}`, if not
-/// empty — or of the whole key, modulo 16,384.
-pub(super) fn slot(key: &[u8]) -> usize {
-    let hashed = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let len = rest.iter().position(|&b| b == b'}')?;
-            (len > 0).then(|| &rest[..len])
-        })
-        .unwrap_or(key);
-    let mut crc: u16 = 0;
-    for &byte in hashed {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    usize::from(crc) % SLOTS
-}
-
-/// Answers the `TIME` of the node that runs it (sent to a chosen master by
-/// a key of its slots; the key itself is never read).
-pub(super) const NODE_TIME: &str = "return redis.call('TIME')";
-
-/// `CLUSTER SLOTS`' ranges (first, last slot), grouped by the master serving
-/// them.
-pub(super) fn slot_ranges_by_master(reply: &Value) -> RedisResult<Vec<Vec<(u16, u16)>>> {
-    let rows: Vec<Vec<Value>> = redis::from_redis_value(reply)?;
-    let mut masters: std::collections::BTreeMap<(String, i64), Vec<(u16, u16)>> =
-        Default::default();
-    for row in rows {
-        let [first, last, master, ..] = row.as_slice() else {
-            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS row").into());
-        };
-        let node: Vec<Value> = redis::from_redis_value(master)?;
-        let [host, port, ..] = node.as_slice() else {
-            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS node").into());
-        };
-        let address = (
-            redis::from_redis_value(host)?,
-            redis::from_redis_value(port)?,
-        );
-        let range: (u16, u16) = (
-            redis::from_redis_value(first)?,
-            redis::from_redis_value(last)?,
-        );
-        if range.0 > range.1 || usize::from(range.1) >= SLOTS {
-            return Err((ErrorKind::TypeError, "a CLUSTER SLOTS range").into());
-        }
-        masters.entry(address).or_default().push(range);
-    }
-    Ok(masters.into_values().collect())
 }
 
 /// A Redis Cluster, by `[redis] cluster_nodes` (nothing connected).
@@ -246,7 +281,7 @@ fn slot_nodes(reply: &Value, seed: &ConnectionInfo) -> RedisResult<Vec<Connectio
 
 #[cfg(test)]
 mod tests {
-    use super::{slot, slot_nodes};
+    use super::slot_nodes;
     use redis::{IntoConnectionInfo, Value};
 
     #[test]
@@ -284,24 +319,5 @@ mod tests {
             .iter()
             .all(|n| n.redis.password.as_deref() == Some("secret")));
         assert!(slot_nodes(&Value::Array(vec![]), &seed).is_err());
-    }
-
-    #[test]
-    fn slots_are_redis_cluster_slots() {
-        // What CLUSTER KEYSLOT answers on redis-server 7.0.
-        for (key, want) in [
-            (&b"123456789"[..], 12_739),
-            (b"foo", 12_182),
-            (b"bar", 5_061),
-            // A hash tag: only what is between the first `{` and the next `}`.
-            (b"{user1000}.following", 3_443),
-            (b"user1000", 3_443),
-            (b"a{user1000}b{x}", 3_443),
-            // An empty or unclosed tag: the whole key.
-            (b"foo{}{bar}", 8_363),
-            (b"foo{bar", 15_278),
-        ] {
-            assert_eq!(slot(key), want, "{}", String::from_utf8_lossy(key));
-        }
     }
 }

@@ -18,51 +18,72 @@
 //! over its limit costs one call per admission, not one per request.
 //! Requests from one client wait for the one call in flight for it.
 
-use super::{down, Lua, RedisBackend};
+use super::backend::{down, RedisBackend};
+use super::lua::{ints, unexpected, Lua, Timed};
 use crate::error::Unavailable;
 use crate::inbound::limiter::{Decision, InboundLimiter};
 use dashmap::DashMap;
 use futures::future::BoxFuture;
+use redis::{FromRedisValue, RedisResult, Value};
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// GCRA for up to `want` admissions at once, at most half (rounded up) of
-/// those the client has left: KEYS[1] the key; ARGV[1]
-/// emission interval (µs), ARGV[2] burst, ARGV[3] want, ARGV[4] refund
-/// (admissions taken earlier and not used, given back first), ARGV[5]
-/// deadline (µs on Redis's clock; 0: none). Returns {granted, remaining,
-/// wait_us, now_us}: with granted > 0, the admissions that would still be
-/// granted and the time until the quota is whole again; with 0, refused, the
-/// time until the next admission; -1: past the deadline, nothing done.
-const GCRA: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local deadline = tonumber(ARGV[5])
-if deadline > 0 and now > deadline then
-  return {-1, 0, 0, now}
-end
-local interval, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
-local want, refund = tonumber(ARGV[3]), tonumber(ARGV[4])
-local tolerance = interval * (burst - 1)
-local tat = tonumber(redis.call('GET', KEYS[1]) or now) - refund * interval
-if tat < now then tat = now end
-local fit = math.floor((now + tolerance - tat) / interval) + 1
-local granted = math.max(0, math.min(want, math.ceil(fit / 2)))
-local new_tat = tat + granted * interval
-if new_tat > now then
-  redis.call('SET', KEYS[1], new_tat, 'PX', math.ceil((new_tat - now) / 1000) + 1)
-else
-  redis.call('DEL', KEYS[1])
-end
-if granted == 0 then
-  return {0, 0, tat - tolerance - now, now}
-end
-return {granted, fit - granted, new_tat - now, now}
-"#;
+/// `lua/gcra.lua`.
+static GCRA: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/gcra.lua")));
+
+/// What GCRA answered a check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Admission {
+    /// `granted` admissions charged; `remaining` would still be granted,
+    /// and the client's quota is whole again in `whole_in`.
+    Granted {
+        granted: u32,
+        remaining: u32,
+        whole_in: Duration,
+    },
+    /// Refused; the next admission comes in `retry_in`.
+    Refused { retry_in: Duration },
+    /// It ran past its deadline and did nothing.
+    Late,
+}
+
+/// GCRA's reply: `{granted, remaining, wait_us, now_us}` (`lua/gcra.lua`).
+#[derive(Debug)]
+struct GcraReply {
+    admission: Admission,
+    now_us: i64,
+}
+
+impl FromRedisValue for GcraReply {
+    fn from_redis_value(v: &Value) -> RedisResult<Self> {
+        let [granted, remaining, wait_us, now_us] = ints("GCRA", v)?;
+        let wait = Duration::from_micros(wait_us.max(0) as u64);
+        let admission = match granted {
+            -1 => Admission::Late,
+            0 => Admission::Refused { retry_in: wait },
+            1.. => Admission::Granted {
+                granted: u32::try_from(granted).map_err(|_| unexpected("GCRA", v))?,
+                remaining: u32::try_from(remaining.max(0)).unwrap_or(u32::MAX),
+                whole_in: wait,
+            },
+            _ => return Err(unexpected("GCRA", v)),
+        };
+        Ok(Self { admission, now_us })
+    }
+}
+
+impl Timed for GcraReply {
+    fn late(&self) -> bool {
+        self.admission == Admission::Late
+    }
+    fn redis_now_us(&self) -> i64 {
+        self.now_us
+    }
+}
 
 /// How long admissions taken ahead stay usable.
 const HOLD: Duration = Duration::from_secs(1);
@@ -119,11 +140,13 @@ impl Stock {
     }
 }
 
-/// The per-IP limit on Redis.
+/// The per-IP limit on Redis, an [`InboundLimiter`] for
+/// [`RateLimitLayer::shared`](crate::inbound::RateLimitLayer::shared) (a
+/// process's [`SharedLimits`](crate::backends::redis::SharedLimits) makes it
+/// on its backend, beside its other limits).
 #[derive(Debug)]
 pub struct RedisRateLimiter {
     backend: RedisBackend,
-    script: Lua,
     interval_us: i64,
     burst: i64,
     clients: DashMap<IpAddr, Arc<tokio::sync::Mutex<Stock>>>,
@@ -137,7 +160,6 @@ impl RedisRateLimiter {
     pub fn new(backend: RedisBackend, requests_per_minute: NonZeroU32) -> Self {
         Self {
             backend,
-            script: Lua::new(GCRA),
             interval_us: 60_000_000 / i64::from(requests_per_minute.get()),
             burst: i64::from(requests_per_minute.get()),
             clients: DashMap::new(),
@@ -155,7 +177,8 @@ impl RedisRateLimiter {
         });
     }
 
-    /// Clients this replica keeps state for (for tests and docs).
+    /// Clients this replica keeps state for (for tests).
+    #[doc(hidden)]
     pub fn clients(&self) -> usize {
         self.clients.len()
     }
@@ -185,7 +208,7 @@ impl InboundLimiter for RedisRateLimiter {
             // Requests of one client wait here for the call in flight for it.
             let mut s = stock.lock().await;
             let now = Instant::now();
-            let want = s.count(now, self.backend.inner.block);
+            let want = s.count(now, self.backend.lease_block());
             if now < s.refused_until {
                 return Ok(Decision::Deny {
                     retry_after: s.refused_until - now,
@@ -207,28 +230,30 @@ impl InboundLimiter for RedisRateLimiter {
                 i64::from(want),
                 i64::from(refund),
             ];
-            let (granted, remaining, wait_us, _now_us): (i64, i64, i64, i64) = self
-                .backend
-                .timed_script(&self.script, &key, None, &args)
-                .await?;
+            let reply: GcraReply = self.backend.timed_script(&GCRA, &key, None, &args).await?;
             let now = Instant::now();
-            let wait = Duration::from_micros(wait_us.max(0) as u64);
-            Ok(match granted {
-                1.. => {
-                    s.left = granted as u32 - 1;
+            Ok(match reply.admission {
+                Admission::Granted {
+                    granted,
+                    remaining,
+                    whole_in,
+                } => {
+                    s.left = granted - 1;
                     s.until = now + HOLD;
-                    s.remaining = remaining.max(0) as u32;
-                    s.whole_at = now + wait;
+                    s.remaining = remaining;
+                    s.whole_at = now + whole_in;
                     Decision::Allow {
                         remaining: s.remaining + s.left,
-                        reset: wait,
+                        reset: whole_in,
                     }
                 }
-                0 => {
-                    s.refused_until = now + wait;
-                    Decision::Deny { retry_after: wait }
+                Admission::Refused { retry_in } => {
+                    s.refused_until = now + retry_in;
+                    Decision::Deny {
+                        retry_after: retry_in,
+                    }
                 }
-                _ => return Err(down("the check ran after its deadline")),
+                Admission::Late => return Err(down("the check ran after its deadline")),
             })
         })
     }

@@ -1,0 +1,81 @@
+//! Shared limits on Redis: the per-IP limit and the per-host caps, for the
+//! whole fleet of replicas, on one backend per process.
+//!
+//! A process makes its [`SharedLimits`] once, from its [`Config`](crate::Config):
+//! one [`RedisBackend`] — one connection per node, one breaker, one set of
+//! clocks — and on it the per-host caps ([`RedisHostCaps`], for the engine)
+//! and the per-IP limit ([`RedisRateLimiter`], inside the inbound
+//! [`RateLimitLayer`](crate::inbound::RateLimitLayer)).
+//!
+//! How it works, module by module (each one's docs tell more):
+//!
+//! - **`backend`**: [`RedisBackend`], every call to Redis — bounded by
+//!   `timeout_ms`, counted, behind the circuit breaker (`backends/breaker.rs`):
+//!   a failed or timed-out call opens it, and for at least `backoff_ms` calls
+//!   skip Redis and `failure_mode` applies at once — no `timeout_ms` paid,
+//!   connection refused included; one background probe per `backoff_ms`
+//!   closes it again; each change is logged once.
+//! - **`conn`**: one server (`url`) or a Redis Cluster (`cluster_nodes`)
+//!   behind one connection type, so the scripts, the breaker, the timeouts
+//!   and `failure_mode` are one code path for both; connected lazily, so a
+//!   Redis that is down at start-up does not stop start-up.
+//! - **`slots`**: a cluster's slots. Every script and command touches
+//!   exactly one key (`KEYS[1]`; the give-back's `HDEL` of one key), so each
+//!   runs whole on the master owning that key's slot and no key needs a hash
+//!   tag; the keys spread over the masters by their full names
+//!   (`<prefix>:ip:<client>`, `<prefix>:shares:<HOST:PORT>`). A script that
+//!   ever touches two keys must give them one hash tag (`{…}`). A `{…}` in
+//!   `key_prefix` would become every key's tag: still correct, but all the
+//!   state on one master. The cluster client may send a script again after
+//!   a lost reply, so it may run twice: a claim sets its replica's share
+//!   absolutely, so twice is once; a per-IP check run twice charges its
+//!   client once more.
+//! - **`clocks`**: Redis time, not wall clocks — every deadline a call
+//!   carries is on the clock of the node that runs it, from offsets learned
+//!   from replies (per slot on a cluster, each master having its own clock).
+//! - **`lua`**: the scripts (`lua/*.lua`), sent by hash, and their replies,
+//!   each parsed into a type of its own.
+//! - **`rate`**: the per-IP limit — GCRA in one Lua script, time from
+//!   `TIME`, keys that expire when indistinguishable from fresh; a replica
+//!   takes a frequent client's admissions a few at a time and hands them out
+//!   locally. A check Redis runs after its deadline (queued while Redis
+//!   hung) is not charged. One it runs just in time but whose answer
+//!   arrives too late costs that client what it took: accepted, it cannot
+//!   be undone.
+//! - **`shares`**: the per-host caps — a read takes its process's own slot
+//!   first (no network; it bounds a replica even with Redis down), then a
+//!   slot of its replica's share of the host's cap, held in one hash per
+//!   host and handed out locally; a claim per period or when a read finds
+//!   no room, not a round trip per read.
+//! - **`limits`**: [`SharedLimits`], the limits above made once on one
+//!   backend.
+//!
+//! **Failover.** Replication is asynchronous: a master killed loses its
+//! last writes. A share grown just before is missing on the promoted
+//! replica; the failed calls void it and the next claim writes it afresh,
+//! so only reads that outlast the failover (at least
+//! `cluster-node-timeout`) can exceed that cap, once. A per-IP check's last
+//! writes may be lost too: a few requests admitted again.
+//!
+//! **Outage.** A failed, slow or skipped call applies `failure_mode`:
+//! `"open"` answers from the in-process limiter (counting
+//! `fanout_shared_state_fallback_total`), `"closed"` refuses with
+//! `UNAVAILABLE`. With one backend, the first limit to meet the outage opens
+//! the breaker for all of them: it is logged once, and no other limit pays
+//! a timeout to find out.
+
+mod backend;
+mod clocks;
+mod conn;
+mod limits;
+mod lua;
+mod rate;
+mod shares;
+mod slots;
+
+#[doc(hidden)]
+pub use backend::calls_total;
+pub use backend::RedisBackend;
+pub use limits::SharedLimits;
+pub use rate::RedisRateLimiter;
+pub use shares::RedisHostCaps;
