@@ -1,0 +1,168 @@
+//! The estimate: an operation's worst case, walked once with the schema's
+//! types (see the module docs of `cost`).
+
+use super::table::{CostTable, Multiplier};
+use crate::document::guard::Shape;
+use crate::document::schema_types::{FieldInfo, SchemaTypes};
+use async_graphql::parser::types::{
+    ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
+};
+use async_graphql::{Name, Positioned, Value, Variables};
+use std::collections::HashMap;
+
+/// The worst-case reads of the operation that would run in `doc` — the one
+/// named `operation_name`, or the only one — with the declared `costs` and
+/// the schema's `types`. 0 when there is no such operation (validation then refuses it).
+///
+/// Linear in the document: `shape` (from [`crate::document::guard::check`]) orders the
+/// fragments so that each is priced once, after the fragments it spreads,
+/// and a spread adds its fragment's price. Pricing is linear in the
+/// multiplier (`cost(s, m) = m × cost(s, 1)`), so a fragment's price at 1
+/// serves wherever it is spread.
+pub(crate) fn estimate(
+    costs: &CostTable,
+    types: &SchemaTypes,
+    doc: &ExecutableDocument,
+    shape: &Shape,
+    variables: &Variables,
+    operation_name: Option<&str>,
+) -> u64 {
+    let Some(op) = crate::document::guard::operation(doc, operation_name) else {
+        return 0;
+    };
+    let Some(root) = types.root(op.ty) else {
+        return 0;
+    };
+    let mut walk = Walk {
+        costs,
+        types,
+        variables,
+        op,
+        fragments: HashMap::with_capacity(shape.order.len()),
+    };
+    for name in &shape.order {
+        // (`shape` is this document's; a name it lacks is priced 0.)
+        let Some(def) = doc.fragments.get(name) else {
+            continue;
+        };
+        let def = &def.node;
+        let on = &def.type_condition.node.on.node;
+        let price = walk.selection(&def.selection_set, on, &mut Vec::new());
+        walk.fragments.insert(name, price);
+    }
+    walk.selection(&op.selection_set, root, &mut Vec::new())
+}
+
+struct Walk<'a> {
+    costs: &'a CostTable,
+    types: &'a SchemaTypes,
+    variables: &'a Variables,
+    op: &'a OperationDefinition,
+    /// Each fragment's price at multiplier 1, once priced.
+    fragments: HashMap<&'a Name, u64>,
+}
+
+impl Walk<'_> {
+    /// The price of `set` on type `ty`, at multiplier 1. Recursion follows
+    /// nested selection sets only (at most 64 deep, the parser's limit),
+    /// never a spread.
+    ///
+    /// `made`: the shared reads ([`FieldCost::shared`]) this object already
+    /// has — from the field that returned it, then from its earlier fields.
+    fn selection<'s>(
+        &'s self,
+        set: &Positioned<SelectionSet>,
+        ty: &str,
+        made: &mut Vec<&'s str>,
+    ) -> u64 {
+        let mut total = 0u64;
+        for item in &set.node.items {
+            let cost = match &item.node {
+                Selection::Field(field) => {
+                    let field = &field.node;
+                    let Some(info) = self.types.field(ty, &field.name.node) else {
+                        continue;
+                    };
+                    let cost = self.costs.get(ty, &field.name.node);
+                    let shared = cost.and_then(|c| c.shared.as_deref());
+                    let provides = cost.and_then(|c| c.provides.as_deref());
+                    let (reads, times) = match cost {
+                        None => (0, 1),
+                        Some(cost) => {
+                            let made_already = shared.is_some_and(|key| made.contains(&key));
+                            let reads = if made_already { 0 } else { cost.reads };
+                            (reads, self.times(&cost.times, field, info))
+                        }
+                    };
+                    if let Some(key) = shared.filter(|key| !made.contains(key)) {
+                        made.push(key);
+                    }
+                    let nested = if field.selection_set.node.items.is_empty() {
+                        0
+                    } else {
+                        // The object this field returns has what it provides.
+                        let mut child: Vec<&str> = provides.into_iter().collect();
+                        self.selection(&field.selection_set, &info.named, &mut child)
+                    };
+                    reads.saturating_add(times.saturating_mul(nested))
+                }
+                Selection::InlineFragment(fragment) => {
+                    let fragment = &fragment.node;
+                    let on = fragment
+                        .type_condition
+                        .as_ref()
+                        .map_or(ty, |c| c.node.on.node.as_str());
+                    // The same object: its shared reads carry on.
+                    self.selection(&fragment.selection_set, on, made)
+                }
+                Selection::FragmentSpread(spread) => self
+                    .fragments
+                    .get(&spread.node.fragment_name.node)
+                    .copied()
+                    .unwrap_or(0),
+            };
+            total = total.saturating_add(cost);
+        }
+        total
+    }
+
+    /// How many times a field's sub-selection may be resolved.
+    fn times(&self, times: &Multiplier, field: &Field, info: &FieldInfo) -> u64 {
+        let arg = match times {
+            Multiplier::One => return 1,
+            Multiplier::Fixed(n) => return *n,
+            Multiplier::Arg(arg) | Multiplier::Len(arg) => arg,
+        };
+        let given = field.get_argument(arg).map(|v| {
+            v.node
+                .clone()
+                .into_const_with(|name| self.variable(&name).ok_or(()))
+                .ok()
+        });
+        let value = match given {
+            Some(value) => value,
+            // Absent: the argument's default in the schema.
+            None => return info.default_of(arg).unwrap_or(0),
+        };
+        match value {
+            Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+            // A list argument counts its elements, whichever multiplier
+            // names it: a list is never "0 items".
+            Some(Value::List(items)) => items.len() as u64,
+            _ => 0,
+        }
+    }
+
+    /// A variable's value: the request's, else the operation's default.
+    fn variable(&self, name: &Name) -> Option<Value> {
+        if let Some(value) = self.variables.get(name) {
+            return Some(value.clone());
+        }
+        self.op
+            .variable_definitions
+            .iter()
+            .find(|def| def.node.name.node == *name)
+            .and_then(|def| def.node.default_value.as_ref())
+            .map(|default| default.node.clone())
+    }
+}
