@@ -12,12 +12,14 @@ use tokio::runtime::Runtime;
 
 pub(crate) use fanout_testkit::{MemTransport, YieldOnce};
 
-/// The in-memory upstream: 200 with a fixed body, at once or after pending once.
+/// The in-memory upstream: 200 with a fixed body, at once or after pending
+/// once; the reads are not kept.
 pub(crate) fn mem_transport(yields: bool) -> Arc<MemTransport> {
     Arc::new(
         MemTransport::new()
             .body(&br#"{"schemaVersion":2}"#[..])
-            .pending_once(yields),
+            .pending_once(yields)
+            .record(false),
     )
 }
 

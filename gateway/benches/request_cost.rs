@@ -35,7 +35,7 @@ const ITERS: u64 = 300;
 /// read pending once first).
 async fn copy_registry(base: &str) -> Arc<MemTransport> {
     let client = reqwest::Client::new();
-    let mut transport = MemTransport::new().pending_once(true);
+    let mut transport = MemTransport::new().pending_once(true).record(false);
     let mut paths = vec![(format!("/v2/{REPO}/tags/list"), None)];
     for i in 0..4 {
         paths.push((

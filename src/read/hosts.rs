@@ -47,7 +47,7 @@ use futures::future::BoxFuture;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Hands out per-host slots. Implementations must release a slot when the
 /// returned [`HostSlot`] is dropped, and when the future [`acquire`]
@@ -93,6 +93,28 @@ pub trait HostLimiter: Send + Sync + 'static {
 
     /// Reads in flight to `host` through this limiter, right now.
     fn in_flight(&self, host: &str) -> u64;
+
+    /// The answer to [`acquire`](Self::acquire) when it needs no wait: a
+    /// slot free now, or a refusal now; `None` when the caller must wait in
+    /// `acquire` (the default: always). The read path asks this first, so a
+    /// read that gets its slot at once does not box a future for it.
+    fn try_acquire(&self, host: &str) -> Option<Result<HostSlot, HostRefusal>> {
+        let _ = host;
+        None
+    }
+}
+
+/// A slot of `limiter` for one read to `host`: taken at once when
+/// [`HostLimiter::try_acquire`] can, else waited for in `acquire`.
+pub(crate) async fn slot(
+    limiter: &dyn HostLimiter,
+    host: &str,
+    time_left: Duration,
+) -> Result<HostSlot, HostRefusal> {
+    match limiter.try_acquire(host) {
+        Some(now) => now,
+        None => limiter.acquire(host, time_left).await,
+    }
 }
 
 /// Permission for one read to be in flight to one host; dropping it releases it.
@@ -109,14 +131,29 @@ pub trait HostLimiter: Send + Sync + 'static {
 /// ```
 #[must_use = "the slot is released as soon as it is dropped"]
 pub struct HostSlot {
-    _held: Box<dyn Send + Sync>,
+    _held: Held,
+}
+
+/// What a slot releases when dropped. The in-process caps' own slots are
+/// kept as they are; anything else is boxed.
+#[allow(dead_code)] // Each is held only to be dropped.
+enum Held {
+    Permit(OwnedSemaphorePermit),
+    Counted(Counted),
+    Other(Box<dyn Send + Sync>),
 }
 
 impl HostSlot {
     /// A slot that releases `held` (a permit, a lease, a guard) when dropped.
     pub fn new(held: impl Send + Sync + 'static) -> Self {
         Self {
-            _held: Box::new(held),
+            _held: Held::Other(Box::new(held)),
+        }
+    }
+
+    fn permit(permit: OwnedSemaphorePermit) -> Self {
+        Self {
+            _held: Held::Permit(permit),
         }
     }
 
@@ -154,22 +191,31 @@ impl HostCap {
             .saturating_sub(self.permits.available_permits() as u64)
     }
 
+    fn saturated(&self) -> HostRefusal {
+        HostRefusal::Saturated {
+            max_concurrent: self.config.max_concurrent,
+        }
+    }
+
+    /// A slot free now, or the refusal of a zero cap; `None`: at the cap.
+    fn try_acquire(&self) -> Option<Result<HostSlot, HostRefusal>> {
+        if self.config.max_concurrent == 0 {
+            return Some(Err(self.saturated()));
+        }
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        Some(Ok(HostSlot::permit(permit)))
+    }
+
     /// A slot, waiting at most the host's `acquire_wait` and at most
     /// `time_left`.
     async fn acquire(&self, time_left: Duration) -> Result<HostSlot, HostRefusal> {
-        let saturated = || HostRefusal::Saturated {
-            max_concurrent: self.config.max_concurrent,
-        };
-        if self.config.max_concurrent == 0 {
-            return Err(saturated());
-        }
-        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
-            return Ok(HostSlot::new(permit));
+        if let Some(now) = self.try_acquire() {
+            return now;
         }
         let wait = self.config.acquire_wait().min(time_left);
         match tokio::time::timeout(wait, self.permits.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => Ok(HostSlot::new(permit)),
-            _ => Err(saturated()),
+            Ok(Ok(permit)) => Ok(HostSlot::permit(permit)),
+            _ => Err(self.saturated()),
         }
     }
 }
@@ -254,10 +300,12 @@ impl LocalHostCaps {
                 count.key().clone()
             }
         };
-        HostSlot::new(Counted {
-            counts: self.counts.clone(),
-            host,
-        })
+        HostSlot {
+            _held: Held::Counted(Counted {
+                counts: self.counts.clone(),
+                host,
+            }),
+        }
     }
 }
 
@@ -281,6 +329,14 @@ impl HostLimiter for LocalHostCaps {
             None => self.counts.get(host).map_or(0, |count| *count),
         }
     }
+
+    /// Every answer but a wait at a host's cap comes at once.
+    fn try_acquire(&self, host: &str) -> Option<Result<HostSlot, HostRefusal>> {
+        match self.capped.get(host) {
+            Some(cap) => cap.try_acquire(),
+            None => Some(Ok(self.count(host))),
+        }
+    }
 }
 
 /// The label every host without an entry of its own shares on the metrics.
@@ -289,8 +345,8 @@ pub const OTHER_HOSTS: &str = "other";
 /// What the read path keeps about a host with an entry of its own, or
 /// about all the other hosts together.
 struct HostState {
-    /// The `host` label.
-    label: Box<str>,
+    /// The `host` label: for a host with an entry of its own, its name.
+    label: Arc<str>,
     /// The metric handles, registered on the first read (so after the
     /// application installed its recorder).
     metrics: OnceLock<HostMetrics>,
@@ -313,8 +369,10 @@ impl HostState {
 #[derive(Clone)]
 pub(crate) struct HostEntry {
     /// `host:port` (as the URL names it; just `host` without a known port):
-    /// what the host limiter, the transport and error messages see.
-    pub(crate) name: String,
+    /// what the host limiter, the transport and error messages see. A host
+    /// with an entry of its own shares the entry's (nothing is allocated
+    /// per read).
+    pub(crate) name: Arc<str>,
     state: Arc<HostState>,
 }
 
@@ -359,15 +417,32 @@ impl HostTable {
         }
     }
 
-    /// The entry for `url`'s host.
+    /// The entry for `url`'s host. Its name is written on the stack to be
+    /// looked up; only a host without an entry of its own allocates it.
     pub(crate) fn resolve(&self, url: &reqwest::Url) -> HostEntry {
-        self.entry(host_name(url))
+        let mut buffer = [0; NAME_ON_STACK];
+        match host_name_in(url, &mut buffer) {
+            Some(name) => self.find(name),
+            None => self.find(&host_name(url)),
+        }
     }
 
     /// The entry for host `name` (`host:port`).
     pub(crate) fn entry(&self, name: String) -> HostEntry {
-        let state = self.own.get(name.as_str()).unwrap_or(&self.other).clone();
-        HostEntry { name, state }
+        self.find(&name)
+    }
+
+    fn find(&self, name: &str) -> HostEntry {
+        match self.own.get(name) {
+            Some(state) => HostEntry {
+                name: state.label.clone(),
+                state: state.clone(),
+            },
+            None => HostEntry {
+                name: name.into(),
+                state: self.other.clone(),
+            },
+        }
     }
 
     /// The hosts with an entry of their own.
@@ -396,6 +471,37 @@ pub fn host_name(url: &reqwest::Url) -> String {
     }
 }
 
+/// The longest [`host_name`] the read path writes on the stack.
+const NAME_ON_STACK: usize = 128;
+
+/// [`host_name`] written into `buffer`; `None` when it does not fit.
+fn host_name_in<'b>(url: &reqwest::Url, buffer: &'b mut [u8; NAME_ON_STACK]) -> Option<&'b str> {
+    let host = url.host_str().unwrap_or("").as_bytes();
+    let mut len = host.len();
+    buffer.get_mut(..len)?.copy_from_slice(host);
+    if let Some(mut port) = url.port_or_known_default() {
+        // `:` and the port's digits, written from the last one.
+        let mut digits = [0; 6];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (port % 10) as u8;
+            port /= 10;
+            if port == 0 {
+                break;
+            }
+        }
+        start -= 1;
+        digits[start] = b':';
+        let suffix = &digits[start..];
+        buffer
+            .get_mut(len..len + suffix.len())?
+            .copy_from_slice(suffix);
+        len += suffix.len();
+    }
+    std::str::from_utf8(&buffer[..len]).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,12 +513,28 @@ mod tests {
     #[test]
     fn hosts_are_named_as_the_hosts_tables_name_them() {
         let table = HostTable::new(&BTreeMap::new(), []);
-        let name = |s: &str| table.resolve(&url(s)).name;
+        let name = |s: &str| table.resolve(&url(s)).name.to_string();
         assert_eq!(name("http://reg.example:5000/v2/a"), "reg.example:5000");
         // The scheme's default port is the port; an explicit default is the same host.
         assert_eq!(name("https://reg.example/v2/"), "reg.example:443");
         assert_eq!(name("http://reg.example:443/v2/"), "reg.example:443");
         assert_eq!(name("http://[::1]:8080/"), "[::1]:8080");
+        // Written on the stack as `host_name` formats it, whatever the port
+        // or the length; a host past the buffer is formatted on the heap.
+        let long = format!("http://{}.example:9/", "a".repeat(NAME_ON_STACK));
+        for s in [
+            "http://h:0/",
+            "http://h:1/",
+            "http://h:10/",
+            "http://h:65535/",
+            "ftp://files.example/",
+            "foo://no-known-port.example/",
+            "http://127.0.0.1/",
+            &long,
+        ] {
+            assert_eq!(name(s), host_name(&url(s)), "{s}");
+        }
+        assert!(host_name_in(&url(&long), &mut [0; NAME_ON_STACK]).is_none());
     }
 
     /// A host with a `[hosts]` table or known has its own entry; 50,000
@@ -428,6 +550,10 @@ mod tests {
         let reg = table.resolve(&url("http://reg.example:5000/v2/a"));
         let reg_again = table.resolve(&url("http://reg.example:5000/v2/b?x=1"));
         assert!(Arc::ptr_eq(&reg.state, &reg_again.state));
+        assert!(
+            Arc::ptr_eq(&reg.name, &reg_again.name),
+            "the entry's name, shared"
+        );
         assert_eq!(&*reg.state.label, "reg.example:5000");
         assert!(reg.coalesce());
         let cdn = table.resolve(&url("https://cdn.example/blob"));
@@ -436,7 +562,7 @@ mod tests {
         let first = table.resolve(&url("http://h0.example/"));
         for i in 0..50_000 {
             let other = table.resolve(&url(&format!("http://h{i}.example:{}/", i % 65_536)));
-            assert_eq!(other.name, format!("h{i}.example:{}", i % 65_536));
+            assert_eq!(*other.name, format!("h{i}.example:{}", i % 65_536));
             assert!(Arc::ptr_eq(&other.state, &first.state));
             let permit = table.entry(format!("db-{i}:5432"));
             assert!(Arc::ptr_eq(&permit.state, &first.state));

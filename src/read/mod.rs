@@ -212,7 +212,9 @@ impl<'a> Upstream<'a> {
     async fn send(&self, read: Read) -> ReadResult {
         let host = self.reads.parts.host_table.resolve(&read.url);
         if host.coalesce() && read.is_safe() && read.body.is_empty() {
-            return self.coalesced(read, &host).await;
+            // Boxed: the common path's future stays small (it is moved at
+            // each level of the walk).
+            return Box::pin(self.coalesced(read, &host)).await;
         }
         let admitted = self.admit(&host).await?;
         let limit = self.limit(admitted.now);
@@ -262,7 +264,7 @@ impl<'a> Upstream<'a> {
         let Some(left) = budget.time_left() else {
             return Err(self.refused(host, ReadError::DeadlineExceeded));
         };
-        match self.reads.parts.hosts.acquire(&host.name, left).await {
+        match hosts::slot(&*self.reads.parts.hosts, &host.name, left).await {
             Ok(host_slot) => Ok((request_slot, host_slot)),
             Err(refusal) => Err(self.refused(host, refusal.for_host(&host.name))),
         }
