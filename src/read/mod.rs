@@ -179,6 +179,14 @@ impl<'a> Upstream<'a> {
             coalesced = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
+        // A span no subscriber wants is dropped for `Span::none()`: with
+        // tracing's `log` feature on (axum's default turns it on), a disabled
+        // span still offers every enter, exit and record to `log`.
+        let span = if span.is_disabled() {
+            tracing::Span::none()
+        } else {
+            span
+        };
         let (result, origin) = match ReadKey::of(&read) {
             Some(key) => {
                 self.reads
