@@ -42,3 +42,20 @@ async fn a_cancelled_operation_does_not_poison_the_batch() {
         .expect("the surviving operation gets an answer");
     assert!(String::from_utf8_lossy(&body).contains("item-1"));
 }
+
+/// A read waiting on an identical one holds a small future: the send's
+/// state (slots, timer, the transport's future) is boxed by the read that
+/// sends. A batch of thousands of rows waiting on a few shared reads holds
+/// one such future per row (`src/memory.rs`, `PENDING_WEIGHT`).
+#[test]
+fn a_read_waiting_on_another_holds_a_small_future() {
+    let engine = fanout_budget::Engine::new(fanout_budget::Config::default());
+    let request = engine.begin_request(fanout_budget::inbound::Caller::Public);
+    let op = request.operation();
+    let upstream = op.upstream();
+    let read = upstream.read(fanout_budget::Read::get(
+        "http://127.0.0.1:9/item/1".parse().unwrap(),
+    ));
+    let size = std::mem::size_of_val(&read);
+    assert!(size <= 1536, "a read's future holds {size} bytes");
+}

@@ -42,7 +42,7 @@ section! {
         /// built, counted as resolvers produce it (`memory.rs`: each value 80
         /// bytes plus its string bytes, each object entry 112, each field error
         /// 1.5 KiB plus its message, extensions and path, each resolve still
-        /// running 4 KiB). Past it the request stops at once and answers
+        /// running 3 KiB). Past it the request stops at once and answers
         /// `RESPONSE_TOO_LARGE`.
         pub max_answer_bytes: usize = 160 << 20,
         /// Memory all requests in flight may hold at once: answers being built

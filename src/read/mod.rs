@@ -156,20 +156,20 @@ impl<'a> Upstream<'a> {
     /// joined (`coalesce.rs`).
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
         let mut redirects = Redirects::new(self.reads.parts.max_redirects);
-        let mut sent = read.clone();
-        let mut response = self.read_once(read).await?;
+        let mut sent = read;
+        let mut response = self.read_once(&sent).await?;
         while let Some(hop) = redirects
             .next(&sent, &response)
             .map_err(|why| response.error(why))?
         {
-            sent = hop.clone();
-            response = self.read_once(hop).await?;
+            sent = hop;
+            response = self.read_once(&sent).await?;
         }
         Ok(response)
     }
 
     /// Step 1, then steps 2–6 unless an identical read answers.
-    async fn read_once(&self, read: Read) -> ReadResult {
+    async fn read_once(&self, read: &Read) -> ReadResult {
         // Host and path only: a query string or userinfo may carry secrets.
         let span = tracing::debug_span!(
             "upstream.read",
@@ -187,16 +187,21 @@ impl<'a> Upstream<'a> {
         } else {
             span
         };
-        let (result, origin) = match ReadKey::of(&read) {
+        let (result, origin) = match ReadKey::of(read) {
             Some(key) => {
                 self.reads
                     .dedup
-                    .get_or_run(key, || self.send(read))
+                    .get_or_run(key, || Box::pin(self.send(read.clone())))
                     .instrument(span.clone())
                     .await
             }
             // Not safe to share: sent every time.
-            None => (self.send(read).instrument(span.clone()).await, Origin::Ran),
+            None => (
+                Box::pin(self.send(read.clone()))
+                    .instrument(span.clone())
+                    .await,
+                Origin::Ran,
+            ),
         };
         span.record("dedup", origin == Origin::Shared);
         span.record(
