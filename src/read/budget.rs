@@ -249,6 +249,11 @@ impl RequestBudget {
         self.slots.held.load(Relaxed)
     }
 
+    /// One of the request's in-flight slots if one is free now.
+    pub(crate) fn try_in_flight_slot(&self) -> Option<InFlightSlot<'_>> {
+        self.slots.try_acquire()
+    }
+
     /// One of the request's in-flight slots, waiting for one never past
     /// the deadline.
     pub(crate) async fn in_flight_slot(&self) -> Result<InFlightSlot<'_>, TimedOut> {

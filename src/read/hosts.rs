@@ -104,19 +104,6 @@ pub trait HostLimiter: Send + Sync + 'static {
     }
 }
 
-/// A slot of `limiter` for one read to `host`: taken at once when
-/// [`HostLimiter::try_acquire`] can, else waited for in `acquire`.
-pub(crate) async fn slot(
-    limiter: &dyn HostLimiter,
-    host: &str,
-    time_left: Duration,
-) -> Result<HostSlot, HostRefusal> {
-    match limiter.try_acquire(host) {
-        Some(now) => now,
-        None => limiter.acquire(host, time_left).await,
-    }
-}
-
 /// Permission for one read to be in flight to one host; dropping it releases it.
 ///
 /// ```
