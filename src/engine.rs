@@ -17,9 +17,11 @@ use crate::document::cache::Documents;
 use crate::document::persisted::PersistedQueries;
 use crate::inbound::identity::{Caller, InternalToken};
 use crate::memory::MemoryPool;
+use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
 use crate::read::coalesce::Coalesce;
 use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
+use crate::read::quota::Quotas;
 use crate::read::transport::{HttpTransport, Transport};
 use crate::read::{ReadParts, RequestReads};
 use crate::request::FanoutRequest;
@@ -145,9 +147,18 @@ impl EngineBuilder {
         let max_response_bytes = self.config.upstream.max_response_bytes;
         let transport = self.transport.unwrap_or_else(|| {
             let client = self.client.unwrap_or_else(|| {
-                reqwest::Client::builder()
+                let mut client = reqwest::Client::builder()
                     // The engine follows redirects itself, charging each hop.
-                    .redirect(reqwest::redirect::Policy::none())
+                    .redirect(reqwest::redirect::Policy::none());
+                // The CAs of `[upstreams] ca_file` besides the system's roots
+                // (read and checked by the configuration's validation).
+                for table in self.config.upstreams.values() {
+                    let pem = std::fs::read(&table.ca_file).unwrap_or_default();
+                    for ca in reqwest::Certificate::from_pem_bundle(&pem).unwrap_or_default() {
+                        client = client.add_root_certificate(ca);
+                    }
+                }
+                client
                     .build()
                     .expect("a default reqwest client always builds")
             });
@@ -160,19 +171,32 @@ impl EngineBuilder {
         let documents = Documents::new(self.config.http.document_cache_bytes);
         let persisted = PersistedQueries::new(self.config.http.persisted_queries_bytes);
         let upstream = &self.config.upstream;
+        // The configured upstreams are known hosts: a label and a quota gate
+        // of their own.
+        let mut known = self.known_hosts.clone();
+        known.extend(
+            (self.config.upstreams.values())
+                .filter_map(|t| t.base_url())
+                .map(|url| crate::read::host_name(&url)),
+        );
+        let host_table = HostTable::new(&self.config.hosts, known.iter().map(String::as_str));
+        let quotas = Quotas::new(
+            (self.config.hosts.keys())
+                .map(String::as_str)
+                .chain(known.iter().map(String::as_str)),
+        );
         let reads = Arc::new(ReadParts {
             transport,
             hosts,
-            host_table: HostTable::new(
-                &self.config.hosts,
-                self.known_hosts.iter().map(String::as_str),
-            ),
+            host_table,
             coalesce: Arc::new(Coalesce::new()),
             read_timeout: self.config.budget.read_timeout(),
             max_redirects: upstream.max_redirects,
             max_request_bytes: upstream.max_request_bytes as u64,
             memory: Arc::new(MemoryPool::new(self.config.http.max_inflight_bytes)),
             max_answer_bytes: self.config.http.max_answer_bytes,
+            auth: Auth::new(&self.config.upstreams),
+            quotas,
         });
         Engine {
             inner: Arc::new(EngineInner {

@@ -74,6 +74,29 @@ pub enum ReadError {
         /// Which backend, for humans.
         message: String,
     },
+    /// The upstream wants credentials it was not given, or refused the
+    /// ones it was given (`read/auth.rs`).
+    Unauthorized {
+        /// `host:port` of the upstream.
+        host: String,
+        /// What was missing or refused, for humans (never a credential).
+        message: String,
+    },
+    /// The credentials were accepted but do not grant this resource.
+    Forbidden {
+        /// `host:port` of the upstream.
+        host: String,
+        /// What was refused, for humans.
+        message: String,
+    },
+    /// The upstream said its own quota is spent (`read/quota.rs`): no read
+    /// is sent to it until `retry_after_ms` from now.
+    QuotaExhausted {
+        /// `host:port` of the upstream.
+        host: String,
+        /// Milliseconds until the upstream said its quota is back.
+        retry_after_ms: u64,
+    },
     /// An argument is invalid (e.g. `first` outside `1..=100`): refused
     /// before anything is read.
     BadUserInput {
@@ -92,6 +115,9 @@ impl ReadError {
             Self::Upstream { .. } => "UPSTREAM_ERROR",
             Self::HostSaturated { .. } => "HOST_SATURATED",
             Self::Unavailable { .. } => "UNAVAILABLE",
+            Self::Unauthorized { .. } => "UPSTREAM_UNAUTHORIZED",
+            Self::Forbidden { .. } => "UPSTREAM_FORBIDDEN",
+            Self::QuotaExhausted { .. } => "UPSTREAM_QUOTA_EXHAUSTED",
             Self::BadUserInput { .. } => "BAD_USER_INPUT",
         }
     }
@@ -123,6 +149,18 @@ impl ReadError {
                 max_concurrent,
             } => format!("upstream {host} is saturated ({max_concurrent} reads in flight)"),
             Self::Unavailable { message } => format!("unavailable: {message}"),
+            Self::Unauthorized { host, message } => {
+                format!("upstream {host} refused the request's credentials: {message}")
+            }
+            Self::Forbidden { host, message } => {
+                format!("upstream {host} does not grant this: {message}")
+            }
+            Self::QuotaExhausted {
+                host,
+                retry_after_ms,
+            } => format!(
+                "upstream {host} said its quota is spent; no read is sent to it for {retry_after_ms} ms"
+            ),
             Self::BadUserInput { message } => message.clone(),
         }
     }
@@ -163,6 +201,16 @@ impl ReadError {
                 ext.set("host", host.as_str());
                 ext.set("maxConcurrent", *max_concurrent);
             }
+            Self::Unauthorized { host, .. } | Self::Forbidden { host, .. } => {
+                ext.set("host", host.as_str());
+            }
+            Self::QuotaExhausted {
+                host,
+                retry_after_ms,
+            } => {
+                ext.set("host", host.as_str());
+                ext.set("retryAfterMs", *retry_after_ms);
+            }
             Self::DeadlineExceeded | Self::Unavailable { .. } | Self::BadUserInput { .. } => {}
         }
         ext
@@ -172,7 +220,10 @@ impl ReadError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            Self::BudgetExhausted { .. } | Self::HostSaturated { .. } | Self::Unavailable { .. }
+            Self::BudgetExhausted { .. }
+                | Self::HostSaturated { .. }
+                | Self::Unavailable { .. }
+                | Self::QuotaExhausted { .. }
         )
     }
 }

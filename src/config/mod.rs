@@ -7,7 +7,8 @@
 //! One file per section, each with its keys, their defaults and the rules
 //! they must keep: `budget.rs` (`[budget]`), `http.rs` (`[http]`),
 //! `hosts.rs` (`[hosts."HOST:PORT"]`), `rate_limit.rs` (`[rate_limit]`),
-//! `redis.rs` (`[redis]`), `upstream.rs` (`[upstream]`); `error.rs` the
+//! `redis.rs` (`[redis]`), `upstream.rs` (`[upstream]`), `upstreams.rs`
+//! (`[upstreams."NAME"]`); `error.rs` the
 //! error, how a TOML error finds its key, and the rule they share (`at
 //! least 1`). The sections name `error.rs` and nothing else here. This file
 //! holds [`Config`] (the whole file), its loading and its
@@ -103,6 +104,7 @@ mod redis;
 #[cfg(test)]
 mod tests;
 mod upstream;
+mod upstreams;
 
 pub use budget::BudgetConfig;
 pub use error::ConfigError;
@@ -112,6 +114,7 @@ pub use rate_limit::RateLimitConfig;
 pub(crate) use redis::share_use;
 pub use redis::{FailureMode, RedisConfig};
 pub use upstream::UpstreamConfig;
+pub use upstreams::{Secret, UpstreamTable};
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -145,6 +148,9 @@ section! {
         pub redis: RedisConfig = RedisConfig::default(),
         /// `[upstream]`: limits on what one upstream response may cost.
         pub upstream: UpstreamConfig = UpstreamConfig::default(),
+        /// `[upstreams."NAME"]`: the upstreams read by name, with their
+        /// credentials (one at a time: [`upstream_named`](Self::upstream_named)).
+        pub upstreams: BTreeMap<String, UpstreamTable> = BTreeMap::new(),
     }
 }
 
@@ -154,6 +160,14 @@ impl Config {
     #[must_use]
     pub fn host(mut self, host: impl Into<String>, table: HostConfig) -> Self {
         self.hosts.insert(host.into(), table);
+        self
+    }
+
+    /// Sets the table of one upstream named `name` (`[upstreams."NAME"]`),
+    /// replacing any it had.
+    #[must_use]
+    pub fn upstream_named(mut self, name: impl Into<String>, table: UpstreamTable) -> Self {
+        self.upstreams.insert(name.into(), table);
         self
     }
 
@@ -182,6 +196,15 @@ impl Config {
         }
         self.rate_limit.check()?;
         self.redis.check()?;
+        for (name, table) in &self.upstreams {
+            table.check(name)?;
+        }
+        if let Some((second, _)) = self.upstreams.iter().filter(|(_, t)| t.primary).nth(1) {
+            return Err(ConfigError::new(
+                format!("upstreams.{}.primary", error::key_segment(second)),
+                "at most one upstream is primary",
+            ));
+        }
         Ok(())
     }
 }

@@ -41,6 +41,8 @@ pub struct Read {
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) body: Bytes,
     pub(crate) key: Option<Box<str>>,
+    /// The authorization scope the read needs (`read/auth.rs`).
+    pub(crate) scope: Option<Box<str>>,
 }
 
 impl Read {
@@ -57,6 +59,7 @@ impl Read {
             headers: Vec::new(),
             body: Bytes::new(),
             key: None,
+            scope: None,
         }
     }
 
@@ -95,6 +98,17 @@ impl Read {
     /// method: say that `key` names the answer (a query's text, a search).
     pub fn dedup_key(mut self, key: impl Into<Box<str>>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+
+    /// Names the token scope this read needs from an upstream that uses
+    /// bearer tokens (`repository:acme/app:pull` for a registry), so a token
+    /// kept for that scope is sent with the read at once: the read costs one
+    /// request, not a challenge, a token fetch and a retry. Without it, a
+    /// token is sent up front only where the upstream's challenge names no
+    /// scope. Not part of the read's identity (the token sent is).
+    pub fn scope(mut self, scope: impl Into<Box<str>>) -> Self {
+        self.scope = Some(scope.into());
         self
     }
 

@@ -26,12 +26,14 @@
 //! that is not an HTTP read. `message.rs` holds the vocabulary every step
 //! names: the [`Read`] and its [`UpstreamResponse`].
 
+pub(crate) mod auth;
 pub(crate) mod budget;
 pub(crate) mod coalesce;
 pub(crate) mod dedup;
 pub(crate) mod hosts;
 pub(crate) mod message;
 pub(crate) mod permit;
+pub(crate) mod quota;
 pub(crate) mod redirect;
 pub(crate) mod timeout;
 pub(crate) mod transport;
@@ -45,12 +47,14 @@ pub use transport::{HttpTransport, Transport};
 use crate::error::ReadError;
 use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics;
+use auth::{Answer, Auth, Before, TokenFetch};
 use budget::{bump, InFlightSlot, Pending, ReadStats, TimedOut};
 use coalesce::{Coalesce, Flight, Role};
 use dedup::{Dedup, Origin};
 use hosts::{HostEntry, HostTable};
 use message::ReadKey;
 use permit::{Admission, Outcome};
+use quota::Quotas;
 use redirect::Redirects;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -77,6 +81,10 @@ pub(crate) struct ReadParts {
     pub(crate) memory: Arc<MemoryPool>,
     /// What one request's answer may hold (`http.max_answer_bytes`).
     pub(crate) max_answer_bytes: usize,
+    /// The upstreams' credentials, their challenges, the kept tokens.
+    pub(crate) auth: Auth,
+    /// What each host said it has left of its own quota.
+    pub(crate) quotas: Quotas,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
@@ -153,17 +161,96 @@ impl<'a> Upstream<'a> {
     /// Reads `read` through the acquisition point (see the module docs):
     /// each redirect followed is a read of its own (`redirect.rs`); to a
     /// host with `coalesce = true`, a read another request has in flight is
-    /// joined (`coalesce.rs`).
-    pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
+    /// joined (`coalesce.rs`); a `401` with a challenge is answered
+    /// (`auth.rs`) — the token fetch and the retry each a read of its own.
+    pub async fn read(&self, mut read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
+        let auth = &self.reads.parts.auth;
+        if auth.knows(&read) {
+            // Boxed, as every step of authentication: the common path's
+            // future stays small (a read waiting on an identical one holds it).
+            return Box::pin(self.with_credentials(read)).await;
+        }
+        let response = self.follow(&mut read).await?;
+        if response.status != http::StatusCode::UNAUTHORIZED || auth::has_authorization(&read) {
+            return Ok(response);
+        }
+        Box::pin(self.challenged(read, response, None)).await
+    }
+
+    /// A read to an origin whose challenge is known: its credentials up
+    /// front (a kept token, fetched first if need be, or Basic), then any
+    /// `401` answered.
+    async fn with_credentials(&self, read: Read) -> ReadResult {
+        let auth = &self.reads.parts.auth;
+        let value = match auth.before(&read).await {
+            Before::Send => None,
+            Before::With(value) => Some(value),
+            Before::Fetch(fetch) => Some(self.token(fetch).await?),
+        };
+        let mut sent = match &value {
+            Some(value) => auth::with_authorization(&read, value.clone()),
+            None => read,
+        };
+        let response = self.follow(&mut sent).await?;
+        if response.status != http::StatusCode::UNAUTHORIZED {
+            return Ok(response);
+        }
+        self.challenged(sent, response, value).await
+    }
+
+    /// The answers to a `401` to `read` (`auth.rs`): at most two rounds —
+    /// a token the upstream rejects is dropped and fetched once more, once.
+    async fn challenged(
+        &self,
+        read: Read,
+        mut response: Arc<UpstreamResponse>,
+        mut sent: Option<http::HeaderValue>,
+    ) -> ReadResult {
+        let auth = &self.reads.parts.auth;
+        for _round in 0..2 {
+            let value = match auth.answer(&read, &response, sent.as_ref()).await {
+                Answer::With(value) => value,
+                Answer::Fetch(fetch) => self.token(fetch).await?,
+                Answer::Refuse(err) => return Err(err),
+            };
+            let mut retry = auth::with_authorization(&read, value.clone());
+            response = self.follow(&mut retry).await?;
+            if response.status != http::StatusCode::UNAUTHORIZED {
+                return Ok(response);
+            }
+            sent = Some(value);
+        }
+        Err(auth.refused(&read, &response))
+    }
+
+    /// A bearer token: kept, or fetched as a read of this request — once
+    /// for every read of any request that needs it meanwhile; a read
+    /// waiting for another's fetch waits no longer than its deadline.
+    async fn token(&self, fetch: TokenFetch) -> Result<http::HeaderValue, ReadError> {
+        let TokenFetch { key, read } = fetch;
+        let fetched = self.reads.parts.auth.tokens().try_get_with(key, async {
+            let mut read = read;
+            let response = self.follow(&mut read).await?;
+            auth::token(&response)
+        });
+        match tokio::time::timeout_at(self.reads.budget.deadline(), fetched).await {
+            Ok(Ok(token)) => Ok(token.header),
+            Ok(Err(shared)) => Err((*shared).clone()),
+            Err(_elapsed) => Err(ReadError::DeadlineExceeded),
+        }
+    }
+
+    /// `sent` and the redirects it answers with, each a read of its own;
+    /// `sent` becomes the last request sent (the one the answer is to).
+    async fn follow(&self, sent: &mut Read) -> ReadResult {
         let mut redirects = Redirects::new(self.reads.parts.max_redirects);
-        let mut sent = read;
-        let mut response = self.read_once(&sent).await?;
+        let mut response = self.read_once(sent).await?;
         while let Some(hop) = redirects
-            .next(&sent, &response)
+            .next(sent, &response)
             .map_err(|why| response.error(why))?
         {
-            sent = hop;
-            response = self.read_once(&sent).await?;
+            *sent = hop;
+            response = self.read_once(sent).await?;
         }
         Ok(response)
     }
@@ -235,8 +322,13 @@ impl<'a> Upstream<'a> {
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
         let fetch = self.reads.parts.transport.fetch(read, &host.name);
+        let quotas = &self.reads.parts.quotas;
         let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
-            self.keep(Arc::new(r))
+            // What the answer says of the host's quota (`quota.rs`).
+            match quotas.observe(&host.name, r.status, &r.headers, admitted.now) {
+                Some(spent) => Err(spent),
+                None => self.keep(Arc::new(r)),
+            }
         })
         .await;
         pending.finish(&outcome);
@@ -255,8 +347,12 @@ impl<'a> Upstream<'a> {
         Ok(Admitted { _slots: slots, now })
     }
 
-    /// Step 2: no read is left, or no time.
+    /// Step 2: the host said its quota is spent (`quota.rs`), or no read
+    /// is left, or no time.
     fn refuse_early(&self, host: &HostEntry, now: Instant) -> Result<(), ReadError> {
+        if let Err(spent) = self.reads.parts.quotas.check(&host.name, now) {
+            return Err(self.refused(host, spent));
+        }
         let budget = &self.reads.budget;
         if budget.is_exhausted() {
             return Err(self.refused(host, self.exhausted()));
@@ -354,14 +450,18 @@ impl<'a> Upstream<'a> {
         let lead = || {
             let now = self.charge(host, now)?;
             charged = Some(now);
-            let transport = self.reads.parts.transport.clone();
+            let parts = self.reads.parts.clone();
+            let transport = parts.transport.clone();
             let (host, read_timeout) = (host.clone(), self.reads.parts.read_timeout);
             Ok(async move {
                 let _host_slot = host_slot;
                 let limit = Limit::read_timeout(now, read_timeout);
                 let fetch = transport.fetch(read, &host.name);
                 timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
-                    Ok(Arc::new(r))
+                    match parts.quotas.observe(&host.name, r.status, &r.headers, now) {
+                        Some(spent) => Err(spent),
+                        None => Ok(Arc::new(r)),
+                    }
                 })
                 .await
             })

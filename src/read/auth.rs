@@ -1,0 +1,644 @@
+//! Upstreams that authenticate: answering a `401`'s challenge, as Docker
+//! registries and most HTTP APIs ask (RFC 9110 §11, the Docker registry
+//! token flow). The hub sends every request this asks for as a read of its
+//! own — the challenge, the token fetch and the retry are each charged,
+//! capped and timed like any read; this file only decides.
+//!
+//! - **Basic** (`WWW-Authenticate: Basic`): the read is sent again with the
+//!   upstream's configured user and password; later reads to that origin
+//!   carry them up front.
+//! - **Bearer** (`WWW-Authenticate: Bearer realm=…,service=…,scope=…`): a
+//!   token is fetched from the realm (`GET realm?service=…&scope=…`, with the
+//!   credentials as Basic, or anonymously), then the read is sent again with
+//!   `Authorization: Bearer`. Tokens are kept per upstream origin, realm,
+//!   service, scope and user until `expires_in` (60 s when absent) from
+//!   `issued_at` (or from receipt), less a tenth (at most 10 s); a read that
+//!   names its scope ([`Read::scope`]) sends a kept token up front, so at
+//!   steady state it costs one request. Reads of any inbound request that
+//!   need the same token at the same moment wait for **one** fetch. A kept
+//!   token the upstream rejects is dropped and fetched once more — once.
+//!
+//! **Where credentials go** (`[upstreams."NAME"]`): to the upstream's own
+//! origin, and to a realm on that origin or listed in its `realms`. A
+//! challenge naming any other realm, or a plain-`http` realm for an `https`
+//! upstream, is refused without a request (`UPSTREAM_UNAUTHORIZED`); an
+//! upstream without a table answers only challenges whose realm is on its
+//! own origin, anonymously. A token is sent only to the origin that asked
+//! for it. Redirects drop `Authorization` at another origin (`redirect.rs`).
+//! Credentials and tokens appear in no error, span or metric.
+//!
+//! A read that carries its own `Authorization` header is left alone: its
+//! `401` is answered as it is.
+
+use super::message::{Read, UpstreamResponse};
+use crate::config::{Secret, UpstreamTable};
+use crate::error::ReadError;
+use http::{header, HeaderValue, StatusCode};
+use moka::future::Cache;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+/// The longest token answer read (a realm's JSON): past it, `UPSTREAM_ERROR`.
+pub(crate) const MAX_TOKEN_ANSWER: usize = 64 << 10;
+/// Tokens kept at most (each a few hundred bytes to a few KiB).
+const MAX_TOKENS: u64 = 10_000;
+/// `expires_in` when the realm gives none (the token specification's).
+const DEFAULT_EXPIRES_IN: u64 = 60;
+
+/// The credentials and what the engine learned of each upstream's
+/// challenges, and the tokens kept.
+pub(crate) struct Auth {
+    /// By origin (`https://host:port`): the configured upstreams.
+    sites: HashMap<String, Site>,
+    /// Kept tokens, by [`TokenKey`].
+    tokens: Cache<TokenKey, Token>,
+}
+
+/// One configured upstream.
+struct Site {
+    user: String,
+    password: Option<Secret>,
+    /// Realms besides the own origin that may receive the credentials.
+    realms: Vec<reqwest::Url>,
+    /// The last challenge it answered with (so later reads go up front).
+    learned: RwLock<Option<Learned>>,
+}
+
+#[derive(Clone)]
+enum Learned {
+    Basic,
+    Bearer {
+        realm: String,
+        service: Option<String>,
+    },
+}
+
+/// What a `401` asked for.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Challenge {
+    /// Basic: a user and a password.
+    Basic,
+    /// A bearer token from `realm`.
+    Bearer {
+        realm: String,
+        service: Option<String>,
+        scope: Option<String>,
+        /// `error="insufficient_scope"`: a token was sent and lacks access.
+        insufficient_scope: bool,
+    },
+}
+
+/// Identity of a kept token: who asked (origin), where it comes from, for
+/// what, as whom.
+pub(crate) type TokenKey = Arc<str>;
+
+/// A kept token: the `Authorization` value (marked sensitive: its `Debug`
+/// shows no secret) and how long it is good for.
+#[derive(Clone, Debug)]
+pub(crate) struct Token {
+    pub(crate) header: HeaderValue,
+    lifetime: Duration,
+}
+
+/// A token to fetch: its key and the read that fetches it.
+pub(crate) struct TokenFetch {
+    pub(crate) key: TokenKey,
+    pub(crate) read: Read,
+}
+
+/// What to do with a read before it is sent.
+pub(crate) enum Before {
+    /// Send it as it is.
+    Send,
+    /// Send it with this `Authorization` value (Basic, or a kept token).
+    With(HeaderValue),
+    /// Fetch this token first, then send it with the token.
+    Fetch(TokenFetch),
+}
+
+/// How to answer a `401`.
+pub(crate) enum Answer {
+    /// Send again with this `Authorization` value.
+    With(HeaderValue),
+    /// Fetch this token, then send again with it.
+    Fetch(TokenFetch),
+    /// Give up with this error; nothing more is sent.
+    Refuse(ReadError),
+}
+
+struct Expiry;
+
+impl moka::Expiry<TokenKey, Token> for Expiry {
+    fn expire_after_create(
+        &self,
+        _key: &TokenKey,
+        token: &Token,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(token.lifetime)
+    }
+}
+
+impl Auth {
+    /// The sites of the configured `upstreams` (passwords already resolved
+    /// by the configuration's validation; one that fails here is anonymous).
+    pub(crate) fn new(upstreams: &BTreeMap<String, UpstreamTable>) -> Self {
+        let mut sites = HashMap::new();
+        for (name, table) in upstreams {
+            let Some(url) = table.base_url() else {
+                continue;
+            };
+            let password = table.resolve_password(name).ok().flatten();
+            let realms = table
+                .realms
+                .iter()
+                .filter_map(|r| reqwest::Url::parse(r).ok())
+                .collect();
+            sites.insert(
+                origin(&url),
+                Site {
+                    user: table.username.clone(),
+                    password,
+                    realms,
+                    learned: RwLock::new(None),
+                },
+            );
+        }
+        Self {
+            sites,
+            tokens: Cache::builder()
+                .max_capacity(MAX_TOKENS)
+                .expire_after(Expiry)
+                .build(),
+        }
+    }
+
+    /// The kept tokens (the hub fetches through them, once per key).
+    pub(crate) fn tokens(&self) -> &Cache<TokenKey, Token> {
+        &self.tokens
+    }
+
+    /// Whether `read` goes to a configured origin whose challenge is
+    /// known, so [`before`](Self::before) may give it credentials.
+    pub(crate) fn knows(&self, read: &Read) -> bool {
+        !self.sites.is_empty()
+            && !has_authorization(read)
+            && self
+                .sites
+                .get(&origin(&read.url))
+                .is_some_and(|site| site.learned.read().expect("not poisoned").is_some())
+    }
+
+    /// What `read` carries before it is sent: the Basic credentials of an
+    /// origin that asked for them, or a token kept (or to fetch) for the
+    /// read's scope at an origin whose bearer challenge is known.
+    pub(crate) async fn before(&self, read: &Read) -> Before {
+        let Some(site) = self.sites.get(&origin(&read.url)) else {
+            return Before::Send;
+        };
+        let learned = site.learned.read().expect("not poisoned").clone();
+        match learned {
+            None => Before::Send,
+            Some(Learned::Basic) => match site.basic() {
+                Some(value) => Before::With(value),
+                None => Before::Send,
+            },
+            Some(Learned::Bearer { realm, service }) => {
+                let Some(scope) = read.scope.as_deref() else {
+                    return Before::Send;
+                };
+                let Ok(fetch) =
+                    self.token_fetch(read, site, &realm, service.as_deref(), Some(scope))
+                else {
+                    return Before::Send;
+                };
+                match self.tokens.get(&fetch.key).await {
+                    Some(token) => Before::With(token.header),
+                    None => Before::Fetch(fetch),
+                }
+            }
+        }
+    }
+
+    /// How to answer `response`, a `401` to `read`. `sent` is the
+    /// `Authorization` the read carried (a rejected kept token is dropped
+    /// here, so the answer fetches a new one).
+    pub(crate) async fn answer(
+        &self,
+        read: &Read,
+        response: &UpstreamResponse,
+        sent: Option<&HeaderValue>,
+    ) -> Answer {
+        let host = response.host.clone();
+        let Some(challenge) = challenge(response) else {
+            return Answer::Refuse(ReadError::Unauthorized {
+                host,
+                message: "answered 401 without a challenge this engine answers".into(),
+            });
+        };
+        let site = self.sites.get(&origin(&read.url));
+        match challenge {
+            Challenge::Basic => {
+                let basic = site.and_then(Site::basic);
+                match basic {
+                    Some(value) if sent != Some(&value) => {
+                        site.map(|s| s.learn(Learned::Basic));
+                        Answer::With(value)
+                    }
+                    Some(_) => Answer::Refuse(ReadError::Unauthorized {
+                        host,
+                        message: "the configured user and password were refused".into(),
+                    }),
+                    None => Answer::Refuse(ReadError::Unauthorized {
+                        host,
+                        message: "Basic credentials are required and none are configured".into(),
+                    }),
+                }
+            }
+            Challenge::Bearer {
+                realm,
+                service,
+                scope,
+                insufficient_scope,
+            } => {
+                let anonymous = Site::anonymous();
+                let chosen = site.unwrap_or(&anonymous);
+                let fetch = match self.token_fetch(
+                    read,
+                    chosen,
+                    &realm,
+                    service.as_deref(),
+                    scope.as_deref(),
+                ) {
+                    Ok(fetch) => fetch,
+                    Err(message) => {
+                        return Answer::Refuse(ReadError::Unauthorized { host, message })
+                    }
+                };
+                if let Some(site) = site {
+                    site.learn(Learned::Bearer {
+                        realm: realm.clone(),
+                        service: service.clone(),
+                    });
+                }
+                let Some(sent) = sent else {
+                    return Answer::Fetch(fetch);
+                };
+                if insufficient_scope {
+                    return Answer::Refuse(self.not_granted(host, chosen));
+                }
+                // The token sent was rejected: dropped (unless another read
+                // replaced it meanwhile), and fetched once more.
+                self.drop_token(&fetch.key, sent).await;
+                Answer::Fetch(fetch)
+            }
+        }
+    }
+
+    /// The error for a `401` to a read already sent with an answer to its
+    /// challenge.
+    pub(crate) fn refused(&self, read: &Read, response: &UpstreamResponse) -> ReadError {
+        let host = response.host.clone();
+        let site = self.sites.get(&origin(&read.url));
+        match challenge(response) {
+            Some(Challenge::Bearer {
+                insufficient_scope: true,
+                ..
+            }) => {
+                let anonymous = Site::anonymous();
+                self.not_granted(host, site.unwrap_or(&anonymous))
+            }
+            _ => ReadError::Unauthorized {
+                host,
+                message: "the upstream refused the credentials it asked for".into(),
+            },
+        }
+    }
+
+    fn not_granted(&self, host: String, site: &Site) -> ReadError {
+        if site.password.is_some() {
+            ReadError::Forbidden {
+                host,
+                message: format!("the configured user {:?} is not granted this", site.user),
+            }
+        } else {
+            ReadError::Unauthorized {
+                host,
+                message: "anonymous access is not granted; configure credentials".into(),
+            }
+        }
+    }
+
+    /// Drops the token kept under `key` if it is still `sent`.
+    async fn drop_token(&self, key: &TokenKey, sent: &HeaderValue) {
+        use moka::ops::compute::Op;
+        self.tokens
+            .entry(key.clone())
+            .and_compute_with(|kept| {
+                let op = match kept {
+                    Some(kept) if kept.value().header == sent => Op::Remove,
+                    _ => Op::Nop,
+                };
+                std::future::ready(op)
+            })
+            .await;
+    }
+
+    /// The token fetch for `read`'s origin at `realm`, or why the realm
+    /// may not be asked.
+    fn token_fetch(
+        &self,
+        read: &Read,
+        site: &Site,
+        realm: &str,
+        service: Option<&str>,
+        scope: Option<&str>,
+    ) -> Result<TokenFetch, String> {
+        let mut url = reqwest::Url::parse(realm)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+            .ok_or_else(|| "the challenge's realm is not an http(s) URL".to_string())?;
+        if read.url.scheme() == "https" && url.scheme() == "http" {
+            return Err(format!(
+                "the token realm {} is plain http for an https upstream",
+                shown(&url)
+            ));
+        }
+        let own = url.origin() == read.url.origin();
+        let listed = site.realms.iter().any(|allowed| {
+            allowed.origin() == url.origin() && url.path().starts_with(allowed.path())
+        });
+        if !own && !listed {
+            return Err(format!(
+                "the token realm {} is not this upstream's origin nor one of its configured realms",
+                shown(&url)
+            ));
+        }
+        {
+            let mut query = url.query_pairs_mut();
+            if let Some(service) = service {
+                query.append_pair("service", service);
+            }
+            if let Some(scope) = scope {
+                query.append_pair("scope", scope);
+            }
+        }
+        let key: TokenKey = format!("{} {} {}", origin(&read.url), url, site.user).into();
+        let mut fetch = Read::get(url);
+        if let Some(basic) = site.basic() {
+            fetch = fetch.header(header::AUTHORIZATION, basic);
+        }
+        Ok(TokenFetch { key, read: fetch })
+    }
+}
+
+impl Site {
+    fn anonymous() -> Self {
+        Self {
+            user: String::new(),
+            password: None,
+            realms: Vec::new(),
+            learned: RwLock::new(None),
+        }
+    }
+
+    /// `Basic base64(user:password)`, if a password is configured.
+    fn basic(&self) -> Option<HeaderValue> {
+        let password = self.password.as_ref()?;
+        let pair = format!("{}:{}", self.user, password.expose());
+        use base64::Engine as _;
+        let coded = base64::engine::general_purpose::STANDARD.encode(pair);
+        let mut value = HeaderValue::from_str(&format!("Basic {coded}")).ok()?;
+        value.set_sensitive(true);
+        Some(value)
+    }
+
+    fn learn(&self, learned: Learned) {
+        *self.learned.write().expect("not poisoned") = Some(learned);
+    }
+}
+
+/// The token in a realm's answer, kept for its lifetime; an error for any
+/// answer that is not one.
+pub(crate) fn token(response: &UpstreamResponse) -> Result<Token, ReadError> {
+    if response.status == StatusCode::UNAUTHORIZED || response.status == StatusCode::FORBIDDEN {
+        return Err(ReadError::Unauthorized {
+            host: response.host.clone(),
+            message: format!(
+                "the token service answered {}: the configured credentials were refused",
+                response.status.as_u16()
+            ),
+        });
+    }
+    response.error_for_status()?;
+    if response.body.len() > MAX_TOKEN_ANSWER {
+        return Err(response.error(format!("token answer larger than {MAX_TOKEN_ANSWER} bytes")));
+    }
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        token: Option<String>,
+        access_token: Option<String>,
+        expires_in: Option<u64>,
+        issued_at: Option<String>,
+    }
+    let answer: Answer = response.json()?;
+    let token = answer
+        .token
+        .or(answer.access_token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| response.error("the token answer holds no token"))?;
+    let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| response.error("the token is not a valid header value"))?;
+    header.set_sensitive(true);
+    let expires_in = Duration::from_secs(answer.expires_in.unwrap_or(DEFAULT_EXPIRES_IN));
+    let age = answer
+        .issued_at
+        .and_then(|at| humantime::parse_rfc3339_weak(&at).ok())
+        .and_then(|at| SystemTime::now().duration_since(at).ok())
+        .unwrap_or_default();
+    let margin = (expires_in / 10).min(Duration::from_secs(10));
+    Ok(Token {
+        header,
+        lifetime: expires_in.saturating_sub(age).saturating_sub(margin),
+    })
+}
+
+/// The challenge of a `401`: Bearer preferred to Basic when both are offered.
+pub(crate) fn challenge(response: &UpstreamResponse) -> Option<Challenge> {
+    let mut basic = false;
+    for value in response.headers.get_all(header::WWW_AUTHENTICATE) {
+        let Ok(text) = value.to_str() else { continue };
+        for (scheme, params) in challenges(text) {
+            if scheme.eq_ignore_ascii_case("bearer") {
+                let get = |name: &str| {
+                    params
+                        .iter()
+                        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| v.clone())
+                };
+                if let Some(realm) = get("realm") {
+                    return Some(Challenge::Bearer {
+                        realm,
+                        service: get("service"),
+                        scope: get("scope"),
+                        insufficient_scope: get("error").as_deref() == Some("insufficient_scope"),
+                    });
+                }
+            } else if scheme.eq_ignore_ascii_case("basic") {
+                basic = true;
+            }
+        }
+    }
+    basic.then_some(Challenge::Basic)
+}
+
+/// The challenges of one `WWW-Authenticate` value: each scheme with its
+/// `name=value` parameters (values quoted or tokens; RFC 9110 §11.2).
+fn challenges(text: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let mut out: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        // A token: a scheme (followed by space or end) or a parameter name (followed by `=`).
+        let end = rest
+            .find(|c: char| c == '=' || c == ',' || c.is_ascii_whitespace())
+            .unwrap_or(rest.len());
+        let word = &rest[..end];
+        rest = rest[end..].trim_start();
+        if let Some(after) = rest.strip_prefix('=') {
+            let after = after.trim_start();
+            let (value, remaining) = match after.strip_prefix('"') {
+                Some(quoted) => unquote(quoted),
+                None => {
+                    let end = after.find(',').unwrap_or(after.len());
+                    (after[..end].trim().to_string(), &after[end..])
+                }
+            };
+            if let Some((_, params)) = out.last_mut() {
+                params.push((word.to_string(), value));
+            }
+            rest = remaining.trim_start();
+        } else if !word.is_empty() {
+            out.push((word.to_string(), Vec::new()));
+        }
+        rest = rest.trim_start_matches(|c: char| c == ',' || c.is_ascii_whitespace());
+    }
+    out
+}
+
+/// A quoted string's value (escapes resolved) and what follows its quote.
+fn unquote(text: &str) -> (String, &str) {
+    let mut value = String::new();
+    let mut chars = text.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return (value, &text[i + 1..]),
+            '\\' => {
+                if let Some((_, escaped)) = chars.next() {
+                    value.push(escaped);
+                }
+            }
+            c => value.push(c),
+        }
+    }
+    (value, "")
+}
+
+/// Whether the caller set `Authorization` itself: then nothing here
+/// applies to the read.
+pub(crate) fn has_authorization(read: &Read) -> bool {
+    read.headers.iter().any(|(n, _)| n == header::AUTHORIZATION)
+}
+
+/// `read` with `Authorization: value` (replacing one this file set).
+pub(crate) fn with_authorization(read: &Read, value: HeaderValue) -> Read {
+    let mut read = read.clone();
+    read.headers.retain(|(n, _)| n != header::AUTHORIZATION);
+    read.headers.push((header::AUTHORIZATION, value));
+    read
+}
+
+/// `scheme://host:port` of `url`.
+fn origin(url: &reqwest::Url) -> String {
+    url.origin().ascii_serialization()
+}
+
+/// A realm URL for a message: origin and path, no query.
+fn shown(url: &reqwest::Url) -> String {
+    format!("{}{}", origin(url), url.path())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderMap;
+
+    fn unauthorized(values: &[&str]) -> UpstreamResponse {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(header::WWW_AUTHENTICATE, HeaderValue::from_str(v).unwrap());
+        }
+        UpstreamResponse::new("r:5000", StatusCode::UNAUTHORIZED, headers, "".into())
+    }
+
+    #[test]
+    fn a_docker_challenge_is_read_whole() {
+        let r = unauthorized(&[
+            r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:library/alpine:pull""#,
+        ]);
+        assert_eq!(
+            challenge(&r),
+            Some(Challenge::Bearer {
+                realm: "https://auth.example/token".into(),
+                service: Some("registry.example".into()),
+                scope: Some("repository:library/alpine:pull".into()),
+                insufficient_scope: false,
+            })
+        );
+    }
+
+    #[test]
+    fn quoted_commas_escapes_and_several_challenges() {
+        let r = unauthorized(&[
+            r#"Basic realm="a, \"b\"", Bearer realm="https://x/t",scope="repository:a/b:pull,push",error="insufficient_scope""#,
+        ]);
+        let Some(Challenge::Bearer {
+            scope,
+            insufficient_scope,
+            ..
+        }) = challenge(&r)
+        else {
+            panic!("bearer preferred")
+        };
+        assert_eq!(scope.as_deref(), Some("repository:a/b:pull,push"));
+        assert!(insufficient_scope);
+        assert_eq!(
+            challenge(&unauthorized(&["Basic realm=\"x\""])),
+            Some(Challenge::Basic)
+        );
+        assert_eq!(challenge(&unauthorized(&["Negotiate"])), None);
+        assert_eq!(
+            challenge(&unauthorized(&["Bearer scope=x"])),
+            None,
+            "no realm"
+        );
+    }
+
+    #[test]
+    fn a_token_lives_expires_in_from_issued_at_less_a_tenth() {
+        let body = r#"{"token":"abc","expires_in":300}"#;
+        let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), body.into());
+        let t = token(&r).unwrap();
+        assert_eq!(t.lifetime, Duration::from_secs(290));
+        assert!(t.header.is_sensitive());
+        let old = humantime::format_rfc3339(SystemTime::now() - Duration::from_secs(100));
+        let body = format!(r#"{{"access_token":"abc","expires_in":300,"issued_at":"{old}"}}"#);
+        let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), body.into());
+        let lifetime = token(&r).unwrap().lifetime.as_secs();
+        assert!((189..=190).contains(&lifetime), "{lifetime}");
+        let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), "{}".into());
+        assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_ERROR");
+        let r = UpstreamResponse::new("a:1", StatusCode::UNAUTHORIZED, HeaderMap::new(), "".into());
+        assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_UNAUTHORIZED");
+    }
+}

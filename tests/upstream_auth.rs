@@ -1,0 +1,348 @@
+//! Upstreams that authenticate (`src/read/auth.rs`), against loopback
+//! servers started here: a "registry" that wants a bearer token (or Basic)
+//! and a token service. Every request sent is a charged read; a token is
+//! fetched once however many requests need it; credentials go nowhere else.
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use fanout_budget::config::UpstreamTable;
+use fanout_budget::{inbound::Caller, Config, Engine, Read};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+/// What the servers saw, and how the token service answers.
+#[derive(Default)]
+struct Seen {
+    /// Requests to the registry, by `Authorization` ("" for none).
+    registry: Mutex<Vec<String>>,
+    /// Token fetches, by scope.
+    fetches: Mutex<HashMap<String, u64>>,
+    /// Every `Authorization` the token service received.
+    token_auth: Mutex<Vec<String>>,
+    /// The token service's realm (set once both servers listen).
+    realm: Mutex<String>,
+    /// Tokens issued so far (each token is `t<N>`).
+    issued: AtomicU64,
+    /// Tokens the registry takes (it forgets the rest: "revoked").
+    valid: Mutex<Vec<String>>,
+    /// `expires_in` the token service gives.
+    expires_in: AtomicU64,
+    /// The registry takes no token at all.
+    reject_all: std::sync::atomic::AtomicBool,
+}
+
+async fn serve(router: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// `GET /v2/{repo}`: 200 with a valid bearer token, else the challenge;
+/// `GET /basic`: 200 with `ci:pw`, else a Basic challenge.
+async fn registry(
+    State(seen): State<Arc<Seen>>,
+    axum::extract::Path(repo): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    seen.registry.lock().unwrap().push(auth.clone());
+    let token = auth.strip_prefix("Bearer ").unwrap_or("");
+    let valid = seen.valid.lock().unwrap().iter().any(|t| t == token);
+    if valid && !seen.reject_all.load(SeqCst) {
+        return (StatusCode::OK, format!("{{\"repo\":\"{repo}\"}}")).into_response();
+    }
+    let realm = seen.realm.lock().unwrap().clone();
+    let challenge =
+        format!("Bearer realm=\"{realm}\",service=\"test\",scope=\"repository:{repo}:pull\"");
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, challenge)],
+        "{}",
+    )
+        .into_response()
+}
+
+async fn basic(State(seen): State<Arc<Seen>>, headers: HeaderMap) -> Response {
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    seen.registry.lock().unwrap().push(auth.clone());
+    // base64("ci:pw")
+    if auth == "Basic Y2k6cHc=" {
+        return (StatusCode::OK, "{}").into_response();
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Basic realm=\"test\"")],
+        "",
+    )
+        .into_response()
+}
+
+async fn token(
+    State(seen): State<Arc<Seen>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let scope = query.get("scope").cloned().unwrap_or_default();
+    *seen.fetches.lock().unwrap().entry(scope).or_default() += 1;
+    if let Some(auth) = headers.get(header::AUTHORIZATION) {
+        let auth = auth.to_str().unwrap().to_string();
+        seen.token_auth.lock().unwrap().push(auth.clone());
+        if auth != "Basic Y2k6cHc=" {
+            return StatusCode::UNAUTHORIZED.into_response();
+        }
+    }
+    // Slow enough that concurrent reads meet the fetch in flight.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let n = seen.issued.fetch_add(1, SeqCst) + 1;
+    let token = format!("t{n}");
+    seen.valid.lock().unwrap().push(token.clone());
+    let expires_in = seen.expires_in.load(SeqCst);
+    axum::Json(serde_json::json!({ "token": token, "expires_in": expires_in })).into_response()
+}
+
+struct Servers {
+    seen: Arc<Seen>,
+    registry: String,
+    realm_base: String,
+}
+
+async fn servers() -> Servers {
+    let seen = Arc::new(Seen::default());
+    seen.expires_in.store(300, SeqCst);
+    let registry = serve(
+        Router::new()
+            .route("/v2/{repo}", get(registry))
+            .route("/basic", get(basic))
+            .with_state(seen.clone()),
+    )
+    .await;
+    let realm_base = serve(
+        Router::new()
+            .route("/token", get(token))
+            .with_state(seen.clone()),
+    )
+    .await;
+    *seen.realm.lock().unwrap() = format!("{realm_base}/token");
+    Servers {
+        seen,
+        registry,
+        realm_base,
+    }
+}
+
+impl Servers {
+    fn fetches(&self, repo: &str) -> u64 {
+        let scope = format!("repository:{repo}:pull");
+        self.seen
+            .fetches
+            .lock()
+            .unwrap()
+            .get(&scope)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn registry_requests(&self) -> usize {
+        self.seen.registry.lock().unwrap().len()
+    }
+
+    /// The engine, with the registry's token realm allowed (`realms`) and
+    /// `user`'s credentials, if any.
+    fn engine(&self, user: Option<(&str, &str)>) -> Engine {
+        let mut table = UpstreamTable::default()
+            .url(self.registry.as_str())
+            .realms([format!("{}/token", self.realm_base)]);
+        if let Some((user, password)) = user {
+            table = table.username(user).password(password);
+        }
+        Engine::new(Config::default().upstream_named("test", table))
+    }
+
+    fn url(&self, repo: &str) -> reqwest::Url {
+        format!("{}/v2/{repo}", self.registry).parse().unwrap()
+    }
+}
+
+/// One inbound request reading `read`: its status code (or error code), and
+/// the reads it was charged.
+async fn one_request(engine: &Engine, read: Read) -> (String, u64) {
+    let request = engine.begin_request(Caller::Public);
+    let operation = request.operation();
+    let outcome = operation.upstream().read(read).await;
+    let shown = match outcome {
+        Ok(response) => response.status.as_u16().to_string(),
+        Err(e) => e.code().to_string(),
+    };
+    (shown, request.budget().used())
+}
+
+#[tokio::test]
+async fn a_challenge_costs_three_reads_once_then_a_named_scope_costs_one() {
+    let s = servers().await;
+    let engine = s.engine(None);
+    let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
+    // Cold: the 401, the token fetch, the retry — each charged.
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
+    assert_eq!(s.fetches("a"), 1);
+    // Steady state: the kept token goes up front, one request per read.
+    let before = s.registry_requests();
+    for _ in 0..5 {
+        assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 1));
+    }
+    assert_eq!(s.registry_requests() - before, 5);
+    assert_eq!(s.fetches("a"), 1, "the token is kept");
+    // Another scope on a realm already known: the token first, no 401.
+    assert_eq!(one_request(&engine, scoped("b")).await, ("200".into(), 2));
+    // A read that does not name its scope: the 401 and the retry (the
+    // token kept for its scope).
+    assert_eq!(
+        one_request(&engine, Read::get(s.url("b"))).await,
+        ("200".into(), 2)
+    );
+    assert_eq!(s.fetches("b"), 1);
+    // Anonymous: no credentials ever reached the token service.
+    assert!(s.seen.token_auth.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn concurrent_requests_on_a_cold_cache_fetch_one_token_per_scope() {
+    let s = servers().await;
+    let engine = s.engine(Some(("ci", "pw")));
+    let reads = (0..100).map(|i| {
+        let repo = if i % 2 == 0 { "even" } else { "odd" };
+        one_request(
+            &engine,
+            Read::get(s.url(repo)).scope(format!("repository:{repo}:pull")),
+        )
+    });
+    let outcomes = futures::future::join_all(reads).await;
+    assert!(
+        outcomes.iter().all(|(status, _)| status == "200"),
+        "{outcomes:?}"
+    );
+    assert_eq!(s.fetches("even"), 1);
+    assert_eq!(s.fetches("odd"), 1);
+    // Who fetched was charged for it; who waited was not.
+    let used: u64 = outcomes.iter().map(|(_, used)| used).sum();
+    assert_eq!(used as usize, s.registry_requests() + 2);
+    // The credentials went to the configured realm as Basic, twice.
+    assert_eq!(
+        *s.seen.token_auth.lock().unwrap(),
+        vec!["Basic Y2k6cHc="; 2]
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_token_is_fetched_once_more_and_an_endless_challenge_ends() {
+    let s = servers().await;
+    let engine = s.engine(None);
+    let read = || Read::get(s.url("r")).scope("repository:r:pull");
+    assert_eq!(one_request(&engine, read()).await.0, "200");
+    // The registry forgets every token ("revoked"): the kept one is sent,
+    // rejected, dropped, a new one fetched and sent — 3 reads.
+    s.seen.valid.lock().unwrap().clear();
+    assert_eq!(one_request(&engine, read()).await, ("200".into(), 3));
+    assert_eq!(s.fetches("r"), 2);
+    // A registry that rejects every token: two rounds, then a coded error.
+    s.seen.reject_all.store(true, SeqCst);
+    let (code, used) = one_request(&engine, Read::get(s.url("x"))).await;
+    assert_eq!(code, "UPSTREAM_UNAUTHORIZED");
+    // The 401, a token, the retry (401); the second round finds the token
+    // this request fetched, and the retry it sent, in its de-duplication
+    // (a token issued a moment ago and rejected is not worth another).
+    assert_eq!(used, 3);
+    assert!(s.fetches("x") <= 1);
+}
+
+#[tokio::test]
+async fn an_expired_token_is_fetched_again_once() {
+    let s = servers().await;
+    s.seen.expires_in.store(1, SeqCst);
+    let engine = s.engine(None);
+    let read = || Read::get(s.url("e")).scope("repository:e:pull");
+    assert_eq!(one_request(&engine, read()).await.0, "200");
+    assert_eq!(one_request(&engine, read()).await, ("200".into(), 1));
+    // Kept for 0.9 s (a tenth less than the second it was given).
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    let again = futures::future::join_all((0..10).map(|_| one_request(&engine, read()))).await;
+    assert!(again.iter().all(|(status, _)| status == "200"), "{again:?}");
+    assert_eq!(s.fetches("e"), 2, "refreshed once for all ten");
+}
+
+#[tokio::test]
+async fn wrong_credentials_are_one_coded_error() {
+    let s = servers().await;
+    let engine = s.engine(Some(("ci", "wrong")));
+    let (code, used) = one_request(&engine, Read::get(s.url("p"))).await;
+    assert_eq!(code, "UPSTREAM_UNAUTHORIZED");
+    assert_eq!(used, 2, "the 401 and the refused token fetch, nothing more");
+}
+
+#[tokio::test]
+async fn a_realm_not_allowed_gets_no_request_and_no_credentials() {
+    let s = servers().await;
+    // The realm is another origin, not listed for this upstream.
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .username("ci")
+        .password("pw");
+    let engine = Engine::new(Config::default().upstream_named("test", table));
+    let (code, used) = one_request(&engine, Read::get(s.url("a"))).await;
+    assert_eq!(code, "UPSTREAM_UNAUTHORIZED");
+    assert_eq!(used, 1, "the 401 only");
+    assert_eq!(s.seen.fetches.lock().unwrap().len(), 0);
+    // An upstream without a table: the same.
+    let engine = Engine::new(Config::default());
+    assert_eq!(
+        one_request(&engine, Read::get(s.url("a"))).await.0,
+        "UPSTREAM_UNAUTHORIZED"
+    );
+    assert_eq!(s.seen.fetches.lock().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn basic_credentials_answer_a_basic_challenge_then_go_up_front() {
+    let s = servers().await;
+    let url: reqwest::Url = format!("{}/basic", s.registry).parse().unwrap();
+    let engine = s.engine(Some(("ci", "pw")));
+    assert_eq!(
+        one_request(&engine, Read::get(url.clone())).await,
+        ("200".into(), 2)
+    );
+    assert_eq!(
+        one_request(&engine, Read::get(url.clone())).await,
+        ("200".into(), 1)
+    );
+    let wrong = s.engine(Some(("ci", "nope")));
+    assert_eq!(
+        one_request(&wrong, Read::get(url.clone())).await,
+        ("UPSTREAM_UNAUTHORIZED".into(), 2)
+    );
+    let none = s.engine(None);
+    assert_eq!(
+        one_request(&none, Read::get(url)).await,
+        ("UPSTREAM_UNAUTHORIZED".into(), 1)
+    );
+}
+
+#[tokio::test]
+async fn a_read_with_its_own_authorization_is_left_alone() {
+    let s = servers().await;
+    let engine = s.engine(Some(("ci", "pw")));
+    let read = Read::get(s.url("a")).header(
+        header::AUTHORIZATION,
+        header::HeaderValue::from_static("Bearer mine"),
+    );
+    assert_eq!(one_request(&engine, read).await, ("401".into(), 1));
+    assert_eq!(s.seen.fetches.lock().unwrap().len(), 0);
+}
