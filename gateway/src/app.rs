@@ -1,6 +1,7 @@
 //! The gateway application: engine + schema + routes, from a [`Config`].
 
 use crate::oci::RegistryUrl;
+use crate::registries::Registries;
 use crate::schema::{self, RegistrySchema};
 use axum::routing::get;
 use axum::Router;
@@ -127,6 +128,7 @@ fn assemble(
         .limit_depth(MAX_DEPTH)
         .limit_complexity(MAX_COMPLEXITY)
         .limit_recursive_depth(MAX_RECURSIVE_DEPTH)
+        .data(Registries::from_config(engine.config(), &upstream))
         .data(RegistryUrl(upstream))
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));

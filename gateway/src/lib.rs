@@ -4,6 +4,7 @@
 //! - [`names`]: repository names, tags and digests, checked against the OCI
 //!   grammars before they reach a URL;
 //! - [`oci`]: the registry client — every read through `ctx.upstream()`;
+//! - [`registries`]: registries by name, as Docker names them;
 //! - [`schema`]: the reference schema (CONTRACT §4) and its costs (§5);
 //! - [`embedded`]: an in-process registry with demo data, fault injection and
 //!   request counters;
@@ -15,4 +16,5 @@ pub mod app;
 pub mod embedded;
 pub mod names;
 pub mod oci;
+pub mod registries;
 pub mod schema;

@@ -14,7 +14,8 @@ struct Args {
     /// Address to serve on.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Base URL of an OCI Distribution registry; absent: the embedded registry.
+    /// Base URL of the default OCI Distribution registry; absent: the
+    /// `[upstreams]` table marked `primary = true`, else the embedded registry.
     #[arg(long)]
     upstream: Option<reqwest::Url>,
     /// TOML configuration file; absent: all defaults.
@@ -59,7 +60,12 @@ async fn main() -> ExitCode {
             None
         }
     };
-    let (upstream, _embedded) = match args.upstream {
+    // The default registry: `--upstream`, else the upstream marked
+    // `primary = true`, else the embedded one.
+    let default = args
+        .upstream
+        .or_else(|| fanout_gateway::registries::Registries::primary(&config));
+    let (upstream, _embedded) = match default {
         Some(url) => (url, None),
         None => match EmbeddedRegistry::demo().await {
             Ok(registry) => (

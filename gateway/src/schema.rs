@@ -6,6 +6,7 @@
 
 use crate::names::{Digest, RepoName, TagName};
 use crate::oci::{self, DescriptorDoc, ManifestDoc, Tags};
+use crate::registries::{Registries, Repo};
 use async_graphql::{
     Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
     ScalarType, Schema, SimpleObject, Value,
@@ -84,15 +85,12 @@ pub struct Query;
 impl Query {
     /// One repository. Null, without error, when the registry answers NAME_UNKNOWN.
     async fn repository(&self, ctx: &Context<'_>, name: String) -> Option<Repository> {
-        // Checked against the OCI name grammar before any read.
-        let name = RepoName::parse(&name)
-            .map_err(|e| ReadError::BadUserInput {
-                message: e.to_string(),
-            })
-            .or_null(ctx)?;
-        let tags = oci::tag_list(ctx, &name).await.or_null(ctx)??;
+        // Its registry found and its name checked against the OCI grammar
+        // before any read.
+        let repo = resolve(ctx, &name).or_null(ctx)?;
+        let tags = oci::tag_list(ctx, &repo).await.or_null(ctx)??;
         Some(Repository {
-            name,
+            repo,
             tags: Some(tags),
         })
     }
@@ -108,11 +106,14 @@ impl Query {
         let n = page_size(first)?;
         let (names, more) = oci::catalog(ctx, n, after.as_deref()).await?;
         let end_cursor = names.last().cloned();
+        let registry = oci::registry(ctx)?;
         let nodes = names
-            .iter()
-            .map(|name| {
-                let name = RepoName::parse(name).map_err(|e| oci::invalid_from_registry(ctx, e))?;
-                Ok(Repository { name, tags: None })
+            .into_iter()
+            .map(|shown| {
+                let name =
+                    RepoName::parse(&shown).map_err(|e| oci::invalid_from_registry(ctx, e))?;
+                let repo = Repo::new(registry.clone(), name, shown);
+                Ok(Repository { repo, tags: None })
             })
             .collect::<Result<_, ReadError>>()?;
         Ok(RepositoryConnection {
@@ -160,9 +161,18 @@ pub struct RepositoryConnection {
     page_info: PageInfo,
 }
 
+/// The repository `name` names (`registries.rs`): on the default registry
+/// (`RegistryUrl`) or one of the configured ones (`Registries`, if any).
+fn resolve(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Repo> {
+    let default = oci::registry(ctx)?;
+    let registries = ctx.data_opt::<Registries>();
+    let none = Registries::default();
+    Ok(registries.unwrap_or(&none).resolve(default, name)?)
+}
+
 /// A repository; its tag list is read once per request, when first needed.
 pub struct Repository {
-    name: RepoName,
+    repo: Repo,
     tags: Option<Arc<Tags>>,
 }
 
@@ -171,7 +181,7 @@ impl Repository {
         match &self.tags {
             Some(tags) => Ok(tags.clone()),
             // Listed in the catalog but gone by now: no tags.
-            None => Ok(oci::tag_list(ctx, &self.name).await?.unwrap_or_default()),
+            None => Ok(oci::tag_list(ctx, &self.repo).await?.unwrap_or_default()),
         }
     }
 }
@@ -179,7 +189,7 @@ impl Repository {
 #[Object]
 impl Repository {
     async fn name(&self) -> &str {
-        self.name.as_str()
+        self.repo.shown()
     }
 
     #[graphql(complexity = "list_complexity(first, child_complexity)")]
@@ -208,7 +218,7 @@ impl Repository {
         };
         let end = tags.len().min(start.saturating_add(n));
         Ok(TagConnection {
-            repository: self.name.clone(),
+            repository: self.repo.clone(),
             tags,
             rows: start.min(end)..end,
         })
@@ -217,7 +227,7 @@ impl Repository {
     async fn tag(&self, ctx: &Context<'_>, name: String) -> async_graphql::Result<Option<Tag>> {
         let tags = self.tag_list(ctx).await?;
         Ok(tags.position(&name).map(|index| Tag {
-            repository: self.name.clone(),
+            repository: self.repo.clone(),
             tags,
             index,
         }))
@@ -231,7 +241,7 @@ impl Repository {
 // (`gateway/tests/memory_attacks.rs`, `fat_tags`).
 /// A page of tags.
 pub struct TagConnection {
-    repository: RepoName,
+    repository: Repo,
     tags: Arc<Tags>,
     rows: std::ops::Range<usize>,
 }
@@ -267,7 +277,7 @@ impl TagConnection {
 
 /// A tag of a repository: its position in the request's tag list.
 pub struct Tag {
-    repository: RepoName,
+    repository: Repo,
     tags: Arc<Tags>,
     index: usize,
 }
@@ -289,7 +299,12 @@ impl Tag {
         let tag = TagName::parse(self.tag())
             .map_err(|e| oci::invalid_from_registry(ctx, e))
             .or_null(ctx)?;
-        let doc = oci::manifest(ctx, &self.repository, &tag)
+        // Only what the headers say is wanted: a `HEAD` (no pull counted).
+        let wanted = ctx.look_ahead();
+        let head = !["layers", "manifests", "config"]
+            .into_iter()
+            .any(|field| wanted.field(field).exists());
+        let doc = oci::manifest(ctx, &self.repository, &tag, head)
             .await
             .or_null(ctx)?;
         Some(Manifest {
@@ -301,7 +316,7 @@ impl Tag {
 
 /// An image manifest or an index.
 pub struct Manifest {
-    repository: RepoName,
+    repository: Repo,
     doc: Arc<ManifestDoc>,
 }
 

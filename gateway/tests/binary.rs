@@ -97,9 +97,11 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
             assert!(fanout[key].is_u64(), "{key} in {fanout}");
         }
     }
-    // tag list + 2 manifests + 1 config blob, shared across the batch.
+    // The tag list, shared across the batch; the first operation wants only
+    // digests: a HEAD of each of its 2 manifests (no pull on a registry that
+    // meters them); the second a manifest's body (a GET) and its config blob.
     let total: u64 = fanout_testkit::operation_reads(ops);
-    assert_eq!(total, 4);
+    assert_eq!(total, 5);
 
     let health = client
         .get(format!("http://{addr}/healthz"))

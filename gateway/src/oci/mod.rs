@@ -12,7 +12,8 @@ mod tags;
 pub use tags::Tags;
 use tags::TagsBuilder;
 
-use crate::names::{Digest, Invalid, RepoName, TagName};
+use crate::names::{Digest, Invalid, TagName};
+use crate::registries::Repo;
 use async_graphql::Context;
 use fanout_budget::{FanoutContext, Read, ReadError, UpstreamResponse};
 use serde::Deserialize;
@@ -38,7 +39,8 @@ async fn read(ctx: &Context<'_>, read: Read) -> async_graphql::Result<Arc<Upstre
     Ok(ctx.upstream()?.read(read).await?)
 }
 
-fn registry<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a reqwest::Url> {
+/// The default registry's base URL.
+pub fn registry<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a reqwest::Url> {
     Ok(&ctx.data::<RegistryUrl>()?.0)
 }
 
@@ -58,17 +60,22 @@ fn endpoint<'s>(
     Ok(url)
 }
 
-/// `/v2/<name>/<a>/<b>` on the registry: the name one segment per
-/// component, `a` and `b` one segment each.
-fn repo_endpoint(
-    base: &reqwest::Url,
-    name: &RepoName,
-    [a, b]: [&str; 2],
-) -> async_graphql::Result<reqwest::Url> {
+/// `/v2/<name>/<a>/<b>` on the repository's registry: the name one segment
+/// per component, `a` and `b` one segment each.
+fn repo_endpoint(repo: &Repo, [a, b]: [&str; 2]) -> async_graphql::Result<reqwest::Url> {
     endpoint(
-        base,
-        ["v2"].into_iter().chain(name.segments()).chain([a, b]),
+        repo.registry(),
+        ["v2"]
+            .into_iter()
+            .chain(repo.name().segments())
+            .chain([a, b]),
     )
+}
+
+/// A `GET` of `url`, naming the pull scope of `repo` (a registry that wants
+/// a token gets the kept one up front: one request, not three).
+fn pull(repo: &Repo, url: reqwest::Url) -> Read {
+    Read::get(url).scope(repo.pull_scope())
 }
 
 /// The `rel="next"` target of a `Link` header, resolved against the registry.
@@ -121,6 +128,12 @@ fn is_name_unknown(response: &UpstreamResponse) -> bool {
 fn expect_success(response: &UpstreamResponse) -> Result<(), ReadError> {
     if response.status.is_success() {
         Ok(())
+    } else if response.status == 403 {
+        // `DENIED`: the credentials do not grant this repository.
+        Err(ReadError::Forbidden {
+            host: response.host.clone(),
+            message: "the registry denied access to this repository".into(),
+        })
     } else {
         Err(response.error("unexpected status"))
     }
@@ -147,19 +160,15 @@ fn expect_json(response: &UpstreamResponse) -> Result<(), ReadError> {
 /// a link to a page already read in this walk (a self-link, a cycle), to
 /// another origin or to another path ends it with `UPSTREAM_ERROR`. Every
 /// new page is a charged read, so the budget bounds the pages.
-pub async fn tag_list(
-    ctx: &Context<'_>,
-    name: &RepoName,
-) -> async_graphql::Result<Option<Arc<Tags>>> {
-    let base = registry(ctx)?;
-    let first = repo_endpoint(base, name, ["tags", "list"])?;
-    let page = read(ctx, Read::get(first.clone())).await?;
+pub async fn tag_list(ctx: &Context<'_>, repo: &Repo) -> async_graphql::Result<Option<Arc<Tags>>> {
+    let first = repo_endpoint(repo, ["tags", "list"])?;
+    let page = read(ctx, pull(repo, first.clone())).await?;
     let tags = page
         .derived(|| async {
             if is_name_unknown(&page) {
                 return Ok(None);
             }
-            walk_tags(ctx, base, first, &page).await.map(Some)
+            walk_tags(ctx, repo, first, &page).await.map(Some)
         })
         .await?;
     Ok((*tags).clone())
@@ -167,10 +176,11 @@ pub async fn tag_list(
 
 async fn walk_tags(
     ctx: &Context<'_>,
-    base: &reqwest::Url,
+    repo: &Repo,
     first: reqwest::Url,
     page: &UpstreamResponse,
 ) -> async_graphql::Result<Arc<Tags>> {
+    let base = repo.registry();
     let mut seen = vec![first.clone()];
     let mut tags = TagsBuilder::default();
     let mut response = None::<Arc<UpstreamResponse>>;
@@ -192,7 +202,7 @@ async fn walk_tags(
             Some(link) => link,
         };
         seen.push(next.clone());
-        response = Some(read(ctx, Read::get(next)).await?);
+        response = Some(read(ctx, pull(repo, next)).await?);
     }
 }
 
@@ -214,7 +224,7 @@ pub async fn catalog(
     if let Some(last) = last {
         page.query_pairs_mut().append_pair("last", last);
     }
-    let response = read(ctx, Read::get(page)).await?;
+    let response = read(ctx, Read::get(page).scope("registry:catalog:*")).await?;
     expect_json(&response)?;
     let (names, beyond) = catalog_names(&response.body, n)
         .map_err(|e| response.error(format!("unexpected response body: {e}")))?;
@@ -360,20 +370,58 @@ pub struct ManifestDoc {
     pub manifests: Vec<DescriptorDoc>,
 }
 
-/// The manifest `name:tag` (one read).
+/// The manifest `repo:tag` (one read).
+///
+/// With `head`, when the query needs only what the headers say (`digest`,
+/// `mediaType`), a `HEAD`: a registry that meters pulls counts a manifest
+/// `GET` as one and a `HEAD` as none. A `HEAD` answered without
+/// `Docker-Content-Digest` is followed by the `GET` (one read more).
 pub async fn manifest(
     ctx: &Context<'_>,
-    name: &RepoName,
+    repo: &Repo,
     tag: &TagName,
+    head: bool,
 ) -> async_graphql::Result<Arc<ManifestDoc>> {
-    let url = repo_endpoint(registry(ctx)?, name, ["manifests", tag.as_str()])?;
-    let manifest = Read::get(url).accept(MANIFEST_ACCEPT_HEADER.clone());
+    let url = repo_endpoint(repo, ["manifests", tag.as_str()])?;
+    if head {
+        let probe = Read::new(reqwest::Method::HEAD, url.clone())
+            .accept(MANIFEST_ACCEPT_HEADER.clone())
+            .scope(repo.pull_scope());
+        let response = read(ctx, probe).await?;
+        if let Some(doc) = manifest_from_headers(&response)? {
+            return Ok(Arc::new(doc));
+        }
+    }
+    let manifest = pull(repo, url).accept(MANIFEST_ACCEPT_HEADER.clone());
     let response = read(ctx, manifest).await?;
     // Parsed (and hashed) once per request, for every tag row sharing it.
     let doc = response
         .derived(|| async { parse_manifest(&response) })
         .await?;
     Ok(doc)
+}
+
+/// What a manifest `HEAD` says: its digest and media type, or `None`
+/// when it names no digest.
+fn manifest_from_headers(response: &UpstreamResponse) -> Result<Option<ManifestDoc>, ReadError> {
+    expect_success(response)?;
+    let Some(digest) = response.header("docker-content-digest") else {
+        return Ok(None);
+    };
+    let media_type = response
+        .header("content-type")
+        .map(|c| c.split(';').next().unwrap_or(c).trim())
+        .unwrap_or_default();
+    if digest.len() > MAX_SHORT_FIELD || media_type.len() > MAX_SHORT_FIELD {
+        return Err(response.error("a digest or media type longer than the gateway takes"));
+    }
+    Ok(Some(ManifestDoc {
+        digest: digest.to_string(),
+        media_type: media_type.to_string(),
+        config: None,
+        layers: Vec::new(),
+        manifests: Vec::new(),
+    }))
 }
 
 /// Descriptors one manifest may list (`layers` or `manifests`); more is
@@ -449,11 +497,11 @@ pub struct ImageConfigDoc {
 /// The config blob `digest` of `name` (one read).
 pub async fn config_blob(
     ctx: &Context<'_>,
-    name: &RepoName,
+    repo: &Repo,
     digest: &Digest,
 ) -> async_graphql::Result<Arc<ImageConfigDoc>> {
-    let url = repo_endpoint(registry(ctx)?, name, ["blobs", digest.as_str()])?;
-    let blob = Read::get(url);
+    let url = repo_endpoint(repo, ["blobs", digest.as_str()])?;
+    let blob = pull(repo, url);
     let response = read(ctx, blob).await?;
     let doc = response
         .derived(|| async {
