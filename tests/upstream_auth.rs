@@ -32,6 +32,10 @@ struct Seen {
     expires_in: AtomicU64,
     /// The registry takes no token at all.
     reject_all: std::sync::atomic::AtomicBool,
+    /// Where `/elsewhere` redirects.
+    elsewhere: Mutex<String>,
+    /// `Authorization` headers the registry's own `/token2` received.
+    token2_auth: Mutex<Vec<String>>,
 }
 
 async fn serve(router: Router) -> String {
@@ -67,6 +71,22 @@ async fn registry(
         "{}",
     )
         .into_response()
+}
+
+/// The token service on the registry's origin, behind `/elsewhere`.
+async fn token2(
+    State(seen): State<Arc<Seen>>,
+    query: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap().to_string());
+    seen.token2_auth
+        .lock()
+        .unwrap()
+        .push(auth.unwrap_or_default());
+    token(State(seen), query, HeaderMap::new()).await
 }
 
 async fn basic(State(seen): State<Arc<Seen>>, headers: HeaderMap) -> Response {
@@ -110,6 +130,24 @@ async fn token(
     axum::Json(serde_json::json!({ "token": token, "expires_in": expires_in })).into_response()
 }
 
+/// A token answer of 1 MiB.
+async fn huge() -> Response {
+    let token = "x".repeat(1 << 20);
+    axum::Json(serde_json::json!({ "token": token })).into_response()
+}
+
+/// A realm that redirects to the registry's origin (another origin than
+/// its own), to a token service that records the `Authorization` it got.
+async fn elsewhere(State(seen): State<Arc<Seen>>, uri: axum::http::Uri) -> Response {
+    let target = seen.elsewhere.lock().unwrap().clone();
+    let query = uri.query().unwrap_or("");
+    (
+        StatusCode::FOUND,
+        [(header::LOCATION, format!("{target}?{query}"))],
+    )
+        .into_response()
+}
+
 struct Servers {
     seen: Arc<Seen>,
     registry: String,
@@ -123,12 +161,15 @@ async fn servers() -> Servers {
         Router::new()
             .route("/v2/{repo}", get(registry))
             .route("/basic", get(basic))
+            .route("/token2", get(token2))
             .with_state(seen.clone()),
     )
     .await;
     let realm_base = serve(
         Router::new()
             .route("/token", get(token))
+            .route("/huge", get(huge))
+            .route("/elsewhere", get(elsewhere))
             .with_state(seen.clone()),
     )
     .await;
@@ -345,4 +386,43 @@ async fn a_read_with_its_own_authorization_is_left_alone() {
     );
     assert_eq!(one_request(&engine, read).await, ("401".into(), 1));
     assert_eq!(s.seen.fetches.lock().unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn a_huge_token_answer_is_an_error_not_a_token() {
+    let s = servers().await;
+    *s.seen.realm.lock().unwrap() = format!("{}/huge", s.realm_base);
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{}/huge", s.realm_base)]);
+    let engine = Engine::new(Config::default().upstream_named("test", table));
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    let err = op.upstream().read(Read::get(s.url("a"))).await.unwrap_err();
+    assert_eq!(err.code(), "UPSTREAM_ERROR");
+    assert!(
+        err.message().contains("larger than 65536 bytes"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(request.budget().used(), 2, "the 401 and the token fetch");
+}
+
+#[tokio::test]
+async fn a_realm_that_redirects_to_another_origin_gets_no_credentials_there() {
+    let s = servers().await;
+    *s.seen.realm.lock().unwrap() = format!("{}/elsewhere", s.realm_base);
+    *s.seen.elsewhere.lock().unwrap() = format!("{}/token2", s.registry);
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .username("ci")
+        .password("pw")
+        .realms([format!("{}/elsewhere", s.realm_base)]);
+    let engine = Engine::new(Config::default().upstream_named("test", table));
+    let (code, used) = one_request(&engine, Read::get(s.url("a"))).await;
+    // The 401, the realm (a redirect), its hop, the retry: each a read.
+    assert_eq!((code.as_str(), used), ("200", 4));
+    // The credentials went to the allowed realm only, not to the hop.
+    assert_eq!(*s.seen.token_auth.lock().unwrap(), Vec::<String>::new());
+    assert_eq!(*s.seen.token2_auth.lock().unwrap(), vec![String::new()]);
 }
