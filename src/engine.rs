@@ -21,7 +21,7 @@ use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
 use crate::read::coalesce::Coalesce;
 use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
-use crate::read::quota::Quotas;
+use crate::read::quota::{QuotaBoard, Quotas};
 use crate::read::transport::{HttpTransport, Transport};
 use crate::read::{ReadParts, RequestReads};
 use crate::request::FanoutRequest;
@@ -76,6 +76,7 @@ pub struct EngineBuilder {
     hosts: Option<Arc<dyn HostLimiter>>,
     costs: Option<CostTable>,
     known_hosts: Vec<String>,
+    quota_board: Option<Arc<dyn QuotaBoard>>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -109,6 +110,15 @@ impl EngineBuilder {
     /// Uses this per-host limiter instead of the in-process caps from `[hosts]`.
     pub fn host_limiter(mut self, hosts: Arc<dyn HostLimiter>) -> Self {
         self.hosts = Some(hosts);
+        self
+    }
+
+    /// Shares the hosts' quota gates (`read/quota.rs`) with the fleet on
+    /// `board` (Redis: `backends::redis::SharedLimits::quota_board`):
+    /// a host that told one replica its quota is spent is refused on every
+    /// replica until the time it gave.
+    pub fn quota_board(mut self, board: Arc<dyn QuotaBoard>) -> Self {
+        self.quota_board = Some(board);
         self
     }
 
@@ -185,6 +195,10 @@ impl EngineBuilder {
                 .map(String::as_str)
                 .chain(known.iter().map(String::as_str)),
         );
+        let quotas = match self.quota_board {
+            Some(board) => quotas.shared(board),
+            None => Arc::new(quotas),
+        };
         let reads = Arc::new(ReadParts {
             transport,
             hosts,
@@ -226,6 +240,7 @@ impl Engine {
             hosts: None,
             costs: None,
             known_hosts: Vec::new(),
+            quota_board: None,
         }
     }
 

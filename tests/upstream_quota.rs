@@ -129,3 +129,54 @@ async fn a_refused_read_is_not_charged() {
     assert_eq!(err.code(), "UPSTREAM_QUOTA_EXHAUSTED");
     assert_eq!(request.budget().used(), 0);
 }
+
+/// Two replicas on one Redis: the upstream tells one its quota is spent;
+/// the other learns it from the board and sends nothing either.
+#[tokio::test]
+async fn a_spent_quota_is_shared_between_replicas_on_redis() {
+    let Some(redis) = fanout_testkit::RedisServer::start().await else {
+        return;
+    };
+    let meter = Arc::new(Meter::default());
+    meter.left.store(100, SeqCst);
+    let url = upstream(meter.clone()).await;
+    let mut config = Config::default();
+    config.redis.url = redis.url();
+    let replica = || {
+        let shared = fanout_budget::backends::redis::SharedLimits::open(&config)
+            .unwrap()
+            .unwrap();
+        Engine::builder(config.clone())
+            .known_host(host_name(&url))
+            .quota_board(shared.quota_board())
+            .build()
+    };
+    let (a, b) = (replica(), replica());
+    assert_eq!(read(&b, &url).await.unwrap(), 200);
+    // A 429 with Retry-After: 5 to replica A.
+    meter.refuse_for.store(5, SeqCst);
+    assert_eq!(
+        read(&a, &url).await.unwrap_err().code(),
+        "UPSTREAM_QUOTA_EXHAUSTED"
+    );
+    // B learns it from the board (read every 250 ms); until then its reads
+    // still go out.
+    let learned = fanout_testkit::until(
+        "replica B refuses",
+        std::time::Duration::from_secs(5),
+        async || read(&b, &url).await.is_err(),
+    )
+    .await;
+    assert!(learned < std::time::Duration::from_secs(2), "{learned:?}");
+    let sent = meter.seen.load(SeqCst);
+    for replica in [&a, &b, &a, &b] {
+        let err = read(replica, &url).await.unwrap_err();
+        assert_eq!(err.code(), "UPSTREAM_QUOTA_EXHAUSTED");
+        assert!(retry_after(&err) <= std::time::Duration::from_secs(5));
+    }
+    assert_eq!(
+        meter.seen.load(SeqCst),
+        sent,
+        "no read reached the upstream from either"
+    );
+}

@@ -62,7 +62,9 @@ pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRend
         .costs(schema::costs())
         .known_host(fanout_budget::read::host_name(&upstream));
     if let Some(shared) = &shared {
-        engine = engine.host_limiter(shared.host_limiter());
+        engine = engine
+            .host_limiter(shared.host_limiter())
+            .quota_board(shared.quota_board());
     }
     assemble(engine.build(), shared, upstream, metrics)
 }

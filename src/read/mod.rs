@@ -42,6 +42,7 @@ pub use budget::{BudgetSnapshot, ReadCounts, RequestBudget};
 pub use hosts::{host_name, HostLimiter, HostSlot, LocalHostCaps, OTHER_HOSTS};
 pub use message::{Read, UpstreamResponse};
 pub use permit::Permit;
+pub use quota::{Learn, QuotaBoard};
 pub use transport::{HttpTransport, Transport};
 
 use crate::error::ReadError;
@@ -84,7 +85,7 @@ pub(crate) struct ReadParts {
     /// The upstreams' credentials, their challenges, the kept tokens.
     pub(crate) auth: Auth,
     /// What each host said it has left of its own quota.
-    pub(crate) quotas: Quotas,
+    pub(crate) quotas: Arc<Quotas>,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication

@@ -19,22 +19,43 @@
 //!
 //! Gates exist for the hosts with an entry of their own (a `[hosts]` table,
 //! a known host, a configured upstream), fixed when the engine is built; a
-//! host without one (a redirect's target) is not tracked. One replica
-//! learns from its own answers only.
+//! host without one (a redirect's target) is not tracked. With a
+//! [`QuotaBoard`] (Redis: `backends::redis`), a gate one replica closes is
+//! published, and the gates others closed are closed here as the board
+//! learns them — the read path itself never waits on the board.
 
 use crate::error::ReadError;
 use http::{HeaderMap, StatusCode};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 /// The longest a host may close its gate for.
 pub(crate) const MAX_CLOSED: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Where the hosts' quota gates are shared with other replicas.
+///
+/// The engine calls [`publish`](Self::publish) when an answer closes a
+/// gate here, and [`subscribe`](Self::subscribe) once, when it is built:
+/// the board tells `learn` each closing it hears of (another replica's, or
+/// this one's own) with how long the gate stays closed, from its own task.
+pub trait QuotaBoard: Send + Sync + 'static {
+    /// Tells the fleet `host` said its quota is spent for `closed_for`.
+    fn publish(&self, host: &str, closed_for: Duration);
+    /// Starts telling `learn` the fleet's closings as they are heard.
+    fn subscribe(&self, learn: Learn);
+}
+
+/// What a [`QuotaBoard`] tells of a closing: `host`, closed for how long.
+pub type Learn = Arc<dyn Fn(&str, Duration) + Send + Sync>;
+
 /// The gates of the hosts with an entry of their own.
 pub(crate) struct Quotas {
     gates: HashMap<Box<str>, Gate>,
+    /// Where closings are published, if the fleet shares them.
+    board: Option<Arc<dyn QuotaBoard>>,
     /// What `until_ms` counts from.
     epoch: Instant,
     /// Whether any gate has ever closed: until then, reads look nothing up.
@@ -65,9 +86,36 @@ impl Quotas {
             .collect();
         Self {
             gates,
+            board: None,
             epoch: Instant::now(),
             any_closed: AtomicBool::new(false),
         }
+    }
+
+    /// These gates, shared with the fleet on `board`: closings are published
+    /// there, and what it learns closes gates here.
+    pub(crate) fn shared(mut self, board: Arc<dyn QuotaBoard>) -> Arc<Self> {
+        self.board = Some(board.clone());
+        let quotas = Arc::new(self);
+        let weak: Weak<Self> = Arc::downgrade(&quotas);
+        board.subscribe(Arc::new(move |host, closed_for| {
+            if let Some(quotas) = weak.upgrade() {
+                quotas.close(host, Instant::now(), closed_for);
+            }
+        }));
+        quotas
+    }
+
+    /// Closes `host`'s gate from `now` for `closed_for` (at most a day);
+    /// `false` for a host without a gate.
+    fn close(&self, host: &str, now: Instant, closed_for: Duration) -> bool {
+        let Some(gate) = self.gates.get(host) else {
+            return false;
+        };
+        let until = self.millis(now + closed_for.min(MAX_CLOSED)).max(1);
+        gate.until_ms.fetch_max(until, Relaxed);
+        self.any_closed.store(true, Relaxed);
+        true
     }
 
     /// `Err(UPSTREAM_QUOTA_EXHAUSTED)` while `host`'s gate is closed at `now`.
@@ -104,9 +152,10 @@ impl Quotas {
             gate.remaining.set(remaining as f64);
         }
         if let Some(closed_for) = seen.closed_for {
-            let until = self.millis(now + closed_for.min(MAX_CLOSED)).max(1);
-            gate.until_ms.fetch_max(until, Relaxed);
-            self.any_closed.store(true, Relaxed);
+            self.close(host, now, closed_for);
+            if let Some(board) = &self.board {
+                board.publish(host, closed_for.min(MAX_CLOSED));
+            }
             let retry_after_ms = closed_for.min(MAX_CLOSED).as_millis() as u64;
             tracing::warn!(
                 host,

@@ -11,6 +11,7 @@
 //! one more field made here on the same backend and one more method.
 
 use super::backend::RedisBackend;
+use super::quotas::{RedisQuotaBoard, SharedQuotaBoard};
 use super::rate::RedisRateLimiter;
 use super::shares::RedisHostCaps;
 use crate::config::Config;
@@ -34,6 +35,7 @@ use std::sync::Arc;
 /// let shared = SharedLimits::open(&config).unwrap().expect("[redis] is set");
 /// let engine = Engine::builder(config.clone())
 ///     .host_limiter(shared.host_limiter())
+///     .quota_board(shared.quota_board())
 ///     .build();
 /// let app: axum::Router = axum::Router::new()
 ///     .route("/graphql", axum::routing::post(|| async { "ok" }))
@@ -46,6 +48,8 @@ pub struct SharedLimits {
     host_caps: Arc<RedisHostCaps>,
     /// The per-IP limit on Redis, its in-process fallback inside.
     per_ip: RateLimitLayer,
+    /// The upstreams' quota gates.
+    quotas: SharedQuotaBoard,
 }
 
 impl SharedLimits {
@@ -68,6 +72,7 @@ impl SharedLimits {
         Self {
             host_caps: Arc::new(RedisHostCaps::new(config.hosts.clone(), backend.clone())),
             per_ip: RateLimitLayer::new(&config.rate_limit).shared(per_ip, backend.failure_mode()),
+            quotas: SharedQuotaBoard(Arc::new(RedisQuotaBoard::new(backend.clone()))),
             backend,
         }
     }
@@ -81,6 +86,13 @@ impl SharedLimits {
     /// [`EngineBuilder::host_limiter`](crate::EngineBuilder::host_limiter).
     pub fn host_limiter(&self) -> Arc<RedisHostCaps> {
         self.host_caps.clone()
+    }
+
+    /// The upstreams' quota gates, for
+    /// [`EngineBuilder::quota_board`](crate::EngineBuilder::quota_board): a
+    /// host that says its quota is spent to one replica is refused on all.
+    pub fn quota_board(&self) -> Arc<dyn crate::read::QuotaBoard> {
+        Arc::new(self.quotas.clone())
     }
 
     /// The per-IP limit, as the inbound layer: checked on Redis, and while
