@@ -5,13 +5,15 @@
 //! future that pends once, a median and a paired (turn-about) measure, the sum of a batch's
 //! `operationReads`, one in-memory [`Transport`](fanout_budget::read::Transport)
 //! ([`MemTransport`]), one fault-injecting loopback upstream ([`Upstream`])
-//! and one in-process GraphQL POST ([`post`]).
+//! one in-process GraphQL POST ([`post`]) and Debian's `docker-registry`,
+//! open or authenticating, over HTTP or TLS ([`RegistryServer`]).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod poll;
 mod post;
 mod redis_cluster;
+mod registry;
 mod rewrite;
 mod transport;
 mod upstream;
@@ -21,6 +23,7 @@ pub mod prometheus;
 pub use poll::until;
 pub use post::{call, graphql_request, metrics_page, post, Answer, PEER};
 pub use redis_cluster::{ClusterNode, RedisCluster};
+pub use registry::{RegistryAuth, RegistryServer, TokenPolicy};
 pub use rewrite::Rewrite;
 pub use transport::{scripted, MemTransport};
 pub use upstream::{Behaviour, Seen, Upstream};

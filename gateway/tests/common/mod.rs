@@ -2,6 +2,8 @@
 //! and request helpers.
 #![allow(dead_code, unused_imports)] // each test uses a part
 
+pub mod push;
+
 use axum::Router;
 use fanout_budget::Config;
 use fanout_gateway::app::{self, Gateway};
