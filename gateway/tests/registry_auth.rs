@@ -19,6 +19,7 @@ use std::time::Duration;
 
 const PUBLIC: &str = "acme/public";
 const PRIVATE: &str = "acme/private";
+const DENIED: &str = "acme/denied";
 
 fn store() -> Store {
     let mut store = Store::default();
@@ -26,6 +27,7 @@ fn store() -> Store {
     store.put_image(PUBLIC, Some("v1"), &image);
     store.put_image(PUBLIC, Some("v2"), &Image::demo("linux", "arm64", "auth"));
     store.put_image(PRIVATE, Some("v1"), &image);
+    store.put_image(DENIED, Some("v1"), &image);
     store
 }
 
@@ -34,6 +36,7 @@ fn policy() -> TokenPolicy {
         user: "ci".into(),
         password: "s3cret-pw".into(),
         public: vec![PUBLIC.into()],
+        denied: vec![DENIED.into()],
         expires_in: 300,
     }
 }
@@ -134,6 +137,24 @@ async fn the_token_flow_answers_public_and_private_repositories() {
     );
     let private = query(&user, &repo_query(PRIVATE)).await;
     assert_pushed(&private, &store, PRIVATE);
+    // A repository the user is not granted: UPSTREAM_FORBIDDEN at its
+    // field, the rest of the page answered.
+    let both = format!(
+        r#"{{ denied: repository(name: "{DENIED}") {{ name }} {} }}"#,
+        repo_query(PUBLIC)
+            .trim_start_matches('{')
+            .trim_end_matches('}')
+    );
+    let page = query(&user, &both).await;
+    assert!(page["data"]["denied"].is_null(), "{page}");
+    assert_eq!(page["errors"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(code(&page), "UPSTREAM_FORBIDDEN", "{page}");
+    assert_eq!(page["errors"][0]["path"], json!(["denied"]));
+    assert_pushed(
+        &json!({ "data": { "repository": page["data"]["repository"] } }),
+        &store,
+        PUBLIC,
+    );
     // The credentials went to the realm, as Basic.
     assert!(registry
         .token_requests()

@@ -625,6 +625,56 @@ mod tests {
     }
 
     #[test]
+    fn realms_allowed_and_refused() {
+        let table = |url: &str| {
+            crate::config::UpstreamTable::default()
+                .url(url)
+                .username("ci")
+                .password("pw")
+                .realms(["https://auth.example/token"])
+        };
+        let upstreams = [("r".to_string(), table("https://registry.example"))].into();
+        let auth = Auth::new(&upstreams);
+        let read = Read::get("https://registry.example/v2/a/tags/list".parse().unwrap());
+        let site = auth.sites.get(&origin(&read.url)).unwrap();
+        let fetch = |realm: &str| auth.token_fetch(&read, site, realm, Some("svc"), Some("s"));
+        // The upstream's own origin, and a listed realm: allowed, with Basic.
+        let own = fetch("https://registry.example/token").unwrap();
+        assert_eq!(
+            own.read.url.as_str(),
+            "https://registry.example/token?service=svc&scope=s"
+        );
+        assert!(own
+            .read
+            .headers
+            .iter()
+            .any(|(n, v)| n == header::AUTHORIZATION && v.is_sensitive()));
+        assert!(fetch("https://auth.example/token").is_ok());
+        // Anything else is refused without a request.
+        for refused in [
+            "http://registry.example/token",
+            "http://auth.example/token",
+            "https://evil.example/token",
+            "https://auth.example/other",
+            "ftp://registry.example/token",
+            "not a url",
+        ] {
+            assert!(fetch(refused).is_err(), "{refused}");
+        }
+        // Tokens are kept apart by the origin that asked for them.
+        let other = Read::get("https://mirror.example/v2/a/tags/list".parse().unwrap());
+        let anonymous = Site::anonymous();
+        let mirror = auth.token_fetch(
+            &other,
+            &anonymous,
+            "https://mirror.example/token",
+            Some("svc"),
+            Some("s"),
+        );
+        assert_ne!(mirror.unwrap().key, own.key);
+    }
+
+    #[test]
     fn a_token_lives_expires_in_from_issued_at_less_a_tenth() {
         let body = r#"{"token":"abc","expires_in":300}"#;
         let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), body.into());

@@ -48,8 +48,11 @@ pub struct TokenPolicy {
     pub user: String,
     /// Their password.
     pub password: String,
-    /// Repositories anyone may pull; the user may pull (and push) every one.
+    /// Repositories anyone may pull; the user may pull (and push) every one
+    /// but those `denied`.
     pub public: Vec<String>,
+    /// Repositories no one may pull.
+    pub denied: Vec<String>,
     /// `expires_in` the token server answers (seconds); the JWT's `exp` matches.
     pub expires_in: u64,
 }
@@ -346,6 +349,7 @@ async fn token(
             let granted: Vec<&str> = actions
                 .split(',')
                 .filter(|action| match (&user, *action) {
+                    _ if server.policy.denied.iter().any(|d| d == name) => false,
                     (Some(_), _) => true,
                     (None, "pull") => server.policy.public.iter().any(|p| p == name),
                     (None, _) => false,

@@ -80,9 +80,20 @@ pub struct Counters {
     working: AtomicU64,
     working_peak: AtomicU64,
     paths: Mutex<HashMap<String, u64>>,
+    pulls: AtomicU64,
+    heads: AtomicU64,
 }
 
 impl Counters {
+    /// Manifest `GET`s served: what a registry that meters pulls (Docker
+    /// Hub) counts as pulls.
+    pub fn pulls(&self) -> u64 {
+        self.pulls.load(SeqCst)
+    }
+    /// Manifest `HEAD`s served (no pull).
+    pub fn heads(&self) -> u64 {
+        self.heads.load(SeqCst)
+    }
     /// Requests received (any path).
     pub fn requests(&self) -> u64 {
         self.requests.load(SeqCst)
@@ -122,6 +133,8 @@ impl Counters {
         self.peak.store(self.in_flight(), SeqCst);
         self.working_peak.store(self.working.load(SeqCst), SeqCst);
         self.paths.lock().unwrap().clear();
+        self.pulls.store(0, SeqCst);
+        self.heads.store(0, SeqCst);
     }
 }
 
@@ -473,6 +486,7 @@ fn name_unknown() -> Response {
 
 async fn serve(
     State(shared): State<Arc<Shared>>,
+    method: axum::http::Method,
     Path(rest): Path<String>,
     Query(q): Query<Page>,
 ) -> Response {
@@ -528,6 +542,11 @@ async fn serve(
             with_link(response, more, &path, n, last.as_ref())
         }
         Route::Manifest(name, reference) => {
+            let counted = match method {
+                axum::http::Method::HEAD => &shared.counters.heads,
+                _ => &shared.counters.pulls,
+            };
+            counted.fetch_add(1, SeqCst);
             let fault = shared
                 .faults
                 .read()
