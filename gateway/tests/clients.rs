@@ -986,15 +986,17 @@ async fn apollo_client_get_persisted_queries_and_batches() {
         );
     }
     // De-duplication across the batch: Deep1 reads deep's tag list, the v1
-    // manifest and its config blob; Deep2 needs that tag list and manifest
-    // again (shared, no read of its own); Multi reads its tag list and index.
+    // manifest and its config blob; Deep2 needs that tag list again (shared,
+    // no read of its own) and only the v1 manifest's digest: a HEAD of its
+    // own (no pull on a registry that meters them), not the GET Deep1 sends;
+    // Multi reads its tag list and index.
     let reads: Option<u64> = (0..3)
         .map(|i| answers[i]["extensions"]["fanout"]["operationReads"].as_u64())
         .sum();
     checks.eq(
         &json!(reads),
-        &json!(5),
-        "(c) batch: the operations' operationReads add up to 1 + 1 + 1 (deep) + 1 + 1 (multi)",
+        &json!(6),
+        "(c) batch: the operations' operationReads add up to 1 + 1 + 1 (deep) + 1 (deep's HEAD) + 1 + 1 (multi)",
         ctx,
     );
     let used = (0..3)
@@ -1002,24 +1004,26 @@ async fn apollo_client_get_persisted_queries_and_batches() {
         .max();
     checks.eq(
         &json!(used),
-        &json!(5),
+        &json!(6),
         "(c) batch: the shared budget's used, when the last operation finished",
         ctx,
     );
     let counters = served.registry.counters();
-    for path in [
-        "/v2/org/team/deep/tags/list",
-        "/v2/org/team/deep/manifests/v1",
-        "/v2/acme/multi/tags/list",
-        "/v2/acme/multi/manifests/latest",
+    for (path, reads) in [
+        ("/v2/org/team/deep/tags/list", 1),
+        // Deep1's GET and Deep2's HEAD.
+        ("/v2/org/team/deep/manifests/v1", 2),
+        ("/v2/acme/multi/tags/list", 1),
+        ("/v2/acme/multi/manifests/latest", 1),
     ] {
         checks.eq(
             &json!(counters.path(path)),
-            &json!(1),
+            &json!(reads),
             format!("(c) batch: upstream reads of {path}"),
             ctx,
         );
     }
+
     checks.eq(
         &json!(counters.matching("/v2/org/team/deep/blobs/")),
         &json!(1),

@@ -35,7 +35,7 @@ use crate::config::{Secret, UpstreamTable};
 use crate::error::ReadError;
 use http::{header, HeaderValue, StatusCode};
 use moka::future::Cache;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -49,8 +49,9 @@ const DEFAULT_EXPIRES_IN: u64 = 60;
 /// The credentials and what the engine learned of each upstream's
 /// challenges, and the tokens kept.
 pub(crate) struct Auth {
-    /// By origin (`https://host:port`): the configured upstreams.
-    sites: HashMap<String, Site>,
+    /// The configured upstreams, by origin (a few: looked up by a scan that
+    /// allocates nothing).
+    sites: Vec<(Origin, Site)>,
     /// Kept tokens, by [`TokenKey`].
     tokens: Cache<TokenKey, Token>,
 }
@@ -144,7 +145,7 @@ impl Auth {
     /// The sites of the configured `upstreams` (passwords already resolved
     /// by the configuration's validation; one that fails here is anonymous).
     pub(crate) fn new(upstreams: &BTreeMap<String, UpstreamTable>) -> Self {
-        let mut sites = HashMap::new();
+        let mut sites = Vec::new();
         for (name, table) in upstreams {
             let Some(url) = table.base_url() else {
                 continue;
@@ -155,15 +156,15 @@ impl Auth {
                 .iter()
                 .filter_map(|r| reqwest::Url::parse(r).ok())
                 .collect();
-            sites.insert(
-                origin(&url),
+            sites.push((
+                Origin::of(&url),
                 Site {
                     user: table.username.clone(),
                     password,
                     realms,
                     learned: RwLock::new(None),
                 },
-            );
+            ));
         }
         Self {
             sites,
@@ -172,6 +173,14 @@ impl Auth {
                 .expire_after(Expiry)
                 .build(),
         }
+    }
+
+    /// The configured upstream `url` goes to.
+    fn site(&self, url: &reqwest::Url) -> Option<&Site> {
+        self.sites
+            .iter()
+            .find(|(origin, _)| origin.is(url))
+            .map(|(_, site)| site)
     }
 
     /// The kept tokens (the hub fetches through them, once per key).
@@ -185,8 +194,7 @@ impl Auth {
         !self.sites.is_empty()
             && !has_authorization(read)
             && self
-                .sites
-                .get(&origin(&read.url))
+                .site(&read.url)
                 .is_some_and(|site| site.learned.read().expect("not poisoned").is_some())
     }
 
@@ -194,7 +202,7 @@ impl Auth {
     /// origin that asked for them, or a token kept (or to fetch) for the
     /// read's scope at an origin whose bearer challenge is known.
     pub(crate) async fn before(&self, read: &Read) -> Before {
-        let Some(site) = self.sites.get(&origin(&read.url)) else {
+        let Some(site) = self.site(&read.url) else {
             return Before::Send;
         };
         let learned = site.learned.read().expect("not poisoned").clone();
@@ -237,7 +245,7 @@ impl Auth {
                 message: "answered 401 without a challenge this engine answers".into(),
             });
         };
-        let site = self.sites.get(&origin(&read.url));
+        let site = self.site(&read.url);
         match challenge {
             Challenge::Basic => {
                 let basic = site.and_then(Site::basic);
@@ -300,7 +308,7 @@ impl Auth {
     /// challenge.
     pub(crate) fn refused(&self, read: &Read, response: &UpstreamResponse) -> ReadError {
         let host = response.host.clone();
-        let site = self.sites.get(&origin(&read.url));
+        let site = self.site(&read.url);
         match challenge(response) {
             Some(Challenge::Bearer {
                 insufficient_scope: true,
@@ -390,6 +398,32 @@ impl Auth {
             fetch = fetch.header(header::AUTHORIZATION, basic);
         }
         Ok(TokenFetch { key, read: fetch })
+    }
+}
+
+/// Scheme, host and port of an upstream.
+struct Origin {
+    scheme: String,
+    host: String,
+    port: Option<u16>,
+}
+
+impl Origin {
+    fn of(url: &reqwest::Url) -> Self {
+        Self {
+            scheme: url.scheme().to_string(),
+            host: url.host_str().unwrap_or_default().to_ascii_lowercase(),
+            port: url.port_or_known_default(),
+        }
+    }
+
+    /// Whether `url` is on this origin (no allocation).
+    fn is(&self, url: &reqwest::Url) -> bool {
+        url.port_or_known_default() == self.port
+            && url.scheme() == self.scheme
+            && url
+                .host_str()
+                .is_some_and(|h| h.eq_ignore_ascii_case(&self.host))
     }
 }
 
@@ -636,7 +670,7 @@ mod tests {
         let upstreams = [("r".to_string(), table("https://registry.example"))].into();
         let auth = Auth::new(&upstreams);
         let read = Read::get("https://registry.example/v2/a/tags/list".parse().unwrap());
-        let site = auth.sites.get(&origin(&read.url)).unwrap();
+        let site = auth.site(&read.url).unwrap();
         let fetch = |realm: &str| auth.token_fetch(&read, site, realm, Some("svc"), Some("s"));
         // The upstream's own origin, and a listed realm: allowed, with Basic.
         let own = fetch("https://registry.example/token").unwrap();

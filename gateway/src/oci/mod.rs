@@ -119,17 +119,21 @@ struct RegistryErrorItem {
 }
 
 fn is_name_unknown(response: &UpstreamResponse) -> bool {
-    response.status == 404
-        && serde_json::from_slice::<RegistryErrors>(&response.body)
-            .map(|e| e.errors.iter().any(|e| e.code == "NAME_UNKNOWN"))
-            .unwrap_or(false)
+    response.status == 404 && has_error_code(response, "NAME_UNKNOWN")
+}
+
+/// Whether the body is the registry's error JSON naming `code`.
+fn has_error_code(response: &UpstreamResponse, code: &str) -> bool {
+    serde_json::from_slice::<RegistryErrors>(&response.body)
+        .map(|e| e.errors.iter().any(|e| e.code == code))
+        .unwrap_or(false)
 }
 
 fn expect_success(response: &UpstreamResponse) -> Result<(), ReadError> {
     if response.status.is_success() {
         Ok(())
-    } else if response.status == 403 {
-        // `DENIED`: the credentials do not grant this repository.
+    } else if response.status == 403 && has_error_code(response, "DENIED") {
+        // The credentials do not grant this repository.
         Err(ReadError::Forbidden {
             host: response.host.clone(),
             message: "the registry denied access to this repository".into(),
