@@ -19,6 +19,7 @@ use crate::inbound::identity::{Caller, InternalToken};
 use crate::memory::MemoryPool;
 use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
+use crate::read::cache::ImmutableCache;
 use crate::read::coalesce::Coalesce;
 use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::read::quota::{QuotaBoard, Quotas};
@@ -211,6 +212,7 @@ impl EngineBuilder {
             max_answer_bytes: self.config.http.max_answer_bytes,
             auth: Auth::new(&self.config.upstreams),
             quotas,
+            cache: ImmutableCache::new(upstream.cache_bytes),
         });
         Engine {
             inner: Arc::new(EngineInner {
@@ -247,6 +249,12 @@ impl Engine {
     /// The configuration the engine runs on.
     pub fn config(&self) -> &Config {
         &self.inner.config
+    }
+
+    /// The bytes the cache of immutable answers weighs now (at most
+    /// `upstream.cache_bytes`).
+    pub fn cache_weight(&self) -> u64 {
+        self.inner.reads.cache.weighted_size()
     }
 
     /// The declared field costs, if any.

@@ -27,6 +27,7 @@
 //! | `fanout_budget_exhausted_total` | counter | — | reads refused `FANOUT_BUDGET_EXHAUSTED` |
 //! | `fanout_dedup_hits_total` | counter | — | reads answered by the request's de-duplication |
 //! | `fanout_coalesced_reads_total` | counter | `host` | reads answered by an identical read another request had in flight (`[hosts] coalesce`): not sent, not charged |
+//! | `fanout_cache_total` | counter | `host`, `outcome` | reads declared immutable, answered from the engine's cache (`hit`: not sent, not charged) or not (`miss`) |
 //! | `fanout_requests_total` | counter | `caller` | inbound HTTP requests that ran |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
@@ -54,6 +55,8 @@ pub(crate) struct HostMetrics {
     pub(crate) timeouts: Counter,
     pub(crate) rejections: Counter,
     pub(crate) coalesced: Counter,
+    pub(crate) cache_hits: Counter,
+    pub(crate) cache_misses: Counter,
     pub(crate) latency: Histogram,
 }
 
@@ -72,6 +75,8 @@ impl HostMetrics {
             timeouts: counter!("fanout_upstream_timeouts_total", "host" => h.clone()),
             rejections: counter!("fanout_host_rejections_total", "host" => h.clone()),
             coalesced: counter!("fanout_coalesced_reads_total", "host" => h.clone()),
+            cache_hits: counter!("fanout_cache_total", "host" => h.clone(), "outcome" => "hit"),
+            cache_misses: counter!("fanout_cache_total", "host" => h.clone(), "outcome" => "miss"),
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),
         }
     }

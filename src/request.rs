@@ -18,7 +18,7 @@ use crate::error::{refused, stopped, OperationError, Rejection};
 use crate::inbound::identity::Caller;
 use crate::memory::{RequestMemory, Trip};
 use crate::read::budget::RequestBudget;
-use crate::read::{RequestReads, Upstream};
+use crate::read::{OperationReads, RequestReads, Upstream};
 use async_graphql::Context;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -287,7 +287,7 @@ impl FanoutRequest {
     pub fn operation(&self) -> Arc<Operation> {
         Arc::new(Operation {
             request: self.clone(),
-            sent: AtomicU64::new(0),
+            reads: OperationReads::default(),
             metered: AtomicBool::new(false),
         })
     }
@@ -325,7 +325,7 @@ pub(crate) fn operation_data(
 #[derive(Debug)]
 pub struct Operation {
     request: FanoutRequest,
-    sent: AtomicU64,
+    reads: OperationReads,
     /// The extension counts this operation's answer (`memory.rs`).
     metered: AtomicBool,
 }
@@ -338,7 +338,13 @@ impl Operation {
 
     /// Reads this operation itself sent (not those it shared).
     pub fn reads(&self) -> u64 {
-        self.sent.load(Relaxed)
+        self.reads.sent.load(Relaxed)
+    }
+
+    /// Reads of this operation answered from the engine's cache of
+    /// immutable answers (`cacheHits`): free, never in `used`.
+    pub fn cache_hits(&self) -> u64 {
+        self.reads.cache_hits.load(Relaxed)
     }
 
     /// The extension saw this operation and counts its answer.
@@ -353,7 +359,7 @@ impl Operation {
 
     /// The upstream handle for this operation.
     pub fn upstream(&self) -> Upstream<'_> {
-        Upstream::new(&self.request.inner.reads, &self.sent)
+        Upstream::new(&self.request.inner.reads, &self.reads)
     }
 }
 

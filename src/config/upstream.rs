@@ -20,5 +20,9 @@ section! {
         /// (each is kept for the request's de-duplication); past it a read's
         /// answer is an `UPSTREAM_ERROR` (64 MiB by default).
         pub max_request_bytes: usize = 64 << 20,
+        /// Memory for the engine's cache of answers to reads declared
+        /// immutable (`Read::immutable`), weighed by body, URL and headers;
+        /// a hit costs no read (32 MiB by default; 0: off).
+        pub cache_bytes: u64 = 32 << 20,
     }
 }

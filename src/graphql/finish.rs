@@ -13,7 +13,7 @@
 //!   carried as a source its own; async-graphql's validation and variable
 //!   errors `GRAPHQL_VALIDATION_FAILED` or `BAD_USER_INPUT` — `null`s are put
 //!   back where async-graphql dropped a failed field's key (`nulls.rs`), and
-//!   `extensions.fanout = {limit, used, remaining, operationReads, requested}`.
+//!   `extensions.fanout = {limit, used, remaining, operationReads, requested, cacheHits}`.
 
 use crate::document::schema_types::SchemaTypes;
 use crate::error::ReadError;
@@ -86,8 +86,16 @@ pub(crate) fn finish(
 
 fn report(operation: &Operation, requested: Option<u64>) -> Value {
     // The keys are built once (a `Name` is a shared string).
-    static KEYS: LazyLock<[Name; 5]> = LazyLock::new(|| {
-        ["limit", "used", "remaining", "operationReads", "requested"].map(Name::new)
+    static KEYS: LazyLock<[Name; 6]> = LazyLock::new(|| {
+        [
+            "limit",
+            "used",
+            "remaining",
+            "operationReads",
+            "requested",
+            "cacheHits",
+        ]
+        .map(Name::new)
     });
     let budget = operation.request().budget().snapshot();
     let values = [
@@ -96,6 +104,7 @@ fn report(operation: &Operation, requested: Option<u64>) -> Value {
         Some(budget.remaining),
         Some(operation.reads()),
         requested,
+        Some(operation.cache_hits()),
     ];
     let map = KEYS
         .iter()

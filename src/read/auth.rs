@@ -59,6 +59,8 @@ pub(crate) struct Auth {
 /// One configured upstream.
 struct Site {
     user: String,
+    /// `origin user` (anonymous: `origin`).
+    identity: Arc<str>,
     password: Option<Secret>,
     /// Realms besides the own origin that may receive the credentials.
     realms: Vec<reqwest::Url>,
@@ -159,6 +161,8 @@ impl Auth {
             sites.push((
                 Origin::of(&url),
                 Site {
+                    identity: format!("{} {}", url.origin().ascii_serialization(), table.username)
+                        .into(),
                     user: table.username.clone(),
                     password,
                     realms,
@@ -181,6 +185,16 @@ impl Auth {
             .iter()
             .find(|(origin, _)| origin.is(url))
             .map(|(_, site)| site)
+    }
+
+    /// Whom the credentials the engine sends to `url`'s upstream belong
+    /// to (`origin user`), for the cache's keys; `None` for an upstream
+    /// without a table (its tokens, if any, are anonymous).
+    pub(crate) fn identity(&self, url: &reqwest::Url) -> Option<Arc<str>> {
+        self.sites
+            .iter()
+            .find(|(origin, _)| origin.is(url))
+            .map(|(_, site)| site.identity.clone())
     }
 
     /// The kept tokens (the hub fetches through them, once per key).
@@ -213,7 +227,7 @@ impl Auth {
                 None => Before::Send,
             },
             Some(Learned::Bearer { realm, service }) => {
-                let Some(scope) = read.scope.as_deref() else {
+                let Some(scope) = read.scope_named() else {
                     return Before::Send;
                 };
                 let Ok(fetch) =
@@ -431,6 +445,7 @@ impl Site {
     fn anonymous() -> Self {
         Self {
             user: String::new(),
+            identity: "".into(),
             password: None,
             realms: Vec::new(),
             learned: RwLock::new(None),

@@ -84,6 +84,7 @@ pub(crate) struct ReadStats {
     pub(crate) refused_budget: AtomicU64,
     pub(crate) refused_host: AtomicU64,
     pub(crate) refused_deadline: AtomicU64,
+    pub(crate) cache_hits: AtomicU64,
 }
 
 /// What one request's reads did, at one moment. Every read that was sent
@@ -114,6 +115,9 @@ pub struct ReadCounts {
     pub refused_host: u64,
     /// Reads refused because the deadline passed before they could be sent.
     pub refused_deadline: u64,
+    /// Reads answered from the engine's cache of immutable answers: neither
+    /// sent nor charged, so never in `issued`.
+    pub cache_hits: u64,
 }
 
 impl ReadCounts {
@@ -241,6 +245,7 @@ impl RequestBudget {
             refused_budget: get(&s.refused_budget),
             refused_host: get(&s.refused_host),
             refused_deadline: get(&s.refused_deadline),
+            cache_hits: get(&s.cache_hits),
         }
     }
 

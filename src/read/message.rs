@@ -41,8 +41,20 @@ pub struct Read {
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) body: Bytes,
     pub(crate) key: Option<Box<str>>,
+    /// What few reads carry, boxed: a read is moved at every level of the
+    /// read path, and most carry none of it.
+    pub(crate) extras: Option<Box<Extras>>,
+}
+
+/// What a read may also say of itself.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Extras {
     /// The authorization scope the read needs (`read/auth.rs`).
     pub(crate) scope: Option<Box<str>>,
+    /// Its answer never changes (`read/cache.rs`).
+    pub(crate) immutable: bool,
+    /// The SHA-256 (lowercase hex) its body must have (`read/cache.rs`).
+    pub(crate) sha256: Option<Box<str>>,
 }
 
 impl Read {
@@ -59,8 +71,36 @@ impl Read {
             headers: Vec::new(),
             body: Bytes::new(),
             key: None,
-            scope: None,
+            extras: None,
         }
+    }
+
+    fn extras(&mut self) -> &mut Extras {
+        self.extras.get_or_insert_with(Box::default)
+    }
+
+    /// The token scope it names ([`scope`](Self::scope)).
+    pub(crate) fn scope_named(&self) -> Option<&str> {
+        self.extras.as_ref()?.scope.as_deref()
+    }
+
+    /// Whether it is declared immutable or names its SHA-256.
+    pub(crate) fn is_checked(&self) -> bool {
+        self.extras
+            .as_ref()
+            .is_some_and(|e| e.immutable || e.sha256.is_some())
+    }
+
+    /// Whether it is declared immutable.
+    pub(crate) fn is_immutable(&self) -> bool {
+        self.extras.as_ref().is_some_and(|e| e.immutable)
+    }
+
+    /// Takes its check (immutable, SHA-256) off: the SHA-256 it named.
+    pub(crate) fn take_check(&mut self) -> Option<Box<str>> {
+        let extras = self.extras.as_mut()?;
+        extras.immutable = false;
+        extras.sha256.take()
     }
 
     /// Sends `Accept: accept` (part of the read's identity for de-duplication).
@@ -108,7 +148,27 @@ impl Read {
     /// token is sent up front only where the upstream's challenge names no
     /// scope. Not part of the read's identity (the token sent is).
     pub fn scope(mut self, scope: impl Into<Box<str>>) -> Self {
-        self.scope = Some(scope.into());
+        self.extras().scope = Some(scope.into());
+        self
+    }
+
+    /// Declares the answer immutable (content addressed by a digest, a
+    /// versioned asset): a `2xx` answer to this `GET` is kept in the
+    /// engine's cache (`upstream.cache_bytes`) and answers every identical
+    /// read of any inbound request — same URL, headers and credentials —
+    /// without a send, costing no read (reported as `cacheHits`).
+    pub fn immutable(mut self) -> Self {
+        self.extras().immutable = true;
+        self
+    }
+
+    /// The SHA-256 the body must have (`sha256:` prefix optional; hex): a
+    /// body that does not match is this read's `UPSTREAM_ERROR`, and is
+    /// never kept. For content addressed by its digest, with
+    /// [`immutable`](Self::immutable).
+    pub fn sha256(mut self, digest: &str) -> Self {
+        let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
+        self.extras().sha256 = Some(hex.to_ascii_lowercase().into());
         self
     }
 
@@ -306,6 +366,9 @@ pub(crate) struct ReadKey {
     /// A `GET` with a body (a search API's) answers by its body too.
     body: bytes::Bytes,
     key: Option<Box<str>>,
+    /// In the cache's keys: who the credentials the engine sends to the
+    /// read's upstream belong to (`read/auth.rs`).
+    credential: Option<Arc<str>>,
 }
 
 impl ReadKey {
@@ -317,6 +380,28 @@ impl ReadKey {
             headers: read.headers.clone(),
             body: read.body.clone(),
             key: read.key.clone(),
+            credential: None,
         })
+    }
+
+    /// The key of `read` in the engine's cache: its identity, and whom
+    /// the credentials the engine sends to its upstream belong to.
+    pub(crate) fn cached(read: &Read, credential: Option<Arc<str>>) -> Self {
+        Self {
+            method: read.method.clone(),
+            url: read.url.as_str().into(),
+            headers: read.headers.clone(),
+            body: read.body.clone(),
+            key: read.key.clone(),
+            credential,
+        }
+    }
+
+    /// The bytes the key holds, roughly (the cache weighs its entries).
+    pub(crate) fn weight(&self) -> usize {
+        let headers: usize = (self.headers.iter())
+            .map(|(n, v)| n.as_str().len() + v.len() + 64)
+            .sum();
+        self.url.len() + headers + self.body.len()
     }
 }

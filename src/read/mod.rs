@@ -28,6 +28,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod budget;
+pub(crate) mod cache;
 pub(crate) mod coalesce;
 pub(crate) mod dedup;
 pub(crate) mod hosts;
@@ -50,6 +51,7 @@ use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics;
 use auth::{Answer, Auth, Before, TokenFetch};
 use budget::{bump, InFlightSlot, Pending, ReadStats, TimedOut};
+use cache::ImmutableCache;
 use coalesce::{Coalesce, Flight, Role};
 use dedup::{Dedup, Origin};
 use hosts::{HostEntry, HostTable};
@@ -86,6 +88,8 @@ pub(crate) struct ReadParts {
     pub(crate) auth: Auth,
     /// What each host said it has left of its own quota.
     pub(crate) quotas: Arc<Quotas>,
+    /// The answers to reads declared immutable (`upstream.cache_bytes`).
+    pub(crate) cache: ImmutableCache,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
@@ -145,13 +149,21 @@ impl RequestReads {
 #[derive(Clone, Copy)]
 pub struct Upstream<'a> {
     reads: &'a RequestReads,
-    /// The operation's own reads (`operationReads`).
-    sent: &'a AtomicU64,
+    /// The operation's own counts (`operationReads`, `cacheHits`).
+    op: &'a OperationReads,
+}
+
+/// What one operation's reads did: sent (`operationReads`), answered from
+/// the engine's cache (`cacheHits`).
+#[derive(Debug, Default)]
+pub(crate) struct OperationReads {
+    pub(crate) sent: AtomicU64,
+    pub(crate) cache_hits: AtomicU64,
 }
 
 impl<'a> Upstream<'a> {
-    pub(crate) fn new(reads: &'a RequestReads, sent: &'a AtomicU64) -> Self {
-        Self { reads, sent }
+    pub(crate) fn new(reads: &'a RequestReads, op: &'a OperationReads) -> Self {
+        Self { reads, op }
     }
 
     /// The request's budget.
@@ -165,6 +177,9 @@ impl<'a> Upstream<'a> {
     /// joined (`coalesce.rs`); a `401` with a challenge is answered
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
     pub async fn read(&self, mut read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
+        if read.is_checked() {
+            return Box::pin(self.checked(read)).await;
+        }
         let auth = &self.reads.parts.auth;
         if auth.knows(&read) {
             // Boxed, as every step of authentication: the common path's
@@ -176,6 +191,31 @@ impl<'a> Upstream<'a> {
             return Ok(response);
         }
         Box::pin(self.challenged(read, response, None)).await
+    }
+
+    /// A read declared immutable or addressed by its digest (`cache.rs`):
+    /// answered from the engine's cache when kept there — nothing sent,
+    /// nothing charged, reported — else read, checked against its digest,
+    /// and kept.
+    async fn checked(&self, mut read: Read) -> ReadResult {
+        let parts = &self.reads.parts;
+        let key = (parts.cache).key(&read, parts.auth.identity(&read.url));
+        if let Some(key) = &key {
+            let host = parts.host_table.resolve(&read.url);
+            if let Some(hit) = parts.cache.get(key) {
+                self.op.cache_hits.fetch_add(1, Relaxed);
+                bump(&self.reads.budget.stats().cache_hits);
+                host.metrics().cache_hits.increment(1);
+                return Ok(hit);
+            }
+            host.metrics().cache_misses.increment(1);
+        }
+        let expected = read.take_check();
+        let answer = cache::verified(self.read(read).await?, expected.as_deref())?;
+        if let Some(key) = key {
+            parts.cache.keep(key, &answer);
+        }
+        Ok(answer)
     }
 
     /// A read to an origin whose challenge is known: its credentials up
@@ -404,7 +444,7 @@ impl<'a> Upstream<'a> {
         if budget.try_charge().is_err() {
             return Err(self.refused(host, self.exhausted()));
         }
-        self.sent.fetch_add(1, Relaxed);
+        self.op.sent.fetch_add(1, Relaxed);
         bump(&budget.stats().issued);
         Ok(now)
     }

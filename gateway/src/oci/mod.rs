@@ -505,7 +505,13 @@ pub async fn config_blob(
     digest: &Digest,
 ) -> async_graphql::Result<Arc<ImageConfigDoc>> {
     let url = repo_endpoint(repo, ["blobs", digest.as_str()])?;
-    let blob = pull(repo, url);
+    // Content addressed by its digest never changes: kept in the engine's
+    // cache once its bytes are checked against the digest (a registry
+    // cannot plant content), then read by no request again.
+    let mut blob = pull(repo, url);
+    if digest.as_str().starts_with("sha256:") {
+        blob = blob.immutable().sha256(digest.as_str());
+    }
     let response = read(ctx, blob).await?;
     let doc = response
         .derived(|| async {

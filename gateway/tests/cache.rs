@@ -1,0 +1,71 @@
+//! The gateway's config blobs through the engine's cache of immutable
+//! answers: read once by digest, checked against it, then answered to
+//! every later request without a read (`cacheHits`); a registry that serves
+//! other bytes under a digest plants nothing.
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+const ONE_TAG: &str = r#"{ repository(name: "acme/app") { tag(name: "t01") { manifest { digest config { os architecture } } } } }"#;
+
+fn fanout(answer: &Value) -> (u64, u64) {
+    let f = &answer["extensions"]["fanout"];
+    (
+        f["operationReads"].as_u64().unwrap(),
+        f["cacheHits"].as_u64().unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_config_blob_is_read_once_then_answered_from_the_cache() {
+    let f = Fixture::default().await;
+    let cold = f.query(ONE_TAG).await;
+    assert!(cold.get("errors").is_none(), "{cold}");
+    assert_eq!(fanout(&cold), (3, 0), "tag list, manifest, config blob");
+    for _ in 0..3 {
+        f.registry.counters().reset();
+        let warm = f.query(ONE_TAG).await;
+        assert_eq!(warm["data"], cold["data"]);
+        // The tag list and the manifest by tag are read again (a tag may
+        // move); the config blob, addressed by its digest, is not.
+        assert_eq!(fanout(&warm), (2, 1));
+        assert_eq!(f.registry.counters().matching("/blobs/"), 0);
+        assert_eq!(warm["extensions"]["fanout"]["used"], 2);
+    }
+}
+
+#[tokio::test]
+async fn a_blob_that_is_not_its_digest_is_refused_and_never_kept() {
+    let f = Fixture::default().await;
+    // The registry serves other bytes under t02's config digest.
+    let digest = f.registry.with_store(|store| {
+        let repo = store.repos.get_mut("acme/app").unwrap();
+        let manifest = &repo.manifests[&repo.tags["t02"]];
+        let body: Value = serde_json::from_slice(&manifest.body).unwrap();
+        let digest = body["config"]["digest"].as_str().unwrap().to_string();
+        repo.blobs.insert(
+            digest.clone(),
+            br#"{"os":"planted","architecture":"x"}"#.to_vec(),
+        );
+        digest
+    });
+    let query = ONE_TAG.replace("t01", "t02");
+    for _ in 0..2 {
+        let answer = f.query(&query).await;
+        let manifest = &answer["data"]["repository"]["tag"]["manifest"];
+        assert!(manifest["config"].is_null(), "{answer}");
+        assert!(
+            manifest["digest"].is_string(),
+            "the rest answered: {answer}"
+        );
+        assert_eq!(answer["errors"][0]["extensions"]["code"], "UPSTREAM_ERROR");
+        assert_eq!(fanout(&answer), (3, 0), "read again: never kept");
+    }
+    assert_eq!(
+        f.registry
+            .counters()
+            .path(&format!("/v2/acme/app/blobs/{digest}")),
+        2
+    );
+}
