@@ -249,7 +249,11 @@ async fn basic_credentials_on_an_htpasswd_registry() {
     assert_pushed(&cold, &store, PUBLIC);
     // The 401 and the retry once; then Basic up front.
     assert_eq!(used(&cold), 2 + 2 + 2);
-    assert_eq!(used(&query(&user, &repo_query(PUBLIC)).await), 1 + 2, "blobs cached");
+    assert_eq!(
+        used(&query(&user, &repo_query(PUBLIC)).await),
+        1 + 2,
+        "blobs cached"
+    );
     let wrong = gateway(&registry, table(&registry).username("ci").password("nope"));
     assert_eq!(
         code(&query(&wrong, &repo_query(PUBLIC)).await),
