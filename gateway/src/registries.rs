@@ -17,6 +17,7 @@
 use crate::names::RepoName;
 use fanout_budget::{Config, ReadError};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The configured registries (schema data).
 #[derive(Clone, Debug, Default)]
@@ -25,12 +26,15 @@ pub struct Registries {
     named: Vec<(String, Registry)>,
     /// What a one-part name on the default registry is prefixed with.
     default_short_prefix: Option<String>,
+    /// How long what a tag says is reused on the default registry.
+    default_tag_ttl: Duration,
 }
 
 #[derive(Clone, Debug)]
 struct Registry {
     url: reqwest::Url,
     short_prefix: Option<String>,
+    tag_ttl: Duration,
 }
 
 /// A repository on one registry: where to read it, and its name there.
@@ -42,16 +46,34 @@ struct RepoInner {
     registry: reqwest::Url,
     name: RepoName,
     shown: String,
+    tag_ttl: Duration,
 }
 
 impl Repo {
-    /// `name` on the registry at `registry`, shown as `shown`.
+    /// `name` on the registry at `registry`, shown as `shown`; what its
+    /// tags say read every request.
     pub fn new(registry: reqwest::Url, name: RepoName, shown: String) -> Self {
+        Self::with_tag_ttl(registry, name, shown, Duration::ZERO)
+    }
+
+    /// [`new`](Self::new), what its tags say reused for `tag_ttl`.
+    pub fn with_tag_ttl(
+        registry: reqwest::Url,
+        name: RepoName,
+        shown: String,
+        tag_ttl: Duration,
+    ) -> Self {
         Self(Arc::new(RepoInner {
             registry,
             name,
             shown,
+            tag_ttl,
         }))
+    }
+
+    /// How long what its tags say may be reused (`tag_ttl_ms`; zero: not).
+    pub fn tag_ttl(&self) -> Duration {
+        self.0.tag_ttl
     }
 
     /// The registry's base URL.
@@ -82,21 +104,35 @@ impl Registries {
     pub fn from_config(config: &Config, default: &reqwest::Url) -> Self {
         let mut named = Vec::new();
         let mut default_short_prefix = None;
+        let mut default_tag_ttl = Duration::ZERO;
         for (name, table) in &config.upstreams {
             let Some(url) = table.base_url() else {
                 continue;
             };
             let short_prefix =
                 (!table.short_name_prefix.is_empty()).then(|| table.short_name_prefix.clone());
+            let tag_ttl = Duration::from_millis(table.tag_ttl_ms);
             if url.origin() == default.origin() {
                 default_short_prefix = short_prefix.clone();
+                default_tag_ttl = tag_ttl;
             }
-            named.push((name.to_ascii_lowercase(), Registry { url, short_prefix }));
+            let registry = Registry {
+                url,
+                short_prefix,
+                tag_ttl,
+            };
+            named.push((name.to_ascii_lowercase(), registry));
         }
         Self {
             named,
             default_short_prefix,
+            default_tag_ttl,
         }
+    }
+
+    /// How long what a tag says is reused on the default registry.
+    pub fn default_tag_ttl(&self) -> Duration {
+        self.default_tag_ttl
     }
 
     /// The default registry `config` names (`primary = true`), if any.
@@ -135,13 +171,19 @@ impl Registries {
             _ => path.to_string(),
         };
         let parsed = RepoName::parse(&path).map_err(|e| bad(e.to_string()))?;
-        Ok(Repo::new(registry.url, parsed, name.to_string()))
+        Ok(Repo::with_tag_ttl(
+            registry.url,
+            parsed,
+            name.to_string(),
+            registry.tag_ttl,
+        ))
     }
 
     fn default_registry(&self, default: &reqwest::Url) -> Registry {
         Registry {
             url: default.clone(),
             short_prefix: self.default_short_prefix.clone(),
+            tag_ttl: self.default_tag_ttl,
         }
     }
 }

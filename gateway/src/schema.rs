@@ -107,12 +107,15 @@ impl Query {
         let (names, more) = oci::catalog(ctx, n, after.as_deref()).await?;
         let end_cursor = names.last().cloned();
         let registry = oci::registry(ctx)?;
+        let ttl = ctx
+            .data_opt::<Registries>()
+            .map_or(Default::default(), Registries::default_tag_ttl);
         let nodes = names
             .into_iter()
             .map(|shown| {
                 let name =
                     RepoName::parse(&shown).map_err(|e| oci::invalid_from_registry(ctx, e))?;
-                let repo = Repo::new(registry.clone(), name, shown);
+                let repo = Repo::with_tag_ttl(registry.clone(), name, shown, ttl);
                 Ok(Repository { repo, tags: None })
             })
             .collect::<Result<_, ReadError>>()?;

@@ -69,3 +69,41 @@ async fn a_blob_that_is_not_its_digest_is_refused_and_never_kept() {
         2
     );
 }
+
+/// With `tag_ttl_ms`, what a tag says — the tag list, the manifest by tag —
+/// is reused across requests for that long: a warm lookup reads nothing.
+#[tokio::test]
+async fn with_a_tag_ttl_a_warm_lookup_reads_nothing_until_it_expires() {
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
+    let table = fanout_budget::config::UpstreamTable::default()
+        .url(registry.url())
+        .tag_ttl_ms(1500);
+    let config = fanout_budget::Config::default().upstream_named("registry", table);
+    let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);
+    let ask = || async {
+        let (status, body) = post(
+            &gateway.router,
+            serde_json::json!({ "query": ONE_TAG }).to_string(),
+            &[],
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    let cold = ask().await;
+    assert_eq!(fanout(&cold), (3, 0));
+    let started = std::time::Instant::now();
+    let warm = ask().await;
+    // (Well inside the TTL unless the machine stalls for a second.)
+    if started.elapsed() < std::time::Duration::from_millis(1200) {
+        assert_eq!(warm["data"], cold["data"]);
+        assert_eq!(
+            fanout(&warm),
+            (0, 3),
+            "tag list, manifest and config from the cache"
+        );
+    }
+    // Past the TTL the tag is read again; the blob, by digest, is not.
+    tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
+    assert_eq!(fanout(&ask().await), (2, 1));
+}

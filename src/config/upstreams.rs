@@ -55,6 +55,11 @@ section! {
         /// gateway: `library` makes `alpine` read `library/alpine`, as
         /// Docker names official images); empty: nothing.
         pub short_name_prefix: String = String::new() => into,
+        /// How long the gateway may reuse what a tag says on this upstream —
+        /// the tag list and a manifest read by tag — across inbound requests
+        /// (`Read::fresh_for`): a tag moved or added is seen this much later.
+        /// 0 (the default): read every request.
+        pub tag_ttl_ms: u64 = 0,
     }
 }
 

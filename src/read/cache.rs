@@ -1,6 +1,8 @@
 //! Reads that never need to happen: an engine-wide cache of answers to
 //! reads declared immutable ([`Read::immutable`]; content addressed by a
-//! digest never changes), shared by every inbound request.
+//! digest never changes) or fresh for a while ([`Read::fresh_for`]: a
+//! staleness the caller accepts, for that long), shared by every inbound
+//! request.
 //!
 //! - **What is kept**: a `2xx` answer to a `GET` declared immutable, whole
 //!   (a body the transport cut or refused is an error, never an answer),
@@ -26,6 +28,7 @@ use crate::error::ReadError;
 use moka::sync::Cache;
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// An entry's weight beyond its body and key: the response's struct, its
 /// header map, the cache's own node.
@@ -33,7 +36,28 @@ const ENTRY_OVERHEAD: usize = 512;
 
 /// The engine's cache of immutable answers.
 pub(crate) struct ImmutableCache {
-    entries: Option<Cache<ReadKey, Arc<UpstreamResponse>>>,
+    entries: Option<Cache<ReadKey, Kept>>,
+}
+
+/// An answer kept, and for how long (`None`: for ever).
+#[derive(Clone)]
+struct Kept {
+    answer: Arc<UpstreamResponse>,
+    ttl: Option<Duration>,
+}
+
+/// Each entry lives as long as its read said.
+struct PerEntry;
+
+impl moka::Expiry<ReadKey, Kept> for PerEntry {
+    fn expire_after_create(
+        &self,
+        _key: &ReadKey,
+        kept: &Kept,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        kept.ttl
+    }
 }
 
 impl ImmutableCache {
@@ -42,33 +66,43 @@ impl ImmutableCache {
         let entries = (bytes > 0).then(|| {
             Cache::builder()
                 .max_capacity(bytes)
-                .weigher(|key: &ReadKey, answer: &Arc<UpstreamResponse>| {
-                    let weight = answer.body.len() + key.weight() + ENTRY_OVERHEAD;
+                .weigher(|key: &ReadKey, kept: &Kept| {
+                    let weight = kept.answer.body.len() + key.weight() + ENTRY_OVERHEAD;
                     u32::try_from(weight).unwrap_or(u32::MAX)
                 })
+                .expire_after(PerEntry)
                 .build()
         });
         Self { entries }
     }
 
-    /// The key `read` is kept under, if it may be kept: a `GET` declared
-    /// immutable, with the cache on. `credential`: whom the credentials the
-    /// engine sends to its upstream belong to.
-    pub(crate) fn key(&self, read: &Read, credential: Option<Arc<str>>) -> Option<ReadKey> {
-        let cacheable = read.is_immutable() && read.method == http::Method::GET;
-        (cacheable && self.entries.is_some()).then(|| ReadKey::cached(read, credential))
+    /// The key `read` is kept under and for how long, if it may be kept: a
+    /// `GET` declared immutable or fresh for a while, with the cache on.
+    /// `credential`: whom the credentials the engine sends to its upstream
+    /// belong to.
+    pub(crate) fn key(
+        &self,
+        read: &Read,
+        credential: Option<Arc<str>>,
+    ) -> Option<(ReadKey, Option<Duration>)> {
+        let ttl = read.keep_for()?;
+        let safe = matches!(read.method, http::Method::GET | http::Method::HEAD);
+        let cacheable = safe && self.entries.is_some();
+        cacheable.then(|| (ReadKey::cached(read, credential), ttl))
     }
 
     /// The answer kept under `key`.
     pub(crate) fn get(&self, key: &ReadKey) -> Option<Arc<UpstreamResponse>> {
-        self.entries.as_ref()?.get(key)
+        Some(self.entries.as_ref()?.get(key)?.answer)
     }
 
-    /// Keeps `answer` under `key` if it may be kept (a `2xx`).
-    pub(crate) fn keep(&self, key: ReadKey, answer: &Arc<UpstreamResponse>) {
+    /// Keeps `answer` under `key` for `ttl` (`None`: for ever) if it may be
+    /// kept (a `2xx`).
+    pub(crate) fn keep(&self, key: ReadKey, ttl: Option<Duration>, answer: &Arc<UpstreamResponse>) {
         if let Some(entries) = &self.entries {
             if answer.status.is_success() {
-                entries.insert(key, answer.clone());
+                let answer = answer.clone();
+                entries.insert(key, Kept { answer, ttl });
             }
         }
     }

@@ -53,6 +53,8 @@ pub(crate) struct Extras {
     pub(crate) scope: Option<Box<str>>,
     /// Its answer never changes (`read/cache.rs`).
     pub(crate) immutable: bool,
+    /// Its answer may be reused this long (`read/cache.rs`).
+    pub(crate) fresh_for: Option<std::time::Duration>,
     /// The SHA-256 (lowercase hex) its body must have (`read/cache.rs`).
     pub(crate) sha256: Option<Box<str>>,
 }
@@ -88,18 +90,25 @@ impl Read {
     pub(crate) fn is_checked(&self) -> bool {
         self.extras
             .as_ref()
-            .is_some_and(|e| e.immutable || e.sha256.is_some())
+            .is_some_and(|e| e.immutable || e.fresh_for.is_some() || e.sha256.is_some())
     }
 
-    /// Whether it is declared immutable.
-    pub(crate) fn is_immutable(&self) -> bool {
-        self.extras.as_ref().is_some_and(|e| e.immutable)
+    /// How long its answer may be kept for others: `Some(None)` for ever
+    /// (immutable), `Some(Some(ttl))` that long, `None` not at all.
+    pub(crate) fn keep_for(&self) -> Option<Option<std::time::Duration>> {
+        let extras = self.extras.as_ref()?;
+        match (extras.immutable, extras.fresh_for) {
+            (true, _) => Some(None),
+            (false, Some(ttl)) if !ttl.is_zero() => Some(Some(ttl)),
+            _ => None,
+        }
     }
 
     /// Takes its check (immutable, SHA-256) off: the SHA-256 it named.
     pub(crate) fn take_check(&mut self) -> Option<Box<str>> {
         let extras = self.extras.as_mut()?;
         extras.immutable = false;
+        extras.fresh_for = None;
         extras.sha256.take()
     }
 
@@ -159,6 +168,16 @@ impl Read {
     /// without a send, costing no read (reported as `cacheHits`).
     pub fn immutable(mut self) -> Self {
         self.extras().immutable = true;
+        self
+    }
+
+    /// Lets its answer be reused by any identical read of any inbound
+    /// request for `ttl` after it was read (a staleness the caller accepts:
+    /// a tag's digest, a listing): kept in the engine's cache as an
+    /// [`immutable`](Self::immutable) answer is, for `ttl` only. Zero: not
+    /// kept.
+    pub fn fresh_for(mut self, ttl: std::time::Duration) -> Self {
+        self.extras().fresh_for = Some(ttl);
         self
     }
 

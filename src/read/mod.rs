@@ -193,14 +193,15 @@ impl<'a> Upstream<'a> {
         Box::pin(self.challenged(read, response, None)).await
     }
 
-    /// A read declared immutable or addressed by its digest (`cache.rs`):
+    /// A read declared immutable or fresh for a while, or addressed by its
+    /// digest (`cache.rs`):
     /// answered from the engine's cache when kept there — nothing sent,
     /// nothing charged, reported — else read, checked against its digest,
     /// and kept.
     async fn checked(&self, mut read: Read) -> ReadResult {
         let parts = &self.reads.parts;
         let key = (parts.cache).key(&read, parts.auth.identity(&read.url));
-        if let Some(key) = &key {
+        if let Some((key, _)) = &key {
             let host = parts.host_table.resolve(&read.url);
             if let Some(hit) = parts.cache.get(key) {
                 self.op.cache_hits.fetch_add(1, Relaxed);
@@ -212,8 +213,8 @@ impl<'a> Upstream<'a> {
         }
         let expected = read.take_check();
         let answer = cache::verified(self.read(read).await?, expected.as_deref())?;
-        if let Some(key) = key {
-            parts.cache.keep(key, &answer);
+        if let Some((key, ttl)) = key {
+            parts.cache.keep(key, ttl, &answer);
         }
         Ok(answer)
     }

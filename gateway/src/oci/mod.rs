@@ -78,6 +78,15 @@ fn pull(repo: &Repo, url: reqwest::Url) -> Read {
     Read::get(url).scope(repo.pull_scope())
 }
 
+/// `read` of what a tag says (a tag list, a manifest by tag), reused across
+/// requests for the registry's `tag_ttl_ms` when it sets one.
+fn tag_read(repo: &Repo, read: Read) -> Read {
+    match repo.tag_ttl() {
+        ttl if ttl.is_zero() => read,
+        ttl => read.fresh_for(ttl),
+    }
+}
+
 /// The `rel="next"` target of a `Link` header, resolved against the registry.
 fn next_link(response: &UpstreamResponse, base: &reqwest::Url) -> Option<reqwest::Url> {
     let link = response.header("link")?;
@@ -166,7 +175,7 @@ fn expect_json(response: &UpstreamResponse) -> Result<(), ReadError> {
 /// new page is a charged read, so the budget bounds the pages.
 pub async fn tag_list(ctx: &Context<'_>, repo: &Repo) -> async_graphql::Result<Option<Arc<Tags>>> {
     let first = repo_endpoint(repo, ["tags", "list"])?;
-    let page = read(ctx, pull(repo, first.clone())).await?;
+    let page = read(ctx, tag_read(repo, pull(repo, first.clone()))).await?;
     let tags = page
         .derived(|| async {
             if is_name_unknown(&page) {
@@ -206,7 +215,7 @@ async fn walk_tags(
             Some(link) => link,
         };
         seen.push(next.clone());
-        response = Some(read(ctx, pull(repo, next)).await?);
+        response = Some(read(ctx, tag_read(repo, pull(repo, next))).await?);
     }
 }
 
@@ -391,13 +400,13 @@ pub async fn manifest(
         let probe = Read::new(reqwest::Method::HEAD, url.clone())
             .accept(MANIFEST_ACCEPT_HEADER.clone())
             .scope(repo.pull_scope());
-        let response = read(ctx, probe).await?;
+        let response = read(ctx, tag_read(repo, probe)).await?;
         if let Some(doc) = manifest_from_headers(&response)? {
             return Ok(Arc::new(doc));
         }
     }
     let manifest = pull(repo, url).accept(MANIFEST_ACCEPT_HEADER.clone());
-    let response = read(ctx, manifest).await?;
+    let response = read(ctx, tag_read(repo, manifest)).await?;
     // Parsed (and hashed) once per request, for every tag row sharing it.
     let doc = response
         .derived(|| async { parse_manifest(&response) })
