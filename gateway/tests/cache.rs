@@ -107,3 +107,28 @@ async fn with_a_tag_ttl_a_warm_lookup_reads_nothing_until_it_expires() {
     tokio::time::sleep(std::time::Duration::from_millis(1600)).await;
     assert_eq!(fanout(&ask().await), (2, 1));
 }
+
+/// A request whose budget runs out in the middle of a tag list's pages
+/// leaves nothing behind: the first page it kept (`tag_ttl_ms`) still
+/// serves the next request, which walks the rest itself.
+#[tokio::test]
+async fn a_walk_cut_by_one_request_s_budget_does_not_poison_the_kept_page() {
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
+    registry.set_tag_page_size(Some(10));
+    let table = fanout_budget::config::UpstreamTable::default()
+        .url(registry.url())
+        .tag_ttl_ms(60_000);
+    let mut config = fanout_budget::Config::default().upstream_named("registry", table);
+    config.budget.max_reads = 3;
+    config.rate_limit.internal_token = "inside".into();
+    let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);
+    let query = serde_json::json!({ "query": r#"{ repository(name: "acme/app") { tags(first: 100) { totalCount } } }"# }).to_string();
+    let (_, cut) = post(&gateway.router, query.clone(), &[]).await;
+    assert_eq!(
+        cut["errors"][0]["extensions"]["code"], "FANOUT_BUDGET_EXHAUSTED",
+        "{cut}"
+    );
+    let (_, whole) = post(&gateway.router, query, &[("x-internal-token", "inside")]).await;
+    assert!(whole.get("errors").is_none(), "{whole}");
+    assert_eq!(whole["data"]["repository"]["tags"]["totalCount"], 60);
+}

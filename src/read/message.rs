@@ -266,12 +266,17 @@ impl UpstreamResponse {
 
     /// What `derive` makes of this response, made **once** for everyone the
     /// response is shared with: the first caller runs `derive`, callers
-    /// arriving meanwhile wait for it, later ones get the same `Arc` — the
-    /// value or the error. So N fields that read the same URL in one request
-    /// cost one read *and* one parse, not N parses of the same body (which,
-    /// with nothing to wait on, would also run without yielding to the
-    /// request's deadline). If the first caller is cancelled, the next one
-    /// derives instead.
+    /// arriving meanwhile wait for it, later ones get the same `Arc`. So N
+    /// fields that read the same URL in one request cost one read *and* one
+    /// parse, not N parses of the same body (which, with nothing to wait on,
+    /// would also run without yielding to the request's deadline). If the
+    /// first caller is cancelled, the next one derives instead.
+    ///
+    /// An error is returned to the caller that made it and **not kept**: the
+    /// next caller derives again. An error may be its caller's own — its
+    /// budget or deadline spent by reads the derivation makes — and a
+    /// response can outlive its request (the engine's cache shares it with
+    /// later ones, [`Read::fresh_for`]).
     ///
     /// One derived type per response: asking for another type runs `derive`
     /// without keeping its result. `derive` must not read this same response
@@ -304,17 +309,18 @@ impl UpstreamResponse {
         let mut derive = Some(derive);
         let kept = self
             .derived
-            .get_or_init(|| async {
+            .get_or_try_init(|| async {
                 let derive = derive.take().expect("derived once");
-                let made: Result<Arc<T>, E> = derive().await.map(Arc::new);
-                Arc::new(made) as Arc<dyn Any + Send + Sync>
+                derive()
+                    .await
+                    .map(|made| Arc::new(made) as Arc<dyn Any + Send + Sync>)
             })
-            .await;
-        match (kept.downcast_ref::<Result<Arc<T>, E>>(), derive) {
-            (Some(made), _) => made.clone(),
+            .await?;
+        match (kept.clone().downcast::<T>(), derive) {
+            (Ok(made), _) => Ok(made),
             // Another type was derived first: make this one, unkept.
-            (None, Some(derive)) => derive().await.map(Arc::new),
-            (None, None) => unreachable!("the value just derived has this type"),
+            (Err(_), Some(derive)) => derive().await.map(Arc::new),
+            (Err(_), None) => unreachable!("the value just derived has this type"),
         }
     }
 
