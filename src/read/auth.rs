@@ -41,8 +41,10 @@ use std::time::{Duration, SystemTime};
 
 /// The longest token answer read (a realm's JSON): past it, `UPSTREAM_ERROR`.
 pub(crate) const MAX_TOKEN_ANSWER: usize = 64 << 10;
-/// Tokens kept at most (each a few hundred bytes to a few KiB).
-const MAX_TOKENS: u64 = 10_000;
+/// Bytes of kept tokens at most, each weighed by its value and key (a
+/// token is a few hundred bytes to a few KiB; an upstream naming a new scope
+/// on every challenge cannot make the engine keep more than this).
+const MAX_TOKEN_BYTES: u64 = 16 << 20;
 /// `expires_in` when the realm gives none (the token specification's).
 const DEFAULT_EXPIRES_IN: u64 = 60;
 
@@ -173,7 +175,11 @@ impl Auth {
         Self {
             sites,
             tokens: Cache::builder()
-                .max_capacity(MAX_TOKENS)
+                .max_capacity(MAX_TOKEN_BYTES)
+                .weigher(|key: &TokenKey, token: &Token| {
+                    let weight = key.len() + token.header.len() + 256;
+                    u32::try_from(weight).unwrap_or(u32::MAX)
+                })
                 .expire_after(Expiry)
                 .build(),
         }
