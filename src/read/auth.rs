@@ -30,6 +30,10 @@
 //! A read that carries its own `Authorization` header is left alone: its
 //! `401` is answered as it is.
 
+mod challenge;
+
+pub(crate) use challenge::{challenge, Challenge};
+
 use super::message::{Read, UpstreamResponse};
 use crate::config::{Secret, UpstreamTable};
 use crate::error::ReadError;
@@ -76,21 +80,6 @@ enum Learned {
     Bearer {
         realm: String,
         service: Option<String>,
-    },
-}
-
-/// What a `401` asked for.
-#[derive(Debug, PartialEq)]
-pub(crate) enum Challenge {
-    /// Basic: a user and a password.
-    Basic,
-    /// A bearer token from `realm`.
-    Bearer {
-        realm: String,
-        service: Option<String>,
-        scope: Option<String>,
-        /// `error="insufficient_scope"`: a token was sent and lacks access.
-        insufficient_scope: bool,
     },
 }
 
@@ -519,86 +508,6 @@ pub(crate) fn token(response: &UpstreamResponse) -> Result<Token, ReadError> {
     })
 }
 
-/// The challenge of a `401`: Bearer preferred to Basic when both are offered.
-pub(crate) fn challenge(response: &UpstreamResponse) -> Option<Challenge> {
-    let mut basic = false;
-    for value in response.headers.get_all(header::WWW_AUTHENTICATE) {
-        let Ok(text) = value.to_str() else { continue };
-        for (scheme, params) in challenges(text) {
-            if scheme.eq_ignore_ascii_case("bearer") {
-                let get = |name: &str| {
-                    params
-                        .iter()
-                        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-                        .map(|(_, v)| v.clone())
-                };
-                if let Some(realm) = get("realm") {
-                    return Some(Challenge::Bearer {
-                        realm,
-                        service: get("service"),
-                        scope: get("scope"),
-                        insufficient_scope: get("error").as_deref() == Some("insufficient_scope"),
-                    });
-                }
-            } else if scheme.eq_ignore_ascii_case("basic") {
-                basic = true;
-            }
-        }
-    }
-    basic.then_some(Challenge::Basic)
-}
-
-/// The challenges of one `WWW-Authenticate` value: each scheme with its
-/// `name=value` parameters (values quoted or tokens; RFC 9110 §11.2).
-fn challenges(text: &str) -> Vec<(String, Vec<(String, String)>)> {
-    let mut out: Vec<(String, Vec<(String, String)>)> = Vec::new();
-    let mut rest = text.trim();
-    while !rest.is_empty() {
-        // A token: a scheme (followed by space or end) or a parameter name (followed by `=`).
-        let end = rest
-            .find(|c: char| c == '=' || c == ',' || c.is_ascii_whitespace())
-            .unwrap_or(rest.len());
-        let word = &rest[..end];
-        rest = rest[end..].trim_start();
-        if let Some(after) = rest.strip_prefix('=') {
-            let after = after.trim_start();
-            let (value, remaining) = match after.strip_prefix('"') {
-                Some(quoted) => unquote(quoted),
-                None => {
-                    let end = after.find(',').unwrap_or(after.len());
-                    (after[..end].trim().to_string(), &after[end..])
-                }
-            };
-            if let Some((_, params)) = out.last_mut() {
-                params.push((word.to_string(), value));
-            }
-            rest = remaining.trim_start();
-        } else if !word.is_empty() {
-            out.push((word.to_string(), Vec::new()));
-        }
-        rest = rest.trim_start_matches(|c: char| c == ',' || c.is_ascii_whitespace());
-    }
-    out
-}
-
-/// A quoted string's value (escapes resolved) and what follows its quote.
-fn unquote(text: &str) -> (String, &str) {
-    let mut value = String::new();
-    let mut chars = text.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' => return (value, &text[i + 1..]),
-            '\\' => {
-                if let Some((_, escaped)) = chars.next() {
-                    value.push(escaped);
-                }
-            }
-            c => value.push(c),
-        }
-    }
-    (value, "")
-}
-
 /// Whether the caller set `Authorization` itself: then nothing here
 /// applies to the read.
 pub(crate) fn has_authorization(read: &Read) -> bool {
@@ -624,126 +533,4 @@ fn shown(url: &reqwest::Url) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::HeaderMap;
-
-    fn unauthorized(values: &[&str]) -> UpstreamResponse {
-        let mut headers = HeaderMap::new();
-        for v in values {
-            headers.append(header::WWW_AUTHENTICATE, HeaderValue::from_str(v).unwrap());
-        }
-        UpstreamResponse::new("r:5000", StatusCode::UNAUTHORIZED, headers, "".into())
-    }
-
-    #[test]
-    fn a_docker_challenge_is_read_whole() {
-        let r = unauthorized(&[
-            r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:library/alpine:pull""#,
-        ]);
-        assert_eq!(
-            challenge(&r),
-            Some(Challenge::Bearer {
-                realm: "https://auth.example/token".into(),
-                service: Some("registry.example".into()),
-                scope: Some("repository:library/alpine:pull".into()),
-                insufficient_scope: false,
-            })
-        );
-    }
-
-    #[test]
-    fn quoted_commas_escapes_and_several_challenges() {
-        let r = unauthorized(&[
-            r#"Basic realm="a, \"b\"", Bearer realm="https://x/t",scope="repository:a/b:pull,push",error="insufficient_scope""#,
-        ]);
-        let Some(Challenge::Bearer {
-            scope,
-            insufficient_scope,
-            ..
-        }) = challenge(&r)
-        else {
-            panic!("bearer preferred")
-        };
-        assert_eq!(scope.as_deref(), Some("repository:a/b:pull,push"));
-        assert!(insufficient_scope);
-        assert_eq!(
-            challenge(&unauthorized(&["Basic realm=\"x\""])),
-            Some(Challenge::Basic)
-        );
-        assert_eq!(challenge(&unauthorized(&["Negotiate"])), None);
-        assert_eq!(
-            challenge(&unauthorized(&["Bearer scope=x"])),
-            None,
-            "no realm"
-        );
-    }
-
-    #[test]
-    fn realms_allowed_and_refused() {
-        let table = |url: &str| {
-            crate::config::UpstreamTable::default()
-                .url(url)
-                .username("ci")
-                .password("pw")
-                .realms(["https://auth.example/token"])
-        };
-        let upstreams = [("r".to_string(), table("https://registry.example"))].into();
-        let auth = Auth::new(&upstreams);
-        let read = Read::get("https://registry.example/v2/a/tags/list".parse().unwrap());
-        let site = auth.site(&read.url).unwrap();
-        let fetch = |realm: &str| auth.token_fetch(&read, site, realm, Some("svc"), Some("s"));
-        // The upstream's own origin, and a listed realm: allowed, with Basic.
-        let own = fetch("https://registry.example/token").unwrap();
-        assert_eq!(
-            own.read.url.as_str(),
-            "https://registry.example/token?service=svc&scope=s"
-        );
-        assert!(own
-            .read
-            .headers
-            .iter()
-            .any(|(n, v)| n == header::AUTHORIZATION && v.is_sensitive()));
-        assert!(fetch("https://auth.example/token").is_ok());
-        // Anything else is refused without a request.
-        for refused in [
-            "http://registry.example/token",
-            "http://auth.example/token",
-            "https://evil.example/token",
-            "https://auth.example/other",
-            "ftp://registry.example/token",
-            "not a url",
-        ] {
-            assert!(fetch(refused).is_err(), "{refused}");
-        }
-        // Tokens are kept apart by the origin that asked for them.
-        let other = Read::get("https://mirror.example/v2/a/tags/list".parse().unwrap());
-        let anonymous = Site::anonymous();
-        let mirror = auth.token_fetch(
-            &other,
-            &anonymous,
-            "https://mirror.example/token",
-            Some("svc"),
-            Some("s"),
-        );
-        assert_ne!(mirror.unwrap().key, own.key);
-    }
-
-    #[test]
-    fn a_token_lives_expires_in_from_issued_at_less_a_tenth() {
-        let body = r#"{"token":"abc","expires_in":300}"#;
-        let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), body.into());
-        let t = token(&r).unwrap();
-        assert_eq!(t.lifetime, Duration::from_secs(290));
-        assert!(t.header.is_sensitive());
-        let old = humantime::format_rfc3339(SystemTime::now() - Duration::from_secs(100));
-        let body = format!(r#"{{"access_token":"abc","expires_in":300,"issued_at":"{old}"}}"#);
-        let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), body.into());
-        let lifetime = token(&r).unwrap().lifetime.as_secs();
-        assert!((189..=190).contains(&lifetime), "{lifetime}");
-        let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), "{}".into());
-        assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_ERROR");
-        let r = UpstreamResponse::new("a:1", StatusCode::UNAUTHORIZED, HeaderMap::new(), "".into());
-        assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_UNAUTHORIZED");
-    }
-}
+mod tests;

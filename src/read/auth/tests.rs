@@ -1,0 +1,122 @@
+//! The challenge parser, the realm rule and a token's lifetime.
+use super::*;
+use http::HeaderMap;
+
+fn unauthorized(values: &[&str]) -> UpstreamResponse {
+    let mut headers = HeaderMap::new();
+    for v in values {
+        headers.append(header::WWW_AUTHENTICATE, HeaderValue::from_str(v).unwrap());
+    }
+    UpstreamResponse::new("r:5000", StatusCode::UNAUTHORIZED, headers, "".into())
+}
+
+#[test]
+fn a_docker_challenge_is_read_whole() {
+    let r = unauthorized(&[
+        r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:library/alpine:pull""#,
+    ]);
+    assert_eq!(
+        challenge(&r),
+        Some(Challenge::Bearer {
+            realm: "https://auth.example/token".into(),
+            service: Some("registry.example".into()),
+            scope: Some("repository:library/alpine:pull".into()),
+            insufficient_scope: false,
+        })
+    );
+}
+
+#[test]
+fn quoted_commas_escapes_and_several_challenges() {
+    let r = unauthorized(&[
+        r#"Basic realm="a, \"b\"", Bearer realm="https://x/t",scope="repository:a/b:pull,push",error="insufficient_scope""#,
+    ]);
+    let Some(Challenge::Bearer {
+        scope,
+        insufficient_scope,
+        ..
+    }) = challenge(&r)
+    else {
+        panic!("bearer preferred")
+    };
+    assert_eq!(scope.as_deref(), Some("repository:a/b:pull,push"));
+    assert!(insufficient_scope);
+    assert_eq!(
+        challenge(&unauthorized(&["Basic realm=\"x\""])),
+        Some(Challenge::Basic)
+    );
+    assert_eq!(challenge(&unauthorized(&["Negotiate"])), None);
+    assert_eq!(
+        challenge(&unauthorized(&["Bearer scope=x"])),
+        None,
+        "no realm"
+    );
+}
+
+#[test]
+fn realms_allowed_and_refused() {
+    let table = |url: &str| {
+        crate::config::UpstreamTable::default()
+            .url(url)
+            .username("ci")
+            .password("pw")
+            .realms(["https://auth.example/token"])
+    };
+    let upstreams = [("r".to_string(), table("https://registry.example"))].into();
+    let auth = Auth::new(&upstreams);
+    let read = Read::get("https://registry.example/v2/a/tags/list".parse().unwrap());
+    let site = auth.site(&read.url).unwrap();
+    let fetch = |realm: &str| auth.token_fetch(&read, site, realm, Some("svc"), Some("s"));
+    // The upstream's own origin, and a listed realm: allowed, with Basic.
+    let own = fetch("https://registry.example/token").unwrap();
+    assert_eq!(
+        own.read.url.as_str(),
+        "https://registry.example/token?service=svc&scope=s"
+    );
+    assert!(own
+        .read
+        .headers
+        .iter()
+        .any(|(n, v)| n == header::AUTHORIZATION && v.is_sensitive()));
+    assert!(fetch("https://auth.example/token").is_ok());
+    // Anything else is refused without a request.
+    for refused in [
+        "http://registry.example/token",
+        "http://auth.example/token",
+        "https://evil.example/token",
+        "https://auth.example/other",
+        "ftp://registry.example/token",
+        "not a url",
+    ] {
+        assert!(fetch(refused).is_err(), "{refused}");
+    }
+    // Tokens are kept apart by the origin that asked for them.
+    let other = Read::get("https://mirror.example/v2/a/tags/list".parse().unwrap());
+    let anonymous = Site::anonymous();
+    let mirror = auth.token_fetch(
+        &other,
+        &anonymous,
+        "https://mirror.example/token",
+        Some("svc"),
+        Some("s"),
+    );
+    assert_ne!(mirror.unwrap().key, own.key);
+}
+
+#[test]
+fn a_token_lives_expires_in_from_issued_at_less_a_tenth() {
+    let body = r#"{"token":"abc","expires_in":300}"#;
+    let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), body.into());
+    let t = token(&r).unwrap();
+    assert_eq!(t.lifetime, Duration::from_secs(290));
+    assert!(t.header.is_sensitive());
+    let old = humantime::format_rfc3339(SystemTime::now() - Duration::from_secs(100));
+    let body = format!(r#"{{"access_token":"abc","expires_in":300,"issued_at":"{old}"}}"#);
+    let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), body.into());
+    let lifetime = token(&r).unwrap().lifetime.as_secs();
+    assert!((189..=190).contains(&lifetime), "{lifetime}");
+    let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), "{}".into());
+    assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_ERROR");
+    let r = UpstreamResponse::new("a:1", StatusCode::UNAUTHORIZED, HeaderMap::new(), "".into());
+    assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_UNAUTHORIZED");
+}
