@@ -137,6 +137,43 @@ pub(crate) fn engine_uncontended(
     g.bench_function("begin_request", |b| {
         b.iter(|| black_box(engine.begin_request(Caller::Public).operation()))
     });
+    cache_hit(g, rt);
+}
+
+/// A hit in the engine's cache of immutable answers (`Read::immutable`,
+/// warmed), one request open for the run, against its floor: a bare moka
+/// lookup of a key built beforehand.
+fn cache_hit(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, rt: &Runtime) {
+    let engine = mem_engine(false);
+    let url = urls(0, 1)[0].clone();
+    let hits = move |iters: u64| {
+        let (engine, url) = (engine.clone(), url.clone());
+        in_task(rt, async move {
+            let request = engine.begin_request(Caller::Public);
+            let op = request.operation();
+            let upstream = op.upstream();
+            black_box(
+                upstream
+                    .read(Read::get(url.clone()).immutable())
+                    .await
+                    .expect("warm"),
+            );
+            let started = Instant::now();
+            for _ in 0..iters {
+                let read = Read::get(url.clone()).immutable();
+                black_box(upstream.read(read).await.expect("a hit"));
+            }
+            started.elapsed()
+        })
+    };
+    let mut hits = hits;
+    g.bench_function("engine_cache_hit", |b| b.iter_custom(&mut hits));
+    let floor: moka::sync::Cache<String, Arc<Vec<u8>>> = moka::sync::Cache::new(1024);
+    let key = urls(0, 1)[0].to_string();
+    floor.insert(key.clone(), Arc::new(vec![0; 64]));
+    g.bench_function("moka_get", |b| {
+        b.iter(|| black_box(floor.get(black_box(&key)).expect("kept")))
+    });
 }
 
 pub(crate) fn paired_read_path(rt: &Runtime) -> (Paired, Paired) {
