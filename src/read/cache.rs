@@ -25,6 +25,7 @@
 
 use super::message::{Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
+use foldhash::fast::SeedableRandomState;
 use moka::sync::Cache;
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
@@ -36,7 +37,9 @@ const ENTRY_OVERHEAD: usize = 512;
 
 /// The engine's cache of immutable answers.
 pub(crate) struct ImmutableCache {
-    entries: Option<Cache<ReadKey, Kept>>,
+    /// Seeded foldhash: the key (a URL, headers) hashed in a fraction of
+    /// SipHash's time, and not predictable by whoever chooses the URLs.
+    entries: Option<Cache<ReadKey, Kept, SeedableRandomState>>,
 }
 
 /// An answer kept, and for how long (`None`: for ever).
@@ -71,7 +74,7 @@ impl ImmutableCache {
                     u32::try_from(weight).unwrap_or(u32::MAX)
                 })
                 .expire_after(PerEntry)
-                .build()
+                .build_with_hasher(crate::seed::random_state())
         });
         Self { entries }
     }

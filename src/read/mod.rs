@@ -178,7 +178,13 @@ impl<'a> Upstream<'a> {
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
     pub async fn read(&self, mut read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
         if read.is_checked() {
-            return Box::pin(self.checked(read)).await;
+            // A hit is answered here, with nothing to wait for; only a miss
+            // boxes its future.
+            let key = self.cache_key(&read);
+            if let Some(hit) = key.as_ref().and_then(|(key, _)| self.hit(&read, key)) {
+                return Ok(hit);
+            }
+            return Box::pin(self.checked(read, key)).await;
         }
         let auth = &self.reads.parts.auth;
         if auth.knows(&read) {
@@ -198,25 +204,39 @@ impl<'a> Upstream<'a> {
     /// answered from the engine's cache when kept there — nothing sent,
     /// nothing charged, reported — else read, checked against its digest,
     /// and kept.
-    async fn checked(&self, mut read: Read) -> ReadResult {
+    async fn checked(
+        &self,
+        mut read: Read,
+        key: Option<(ReadKey, Option<Duration>)>,
+    ) -> ReadResult {
         let parts = &self.reads.parts;
-        let key = (parts.cache).key(&read, parts.auth.identity(&read.url));
-        if let Some((key, _)) = &key {
-            let host = parts.host_table.resolve(&read.url);
-            if let Some(hit) = parts.cache.get(key) {
-                self.op.cache_hits.fetch_add(1, Relaxed);
-                bump(&self.reads.budget.stats().cache_hits);
-                host.metrics().cache_hits.increment(1);
-                return Ok(hit);
-            }
-            host.metrics().cache_misses.increment(1);
-        }
         let expected = read.take_check();
         let answer = cache::verified(self.read(read).await?, expected.as_deref())?;
         if let Some((key, ttl)) = key {
             parts.cache.keep(key, ttl, &answer);
         }
         Ok(answer)
+    }
+
+    /// The key `read` is kept under in the engine's cache, and for how
+    /// long; `None` when it is not kept.
+    fn cache_key(&self, read: &Read) -> Option<(ReadKey, Option<Duration>)> {
+        let parts = &self.reads.parts;
+        (parts.cache).key(read, parts.auth.identity(&read.url))
+    }
+
+    /// The answer kept under `key`, counted as a hit (or the miss counted).
+    fn hit(&self, read: &Read, key: &ReadKey) -> Option<Arc<UpstreamResponse>> {
+        let parts = &self.reads.parts;
+        let host = parts.host_table.resolve(&read.url);
+        let Some(hit) = parts.cache.get(key) else {
+            host.metrics().cache_misses.increment(1);
+            return None;
+        };
+        self.op.cache_hits.fetch_add(1, Relaxed);
+        bump(&self.reads.budget.stats().cache_hits);
+        host.metrics().cache_hits.increment(1);
+        Some(hit)
     }
 
     /// A read to an origin whose challenge is known: its credentials up
