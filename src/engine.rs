@@ -19,7 +19,7 @@ use crate::inbound::identity::{Caller, InternalToken};
 use crate::memory::MemoryPool;
 use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
-use crate::read::cache::ImmutableCache;
+use crate::read::cache::AnswerCache;
 use crate::read::coalesce::Coalesce;
 use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::read::quota::{QuotaBoard, Quotas};
@@ -212,7 +212,7 @@ impl EngineBuilder {
             max_answer_bytes: self.config.http.max_answer_bytes,
             auth: Auth::new(&self.config.upstreams),
             quotas,
-            cache: ImmutableCache::new(upstream.cache_bytes),
+            cache: AnswerCache::new(upstream.cache_bytes),
         });
         Engine {
             inner: Arc::new(EngineInner {

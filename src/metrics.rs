@@ -27,7 +27,7 @@
 //! | `fanout_budget_exhausted_total` | counter | — | reads refused `FANOUT_BUDGET_EXHAUSTED` |
 //! | `fanout_dedup_hits_total` | counter | — | reads answered by the request's de-duplication |
 //! | `fanout_coalesced_reads_total` | counter | `host` | reads answered by an identical read another request had in flight (`[hosts] coalesce`): not sent, not charged |
-//! | `fanout_cache_total` | counter | `host`, `outcome` | reads declared immutable, answered from the engine's cache (`hit`: not sent, not charged) or not (`miss`) |
+//! | `fanout_cache_total` | counter | `host`, `outcome` | reads the engine's cache may answer (declared immutable or fresh, or to a host with `cache_control`): answered from it (`hit`: not sent, not charged) or not (`miss`), and answers it kept (`stored`: once per entry) |
 //! | `fanout_requests_total` | counter | `caller` | inbound HTTP requests that ran |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
@@ -57,6 +57,7 @@ pub(crate) struct HostMetrics {
     pub(crate) coalesced: Counter,
     pub(crate) cache_hits: Counter,
     pub(crate) cache_misses: Counter,
+    pub(crate) cache_stored: Counter,
     pub(crate) latency: Histogram,
 }
 
@@ -77,6 +78,7 @@ impl HostMetrics {
             coalesced: counter!("fanout_coalesced_reads_total", "host" => h.clone()),
             cache_hits: counter!("fanout_cache_total", "host" => h.clone(), "outcome" => "hit"),
             cache_misses: counter!("fanout_cache_total", "host" => h.clone(), "outcome" => "miss"),
+            cache_stored: counter!("fanout_cache_total", "host" => h.clone(), "outcome" => "stored"),
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),
         }
     }

@@ -21,6 +21,14 @@ section! {
         /// what the read's headers say, must not be coalesced). See
         /// [`Upstream::read`](crate::read::Upstream::read).
         pub coalesce: bool = false,
+        /// Answers to `GET`s of this host are kept in the engine's cache
+        /// (`upstream.cache_bytes`) as their `Cache-Control`/`Expires` allow
+        /// a shared cache to (RFC 9111: `max-age`, `s-maxage`, `immutable`;
+        /// never `no-store`, `private` or `no-cache`), for as long as they
+        /// stay fresh — kept for the same credentials only, unless marked
+        /// `public` (off by default: an upstream's headers are trusted only
+        /// where the operator says so). See `src/read/cache.rs`.
+        pub cache_control: bool = false,
     }
 }
 

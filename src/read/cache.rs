@@ -1,21 +1,35 @@
-//! Reads that never need to happen: an engine-wide cache of answers to
-//! reads declared immutable ([`Read::immutable`]; content addressed by a
-//! digest never changes) or fresh for a while ([`Read::fresh_for`]: a
-//! staleness the caller accepts, for that long), shared by every inbound
-//! request.
+//! Reads that never need to happen: an engine-wide cache of answers,
+//! shared by every inbound request, to reads declared immutable
+//! ([`Read::immutable`]; content addressed by a digest never changes) or
+//! fresh for a while ([`Read::fresh_for`]: a staleness the caller accepts,
+//! for that long) — and, on a host whose table says `cache_control = true`,
+//! to any `GET` whose answer's `Cache-Control`/`Expires` let a shared cache
+//! keep it.
 //!
-//! - **What is kept**: a `2xx` answer to a `GET` declared immutable, whole
-//!   (a body the transport cut or refused is an error, never an answer),
-//!   and — for a read that names its SHA-256 ([`Read::sha256`]) — only when
-//!   the body's digest is that one: a lying upstream cannot plant content,
-//!   and the mismatch is the read's `UPSTREAM_ERROR`.
+//! - **What is kept**: a `2xx` answer, whole (a body the transport cut or
+//!   refused is an error, never an answer), and — for a read that names its
+//!   SHA-256 ([`Read::sha256`]) — only when the body's digest is that one: a
+//!   lying upstream cannot plant content, and the mismatch is the read's
+//!   `UPSTREAM_ERROR`. By the headers, the HTTP caching rules are
+//!   [`http_cache_semantics`]'s, as a shared cache applies them (RFC 9111),
+//!   with no heuristic freshness: kept while fresh (`max-age`, `s-maxage`,
+//!   `Expires`, less any `Age`; `immutable` alone for a day), never when the
+//!   answer says `no-store`, `private` or `no-cache` or varies on `*`.
 //! - **Whose it is**: the key is the read's identity for de-duplication —
 //!   method, URL, headers, body — so a caller's own `Authorization` keeps
 //!   two users' entries apart; a credential the engine attached
 //!   (`auth.rs`) counts as the identity it was issued to (the upstream's
 //!   origin and user, or anonymous), not as the token's bytes, so a token
 //!   refreshed every few minutes does not empty the cache. No read is
-//!   answered from an entry its own credentials did not fetch.
+//!   answered from an entry its own credentials did not fetch — unless the
+//!   upstream said any credentials may share it: an answer a shared cache
+//!   may keep even for a request with `Authorization` (RFC 9111 §3.5:
+//!   `public`, `s-maxage`, `must-revalidate`) is kept under a key without
+//!   credentials, which every read of the same URL and headers looks up
+//!   after its own.
+//! - **Filled once**: the first answer kept under a key stays until it
+//!   expires or is evicted; an identical miss that ended meanwhile (a
+//!   coalesced joiner, a race) adds nothing.
 //! - **What a hit costs**: nothing that guards the upstream — no budget, no
 //!   slot, no send. It is reported: the operation's `cacheHits`, the
 //!   request's counters, and `fanout_cache_total{host, outcome}`.
@@ -26,17 +40,25 @@
 use super::message::{Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
 use foldhash::fast::SeedableRandomState;
+use http_cache_semantics::{CacheOptions, CachePolicy, ResponseLike};
 use moka::sync::Cache;
 use sha2::{Digest as _, Sha256};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-/// An entry's weight beyond its body and key: the response's struct, its
-/// header map, the cache's own node.
-const ENTRY_OVERHEAD: usize = 512;
+/// An entry's weight beyond its body, its URL and its headers' bytes: the
+/// response's and the key's structs, the cache's own node, its places in
+/// the cache's queues and timer wheel, the allocator's rounding — measured
+/// (`tests/cache_memory.rs`: what the process holds for a full cache stays
+/// within its bound).
+const ENTRY_OVERHEAD: usize = 1024;
 
-/// The engine's cache of immutable answers.
-pub(crate) struct ImmutableCache {
+/// What each header of an answer holds beyond its name and value: its slot
+/// in the header map, its index, the value's own allocation.
+const HEADER_OVERHEAD: usize = 96;
+
+/// The engine's cache of answers.
+pub(crate) struct AnswerCache {
     /// Seeded foldhash: the key (a URL, headers) hashed in a fraction of
     /// SipHash's time, and not predictable by whoever chooses the URLs.
     entries: Option<Cache<ReadKey, Kept, SeedableRandomState>>,
@@ -49,7 +71,7 @@ struct Kept {
     ttl: Option<Duration>,
 }
 
-/// Each entry lives as long as its read said.
+/// Each entry lives as long as its read (or its headers) said.
 struct PerEntry;
 
 impl moka::Expiry<ReadKey, Kept> for PerEntry {
@@ -63,15 +85,31 @@ impl moka::Expiry<ReadKey, Kept> for PerEntry {
     }
 }
 
-impl ImmutableCache {
+/// Where a read is looked for, and how its answer is kept.
+pub(crate) struct Lookup {
+    /// The read's own key: its identity, and whose credentials the engine
+    /// sends.
+    key: ReadKey,
+    rule: Rule,
+}
+
+/// How long an answer may be kept.
+#[derive(Clone, Copy)]
+enum Rule {
+    /// As the read declared: for ever (`None`) or this long.
+    Declared(Option<Duration>),
+    /// As the answer's headers say (the host's `cache_control`).
+    Headers,
+}
+
+impl AnswerCache {
     /// A cache of at most `bytes` (0: none).
     pub(crate) fn new(bytes: u64) -> Self {
         let entries = (bytes > 0).then(|| {
             Cache::builder()
                 .max_capacity(bytes)
                 .weigher(|key: &ReadKey, kept: &Kept| {
-                    let weight = kept.answer.body.len() + key.weight() + ENTRY_OVERHEAD;
-                    u32::try_from(weight).unwrap_or(u32::MAX)
+                    u32::try_from(weight(key, &kept.answer)).unwrap_or(u32::MAX)
                 })
                 .expire_after(PerEntry)
                 .build_with_hasher(crate::seed::random_state())
@@ -79,35 +117,65 @@ impl ImmutableCache {
         Self { entries }
     }
 
-    /// The key `read` is kept under and for how long, if it may be kept: a
-    /// `GET` declared immutable or fresh for a while, with the cache on.
+    /// Where `read` is looked for, if it may be kept: a `GET` (or `HEAD`)
+    /// declared immutable or fresh for a while, or — `by_headers`, its
+    /// host's `cache_control` — any `GET`; with the cache on.
     /// `credential`: whom the credentials the engine sends to its upstream
     /// belong to.
-    pub(crate) fn key(
+    pub(crate) fn lookup(
         &self,
         read: &Read,
         credential: Option<Arc<str>>,
-    ) -> Option<(ReadKey, Option<Duration>)> {
-        let ttl = read.keep_for()?;
-        let safe = matches!(read.method, http::Method::GET | http::Method::HEAD);
-        let cacheable = safe && self.entries.is_some();
-        cacheable.then(|| (ReadKey::cached(read, credential), ttl))
-    }
-
-    /// The answer kept under `key`.
-    pub(crate) fn get(&self, key: &ReadKey) -> Option<Arc<UpstreamResponse>> {
-        Some(self.entries.as_ref()?.get(key)?.answer)
-    }
-
-    /// Keeps `answer` under `key` for `ttl` (`None`: for ever) if it may be
-    /// kept (a `2xx`).
-    pub(crate) fn keep(&self, key: ReadKey, ttl: Option<Duration>, answer: &Arc<UpstreamResponse>) {
-        if let Some(entries) = &self.entries {
-            if answer.status.is_success() {
-                let answer = answer.clone();
-                entries.insert(key, Kept { answer, ttl });
+        by_headers: bool,
+    ) -> Option<Lookup> {
+        self.entries.as_ref()?;
+        let rule = match read.keep_for() {
+            Some(ttl) if matches!(read.method, http::Method::GET | http::Method::HEAD) => {
+                Rule::Declared(ttl)
             }
+            None if by_headers && read.method == http::Method::GET => Rule::Headers,
+            _ => return None,
+        };
+        let key = ReadKey::cached(read, credential);
+        Some(Lookup { key, rule })
+    }
+
+    /// The answer kept for `lookup`: under its own key, or — by the
+    /// headers — under the key any credentials share.
+    pub(crate) fn get(&self, lookup: &Lookup) -> Option<Arc<UpstreamResponse>> {
+        let entries = self.entries.as_ref()?;
+        if let Some(kept) = entries.get(&lookup.key) {
+            return Some(kept.answer);
         }
+        match lookup.rule {
+            Rule::Headers => Some(entries.get(&lookup.key.shared())?.answer),
+            Rule::Declared(_) => None,
+        }
+    }
+
+    /// Keeps `answer` for `lookup` if it may be kept (a `2xx`; by the
+    /// headers, one they let a shared cache keep and still fresh) and
+    /// nothing is kept there yet. Whether it was kept.
+    pub(crate) fn keep(&self, lookup: Lookup, answer: &Arc<UpstreamResponse>) -> bool {
+        let Some(entries) = &self.entries else {
+            return false;
+        };
+        if !answer.status.is_success() {
+            return false;
+        }
+        let (key, ttl) = match lookup.rule {
+            Rule::Declared(ttl) => (lookup.key, ttl),
+            Rule::Headers => match by_headers(&lookup.key, answer) {
+                Some(Fresh { ttl, shared: true }) => (lookup.key.shared(), Some(ttl)),
+                Some(Fresh { ttl, shared: false }) => (lookup.key, Some(ttl)),
+                None => return false,
+            },
+        };
+        let kept = || Kept {
+            answer: answer.clone(),
+            ttl,
+        };
+        entries.entry(key).or_insert_with(kept).is_fresh()
     }
 
     /// The bytes the entries weigh now.
@@ -116,6 +184,65 @@ impl ImmutableCache {
             e.run_pending_tasks();
             e.weighted_size()
         })
+    }
+}
+
+/// The bytes an entry holds, roughly: its body, its key, its headers, and
+/// what every entry costs.
+fn weight(key: &ReadKey, answer: &UpstreamResponse) -> usize {
+    let headers: usize = (answer.headers.iter())
+        .map(|(name, value)| name.as_str().len() + value.len() + HEADER_OVERHEAD)
+        .sum();
+    answer.body.len() + answer.host.len() + headers + key.weight() + ENTRY_OVERHEAD
+}
+
+/// What an answer's headers allow: kept this long, and for any credentials
+/// or only the read's own.
+struct Fresh {
+    ttl: Duration,
+    shared: bool,
+}
+
+/// What `answer`'s headers allow a shared cache to do with it, answering
+/// the request `key` describes: nothing (`None`), or keep it while fresh —
+/// for any credentials when a shared cache could keep it even for a
+/// request with `Authorization` (RFC 9111 §3.5).
+fn by_headers(key: &ReadKey, answer: &UpstreamResponse) -> Option<Fresh> {
+    let options = CacheOptions {
+        shared: true,
+        // Fresh only as long as the upstream said: no guess from
+        // `Last-Modified`.
+        cache_heuristic: 0.0,
+        ..CacheOptions::default()
+    };
+    let now = SystemTime::now();
+    let response = Answer(answer);
+    let fresh = |authorized: bool| {
+        let request = key.request(authorized)?;
+        let policy = CachePolicy::new_options(&request, &response, now, options.clone());
+        let fresh = policy.is_storable()
+            && policy
+                .before_request(&request, now)
+                .satisfies_without_revalidation();
+        let ttl = policy.time_to_live(now);
+        (fresh && !ttl.is_zero()).then_some(ttl)
+    };
+    if let Some(ttl) = fresh(true) {
+        return Some(Fresh { ttl, shared: true });
+    }
+    fresh(false).map(|ttl| Fresh { ttl, shared: false })
+}
+
+/// An answer, as the HTTP caching rules see it.
+struct Answer<'a>(&'a UpstreamResponse);
+
+impl ResponseLike for Answer<'_> {
+    fn status(&self) -> http::StatusCode {
+        self.0.status
+    }
+
+    fn headers(&self) -> &http::HeaderMap {
+        &self.0.headers
     }
 }
 

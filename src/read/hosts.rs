@@ -339,14 +339,17 @@ struct HostState {
     metrics: OnceLock<HostMetrics>,
     /// Its `[hosts]` table says `coalesce = true`.
     coalesce: bool,
+    /// Its `[hosts]` table says `cache_control = true`.
+    cache_control: bool,
 }
 
 impl HostState {
-    fn new(label: &str, coalesce: bool) -> Arc<Self> {
+    fn new(label: &str, config: &HostConfig) -> Arc<Self> {
         Arc::new(Self {
             label: label.into(),
             metrics: OnceLock::new(),
-            coalesce,
+            coalesce: config.coalesce,
+            cache_control: config.cache_control,
         })
     }
 }
@@ -383,6 +386,8 @@ impl HostEntry {
 pub(crate) struct HostTable {
     own: HashMap<Box<str>, Arc<HostState>, SeedableRandomState>,
     other: Arc<HostState>,
+    /// Some host's table says `cache_control = true`.
+    any_cache_control: bool,
 }
 
 impl HostTable {
@@ -392,16 +397,24 @@ impl HostTable {
         known: impl IntoIterator<Item = &'k str>,
     ) -> Self {
         let mut own = HashMap::with_hasher(random_state());
+        let unlisted = HostConfig::default();
         for name in known {
-            own.insert(name.into(), HostState::new(name, false));
+            own.insert(name.into(), HostState::new(name, &unlisted));
         }
         for (name, config) in hosts {
-            own.insert(name.as_str().into(), HostState::new(name, config.coalesce));
+            own.insert(name.as_str().into(), HostState::new(name, config));
         }
         Self {
             own,
-            other: HostState::new(OTHER_HOSTS, false),
+            other: HostState::new(OTHER_HOSTS, &unlisted),
+            any_cache_control: hosts.values().any(|h| h.cache_control),
         }
+    }
+
+    /// Whether answers from `url`'s host are kept as their `Cache-Control`
+    /// says (its table's `cache_control`); free when no table says so.
+    pub(crate) fn cache_control(&self, url: &reqwest::Url) -> bool {
+        self.any_cache_control && self.resolve(url).state.cache_control
     }
 
     /// The entry for `url`'s host. Its name is written on the stack to be

@@ -57,6 +57,8 @@ pub(crate) struct Extras {
     pub(crate) fresh_for: Option<std::time::Duration>,
     /// The SHA-256 (lowercase hex) its body must have (`read/cache.rs`).
     pub(crate) sha256: Option<Box<str>>,
+    /// The engine's cache was looked at for it already (`read/cache.rs`).
+    pub(crate) cache_done: bool,
 }
 
 impl Read {
@@ -104,9 +106,16 @@ impl Read {
         }
     }
 
-    /// Takes its check (immutable, SHA-256) off: the SHA-256 it named.
+    /// Whether the engine's cache was looked at for it already.
+    pub(crate) fn cache_done(&self) -> bool {
+        self.extras.as_ref().is_some_and(|e| e.cache_done)
+    }
+
+    /// Takes its check (immutable, SHA-256) off, and marks the cache as
+    /// looked at: the SHA-256 it named.
     pub(crate) fn take_check(&mut self) -> Option<Box<str>> {
-        let extras = self.extras.as_mut()?;
+        let extras = self.extras();
+        extras.cache_done = true;
         extras.immutable = false;
         extras.fresh_for = None;
         extras.sha256.take()
@@ -394,6 +403,9 @@ pub(crate) struct ReadKey {
     /// In the cache's keys: who the credentials the engine sends to the
     /// read's upstream belong to (`read/auth.rs`).
     credential: Option<Arc<str>>,
+    /// In the cache's keys: an answer any credentials may share
+    /// (`read/cache.rs`); no credential, no `Authorization`.
+    shared: bool,
 }
 
 impl ReadKey {
@@ -406,6 +418,7 @@ impl ReadKey {
             body: read.body.clone(),
             key: read.key.clone(),
             credential: None,
+            shared: false,
         })
     }
 
@@ -419,7 +432,44 @@ impl ReadKey {
             body: read.body.clone(),
             key: read.key.clone(),
             credential,
+            shared: false,
         }
+    }
+
+    /// The key an answer any credentials may share is kept under: this one
+    /// without its credentials.
+    pub(crate) fn shared(&self) -> Self {
+        let headers = (self.headers.iter())
+            .filter(|(name, _)| name != http::header::AUTHORIZATION)
+            .cloned()
+            .collect();
+        Self {
+            method: self.method.clone(),
+            url: self.url.clone(),
+            headers,
+            body: self.body.clone(),
+            key: self.key.clone(),
+            credential: None,
+            shared: true,
+        }
+    }
+
+    /// The request the key names, as the HTTP caching rules see it: its
+    /// method, URL and headers, with an `Authorization` (a stand-in) if
+    /// `authorized`, else none.
+    pub(crate) fn request(&self, authorized: bool) -> Option<http::Request<()>> {
+        let mut request = http::Request::builder()
+            .method(self.method.clone())
+            .uri(&*self.url);
+        for (name, value) in &self.headers {
+            if name != http::header::AUTHORIZATION {
+                request = request.header(name, value);
+            }
+        }
+        if authorized {
+            request = request.header(http::header::AUTHORIZATION, "credentials");
+        }
+        request.body(()).ok()
     }
 
     /// The bytes the key holds, roughly (the cache weighs its entries).

@@ -51,7 +51,7 @@ use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics;
 use auth::{Answer, Auth, Before, TokenFetch};
 use budget::{bump, InFlightSlot, Pending, ReadStats, TimedOut};
-use cache::ImmutableCache;
+use cache::AnswerCache;
 use coalesce::{Coalesce, Flight, Role};
 use dedup::{Dedup, Origin};
 use hosts::{HostEntry, HostTable};
@@ -88,8 +88,8 @@ pub(crate) struct ReadParts {
     pub(crate) auth: Auth,
     /// What each host said it has left of its own quota.
     pub(crate) quotas: Arc<Quotas>,
-    /// The answers to reads declared immutable (`upstream.cache_bytes`).
-    pub(crate) cache: ImmutableCache,
+    /// The answers kept for every request (`upstream.cache_bytes`).
+    pub(crate) cache: AnswerCache,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
@@ -177,16 +177,19 @@ impl<'a> Upstream<'a> {
     /// joined (`coalesce.rs`); a `401` with a challenge is answered
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
     pub async fn read(&self, mut read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
-        if read.is_checked() {
+        let parts = &self.reads.parts;
+        let by_headers = !read.cache_done() && parts.host_table.cache_control(&read.url);
+        if read.is_checked() || by_headers {
             // A hit is answered here, with nothing to wait for; only a miss
             // boxes its future.
-            let key = self.cache_key(&read);
-            if let Some(hit) = key.as_ref().and_then(|(key, _)| self.hit(&read, key)) {
+            let identity = parts.auth.identity(&read.url);
+            let lookup = parts.cache.lookup(&read, identity, by_headers);
+            if let Some(hit) = lookup.as_ref().and_then(|l| self.hit(&read, l)) {
                 return Ok(hit);
             }
-            return Box::pin(self.checked(read, key)).await;
+            return Box::pin(self.checked(read, lookup)).await;
         }
-        let auth = &self.reads.parts.auth;
+        let auth = &parts.auth;
         if auth.knows(&read) {
             // Boxed, as every step of authentication: the common path's
             // future stays small (a read waiting on an identical one holds it).
@@ -199,37 +202,30 @@ impl<'a> Upstream<'a> {
         Box::pin(self.challenged(read, response, None)).await
     }
 
-    /// A read declared immutable or fresh for a while, or addressed by its
-    /// digest (`cache.rs`):
-    /// answered from the engine's cache when kept there — nothing sent,
-    /// nothing charged, reported — else read, checked against its digest,
+    /// A read the engine's cache may answer (`cache.rs`) — declared
+    /// immutable or fresh for a while, addressed by its digest, or to a
+    /// host whose answers are kept as their headers say — that it did not:
+    /// read (the cache not looked at again), checked against its digest,
     /// and kept.
-    async fn checked(
-        &self,
-        mut read: Read,
-        key: Option<(ReadKey, Option<Duration>)>,
-    ) -> ReadResult {
+    async fn checked(&self, mut read: Read, lookup: Option<cache::Lookup>) -> ReadResult {
         let parts = &self.reads.parts;
         let expected = read.take_check();
+        let host = lookup.as_ref().map(|_| parts.host_table.resolve(&read.url));
         let answer = cache::verified(self.read(read).await?, expected.as_deref())?;
-        if let Some((key, ttl)) = key {
-            parts.cache.keep(key, ttl, &answer);
+        if let (Some(lookup), Some(host)) = (lookup, host) {
+            if parts.cache.keep(lookup, &answer) {
+                host.metrics().cache_stored.increment(1);
+            }
         }
         Ok(answer)
     }
 
-    /// The key `read` is kept under in the engine's cache, and for how
-    /// long; `None` when it is not kept.
-    fn cache_key(&self, read: &Read) -> Option<(ReadKey, Option<Duration>)> {
-        let parts = &self.reads.parts;
-        (parts.cache).key(read, parts.auth.identity(&read.url))
-    }
-
-    /// The answer kept under `key`, counted as a hit (or the miss counted).
-    fn hit(&self, read: &Read, key: &ReadKey) -> Option<Arc<UpstreamResponse>> {
+    /// The answer the engine's cache keeps for `lookup`, counted as a hit
+    /// (or the miss counted).
+    fn hit(&self, read: &Read, lookup: &cache::Lookup) -> Option<Arc<UpstreamResponse>> {
         let parts = &self.reads.parts;
         let host = parts.host_table.resolve(&read.url);
-        let Some(hit) = parts.cache.get(key) else {
+        let Some(hit) = parts.cache.get(lookup) else {
             host.metrics().cache_misses.increment(1);
             return None;
         };

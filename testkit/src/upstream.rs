@@ -123,7 +123,10 @@ fn enter(seen: &Arc<Seen>, path: String) -> InFlight {
 /// - `/loop/a` ↔ `/loop/b`; `/chain/N` → `/chain/N+1` for ever;
 ///   `/to/PORT` → `http://127.0.0.1:PORT/ok`; `/file` → `file:///etc/passwd`;
 /// - `/endless`: a body that never ends (counted in [`Seen::streamed`]);
-///   `/trickle`: one that never ends, 16 bytes every 10 ms.
+///   `/trickle`: one that never ends, 16 bytes every 10 ms;
+/// - `/headers/{name}?H=V&…`: `200`, each query pair a response header
+///   (`/headers/a?cache-control=max-age%3D60`), the body `{name} #{n}` for
+///   the `n`th request of that path.
 #[derive(Debug)]
 pub struct Upstream {
     /// Its loopback address.
@@ -150,7 +153,8 @@ impl Upstream {
             .route("/chain/{n}", get(chain))
             .route("/to/{port}", get(to_port))
             .route("/endless", get(endless))
-            .route("/trickle", get(trickle));
+            .route("/trickle", get(trickle))
+            .route("/headers/{name}", get(with_headers));
         for path in FIXED {
             app = app.route(path, get(fixed));
         }
@@ -231,6 +235,23 @@ async fn fixed(State(s): State<Arc<Seen>>, uri: Uri) -> Response {
         "/file" => found("file:///etc/passwd".into()),
         other => unreachable!("no fixed answer for {other}"),
     }
+}
+
+async fn with_headers(
+    State(s): State<Arc<Seen>>,
+    Path(name): Path<String>,
+    axum::extract::Query(pairs): axum::extract::Query<Vec<(String, String)>>,
+) -> Response {
+    let path = format!("/headers/{name}");
+    let _g = enter(&s, path.clone());
+    let n = s.count(&path);
+    let mut response = format!("{name} #{n}").into_response();
+    for (name, value) in pairs {
+        let name = header::HeaderName::try_from(name).expect("a header name");
+        let value = header::HeaderValue::try_from(value).expect("a header value");
+        response.headers_mut().append(name, value);
+    }
+    response
 }
 
 async fn redirect_loop(State(s): State<Arc<Seen>>, Path(side): Path<String>) -> Response {

@@ -302,6 +302,7 @@ async fn a_read_that_joins_leaves_the_local_queue_and_the_pool() {
         max_concurrent: CAP,
         acquire_wait_ms: 2_000,
         coalesce: true,
+        ..HostConfig::default()
     };
     let mut settings = Config::default();
     settings.budget.read_timeout_ms = 60_000;
