@@ -149,7 +149,17 @@ async fn credentials_keep_entries_apart_unless_the_upstream_says_public() {
     assert_eq!(bob, ("all #1".into(), 0, 1), "public: shared");
     let anonymous = one(&engine, get(&upstream, "all", &[("cache-control", all)])).await;
     assert_eq!(anonymous, ("all #1".into(), 0, 1));
-    assert_eq!(upstream.requests(), 4);
+    // Public, but varying on the credentials: each reader's own.
+    let per_user = |token: &'static str| {
+        let pairs = [("cache-control", all), ("vary", "Authorization")];
+        get(&upstream, "varies", &pairs)
+            .header(header::AUTHORIZATION, HeaderValue::from_static(token))
+    };
+    assert_eq!(one(&engine, per_user("Bearer alice")).await.1, 1);
+    let bob = one(&engine, per_user("Bearer bob")).await;
+    assert_eq!(bob, ("varies #2".into(), 1, 0), "bob's own read");
+    assert_eq!(one(&engine, per_user("Bearer alice")).await.2, 1);
+    assert_eq!(upstream.requests(), 6);
 }
 
 #[tokio::test]

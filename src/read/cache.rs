@@ -227,7 +227,10 @@ fn by_headers(key: &ReadKey, answer: &UpstreamResponse) -> Option<Fresh> {
         let ttl = policy.time_to_live(now);
         (fresh && !ttl.is_zero()).then_some(ttl)
     };
-    if let Some(ttl) = fresh(true) {
+    // An answer that varies on any request header is kept for the same
+    // headers and credentials only: the shared key drops `Authorization`.
+    let varies = answer.headers.contains_key(http::header::VARY);
+    if let Some(ttl) = fresh(true).filter(|_| !varies) {
         return Some(Fresh { ttl, shared: true });
     }
     fresh(false).map(|ttl| Fresh { ttl, shared: false })
