@@ -16,6 +16,7 @@ use crate::cost::CostTable;
 use crate::document::cache::Documents;
 use crate::document::persisted::PersistedQueries;
 use crate::inbound::identity::{Caller, InternalToken};
+use crate::inbound::quota::{ClientQuota, QuotaStore};
 use crate::memory::MemoryPool;
 use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
@@ -25,7 +26,7 @@ use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::read::quota::{QuotaBoard, Quotas};
 use crate::read::transport::{HttpTransport, Transport};
 use crate::read::{ReadParts, RequestReads};
-use crate::request::FanoutRequest;
+use crate::request::{FanoutRequest, Pricing};
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -56,6 +57,8 @@ struct EngineInner {
     documents: Documents,
     /// Apollo persisted queries' texts by hash (`http.persisted_queries_bytes`).
     persisted: PersistedQueries,
+    /// The clients' read quotas (`[quota]`), when any class has one.
+    quota: Option<Arc<ClientQuota>>,
 }
 
 /// Builds an [`Engine`] with non-default parts.
@@ -78,6 +81,7 @@ pub struct EngineBuilder {
     costs: Option<CostTable>,
     known_hosts: Vec<String>,
     quota_board: Option<Arc<dyn QuotaBoard>>,
+    quota_store: Option<Arc<dyn QuotaStore>>,
 }
 
 impl std::fmt::Debug for EngineBuilder {
@@ -120,6 +124,14 @@ impl EngineBuilder {
     /// replica until the time it gave.
     pub fn quota_board(mut self, board: Arc<dyn QuotaBoard>) -> Self {
         self.quota_board = Some(board);
+        self
+    }
+
+    /// Keeps the clients' read quotas (`[quota]`) in `store`, shared by the
+    /// fleet (Redis: `backends::redis::SharedLimits::quota_store`), instead
+    /// of in process; while it is down, `redis.failure_mode` applies.
+    pub fn quota_store(mut self, store: Arc<dyn QuotaStore>) -> Self {
+        self.quota_store = Some(store);
         self
     }
 
@@ -214,6 +226,11 @@ impl EngineBuilder {
             quotas,
             cache: AnswerCache::new(upstream.cache_bytes),
         });
+        let mode = self.config.redis.failure_mode;
+        let quota = ClientQuota::new(&self.config).map(|quota| match self.quota_store {
+            Some(store) => Arc::new(quota.shared(store, mode)),
+            None => Arc::new(quota),
+        });
         Engine {
             inner: Arc::new(EngineInner {
                 config: self.config,
@@ -222,6 +239,7 @@ impl EngineBuilder {
                 costs: self.costs,
                 documents,
                 persisted,
+                quota,
             }),
         }
     }
@@ -243,6 +261,7 @@ impl Engine {
             costs: None,
             known_hosts: Vec::new(),
             quota_board: None,
+            quota_store: None,
         }
     }
 
@@ -294,15 +313,19 @@ impl Engine {
             .unwrap_or_else(|| self.identify(&parts.headers));
         crate::metrics::request(caller == Caller::Internal);
         let queries_only = parts.method == http::Method::GET;
-        self.open(caller, parts.extensions.clone(), queries_only)
+        self.open(caller, parts.extensions.clone(), queries_only, Some(parts))
     }
 
     /// Opens the budget and de-duplication scope of one inbound HTTP request.
     ///
     /// The deadline starts now; the limit depends on who calls
     /// (`max_reads`, or `internal_max_reads` for [`Caller::Internal`]).
+    /// Without the HTTP request there is no client to key a read quota by:
+    /// with `[quota]` on for the caller's class, the request is refused
+    /// before its first read (the integrations open scopes from the HTTP
+    /// request, and key the quota by its client).
     pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
-        self.open(caller, http::Extensions::new(), false)
+        self.open(caller, http::Extensions::new(), false, None)
     }
 
     fn open(
@@ -310,6 +333,7 @@ impl Engine {
         caller: Caller,
         extensions: http::Extensions,
         queries_only: bool,
+        parts: Option<&http::request::Parts>,
     ) -> FanoutRequest {
         let b = &self.config().budget;
         let limit = match caller {
@@ -318,12 +342,17 @@ impl Engine {
         };
         let budget =
             RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
-        let price_first = b.refuse_over_estimate && self.costs().is_some();
+        let pricing = Pricing {
+            costs: self.costs().is_some(),
+            refuse_over: b.refuse_over_estimate,
+        };
+        let ticket = (self.inner.quota.as_ref()).and_then(|quota| quota.ticket(caller, parts));
         FanoutRequest::new(
             RequestReads::new(self.inner.reads.clone(), budget),
             caller,
             extensions,
-            price_first,
+            pricing,
+            ticket,
             queries_only,
             self.config().http.max_body_bytes,
         )

@@ -320,6 +320,23 @@ pub enum Rejection {
         /// Whole seconds until a request would be admitted (at least 1).
         retry_after_secs: u64,
     },
+    /// The client's read quota (`[quota]`) cannot cover the request's
+    /// reservation (429, `Retry-After`, `RateLimit-Policy` / `RateLimit` of
+    /// the quota).
+    QuotaExhausted {
+        /// The quota's name in the `RateLimit` fields (`reads`, `internal-reads`).
+        policy: &'static str,
+        /// Reads per period.
+        quota: u64,
+        /// The period, in seconds.
+        period_secs: u64,
+        /// The most reads the quota holds (its burst).
+        limit: u64,
+        /// Reads that fit now (fewer than the reservation).
+        remaining: u64,
+        /// Milliseconds until the reservation would fit (at least 1).
+        retry_after_ms: u64,
+    },
     /// A shared-state backend is down and `failure_mode = "closed"` (503).
     Unavailable {
         /// Which backend, for humans.
@@ -382,6 +399,7 @@ impl Rejection {
             Self::Overloaded { .. } => "OVERLOADED",
             Self::RequestTimeout { .. } => "REQUEST_TIMEOUT",
             Self::RateLimited { .. } => "RATE_LIMITED",
+            Self::QuotaExhausted { .. } => "QUOTA_EXHAUSTED",
             Self::Unavailable { .. } => "UNAVAILABLE",
             Self::ResponseTooLarge { .. } => "RESPONSE_TOO_LARGE",
             Self::Misconfigured { .. } => "INTERNAL_SERVER_ERROR",
@@ -397,7 +415,9 @@ impl Rejection {
             }
             Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Self::RateLimited { .. } | Self::QuotaExhausted { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResponseTooLarge { .. } => StatusCode::OK,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -419,6 +439,16 @@ impl Rejection {
             Self::RequestTimeout { timeout_ms } => ext["timeoutMs"] = (*timeout_ms).into(),
             Self::RateLimited { retry_after_secs } => {
                 ext["retryAfter"] = (*retry_after_secs).into()
+            }
+            Self::QuotaExhausted {
+                limit,
+                remaining,
+                retry_after_ms,
+                ..
+            } => {
+                ext["limit"] = (*limit).into();
+                ext["remaining"] = (*remaining).into();
+                ext["retryAfterMs"] = (*retry_after_ms).into();
             }
             Self::BadRequest { .. }
             | Self::Unavailable { .. }
@@ -462,6 +492,28 @@ impl IntoResponse for Rejection {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, retry_after_secs.into());
         }
+        if let Self::QuotaExhausted {
+            policy,
+            quota,
+            period_secs,
+            remaining,
+            retry_after_ms,
+            ..
+        } = self
+        {
+            let secs = retry_after_ms.div_ceil(1000).max(1);
+            let headers = response.headers_mut();
+            headers.insert(header::RETRY_AFTER, secs.into());
+            let fields = [
+                ("ratelimit-policy", format!("\"{policy}\";q={quota};w={period_secs}")),
+                ("ratelimit", format!("\"{policy}\";r={remaining};t={secs}")),
+            ];
+            for (name, value) in fields {
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    headers.append(name, value);
+                }
+            }
+        }
         if let Self::Overloaded { .. } = self {
             response
                 .headers_mut()
@@ -485,6 +537,16 @@ impl fmt::Display for Rejection {
             Self::RateLimited { retry_after_secs } => {
                 write!(f, "rate limited: retry after {retry_after_secs} s")
             }
+            Self::QuotaExhausted {
+                policy,
+                remaining,
+                retry_after_ms,
+                ..
+            } => write!(
+                f,
+                "the client's read quota ({policy}) has {remaining} reads left, fewer than the \
+                 request reserves: retry after {retry_after_ms} ms"
+            ),
             Self::Unavailable { message } => write!(f, "unavailable: {message}"),
             Self::ResponseTooLarge { max } => {
                 write!(f, "the answer would be larger than {max} bytes")

@@ -30,6 +30,7 @@
 //! | `fanout_cache_total` | counter | `host`, `outcome` | reads the engine's cache may answer (declared immutable or fresh, or to a host with `cache_control`): answered from it (`hit`: not sent, not charged) or not (`miss`), and answers it kept (`stored`: once per entry) |
 //! | `fanout_requests_total` | counter | `caller` | inbound HTTP requests that ran |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
+//! | `fanout_quota_reads_total` | counter | `class`, `outcome` | reads of the clients' read quotas (`[quota]`), by class (`reads`, `internal-reads`): `reserved` before requests ran, `refunded` after (reserved, not spent), `refused` (asked by requests answered 429 `QUOTA_EXHAUSTED`) |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
@@ -113,6 +114,12 @@ pub(crate) fn dedup_hit() {
 pub(crate) fn request(internal: bool) {
     counter!("fanout_requests_total", "caller" => if internal { "internal" } else { "public" })
         .increment(1);
+}
+
+/// `n` reads of a client's quota `reserved`, `refunded` or `refused`, by
+/// quota class (`reads`, `internal-reads`; never a label per client).
+pub(crate) fn quota_reads(class: &'static str, outcome: &'static str, n: u64) {
+    counter!("fanout_quota_reads_total", "class" => class, "outcome" => outcome).increment(n);
 }
 
 pub(crate) fn rate_limited() {

@@ -8,14 +8,19 @@
 //! (the integrations put it into the operation's data), and a resolver
 //! reaches the acquisition point with [`FanoutContext::upstream`].
 //!
-//! The scope also holds the batch's **pricing barrier**: with
-//! `refuse_over_estimate` and a cost table, no operation runs before every
-//! operation of the batch is priced, and all are refused together when
-//! their worst case exceeds the budget. Both integrations use it.
+//! The scope also holds the batch's **pricing barrier**: with a cost table
+//! and `refuse_over_estimate` or a read quota, no operation runs before
+//! every operation of the batch is priced; then all are refused together
+//! when their worst case exceeds the budget (`refuse_over_estimate`), and
+//! the batch's **reservation** on its client's read quota is taken, once,
+//! before any read (`inbound/quota.rs`): the budget becomes what it
+//! reserved, and when the scope is dropped — the request answered or
+//! cancelled — what it did not spend goes back. Both integrations use it.
 
 use crate::config::HttpConfig;
 use crate::error::{refused, stopped, OperationError, Rejection};
 use crate::inbound::identity::Caller;
+use crate::inbound::quota::{QuotaStatus, Reservation, Ticket};
 use crate::memory::{RequestMemory, Trip};
 use crate::read::budget::RequestBudget;
 use crate::read::{OperationReads, RequestReads, Upstream};
@@ -51,9 +56,16 @@ struct Scope {
     /// The HTTP request's typed extensions, carried into the scope (what a
     /// middleware put there: an authenticated user, a tenant).
     extensions: http::Extensions,
-    /// Whether the batch is priced before it runs (`refuse_over_estimate`
-    /// with a cost table).
+    /// Whether the batch is priced before it runs (a cost table, with
+    /// `refuse_over_estimate` or a read quota).
     price_first: bool,
+    /// Whether a batch priced over its budget is refused
+    /// (`refuse_over_estimate` with a cost table).
+    refuse_over: bool,
+    /// The client's read quota, when its class has one.
+    quota: Option<Ticket>,
+    /// The batch's reservation on it, taken once before any read.
+    reservation: tokio::sync::OnceCell<Result<Reservation, Rejection>>,
     /// Operations of the batch not yet priced, once announced.
     unpriced: OnceLock<watch::Sender<usize>>,
     /// Opened for a `GET`: only queries may run (a page on another site
@@ -73,7 +85,8 @@ impl FanoutRequest {
         reads: RequestReads,
         caller: Caller,
         extensions: http::Extensions,
-        price_first: bool,
+        priced: Pricing,
+        quota: Option<Ticket>,
         queries_only: bool,
         max_text_bytes: usize,
     ) -> Self {
@@ -82,12 +95,34 @@ impl FanoutRequest {
                 reads,
                 caller,
                 extensions,
-                price_first,
+                price_first: priced.costs && (priced.refuse_over || quota.is_some()),
+                refuse_over: priced.costs && priced.refuse_over,
+                quota,
+                reservation: tokio::sync::OnceCell::new(),
                 unpriced: OnceLock::new(),
                 queries_only,
                 text_bytes: AtomicU64::new(0),
                 max_text_bytes: max_text_bytes as u64,
             }),
+        }
+    }
+}
+
+/// How a request's operations are priced.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pricing {
+    /// A cost table prices them.
+    pub(crate) costs: bool,
+    /// `refuse_over_estimate`.
+    pub(crate) refuse_over: bool,
+}
+
+impl Drop for Scope {
+    /// Settles the reservation: what was reserved and not charged goes
+    /// back (a read charged is spent, answered or not).
+    fn drop(&mut self) {
+        if let Some(Ok(reservation)) = self.reservation.take() {
+            reservation.settle(self.reads.budget().used());
         }
     }
 }
@@ -140,10 +175,46 @@ impl FanoutRequest {
             return Some(OperationError::DeadlineExceeded);
         }
         let requested = budget.requested();
-        (requested > budget.limit()).then(|| OperationError::EstimateExceedsBudget {
-            requested,
-            limit: budget.limit(),
+        (self.inner.refuse_over && requested > budget.limit()).then(|| {
+            OperationError::EstimateExceedsBudget {
+                requested,
+                limit: budget.limit(),
+            }
         })
+    }
+
+    /// Takes the batch's reservation on its client's read quota, once,
+    /// after [`refusal`](Self::refusal) and before any read: its
+    /// `requested` when a cost table priced it, else its budget; the budget
+    /// is lowered to what was reserved. `Some`: the whole request is refused
+    /// (429 `QUOTA_EXHAUSTED`, or 503 with the shared store down and
+    /// `failure_mode = "closed"`).
+    pub(crate) async fn reserve(&self) -> Option<Rejection> {
+        let ticket = self.inner.quota.as_ref()?;
+        let reserved = self
+            .inner
+            .reservation
+            .get_or_init(|| async {
+                let budget = self.budget();
+                let reads = if self.inner.price_first {
+                    budget.requested().min(budget.limit())
+                } else {
+                    budget.limit()
+                };
+                let reservation = ticket.reserve(reads).await?;
+                budget.lower_limit(reservation.reserved());
+                Ok(reservation)
+            })
+            .await;
+        reserved.as_ref().err().cloned()
+    }
+
+    /// The client's read quota as it will stand once this request settles
+    /// (`extensions.fanout.quota`); `None` without a quota or before the
+    /// reservation.
+    pub fn quota(&self) -> Option<QuotaStatus> {
+        let reservation = self.inner.reservation.get()?.as_ref().ok()?;
+        Some(reservation.status(self.budget().used()))
     }
 
     /// Runs one operation within the request's bounds in time and memory:
@@ -183,9 +254,11 @@ impl FanoutRequest {
         self.inner.reads.memory()
     }
 
-    /// The whole answer for a request a memory bound stopped, if one did.
+    /// The whole answer for a request a memory bound or the read quota
+    /// stopped, if one did.
     pub(crate) fn stopped(&self) -> Option<Rejection> {
-        self.memory().trip().map(Trip::rejection)
+        let quota = || self.inner.reservation.get()?.as_ref().err().cloned();
+        self.memory().trip().map(Trip::rejection).or_else(quota)
     }
 
     /// The request's budget.

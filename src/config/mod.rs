@@ -6,7 +6,7 @@
 //!
 //! One file per section, each with its keys, their defaults and the rules
 //! they must keep: `budget.rs` (`[budget]`), `http.rs` (`[http]`),
-//! `hosts.rs` (`[hosts."HOST:PORT"]`), `rate_limit.rs` (`[rate_limit]`),
+//! `hosts.rs` (`[hosts."HOST:PORT"]`), `quota.rs` (`[quota]`), `rate_limit.rs` (`[rate_limit]`),
 //! `redis.rs` (`[redis]`), `upstream.rs` (`[upstream]`), `upstreams.rs`
 //! (`[upstreams."NAME"]`); `error.rs` the
 //! error, how a TOML error finds its key, and the rule they share (`at
@@ -99,6 +99,7 @@ pub(crate) mod cidr;
 mod error;
 mod hosts;
 mod http;
+mod quota;
 mod rate_limit;
 mod redis;
 #[cfg(test)]
@@ -110,6 +111,7 @@ pub use budget::BudgetConfig;
 pub use error::ConfigError;
 pub use hosts::HostConfig;
 pub use http::{CsrfGet, HttpConfig};
+pub use quota::QuotaConfig;
 pub use rate_limit::RateLimitConfig;
 pub(crate) use redis::share_use;
 pub use redis::{FailureMode, RedisConfig};
@@ -144,6 +146,8 @@ section! {
         pub hosts: BTreeMap<String, HostConfig> = BTreeMap::new(),
         /// `[rate_limit]`: inbound per-IP limiting and internal callers.
         pub rate_limit: RateLimitConfig = RateLimitConfig::default(),
+        /// `[quota]`: upstream reads per client over time (off by default).
+        pub quota: QuotaConfig = QuotaConfig::default(),
         /// `[redis]`: shared state across replicas.
         pub redis: RedisConfig = RedisConfig::default(),
         /// `[upstream]`: limits on what one upstream response may cost.
@@ -195,6 +199,7 @@ impl Config {
             table.check(host)?;
         }
         self.rate_limit.check()?;
+        self.quota.check()?;
         self.redis.check()?;
         for (name, table) in &self.upstreams {
             table.check(name)?;

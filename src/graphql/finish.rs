@@ -13,7 +13,8 @@
 //!   carried as a source its own; async-graphql's validation and variable
 //!   errors `GRAPHQL_VALIDATION_FAILED` or `BAD_USER_INPUT` — `null`s are put
 //!   back where async-graphql dropped a failed field's key (`nulls.rs`), and
-//!   `extensions.fanout = {limit, used, remaining, operationReads, requested, cacheHits}`.
+//!   `extensions.fanout = {limit, used, remaining, operationReads, requested, cacheHits}`,
+//!   and `quota = {limit, remaining, resetAt}` when the client has a read quota.
 
 use crate::document::schema_types::SchemaTypes;
 use crate::error::ReadError;
@@ -106,11 +107,20 @@ fn report(operation: &Operation, requested: Option<u64>) -> Value {
         requested,
         Some(operation.cache_hits()),
     ];
-    let map = KEYS
+    let mut map: async_graphql::indexmap::IndexMap<Name, Value> = KEYS
         .iter()
         .zip(values)
         .filter_map(|(key, value)| Some((key.clone(), Value::from(value?))))
         .collect();
+    if let Some(quota) = operation.request().quota() {
+        let status = [
+            ("limit", Value::from(quota.limit)),
+            ("remaining", Value::from(quota.remaining)),
+            ("resetAt", Value::from(quota.reset_at_rfc3339())),
+        ];
+        let status = status.map(|(key, value)| (Name::new(key), value));
+        map.insert(Name::new("quota"), Value::Object(status.into_iter().collect()));
+    }
     Value::Object(map)
 }
 

@@ -11,9 +11,11 @@
 //!    operation's worst case in reads (`cost/`), added to the request's
 //!    `requested`; every operation counts at the batch's pricing barrier,
 //!    a refused one at 0, so the rest never wait for it;
-//! 3. **refuse** ([`Op::run`]): once every operation of the batch is priced,
-//!    all are refused together if their worst case exceeds the budget
-//!    (`refuse_over_estimate`);
+//! 3. **refuse, then reserve** ([`Op::run`]): once every operation of the
+//!    batch is priced, all are refused together if their worst case exceeds
+//!    the budget (`refuse_over_estimate`); then the batch reserves its reads
+//!    on its client's read quota, once (`inbound/quota.rs`: a refusal stops
+//!    the whole request, 429 `QUOTA_EXHAUSTED`);
 //! 4. **run within the request's bounds**: the deadline (plus a short grace
 //!    to answer the rest of the page) and the memory trip;
 //! 5. **finish** (`finish.rs`): contract codes, `null`s put back, and
@@ -27,7 +29,7 @@ use super::finish::finish;
 use crate::document::guard;
 use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
-use crate::error::{refused, OperationError};
+use crate::error::{refused, stopped, OperationError};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use async_graphql::parser::types::OperationType;
 use async_graphql::{Data, Request, Response};
@@ -129,14 +131,17 @@ impl Op {
         let refusal = scope.refusal().await.or(self.refused);
         let mut response = match refusal {
             Some(refusal) => refused(&refusal),
-            None => {
+            None => match scope.reserve().await {
+                Some(rejection) => stopped(&rejection),
+                None => {
                 let span = tracing::debug_span!(
                     "graphql.operation",
                     name = self.name.as_deref(),
                     requested = self.requested.unwrap_or(0)
                 );
-                scope.within_bounds(execute.instrument(span)).await
-            }
+                    scope.within_bounds(execute.instrument(span)).await
+                }
+            },
         };
         let name = self.name.as_deref();
         finish(

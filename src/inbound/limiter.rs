@@ -405,10 +405,12 @@ impl RateLimitLayer {
     fn headers<B>(&self, response: &mut Response<B>, remaining: u32, reset_secs: u64) {
         let headers = response.headers_mut();
         let value = format!("\"per-ip\";r={remaining};t={reset_secs}");
+        // Appended: the answer may carry the read quota's fields already
+        // (`inbound/quota.rs`), one list item per policy.
         if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(RATELIMIT, v);
+            headers.append(RATELIMIT, v);
         }
-        headers.insert(RATELIMIT_POLICY, self.policy_header.clone());
+        headers.append(RATELIMIT_POLICY, self.policy_header.clone());
     }
 }
 

@@ -1,8 +1,10 @@
-//! What comes in: the per-IP limiter, who calls, connection bounds, CORS.
+//! What comes in: the per-IP limiter, the read quota, who calls, connection
+//! bounds, CORS.
 
 pub(crate) mod cors;
 pub(crate) mod identity;
 pub(crate) mod limiter;
+pub mod quota;
 pub(crate) mod serve;
 
 pub use cors::cors_layer;

@@ -55,7 +55,9 @@ mod tests;
 /// # }
 /// ```
 pub struct RequestBudget {
-    limit: u64,
+    /// Lowered once, before any read, to what the client's read quota
+    /// reserved (`inbound/quota.rs`).
+    limit: AtomicU64,
     used: ChargeCounter,
     requested: AtomicU64,
     deadline: Instant,
@@ -144,7 +146,7 @@ impl RequestBudget {
     /// A budget of `limit` reads, `max_concurrent` reads in flight, ending at `deadline`.
     pub(crate) fn new(limit: u64, max_concurrent: usize, deadline: Instant) -> Self {
         Self {
-            limit,
+            limit: AtomicU64::new(limit),
             used: ChargeCounter::new(0),
             requested: AtomicU64::new(0),
             deadline,
@@ -160,7 +162,7 @@ impl RequestBudget {
 
     /// Charges one read, or refuses it (and changes nothing) when none is left.
     pub(crate) fn try_charge(&self) -> Result<(), Exhausted> {
-        let limit = self.limit;
+        let limit = self.limit();
         self.used
             .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1))
             .map(drop)
@@ -169,12 +171,18 @@ impl RequestBudget {
 
     /// Whether no read is left (a cheap check before waiting for anything).
     pub fn is_exhausted(&self) -> bool {
-        self.used.load(Relaxed) >= self.limit
+        self.used.load(Relaxed) >= self.limit()
     }
 
     /// The read limit.
     pub fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Relaxed)
+    }
+
+    /// Lowers the limit to `to` (never raises it): what the client's read
+    /// quota reserved, before the request's first read.
+    pub(crate) fn lower_limit(&self, to: u64) {
+        self.limit.fetch_min(to, Relaxed);
     }
 
     /// Reads charged so far.
@@ -184,7 +192,7 @@ impl RequestBudget {
 
     /// Reads left.
     pub fn remaining(&self) -> u64 {
-        self.limit.saturating_sub(self.used())
+        self.limit().saturating_sub(self.used())
     }
 
     /// Records worst-case reads of the request's operations (the cost preview).
@@ -200,10 +208,11 @@ impl RequestBudget {
     /// The budget now.
     pub fn snapshot(&self) -> BudgetSnapshot {
         let used = self.used();
+        let limit = self.limit();
         BudgetSnapshot {
-            limit: self.limit,
+            limit,
             used,
-            remaining: self.limit.saturating_sub(used),
+            remaining: limit.saturating_sub(used),
             requested: self.requested(),
         }
     }
@@ -343,7 +352,7 @@ impl Slots {
 impl std::fmt::Debug for RequestBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestBudget")
-            .field("limit", &self.limit)
+            .field("limit", &self.limit())
             .field("used", &self.used())
             .field("deadline", &self.deadline)
             .finish_non_exhaustive()
