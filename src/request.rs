@@ -175,12 +175,11 @@ impl FanoutRequest {
             return Some(OperationError::DeadlineExceeded);
         }
         let requested = budget.requested();
-        (self.inner.refuse_over && requested > budget.limit()).then(|| {
-            OperationError::EstimateExceedsBudget {
-                requested,
-                limit: budget.limit(),
-            }
-        })
+        // With a read quota the request can never spend more than its burst.
+        let burst = self.inner.quota.as_ref().map_or(u64::MAX, Ticket::burst);
+        let limit = budget.limit().min(burst);
+        (self.inner.refuse_over && requested > limit)
+            .then_some(OperationError::EstimateExceedsBudget { requested, limit })
     }
 
     /// Takes the batch's reservation on its client's read quota, once,

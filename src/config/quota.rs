@@ -16,10 +16,12 @@ section! {
         pub reads: u64 = 0,
         /// The period `reads` (and `internal_reads`) refill over, in seconds.
         pub period_secs: u64 = 3600,
-        /// The most reads a client may hold at once, a full quota; 0: `reads`.
+        /// The most reads a public client may hold at once, a full quota;
+        /// 0: `reads`.
         pub burst: u64 = 0,
-        /// The same quota for each internal caller (the token), apart from
-        /// the public one; 0: internal callers have none.
+        /// The same for each internal caller (the token), apart from the
+        /// public quota, its burst a whole period's reads; 0: internal
+        /// callers have none.
         pub internal_reads: u64 = 0,
     }
 }

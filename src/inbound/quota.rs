@@ -161,8 +161,8 @@ impl ClientQuota {
     /// has one.
     pub(crate) fn new(config: &Config) -> Option<Self> {
         let q = &config.quota;
-        let rate = |reads| (reads > 0).then(|| Rate::new(reads, q.period(), q.burst));
-        let rates = [rate(q.reads), rate(q.internal_reads)];
+        let rate = |reads, burst| (reads > 0).then(|| Rate::new(reads, q.period(), burst));
+        let rates = [rate(q.reads, q.burst), rate(q.internal_reads, 0)];
         if rates.iter().all(Option::is_none) {
             return None;
         }
@@ -263,6 +263,11 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
+    /// The most the request may reserve: its class's burst.
+    pub(crate) fn burst(&self) -> u64 {
+        self.quota.rate(self.class).burst()
+    }
+
     /// Reserves `reads` (at most the burst) before the request's first read.
     pub(crate) async fn reserve(&self, reads: u64) -> Result<Reservation, Rejection> {
         let client = self.client.clone()?;

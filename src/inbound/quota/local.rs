@@ -127,3 +127,72 @@ impl QuotaStore for LocalQuotas {
         self.refund_now(class, client, reads);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{LocalQuotas, Rate};
+    use crate::inbound::quota::{QuotaClass, Verdict};
+    use std::net::{IpAddr, Ipv4Addr};
+    use std::time::Duration;
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::from(n))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_million_distinct_clients_do_not_grow_memory_without_bound() {
+        // 3,600 reads an hour: one read's share is a second.
+        let rate = Rate::new(3600, Duration::from_secs(3600), 0);
+        let quotas = LocalQuotas::new(Some(rate), None);
+        let mut peak = 0;
+        // 1,000,000 distinct clients at 10,000 a second, each reserving 10
+        // reads and spending 2 of them.
+        for n in 0..1_000_000u32 {
+            let verdict = quotas.reserve_now(QuotaClass::Public, ip(n), 10);
+            assert!(matches!(verdict, Verdict::Reserved { .. }), "{verdict:?}");
+            quotas.refund_now(QuotaClass::Public, ip(n), 8);
+            if n % 100 == 99 {
+                tokio::time::advance(Duration::from_millis(10)).await;
+            }
+            peak = peak.max(quotas.len());
+        }
+        // A client is full again 2 s after it spent 2 reads: ~20,000 are
+        // live at 10,000 a second; sweeps every max(4096, 2 × kept)
+        // reservations hold at most ~3 × live + 4096.
+        assert!(peak < 70_000, "peak {peak} clients held for 1,000,000");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        for n in 0..200_000u32 {
+            quotas.reserve_now(QuotaClass::Public, ip(n % 7), 0);
+        }
+        assert!(quotas.len() <= 7, "{} clients held once full again", quotas.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_classes_are_apart_and_a_class_without_a_quota_is_unlimited() {
+        let rate = Rate::new(60, Duration::from_secs(60), 5);
+        let quotas = LocalQuotas::new(Some(rate), None);
+        let client = ip(7);
+        assert!(matches!(
+            quotas.reserve_now(QuotaClass::Public, client, 5),
+            Verdict::Reserved { remaining: 0, .. }
+        ));
+        assert_eq!(
+            quotas.reserve_now(QuotaClass::Public, client, 1),
+            Verdict::Refused {
+                remaining: 0,
+                retry_after: Duration::from_secs(1)
+            }
+        );
+        for _ in 0..100 {
+            assert_eq!(
+                quotas.reserve_now(QuotaClass::Internal, client, 1_000),
+                Verdict::unlimited()
+            );
+        }
+        quotas.refund_now(QuotaClass::Public, client, 2);
+        assert!(matches!(
+            quotas.reserve_now(QuotaClass::Public, client, 2),
+            Verdict::Reserved { remaining: 0, .. }
+        ));
+    }
+}
