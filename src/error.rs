@@ -415,9 +415,7 @@ impl Rejection {
             }
             Self::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::RateLimited { .. } | Self::QuotaExhausted { .. } => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Self::RateLimited { .. } | Self::QuotaExhausted { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::ResponseTooLarge { .. } => StatusCode::OK,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -505,7 +503,10 @@ impl IntoResponse for Rejection {
             let headers = response.headers_mut();
             headers.insert(header::RETRY_AFTER, secs.into());
             let fields = [
-                ("ratelimit-policy", format!("\"{policy}\";q={quota};w={period_secs}")),
+                (
+                    "ratelimit-policy",
+                    format!("\"{policy}\";q={quota};w={period_secs}"),
+                ),
                 ("ratelimit", format!("\"{policy}\";r={remaining};t={secs}")),
             ];
             for (name, value) in fields {

@@ -30,7 +30,10 @@ impl Query {
     async fn spend(&self, n: u64, tag: String, hang: Option<u64>) -> Vec<Item> {
         (0..n)
             .map(|i| Item {
-                url: format!("http://up.test/{tag}/{i}/{}", if hang == Some(i) { "hang" } else { "ok" }),
+                url: format!(
+                    "http://up.test/{tag}/{i}/{}",
+                    if hang == Some(i) { "hang" } else { "ok" }
+                ),
             })
             .collect()
     }
@@ -90,7 +93,8 @@ fn per_minute(reads: u64, burst: u64) -> QuotaConfig {
 const CLIENT: &str = "192.0.2.7:40000";
 
 async fn spend(app: &App, n: u64, tag: &str, internal: bool) -> Answer {
-    let body = json!({ "query": format!("{{ spend(n: {n}, tag: \"{tag}\") {{ ok }} }}") }).to_string();
+    let body =
+        json!({ "query": format!("{{ spend(n: {n}, tag: \"{tag}\") {{ ok }} }}") }).to_string();
     let token = [("x-internal-token", TOKEN)];
     let headers: &[(&str, &str)] = if internal { &token } else { &[] };
     let peer: SocketAddr = CLIENT.parse().unwrap();
@@ -135,13 +139,25 @@ async fn thirty_seconds(costs: bool) {
                 let spends = n.min(reserve);
                 model.full_at = model.rate.give_back(after, now, reserve - spends);
                 assert_eq!(answer.status, 200, "step {step}: {body}");
-                assert_eq!(body["data"]["spend"], json!(vec![json!({"ok": true}); n as usize]), "step {step}: {body}");
+                assert_eq!(
+                    body["data"]["spend"],
+                    json!(vec![json!({"ok": true}); n as usize]),
+                    "step {step}: {body}"
+                );
                 let fanout = &body["extensions"]["fanout"];
-                assert_eq!(fanout["limit"], json!(reserve), "the budget is the reservation");
+                assert_eq!(
+                    fanout["limit"],
+                    json!(reserve),
+                    "the budget is the reservation"
+                );
                 assert_eq!(fanout["used"], json!(n));
                 let left = model.rate.left(model.full_at, now);
                 assert_eq!(fanout["quota"]["limit"], json!(burst));
-                assert_eq!(fanout["quota"]["remaining"], json!(left), "step {step}: {body}");
+                assert_eq!(
+                    fanout["quota"]["remaining"],
+                    json!(left),
+                    "step {step}: {body}"
+                );
                 spent += n;
             }
             Err(wait_ns) => {
@@ -168,7 +184,10 @@ async fn thirty_seconds(costs: bool) {
         sent <= burst + 30,
         "{sent} reads in 30 s past burst {burst} + 30 refilled"
     );
-    assert!(refused > 0 && admitted > 0, "{admitted} admitted, {refused} refused");
+    assert!(
+        refused > 0 && admitted > 0,
+        "{admitted} admitted, {refused} refused"
+    );
     println!("costs {costs}: {admitted} admitted, {refused} refused, {sent} reads sent in 30 s");
 }
 
@@ -190,7 +209,9 @@ async fn a_request_larger_than_the_burst_runs_on_the_burst() {
     assert_eq!(answer.status, 200, "{body}");
     let errors = body["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 5, "{body}");
-    assert!(errors.iter().all(|e| e["extensions"]["code"] == "FANOUT_BUDGET_EXHAUSTED"));
+    assert!(errors
+        .iter()
+        .all(|e| e["extensions"]["code"] == "FANOUT_BUDGET_EXHAUSTED"));
     assert_eq!(body["extensions"]["fanout"]["limit"], 10, "{body}");
     assert_eq!(body["extensions"]["fanout"]["quota"]["remaining"], 0);
     assert_eq!(app.transport.sent().len(), 10);
@@ -203,12 +224,18 @@ async fn with_refuse_over_estimate_a_request_larger_than_the_burst_reserves_noth
     let body = answer.json();
     let error = &body["errors"][0]["extensions"];
     assert_eq!(error["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET", "{body}");
-    assert_eq!((error["requested"].clone(), error["limit"].clone()), (json!(15), json!(10)));
+    assert_eq!(
+        (error["requested"].clone(), error["limit"].clone()),
+        (json!(15), json!(10))
+    );
     assert_eq!(app.transport.sent().len(), 0);
     // The whole burst is still there.
     let answer = spend(&app, 10, "fits", false).await;
     assert_eq!(answer.status, 200, "{}", answer.json());
-    assert_eq!(answer.json()["extensions"]["fanout"]["quota"]["remaining"], 0);
+    assert_eq!(
+        answer.json()["extensions"]["fanout"]["quota"]["remaining"],
+        0
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -231,12 +258,18 @@ async fn the_internal_class_is_apart() {
     let answer = spend(&both, 30, "internal", true).await;
     let body = answer.json();
     assert_eq!(answer.status, 200, "{body}");
-    assert_eq!(body["extensions"]["fanout"]["quota"], json!({
-        "limit": 30, "remaining": 0, "resetAt": body["extensions"]["fanout"]["quota"]["resetAt"]
-    }));
+    assert_eq!(
+        body["extensions"]["fanout"]["quota"],
+        json!({
+            "limit": 30, "remaining": 0, "resetAt": body["extensions"]["fanout"]["quota"]["resetAt"]
+        })
+    );
     let answer = spend(&both, 1, "internal2", true).await;
     assert_eq!(answer.status, 429);
-    assert_eq!(answer.headers["ratelimit-policy"], "\"internal-reads\";q=30;w=60");
+    assert_eq!(
+        answer.headers["ratelimit-policy"],
+        "\"internal-reads\";q=30;w=60"
+    );
 }
 
 /// Sends a request of five reads, the third of which never answers, and
@@ -280,7 +313,11 @@ async fn a_cancelled_request_settles_and_aborting_gains_nothing() {
     let answer = spend(&app, 0, "after", false).await;
     let body = answer.json();
     assert_eq!(answer.status, 429, "{body}");
-    assert_eq!(body["errors"][0]["extensions"]["remaining"], json!(left), "{body}");
+    assert_eq!(
+        body["errors"][0]["extensions"]["remaining"],
+        json!(left),
+        "{body}"
+    );
     assert_eq!(app.transport.sent().len(), 15);
 }
 
@@ -292,23 +329,42 @@ async fn a_batch_reserves_once_and_is_refused_whole() {
         { "query": "{ spend(n: 4, tag: \"b1\") { ok } }" },
         { "query": "{ spend(n: 4, tag: \"b2\") { ok } }" },
     ]);
-    let answer = call(&app.router, graphql_request(batch.to_string(), &[], Some(peer))).await;
+    let answer = call(
+        &app.router,
+        graphql_request(batch.to_string(), &[], Some(peer)),
+    )
+    .await;
     let body = answer.json();
     assert_eq!(answer.status, 200, "{body}");
     let mut lefts = Vec::new();
     for op in body.as_array().unwrap() {
-        assert_eq!(op["extensions"]["fanout"]["limit"], 8, "one reservation of 4 + 4: {body}");
-        lefts.push(op["extensions"]["fanout"]["quota"]["remaining"].as_u64().unwrap());
+        assert_eq!(
+            op["extensions"]["fanout"]["limit"], 8,
+            "one reservation of 4 + 4: {body}"
+        );
+        lefts.push(
+            op["extensions"]["fanout"]["quota"]["remaining"]
+                .as_u64()
+                .unwrap(),
+        );
     }
     // Each operation shows the quota as it stands when it finished, what
     // the batch has not spent yet counted as given back: the last, 10 − 8.
     lefts.sort_unstable();
     assert_eq!(lefts[0], 2, "{body}");
-    let answer = call(&app.router, graphql_request(batch.to_string(), &[], Some(peer))).await;
+    let answer = call(
+        &app.router,
+        graphql_request(batch.to_string(), &[], Some(peer)),
+    )
+    .await;
     let body = answer.json();
     assert_eq!(answer.status, 429, "{body}");
     assert_eq!(body["errors"][0]["extensions"]["code"], "QUOTA_EXHAUSTED");
-    assert_eq!(app.transport.sent().len(), 8, "nothing of the refused batch ran");
+    assert_eq!(
+        app.transport.sent().len(),
+        8,
+        "nothing of the refused batch ran"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -322,7 +378,8 @@ async fn without_the_tcp_peer_a_quota_cannot_key_its_client() {
 
 #[test]
 fn the_quota_reads_its_config_and_rejects_impossible_values() {
-    let config = Config::from_toml("[quota]\nreads = 5000\nperiod_secs = 3600\nburst = 500\n").unwrap();
+    let config =
+        Config::from_toml("[quota]\nreads = 5000\nperiod_secs = 3600\nburst = 500\n").unwrap();
     assert_eq!(config.quota, QuotaConfig::default().reads(5000).burst(500));
     let zero = Config::from_toml("[quota]\nreads = 10\nperiod_secs = 0\n").unwrap_err();
     assert_eq!(zero.key(), Some("quota.period_secs"));
@@ -330,4 +387,3 @@ fn the_quota_reads_its_config_and_rejects_impossible_values() {
     assert_eq!(typo.key(), Some("quota.read"));
     assert!(!Config::default().quota.is_enabled(), "off by default");
 }
-

@@ -138,6 +138,29 @@ impl Query {
             requested: b.requested,
         })
     }
+
+    /// The client's read quota as it stands when the field resolves; null
+    /// when the client has none.
+    async fn fanout_quota(&self, ctx: &Context<'_>) -> async_graphql::Result<Option<FanoutQuota>> {
+        Ok(ctx.fanout_request()?.quota().map(|q| FanoutQuota {
+            limit: q.limit,
+            remaining: q.remaining,
+            reset_at: q.reset_at_rfc3339(),
+        }))
+    }
+}
+
+/// The client's read quota (`[quota]`): upstream reads it may cause over
+/// time, as GitHub's `rateLimit` shows its points.
+#[derive(SimpleObject)]
+pub struct FanoutQuota {
+    /// The most reads the quota holds (its burst).
+    limit: u64,
+    /// Reads left once this request has settled (what it reserved and has
+    /// not spent counted as given back).
+    remaining: u64,
+    /// When the quota is full again (RFC 3339).
+    reset_at: String,
 }
 
 /// A request's fan-out budget.

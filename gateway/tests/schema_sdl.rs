@@ -24,6 +24,7 @@ fn the_sdl_has_the_contract_shape() {
         "repository(name: String!): Repository",
         "repositories(first: Int! = 20, after: String): RepositoryConnection!",
         "fanoutBudget: FanoutBudget!",
+        "fanoutQuota: FanoutQuota",
         "tags(first: Int! = 20, after: String): TagConnection!",
         "tag(name: String!): Tag",
         "manifest: Manifest",

@@ -46,7 +46,10 @@ impl QuotaConfig {
                 "must be between 1 and 31536000 (a year)",
             ));
         }
-        for (key, reads) in [("reads", self.reads), ("internal_reads", self.internal_reads)] {
+        for (key, reads) in [
+            ("reads", self.reads),
+            ("internal_reads", self.internal_reads),
+        ] {
             // A read's share of the period is kept in nanoseconds.
             if reads > 0 && self.period().as_nanos() / u128::from(reads) == 0 {
                 return Err(ConfigError::rule(

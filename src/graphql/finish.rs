@@ -119,7 +119,10 @@ fn report(operation: &Operation, requested: Option<u64>) -> Value {
             ("resetAt", Value::from(quota.reset_at_rfc3339())),
         ];
         let status = status.map(|(key, value)| (Name::new(key), value));
-        map.insert(Name::new("quota"), Value::Object(status.into_iter().collect()));
+        map.insert(
+            Name::new("quota"),
+            Value::Object(status.into_iter().collect()),
+        );
     }
     Value::Object(map)
 }

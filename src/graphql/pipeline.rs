@@ -134,11 +134,11 @@ impl Op {
             None => match scope.reserve().await {
                 Some(rejection) => stopped(&rejection),
                 None => {
-                let span = tracing::debug_span!(
-                    "graphql.operation",
-                    name = self.name.as_deref(),
-                    requested = self.requested.unwrap_or(0)
-                );
+                    let span = tracing::debug_span!(
+                        "graphql.operation",
+                        name = self.name.as_deref(),
+                        requested = self.requested.unwrap_or(0)
+                    );
                     scope.within_bounds(execute.instrument(span)).await
                 }
             },

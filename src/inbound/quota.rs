@@ -194,12 +194,14 @@ impl ClientQuota {
         self.rates[class.index()]?;
         let peer = parts.and_then(|p| p.extensions.get::<ConnectInfo<SocketAddr>>());
         let client = match (peer, parts) {
-            (Some(peer), Some(parts)) => match self.proxies.client_ip(peer.0.ip(), &parts.headers) {
-                Ok(ip) => Ok(self.prefix.key(ip)),
-                Err(unparsable) => Err(Rejection::BadRequest {
-                    message: unparsable.to_string(),
-                }),
-            },
+            (Some(peer), Some(parts)) => {
+                match self.proxies.client_ip(peer.0.ip(), &parts.headers) {
+                    Ok(ip) => Ok(self.prefix.key(ip)),
+                    Err(unparsable) => Err(Rejection::BadRequest {
+                        message: unparsable.to_string(),
+                    }),
+                }
+            }
             _ => Err(Rejection::Misconfigured {
                 message: NO_PEER.into(),
             }),

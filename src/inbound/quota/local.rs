@@ -164,7 +164,11 @@ mod tests {
         for n in 0..200_000u32 {
             quotas.reserve_now(QuotaClass::Public, ip(n % 7), 0);
         }
-        assert!(quotas.len() <= 7, "{} clients held once full again", quotas.len());
+        assert!(
+            quotas.len() <= 7,
+            "{} clients held once full again",
+            quotas.len()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -100,7 +100,11 @@ mod tests {
         assert_eq!(rate.take(full, 0, 1), Err(1_000_000_000));
         assert_eq!(rate.left(full, 1_000_000_000), 1);
         assert_eq!(rate.left(full, 2_500_000_000), 2);
-        assert_eq!(rate.take(0, 0, 61), Err(1_000_000_000), "more than the burst");
+        assert_eq!(
+            rate.take(0, 0, 61),
+            Err(1_000_000_000),
+            "more than the burst"
+        );
         assert_eq!(rate.give_back(full, 0, 10), 50_000_000_000);
         assert_eq!(rate.give_back(full, 0, 100), 0, "never fuller than full");
     }
