@@ -9,7 +9,7 @@
 //! their reads take to refill, and a sweep costs O(1) per reservation.
 
 use super::rate::Rate;
-use super::{QuotaClass, QuotaStore, Verdict};
+use super::store::{QuotaClass, QuotaStore, Verdict};
 use crate::error::Unavailable;
 use crate::inbound::limiter::SWEEP_EVERY;
 use crate::seed::random_state;
@@ -110,6 +110,12 @@ impl LocalQuotas {
     pub fn len(&self) -> usize {
         self.classes.iter().flatten().map(|b| b.full_at.len()).sum()
     }
+
+    /// Whether no client is held (for tests).
+    #[doc(hidden)]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl QuotaStore for LocalQuotas {
@@ -130,8 +136,7 @@ impl QuotaStore for LocalQuotas {
 
 #[cfg(test)]
 mod tests {
-    use super::{LocalQuotas, Rate};
-    use crate::inbound::quota::{QuotaClass, Verdict};
+    use super::{LocalQuotas, QuotaClass, Rate, Verdict};
     use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
 

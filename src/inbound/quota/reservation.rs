@@ -1,6 +1,7 @@
 //! A request's reservation on its client's quota, and what it shows.
 
-use super::{ClientQuota, QuotaClass, Rate};
+use super::rate::Rate;
+use super::store::{QuotaClass, QuotaStore};
 use crate::metrics;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -9,15 +10,13 @@ use std::time::{Duration, SystemTime};
 /// Reads a request reserved on its client's quota. [`settle`](Self::settle)
 /// gives back what was not spent; dropped unsettled, it gives back nothing
 /// (the request scope settles it when it ends, answered or cancelled).
-#[derive(Debug)]
 pub struct Reservation {
-    quota: Arc<ClientQuota>,
+    /// The store it was taken from, which takes back what is not spent.
+    store: Arc<dyn QuotaStore>,
     class: QuotaClass,
     client: IpAddr,
     rate: Rate,
     reserved: u64,
-    /// Taken from the shared store (else the in-process one).
-    shared: bool,
     /// Reads that fit after the reservation was taken.
     remaining: u64,
     /// When the quota is full again if nothing is given back.
@@ -43,25 +42,34 @@ impl QuotaStatus {
     }
 }
 
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("class", &self.class)
+            .field("reserved", &self.reserved)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Reservation {
+    /// Reads `reserved` for `client` from `store`, which answered that
+    /// `remaining` fit after it and the quota is full at `full_at`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        quota: Arc<ClientQuota>,
+    pub(crate) fn new(
+        store: Arc<dyn QuotaStore>,
         class: QuotaClass,
         client: IpAddr,
         rate: Rate,
         reserved: u64,
-        shared: bool,
         remaining: u64,
         full_at: SystemTime,
     ) -> Self {
         Self {
-            quota,
+            store,
             class,
             client,
             rate,
             reserved,
-            shared,
             remaining,
             full_at,
         }
@@ -90,7 +98,7 @@ impl Reservation {
         let unspent = self.reserved.saturating_sub(used);
         if unspent > 0 {
             metrics::quota_reads(self.class.name(), "refunded", unspent);
-            (self.quota).refund(self.class, self.client, unspent, self.shared);
+            self.store.refund(self.class, self.client, unspent);
         }
     }
 }
