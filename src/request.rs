@@ -201,7 +201,7 @@ impl FanoutRequest {
                     budget.limit()
                 };
                 let reservation = ticket.reserve(reads).await?;
-                budget.lower_limit(reservation.reserved());
+                budget.reserved(reservation.reserved(), Box::new(reservation.extend()));
                 Ok(reservation)
             })
             .await;

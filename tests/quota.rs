@@ -50,6 +50,15 @@ impl Item {
         ctx.upstream()?.read(Read::get(self.url.parse()?)).await?;
         Ok(true)
     }
+
+    /// Two reads, priced as one (as a token fetch and its retry are, or a
+    /// redirect's hop: sent, charged, not in the estimate).
+    async fn twice(&self, ctx: &Context<'_>) -> async_graphql::Result<bool> {
+        ctx.upstream()?.read(Read::get(self.url.parse()?)).await?;
+        let again = format!("{}/again/ok", self.url.trim_end_matches("/ok"));
+        ctx.upstream()?.read(Read::get(again.parse()?)).await?;
+        Ok(true)
+    }
 }
 
 const TOKEN: &str = "internal-secret";
@@ -72,7 +81,8 @@ fn new_app(quota: QuotaConfig, max_reads: u64, costs: bool, refuse_over: bool) -
     if costs {
         let costs = CostTable::new()
             .field("Query", "spend", FieldCost::reads(0).times_arg("n"))
-            .field("Item", "ok", FieldCost::reads(1));
+            .field("Item", "ok", FieldCost::reads(1))
+            .field("Item", "twice", FieldCost::reads(1));
         engine = engine.costs(costs);
     }
     let engine = engine.build();
@@ -319,6 +329,58 @@ async fn a_cancelled_request_settles_and_aborting_gains_nothing() {
         "{body}"
     );
     assert_eq!(app.transport.sent().len(), 15);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_past_the_estimate_takes_one_more_from_the_quota_if_it_has_one() {
+    let app = new_app(per_minute(60, 10), 100, true, false);
+    let peer: SocketAddr = CLIENT.parse().unwrap();
+    let query =
+        |tag: &str| json!({ "query": format!("{{ spend(n: 3, tag: \"{tag}\") {{ twice }} }}") });
+    // Estimated 3, sends 6: each read past the reservation takes one more.
+    let answer = call(
+        &app.router,
+        graphql_request(query("t1").to_string(), &[], Some(peer)),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, 200, "{body}");
+    assert!(body.get("errors").is_none(), "{body}");
+    let fanout = &body["extensions"]["fanout"];
+    assert_eq!(
+        (fanout["requested"].clone(), fanout["used"].clone()),
+        (json!(3), json!(6))
+    );
+    assert_eq!(
+        fanout["limit"], 6,
+        "the budget grew one read at a time: {body}"
+    );
+    assert_eq!(fanout["quota"]["remaining"], 4);
+    // 4 left: 3 reserved, 1 more taken, then none: the last reads are refused.
+    let answer = call(
+        &app.router,
+        graphql_request(query("t2").to_string(), &[], Some(peer)),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, 200, "{body}");
+    assert_eq!(body["extensions"]["fanout"]["used"], 4, "{body}");
+    let codes: Vec<_> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["extensions"]["code"].clone())
+        .collect();
+    assert!(!codes.is_empty(), "{body}");
+    assert!(
+        codes.iter().all(|c| *c == "FANOUT_BUDGET_EXHAUSTED"),
+        "{body}"
+    );
+    assert_eq!(
+        app.transport.sent().len(),
+        10,
+        "never a read past the quota"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -22,7 +22,9 @@
 //!    never more than the budget, nor than the burst (a request whose
 //!    estimate exceeds the burst runs on the burst). The request's budget
 //!    then *becomes* the reservation, so no read is sent that was not
-//!    reserved. One reservation for the whole batch; a refusal refuses the
+//!    reserved; a read that finds it spent (a redirect hop or a token fetch
+//!    the estimate did not count) takes one more from the quota at once if
+//!    it has one, never waiting, up to the request's own budget. One reservation for the whole batch; a refusal refuses the
 //!    whole batch: 429 `QUOTA_EXHAUSTED`, `Retry-After`, and the IETF
 //!    `RateLimit-Policy` / `RateLimit` fields of the quota.
 //! 3. **The settlement** ([`Reservation`]), when the request's scope is

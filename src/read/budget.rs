@@ -30,6 +30,7 @@ use ::loom::sync::atomic::AtomicU64 as ChargeCounter;
 #[cfg(not(loom))]
 use std::sync::atomic::AtomicU64 as ChargeCounter;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -56,14 +57,24 @@ mod tests;
 /// ```
 pub struct RequestBudget {
     /// Lowered once, before any read, to what the client's read quota
-    /// reserved (`inbound/quota.rs`).
+    /// reserved (`inbound/quota.rs`); raised a read at a time, never past
+    /// `ceiling`, when the quota gives one more at once (`extend`).
     limit: AtomicU64,
+    /// The limit the request opened with (`max_reads`).
+    ceiling: u64,
+    /// Takes one more read from the client's quota at once, if it has one;
+    /// one read at a time asks (the limit is raised under the lock).
+    extend: OnceLock<std::sync::Mutex<Extend>>,
     used: ChargeCounter,
     requested: AtomicU64,
     deadline: Instant,
     slots: Slots,
     stats: ReadStats,
 }
+
+/// Takes one more read from the client's read quota at once (no wait):
+/// `true` when it did.
+pub(crate) type Extend = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// The charge was refused: no read is left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,6 +158,8 @@ impl RequestBudget {
     pub(crate) fn new(limit: u64, max_concurrent: usize, deadline: Instant) -> Self {
         Self {
             limit: AtomicU64::new(limit),
+            ceiling: limit,
+            extend: OnceLock::new(),
             used: ChargeCounter::new(0),
             requested: AtomicU64::new(0),
             deadline,
@@ -160,29 +173,64 @@ impl RequestBudget {
         }
     }
 
-    /// Charges one read, or refuses it (and changes nothing) when none is left.
+    /// Charges one read, or refuses it (and changes nothing) when none is
+    /// left — after asking the client's read quota for one more, when the
+    /// limit is a reservation below the request's own.
     pub(crate) fn try_charge(&self) -> Result<(), Exhausted> {
-        let limit = self.limit();
-        self.used
-            .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1))
-            .map(drop)
-            .map_err(|_| Exhausted)
+        loop {
+            let limit = self.limit();
+            let charged = self
+                .used
+                .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1));
+            if charged.is_ok() {
+                return Ok(());
+            }
+            if !self.extended(limit) {
+                return Err(Exhausted);
+            }
+        }
     }
 
-    /// Whether no read is left (a cheap check before waiting for anything).
+    /// Raises the limit past `seen` by one read the quota gave at once;
+    /// `false` when it gave none or the limit is the request's own.
+    #[cold]
+    fn extended(&self, seen: u64) -> bool {
+        let Some(extend) = self.extend.get() else {
+            return false;
+        };
+        let extend = extend
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.limit() != seen {
+            return true; // raised meanwhile: charge again
+        }
+        if seen >= self.ceiling || !extend() {
+            return false;
+        }
+        self.limit.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Lowers the limit to `to`, what the client's read quota reserved,
+    /// before the request's first read; `extend` then takes one more read
+    /// from the quota at once when a read finds none left (a redirect hop,
+    /// a token fetch the estimate did not count), up to the request's own
+    /// limit.
+    pub(crate) fn reserved(&self, to: u64, extend: Extend) {
+        self.limit.fetch_min(to, Relaxed);
+        let _ = self.extend.set(std::sync::Mutex::new(extend));
+    }
+
+    /// Whether no read is left (a cheap check before waiting for anything):
+    /// none within the limit, and none the client's read quota may add.
     pub fn is_exhausted(&self) -> bool {
-        self.used.load(Relaxed) >= self.limit()
+        let limit = self.limit();
+        self.used.load(Relaxed) >= limit && (self.extend.get().is_none() || limit >= self.ceiling)
     }
 
     /// The read limit.
     pub fn limit(&self) -> u64 {
         self.limit.load(Relaxed)
-    }
-
-    /// Lowers the limit to `to` (never raises it): what the client's read
-    /// quota reserved, before the request's first read.
-    pub(crate) fn lower_limit(&self, to: u64) {
-        self.limit.fetch_min(to, Relaxed);
     }
 
     /// Reads charged so far.

@@ -132,6 +132,10 @@ impl QuotaStore for LocalQuotas {
     fn refund(&self, class: QuotaClass, client: IpAddr, reads: u64) {
         self.refund_now(class, client, reads);
     }
+
+    fn reserve_at_once(&self, class: QuotaClass, client: IpAddr, reads: u64) -> Option<Verdict> {
+        Some(self.reserve_now(class, client, reads))
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ use super::rate::Rate;
 use super::store::{QuotaClass, QuotaStore};
 use crate::metrics;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +18,8 @@ pub struct Reservation {
     client: IpAddr,
     rate: Rate,
     reserved: u64,
+    /// Reads taken one at a time after the reservation ([`extend`](Self::extend)).
+    extra: Arc<AtomicU64>,
     /// Reads that fit after the reservation was taken.
     remaining: u64,
     /// When the quota is full again if nothing is given back.
@@ -70,32 +73,55 @@ impl Reservation {
             client,
             rate,
             reserved,
+            extra: Arc::default(),
             remaining,
             full_at,
         }
     }
 
-    /// Reads reserved: the request's budget.
+    /// Reads reserved before the request's first read: its budget.
     pub fn reserved(&self) -> u64 {
         self.reserved
+    }
+
+    /// Takes one read more from the store at once, if it has one without
+    /// waiting: what the request's budget asks when a read finds none left
+    /// (`read/budget.rs`).
+    pub(crate) fn extend(&self) -> impl Fn() -> bool + Send + Sync + 'static {
+        let (store, class, client) = (self.store.clone(), self.class, self.client);
+        let extra = self.extra.clone();
+        move || match store.reserve_at_once(class, client, 1) {
+            Some(super::store::Verdict::Reserved { .. }) => {
+                extra.fetch_add(1, Relaxed);
+                metrics::quota_reads(class.name(), "reserved", 1);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.reserved + self.extra.load(Relaxed)
     }
 
     /// The quota as it will stand once the request settles having spent
     /// `used` reads.
     pub fn status(&self, used: u64) -> QuotaStatus {
-        let unspent = self.reserved.saturating_sub(used);
-        let back = Duration::from_nanos(unspent.saturating_mul(self.rate.interval_ns()));
+        let extra = self.extra.load(Relaxed);
+        let unspent = (self.reserved + extra).saturating_sub(used);
+        let span = |reads: u64| Duration::from_nanos(reads.saturating_mul(self.rate.interval_ns()));
         let now = SystemTime::now();
+        let full_at = self.full_at + span(extra);
         QuotaStatus {
             limit: self.rate.burst(),
-            remaining: (self.remaining + unspent).min(self.rate.burst()),
-            reset_at: (self.full_at.checked_sub(back).unwrap_or(now)).max(now),
+            remaining: (self.remaining.saturating_sub(extra) + unspent).min(self.rate.burst()),
+            reset_at: (full_at.checked_sub(span(unspent)).unwrap_or(now)).max(now),
         }
     }
 
     /// The request spent `used` reads: the rest goes back.
     pub fn settle(self, used: u64) {
-        let unspent = self.reserved.saturating_sub(used);
+        let unspent = self.total().saturating_sub(used);
         if unspent > 0 {
             metrics::quota_reads(self.class.name(), "refunded", unspent);
             self.store.refund(self.class, self.client, unspent);

@@ -87,4 +87,14 @@ pub trait QuotaStore: Send + Sync + 'static {
 
     /// Gives back `reads` that `client` reserved and did not spend.
     fn refund(&self, class: QuotaClass, client: IpAddr, reads: u64);
+
+    /// Reserves `reads` more for `client` at once, without waiting (what a
+    /// request asks when it needs one read more than it reserved: a
+    /// redirect hop, a token fetch its estimate did not count); `None`: not
+    /// possible now (a shared store serves it from what it took ahead, if
+    /// anything).
+    fn reserve_at_once(&self, class: QuotaClass, client: IpAddr, reads: u64) -> Option<Verdict> {
+        let _ = (class, client, reads);
+        None
+    }
 }
