@@ -7,13 +7,32 @@ mod common;
 use common::*;
 use fanout_budget::config::QuotaConfig;
 use fanout_budget::Config;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
+use std::sync::OnceLock;
 use std::time::SystemTime;
+
+/// The process's Prometheus recorder (installed once; only the first test
+/// of this binary has a quota).
+fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().unwrap())
+}
+
+/// `fanout_quota_reads_total{class="reads", outcome}`.
+fn quota_reads(outcome: &str) -> u64 {
+    let page = recorder().render();
+    let outcome = format!("outcome=\"{outcome}\"");
+    let labels = ["class=\"reads\"", outcome.as_str()];
+    fanout_testkit::prometheus::value(&page, "fanout_quota_reads_total", &labels).unwrap_or(0.0)
+        as u64
+}
 
 const QUERY: &str = r#"{ repository(name: "acme/app") { tag(name: "t01") { manifest { config { os } } } } fanoutQuota { limit remaining resetAt } }"#;
 
 #[tokio::test]
 async fn a_client_is_answered_until_its_quota_is_spent_then_refused() {
+    recorder();
     let mut config = Config::default();
     // 10 reads an hour: nothing refills while the test runs.
     config.quota = QuotaConfig::default().reads(10).period_secs(3600);
@@ -47,6 +66,16 @@ async fn a_client_is_answered_until_its_quota_is_spent_then_refused() {
     };
     let reads = f.reads() - before;
     assert!(reads <= 10, "{reads} upstream reads past a quota of 10");
+    // Reserved less refunded is what was read; the config blob, cached by
+    // digest after the first request, was reserved and given back.
+    let (reserved, refunded) = (quota_reads("reserved"), quota_reads("refunded"));
+    assert_eq!(
+        reserved - refunded,
+        reads,
+        "reserved {reserved}, refunded {refunded}"
+    );
+    assert!(refunded >= 1, "the cached reads came back");
+    assert!(quota_reads("refused") >= 1);
     assert!(answered >= 3, "only {answered} answered");
     let (headers, json) = refused;
     let ext = &json["errors"][0]["extensions"];
