@@ -71,6 +71,18 @@ struct App {
 /// `reads` a minute (one read's share: `60 s / reads`), `burst`, budgets
 /// of `max_reads`; `spend` priced at `n` reads when `costs`.
 fn new_app(quota: QuotaConfig, max_reads: u64, costs: bool, refuse_over: bool) -> App {
+    app_with(quota, max_reads, costs, refuse_over, false)
+}
+
+/// The same app, served by async-graphql-axum's stock `GraphQL` under
+/// `FanoutLayer` when `layer`.
+fn app_with(
+    quota: QuotaConfig,
+    max_reads: u64,
+    costs: bool,
+    refuse_over: bool,
+    layer: bool,
+) -> App {
     let mut config = Config::default();
     config.quota = quota;
     config.budget.max_reads = max_reads;
@@ -89,7 +101,13 @@ fn new_app(quota: QuotaConfig, max_reads: u64, costs: bool, refuse_over: bool) -
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .extension(FanoutExtension::new(&engine))
         .finish();
-    let router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
+    let router = if layer {
+        axum::Router::new()
+            .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+            .layer(fanout_budget::FanoutLayer::new(engine))
+    } else {
+        axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
+    };
     App { router, transport }
 }
 
@@ -422,6 +440,38 @@ async fn a_batch_reserves_once_and_is_refused_whole() {
     let body = answer.json();
     assert_eq!(answer.status, 429, "{body}");
     assert_eq!(body["errors"][0]["extensions"]["code"], "QUOTA_EXHAUSTED");
+    assert_eq!(
+        app.transport.sent().len(),
+        8,
+        "nothing of the refused batch ran"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_fanout_layer_the_batch_reserves_once_and_is_refused_whole() {
+    let app = app_with(per_minute(60, 10), 100, true, false, true);
+    let peer: SocketAddr = CLIENT.parse().unwrap();
+    let batch = json!([
+        { "query": "{ spend(n: 4, tag: \"l1\") { ok } }" },
+        { "query": "{ spend(n: 4, tag: \"l2\") { ok } }" },
+    ]);
+    let answer = call(
+        &app.router,
+        graphql_request(batch.to_string(), &[], Some(peer)),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, 200, "{body}");
+    assert_eq!(body[0]["extensions"]["fanout"]["limit"], 8, "{body}");
+    let answer = call(
+        &app.router,
+        graphql_request(batch.to_string(), &[], Some(peer)),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, 429, "{body}");
+    assert_eq!(body["errors"][0]["extensions"]["code"], "QUOTA_EXHAUSTED");
+    assert_eq!(answer.headers["ratelimit-policy"], "\"reads\";q=60;w=60");
     assert_eq!(
         app.transport.sent().len(),
         8,
