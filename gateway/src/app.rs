@@ -34,7 +34,8 @@ pub struct Gateway {
     /// The schema.
     pub schema: RegistrySchema,
     /// The limits shared on Redis (`[redis]`), all on one backend: the
-    /// engine's host caps and the per-IP limit; `None`: in-process.
+    /// engine's host caps, quota gates and read quotas, and the per-IP
+    /// limit; `None`: in-process.
     pub shared: Option<SharedLimits>,
 }
 
@@ -51,7 +52,8 @@ pub type MetricsRender = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 /// counted under `host="other"`.
 ///
 /// With `[redis] url` (one server) or `cluster_nodes` (a Redis Cluster) set,
-/// the per-host caps and the per-IP limit are shared on Redis, both on one
+/// the per-host caps, the per-IP limit, the upstreams' quota gates and the
+/// clients' read quotas (`[quota]`) are shared on Redis, all on one
 /// backend: one connection per node, one breaker (nothing connects until
 /// the first request, so a Redis that is down does not stop start-up). The
 /// gateway's [`defaults`] fill in what `config` leaves unset.
@@ -65,6 +67,10 @@ pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRend
         engine = engine
             .host_limiter(shared.host_limiter())
             .quota_board(shared.quota_board());
+        // With `[quota]`, the clients' read quotas are the fleet's too.
+        if let Some(store) = shared.quota_store() {
+            engine = engine.quota_store(store);
+        }
     }
     assemble(engine.build(), shared, upstream, metrics)
 }

@@ -6,16 +6,21 @@
 //! the seam that takes it: the per-host caps to the engine
 //! ([`EngineBuilder::host_limiter`](crate::EngineBuilder::host_limiter)),
 //! the per-IP limit to the inbound layer
-//! ([`RateLimitLayer::shared`](crate::inbound::RateLimitLayer::shared)).
-//! A limit added later (a per-client read quota, an upstream's quota) is
-//! one more field made here on the same backend and one more method.
+//! ([`RateLimitLayer::shared`](crate::inbound::RateLimitLayer::shared)),
+//! the upstreams' quota gates and the clients' read quotas to the engine
+//! ([`EngineBuilder::quota_board`](crate::EngineBuilder::quota_board),
+//! [`EngineBuilder::quota_store`](crate::EngineBuilder::quota_store)).
+//! A limit added later is one more field made here on the same backend and
+//! one more method.
 
 use super::backend::RedisBackend;
 use super::quotas::{RedisQuotaBoard, SharedQuotaBoard};
 use super::rate::RedisRateLimiter;
+use super::read_quota::RedisReadQuota;
 use super::shares::RedisHostCaps;
 use crate::config::Config;
 use crate::error::Unavailable;
+use crate::inbound::quota::QuotaStore;
 use crate::inbound::{InboundLimiter, RateLimitLayer};
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -33,10 +38,14 @@ use std::sync::Arc;
 /// // config.redis.cluster_nodes = vec!["redis://10.0.0.1:6379".into(), "redis://10.0.0.2:6379".into()];
 /// // Nothing connects until the first check; `None` without `[redis]`.
 /// let shared = SharedLimits::open(&config).unwrap().expect("[redis] is set");
-/// let engine = Engine::builder(config.clone())
+/// let mut engine = Engine::builder(config.clone())
 ///     .host_limiter(shared.host_limiter())
-///     .quota_board(shared.quota_board())
-///     .build();
+///     .quota_board(shared.quota_board());
+/// // With `[quota]`, the clients' read quotas too.
+/// if let Some(store) = shared.quota_store() {
+///     engine = engine.quota_store(store);
+/// }
+/// let engine = engine.build();
 /// let app: axum::Router = axum::Router::new()
 ///     .route("/graphql", axum::routing::post(|| async { "ok" }))
 ///     .route_layer(shared.rate_limit_layer());
@@ -50,6 +59,8 @@ pub struct SharedLimits {
     per_ip: RateLimitLayer,
     /// The upstreams' quota gates.
     quotas: SharedQuotaBoard,
+    /// The clients' read quotas; `None` without `[quota]`.
+    read_quota: Option<Arc<RedisReadQuota>>,
 }
 
 impl SharedLimits {
@@ -64,8 +75,8 @@ impl SharedLimits {
         Ok(Some(Self::on(RedisBackend::new(&config.redis)?, config)))
     }
 
-    /// The shared limits for `config` (`[hosts]`, `[rate_limit]`) on
-    /// `backend`.
+    /// The shared limits for `config` (`[hosts]`, `[rate_limit]`,
+    /// `[quota]`) on `backend`.
     pub fn on(backend: RedisBackend, config: &Config) -> Self {
         let rpm = NonZeroU32::new(config.rate_limit.requests_per_minute).unwrap_or(NonZeroU32::MIN);
         let per_ip: Arc<dyn InboundLimiter> = Arc::new(RedisRateLimiter::new(backend.clone(), rpm));
@@ -73,6 +84,7 @@ impl SharedLimits {
             host_caps: Arc::new(RedisHostCaps::new(config.hosts.clone(), backend.clone())),
             per_ip: RateLimitLayer::new(&config.rate_limit).shared(per_ip, backend.failure_mode()),
             quotas: SharedQuotaBoard(Arc::new(RedisQuotaBoard::new(backend.clone()))),
+            read_quota: RedisReadQuota::from_config(backend.clone(), &config.quota).map(Arc::new),
             backend,
         }
     }
@@ -93,6 +105,23 @@ impl SharedLimits {
     /// host that says its quota is spent to one replica is refused on all.
     pub fn quota_board(&self) -> Arc<dyn crate::read::QuotaBoard> {
         Arc::new(self.quotas.clone())
+    }
+
+    /// The clients' read quotas (`[quota]`), for
+    /// [`EngineBuilder::quota_store`](crate::EngineBuilder::quota_store):
+    /// a client's reads are bounded across the fleet; `None` when no class
+    /// of caller has a quota.
+    pub fn quota_store(&self) -> Option<Arc<dyn QuotaStore>> {
+        self.read_quota
+            .clone()
+            .map(|store| store as Arc<dyn QuotaStore>)
+    }
+
+    /// The read quotas as their own type (for tests: how many clients this
+    /// replica keeps, what it holds for one).
+    #[doc(hidden)]
+    pub fn read_quota(&self) -> Option<Arc<RedisReadQuota>> {
+        self.read_quota.clone()
     }
 
     /// The per-IP limit, as the inbound layer: checked on Redis, and while

@@ -1,11 +1,14 @@
-//! Shared limits on Redis: the per-IP limit and the per-host caps, for the
-//! whole fleet of replicas, on one backend per process.
+//! Shared limits on Redis: the per-IP limit, the per-host caps, the
+//! upstreams' quota gates and the clients' read quotas, for the whole fleet
+//! of replicas, on one backend per process.
 //!
 //! A process makes its [`SharedLimits`] once, from its [`Config`](crate::Config):
 //! one [`RedisBackend`] — one connection per node, one breaker, one set of
-//! clocks — and on it the per-host caps ([`RedisHostCaps`], for the engine)
-//! and the per-IP limit ([`RedisRateLimiter`], inside the inbound
-//! [`RateLimitLayer`](crate::inbound::RateLimitLayer)).
+//! clocks — and on it the per-host caps ([`RedisHostCaps`], for the engine),
+//! the per-IP limit ([`RedisRateLimiter`], inside the inbound
+//! [`RateLimitLayer`](crate::inbound::RateLimitLayer)), the upstreams' quota
+//! gates ([`RedisQuotaBoard`]) and, with `[quota]`, the clients' read quotas
+//! ([`RedisReadQuota`], for the engine).
 //!
 //! How it works, module by module (each one's docs tell more):
 //!
@@ -23,13 +26,14 @@
 //!   exactly one key (`KEYS[1]`; the give-back's `HDEL` of one key), so each
 //!   runs whole on the master owning that key's slot and no key needs a hash
 //!   tag; the keys spread over the masters by their full names
-//!   (`<prefix>:ip:<client>`, `<prefix>:shares:<HOST:PORT>`). A script that
+//!   (`<prefix>:ip:<client>`, `<prefix>:shares:<HOST:PORT>`,
+//!   `<prefix>:quota:<class>:<client>`). A script that
 //!   ever touches two keys must give them one hash tag (`{…}`). A `{…}` in
 //!   `key_prefix` would become every key's tag: still correct, but all the
 //!   state on one master. The cluster client may send a script again after
 //!   a lost reply, so it may run twice: a claim sets its replica's share
-//!   absolutely, so twice is once; a per-IP check run twice charges its
-//!   client once more.
+//!   absolutely, so twice is once; a per-IP check or a read quota's take run
+//!   twice charges its client once more.
 //! - **`clocks`**: Redis time, not wall clocks — every deadline a call
 //!   carries is on the clock of the node that runs it, from offsets learned
 //!   from replies (per slot on a cluster, each master having its own clock).
@@ -47,6 +51,16 @@
 //!   slot of its replica's share of the host's cap, held in one hash per
 //!   host and handed out locally; a claim per period or when a read finds
 //!   no room, not a round trip per read.
+//! - **`quotas`**: the upstreams' quota gates — an upstream that says its
+//!   quota is spent to one replica is refused on all, until the time it gave.
+//! - **`read_quota`**: the clients' read quotas (`[quota]`) — one key per
+//!   client and class holding the instant its bucket is full again, one Lua
+//!   script per call with the time from `TIME`; a replica takes a
+//!   reservation's reads plus some ahead for the client's next requests (at
+//!   most half of what it has left), hands them out locally for up to a
+//!   second, keeps what requests give back until its next call for that
+//!   client, and keeps a refusal until the reads fit. A reservation dropped
+//!   mid-call loses nothing Redis charged (the call runs in its own task).
 //! - **`limits`**: [`SharedLimits`], the limits above made once on one
 //!   backend.
 //!
@@ -55,7 +69,8 @@
 //! replica; the failed calls void it and the next claim writes it afresh,
 //! so only reads that outlast the failover (at least
 //! `cluster-node-timeout`) can exceed that cap, once. A per-IP check's last
-//! writes may be lost too: a few requests admitted again.
+//! writes may be lost too: a few requests admitted again; a read quota's,
+//! a few reads taken again (a client's bucket fuller than it was).
 //!
 //! **Outage.** A failed, slow or skipped call applies `failure_mode`:
 //! `"open"` answers from the in-process limiter (counting
@@ -71,6 +86,7 @@ mod limits;
 mod lua;
 mod quotas;
 mod rate;
+mod read_quota;
 mod shares;
 mod slots;
 
@@ -80,4 +96,5 @@ pub use backend::RedisBackend;
 pub use limits::SharedLimits;
 pub use quotas::{RedisQuotaBoard, SharedQuotaBoard};
 pub use rate::RedisRateLimiter;
+pub use read_quota::RedisReadQuota;
 pub use shares::RedisHostCaps;
