@@ -12,8 +12,10 @@
 //! heap allocations per request on every side first), `LOAD_NOCAP=1` (no
 //! `[hosts]` cap on the registry: what the process-wide host slot costs),
 //! `LOAD_REDIS=1` (add a side with the per-IP limit and the host cap on a
-//! `redis-server` the bench starts, reporting Redis round trips per request;
-//! `LOAD_ONLY=redis` loads that side only).
+//! `redis-server` the bench starts, and one with a read quota per client
+//! (`[quota]`, never reached, every request reserving) on it too, each
+//! reporting Redis round trips per request, counted on its own backend;
+//! `LOAD_ONLY=redis` loads those two sides only).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
 //!   `FanoutGraphQL` (parsed-document cache, cost preview,
@@ -38,7 +40,8 @@ mod common;
 
 use axum::Router;
 use common::*;
-use fanout_budget::config::HostConfig;
+use fanout_budget::backends::redis::RedisBackend;
+use fanout_budget::config::{HostConfig, QuotaConfig};
 use fanout_budget::{Config, Engine};
 use fanout_gateway::app;
 use fanout_gateway::schema;
@@ -285,15 +288,27 @@ async fn main() {
     }
     // Kept until the end: the server dies with it.
     let mut _redis = None;
+    // Each Redis side's backend: its calls are counted for it alone (the
+    // process-wide count would add the other side's background calls — the
+    // quota board's reads, a share given back).
+    let mut backends: Vec<(&'static str, RedisBackend)> = Vec::new();
     if env("LOAD_REDIS", 0) == 1 {
         match fanout_testkit::RedisServer::start().await {
             Some(redis) => {
                 let mut shared = config.clone();
                 shared.redis.url = redis.url();
-                routers.push((
-                    REDIS_SIDE,
-                    app::build(shared, upstream.clone(), None).router,
-                ));
+                // The same, with a read quota per client that no load here
+                // reaches (a billion reads an hour; every request reserves
+                // its 5), on keys of its own.
+                let mut quota = shared.clone();
+                quota.redis.key_prefix = "fanout-quota".into();
+                quota.quota = QuotaConfig::default().reads(1_000_000_000);
+                for (name, config) in [(REDIS_SIDE, shared), (REDIS_QUOTA_SIDE, quota)] {
+                    let gateway = app::build(config, upstream.clone(), None);
+                    let shared = gateway.shared.as_ref().expect("[redis] url");
+                    backends.push((name, shared.backend().clone()));
+                    routers.push((name, gateway.router));
+                }
                 _redis = Some(redis);
             }
             None => println!("(no Redis side: redis-server missing)"),
@@ -363,14 +378,16 @@ async fn main() {
         match only.as_deref() {
             Some("on") if i != 0 => continue,
             Some("off") if i != k - 1 => continue,
-            Some("redis") if sides[i].name != REDIS_SIDE => continue,
+            Some("redis") if !sides[i].name.starts_with(REDIS_SIDE) => continue,
             _ => {}
         }
         let side = &mut sides[i];
         let cpu_before = cpu_time();
-        let calls_before = fanout_budget::backends::redis::calls_total();
+        let backend = backends.iter().find(|(name, _)| *name == side.name);
+        let calls = || backend.map_or(0, |(_, backend)| backend.calls());
+        let calls_before = calls();
         let mut result = round(&client, &side.url, &body, clients, secs).await;
-        side.redis_calls += fanout_budget::backends::redis::calls_total() - calls_before;
+        side.redis_calls += calls() - calls_before;
         side.requests += result.ok + result.failed;
         let cpu = cpu_time()
             .zip(cpu_before)
@@ -460,7 +477,7 @@ async fn main() {
     println!(
         "without the document cache (every query parsed, as on the engine-off side): throughput {uncached:.3}× (paired), CPU per request {uncached_cpu:.3}× (paired)"
     );
-    for side in sides.iter().filter(|s| s.name == REDIS_SIDE) {
+    for side in sides.iter().filter(|s| s.name.starts_with(REDIS_SIDE)) {
         println!(
             "Redis round trips per request ({}): {:.3} ({} calls, {} requests, 5 reads each)",
             side.name,
@@ -476,6 +493,8 @@ async fn main() {
 
 /// The side whose per-IP limit and host cap are on Redis (`LOAD_REDIS=1`).
 const REDIS_SIDE: &str = "engine on, limits on Redis";
+/// The same with a read quota per client on Redis too (`LOAD_REDIS=1`).
+const REDIS_QUOTA_SIDE: &str = "engine on, limits on Redis, read quota on Redis";
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
