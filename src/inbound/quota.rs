@@ -10,7 +10,7 @@
 //!
 //! How it works, per inbound request of a client with a quota:
 //!
-//! 1. **The ticket** ([`Ticket`]), when the request's scope opens: the
+//! 1. **The ticket** (`client.rs`), when the request's scope opens: the
 //!    class (`reads` for public callers, `internal_reads` for the internal
 //!    token's — identity, never address) and the client key, the per-IP
 //!    limiter's (the TCP peer, or behind `trusted_proxies` the rightmost
@@ -47,6 +47,7 @@ mod store;
 
 pub(crate) use client::{ClientQuota, Ticket};
 pub use local::LocalQuotas;
+pub(crate) use rate::rates;
 pub use rate::Rate;
 pub use reservation::{QuotaStatus, Reservation};
 pub use store::{QuotaClass, QuotaStore, Verdict};

@@ -479,12 +479,8 @@ impl RedisReadQuota {
         if !quota.is_enabled() {
             return None;
         }
-        let rate = |reads, burst| (reads > 0).then(|| Rate::new(reads, quota.period(), burst));
-        Some(Self::new(
-            backend,
-            rate(quota.reads, quota.burst),
-            rate(quota.internal_reads, 0),
-        ))
+        let [public, internal] = crate::inbound::quota::rates(quota);
+        Some(Self::new(backend, public, internal))
     }
 
     fn now(&self) -> Now {

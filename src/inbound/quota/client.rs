@@ -38,9 +38,7 @@ impl ClientQuota {
     /// The quotas `[quota]` configures, in process; `None` when no class
     /// has one.
     pub(crate) fn new(config: &Config) -> Option<Self> {
-        let q = &config.quota;
-        let rate = |reads, burst| (reads > 0).then(|| Rate::new(reads, q.period(), burst));
-        let rates = [rate(q.reads, q.burst), rate(q.internal_reads, 0)];
+        let rates = super::rate::rates(&config.quota);
         if rates.iter().all(Option::is_none) {
             return None;
         }

@@ -7,7 +7,20 @@
 //! than `burst`). A take fits when the bucket would not be owed more than
 //! `burst` reads.
 
+use crate::config::QuotaConfig;
 use std::time::Duration;
+
+/// The rates `[quota]` gives each class, by [`QuotaClass::index`](super::QuotaClass)
+/// (public, internal): the public class's burst is `burst`, the internal
+/// class's a period's reads; `None` for a class without a quota. Every
+/// store keeps these.
+pub(crate) fn rates(quota: &QuotaConfig) -> [Option<Rate>; 2] {
+    let rate = |reads, burst| (reads > 0).then(|| Rate::new(reads, quota.period(), burst));
+    [
+        rate(quota.reads, quota.burst),
+        rate(quota.internal_reads, 0),
+    ]
+}
 
 /// A quota: `reads` per `period`, at most `burst` held at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

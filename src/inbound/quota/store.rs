@@ -70,7 +70,7 @@ impl Verdict {
     }
 }
 
-/// Where the clients' quotas are kept: in process ([`LocalQuotas`]) or
+/// Where the clients' quotas are kept: in process ([`LocalQuotas`](super::LocalQuotas)) or
 /// shared by the fleet (Redis).
 ///
 /// `reserve` must be cancel-safe: a reservation whose future is dropped
