@@ -321,9 +321,10 @@ impl Engine {
     /// The deadline starts now; the limit depends on who calls
     /// (`max_reads`, or `internal_max_reads` for [`Caller::Internal`]).
     /// Without the HTTP request there is no client to key a read quota by:
-    /// with `[quota]` on for the caller's class, the request is refused
-    /// before its first read (the integrations open scopes from the HTTP
-    /// request, and key the quota by its client).
+    /// with `[quota]` on for the caller's class, such a scope can send no
+    /// read (its budget is 0 until a reservation, which fails); the
+    /// integrations open scopes from the HTTP request and key the quota by
+    /// its client.
     pub fn begin_request(&self, caller: Caller) -> FanoutRequest {
         self.open(caller, http::Extensions::new(), false, None)
     }
@@ -340,13 +341,18 @@ impl Engine {
             Caller::Internal => b.internal_max_reads,
             Caller::Public => b.max_reads,
         };
-        let budget =
-            RequestBudget::new(limit, b.max_concurrent_reads, Instant::now() + b.deadline());
+        let ticket = (self.inner.quota.as_ref()).and_then(|quota| quota.ticket(caller, parts));
+        let deadline = Instant::now() + b.deadline();
+        let budget = RequestBudget::new(limit, b.max_concurrent_reads, deadline);
+        // With a read quota no read is sent before the reservation: the
+        // budget opens at 0 and becomes what was reserved.
+        if ticket.is_some() {
+            budget.close_until_reserved();
+        }
         let pricing = Pricing {
             costs: self.costs().is_some(),
             refuse_over: b.refuse_over_estimate,
         };
-        let ticket = (self.inner.quota.as_ref()).and_then(|quota| quota.ticket(caller, parts));
         FanoutRequest::new(
             RequestReads::new(self.inner.reads.clone(), budget),
             caller,

@@ -326,9 +326,9 @@ pub enum Rejection {
     QuotaExhausted {
         /// The quota's name in the `RateLimit` fields (`reads`, `internal-reads`).
         policy: &'static str,
-        /// Reads per period.
+        /// The reads a full quota holds (its burst), as `RateLimit-Policy`'s `q`.
         quota: u64,
-        /// The period, in seconds.
+        /// Seconds a full quota takes to refill, as `RateLimit-Policy`'s `w`.
         period_secs: u64,
         /// The most reads the quota holds (its burst).
         limit: u64,

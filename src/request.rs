@@ -177,7 +177,7 @@ impl FanoutRequest {
         let requested = budget.requested();
         // With a read quota the request can never spend more than its burst.
         let burst = self.inner.quota.as_ref().map_or(u64::MAX, Ticket::burst);
-        let limit = budget.limit().min(burst);
+        let limit = budget.ceiling().min(burst);
         (self.inner.refuse_over && requested > limit)
             .then_some(OperationError::EstimateExceedsBudget { requested, limit })
     }
@@ -196,9 +196,9 @@ impl FanoutRequest {
             .get_or_init(|| async {
                 let budget = self.budget();
                 let reads = if self.inner.price_first {
-                    budget.requested().min(budget.limit())
+                    budget.requested().min(budget.ceiling())
                 } else {
-                    budget.limit()
+                    budget.ceiling()
                 };
                 let reservation = ticket.reserve(reads).await?;
                 budget.reserved(reservation.reserved(), Box::new(reservation.extend()));

@@ -198,7 +198,7 @@ async fn thirty_seconds(costs: bool) {
                 assert_eq!(ext["retryAfterMs"], json!(wait_ns.div_ceil(1_000_000)));
                 let secs = wait_ns.div_ceil(1_000_000_000).max(1).to_string();
                 assert_eq!(answer.headers["retry-after"], secs.as_str());
-                assert_eq!(answer.headers["ratelimit-policy"], "\"reads\";q=60;w=60");
+                assert_eq!(answer.headers["ratelimit-policy"], "\"reads\";q=10;w=10");
                 let left = model.rate.left(model.full_at, now);
                 let field = format!("\"reads\";r={left};t={secs}");
                 assert_eq!(answer.headers["ratelimit"], field.as_str());
@@ -471,7 +471,7 @@ async fn under_fanout_layer_the_batch_reserves_once_and_is_refused_whole() {
     let body = answer.json();
     assert_eq!(answer.status, 429, "{body}");
     assert_eq!(body["errors"][0]["extensions"]["code"], "QUOTA_EXHAUSTED");
-    assert_eq!(answer.headers["ratelimit-policy"], "\"reads\";q=60;w=60");
+    assert_eq!(answer.headers["ratelimit-policy"], "\"reads\";q=10;w=10");
     assert_eq!(
         app.transport.sent().len(),
         8,
@@ -498,4 +498,45 @@ fn the_quota_reads_its_config_and_rejects_impossible_values() {
     let typo = Config::from_toml("[quota]\nread = 10\n").unwrap_err();
     assert_eq!(typo.key(), Some("quota.read"));
     assert!(!Config::default().quota.is_enabled(), "off by default");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scope_that_never_reserved_sends_no_read() {
+    // An app reading through a scope of its own (`begin_request`), or a
+    // handler under `FanoutLayer` reading through the scope it was handed
+    // without running an operation: no reservation, so no read.
+    let mut config = Config::default();
+    config.quota = per_minute(60, 10);
+    let transport = Arc::new(MemTransport::new());
+    let engine = Engine::builder(config).transport(transport.clone()).build();
+    let request = engine.begin_request(fanout_budget::inbound::Caller::Public);
+    let op = request.operation();
+    let read = op
+        .upstream()
+        .read(Read::get("http://up.test/x".parse().unwrap()))
+        .await;
+    let err = read.expect_err("a read without a reservation");
+    assert_eq!(err.code(), "FANOUT_BUDGET_EXHAUSTED", "{err:?}");
+    assert_eq!(transport.sent().len(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_rounds_up_so_the_retry_fits() {
+    // 7 a minute: a read's share is 8571.43 ms, never whole milliseconds.
+    let app = new_app(per_minute(7, 3), 100, true, false);
+    assert_eq!(spend(&app, 3, "all", false).await.status, 200);
+    let answer = spend(&app, 1, "one", false).await;
+    assert_eq!(answer.status, 429);
+    let wait = answer.json()["errors"][0]["extensions"]["retryAfterMs"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(answer.headers["ratelimit-policy"], "\"reads\";q=3;w=26");
+    tokio::time::advance(Duration::from_millis(wait)).await;
+    let answer = spend(&app, 1, "again", false).await;
+    assert_eq!(
+        answer.status,
+        200,
+        "retried after {wait} ms: {}",
+        answer.json()
+    );
 }

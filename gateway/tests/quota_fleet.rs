@@ -385,10 +385,11 @@ async fn a_reservation_dropped_mid_call_loses_nothing_redis_charged() {
     until(
         "the call's reads stocked",
         Duration::from_secs(5),
-        async || quota.stocked(QuotaClass::Public, client) == 5,
+        // The 5 and the margin of 2 taken ahead.
+        async || quota.stocked(QuotaClass::Public, client) == 7,
     )
     .await;
-    assert_eq!(owed(&redis, key, SLOW_INTERVAL_US).await, 5, "charged once");
+    assert_eq!(owed(&redis, key, SLOW_INTERVAL_US).await, 7, "charged once");
     // The next reservation gives them back, or uses them: what Redis
     // charged is what was handed out plus what is stocked.
     let verdict = quota.reserve(QuotaClass::Public, client, 5).await.unwrap();
@@ -419,11 +420,12 @@ async fn refunds_of_clients_a_replica_forgets_are_given_back_on_redis() {
     }
     let owed_before = owed_all(&redis, "fanout:quota:reads:198.19.*", SLOW_INTERVAL_US).await;
     assert_eq!(owed_before.len(), CLIENTS as usize);
-    assert!(owed_before.iter().all(|&n| n == 10), "refunds stay here");
-    // Idle for two windows, the clients are forgotten at the next sweep
-    // (reserving nothing calls no Redis, but counts), and what they gave
-    // back goes to Redis.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // 10 and the margin of 2 taken ahead.
+    assert!(owed_before.iter().all(|&n| n == 12), "refunds stay here");
+    // Idle for two windows and their stock stale (a HOLD, 1 s), the clients
+    // are forgotten at the next sweep (reserving nothing calls no Redis,
+    // but counts), and what they gave back and held goes to Redis.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let other: IpAddr = "198.18.0.41".parse().unwrap();
     for _ in 0..2 * 4096 + 2 * CLIENTS {
         quota.reserve(QuotaClass::Public, other, 0).await.unwrap();
@@ -434,4 +436,38 @@ async fn refunds_of_clients_a_replica_forgets_are_given_back_on_redis() {
         owed.len() == CLIENTS as usize && owed.iter().all(|&n| n == 2)
     })
     .await;
+}
+
+#[tokio::test]
+async fn a_read_past_the_estimate_finds_one_at_once_and_a_refund_is_never_handed_out_again() {
+    let Some(redis) = RedisServer::start().await else {
+        return;
+    };
+    let (quota, _) = slow_quota(&redis);
+    let client: IpAddr = "198.18.0.42".parse().unwrap();
+    let verdict = quota.reserve(QuotaClass::Public, client, 3).await.unwrap();
+    assert!(matches!(verdict, Verdict::Reserved { .. }), "{verdict:?}");
+    // A client seen once: the margin taken ahead serves a hop at once.
+    for _ in 0..2 {
+        let more = quota.reserve_at_once(QuotaClass::Public, client, 1);
+        assert!(matches!(more, Some(Verdict::Reserved { .. })), "{more:?}");
+    }
+    assert_eq!(
+        quota.reserve_at_once(QuotaClass::Public, client, 1),
+        None,
+        "the margin is spent"
+    );
+    // What a request gives back waits for the next call: it is never handed
+    // out again from here (charged long ago, it could come back fresh on
+    // top of a refilled bucket).
+    quota.refund(QuotaClass::Public, client, 3);
+    assert_eq!(quota.reserve_at_once(QuotaClass::Public, client, 1), None);
+    let key = "fanout:quota:reads:198.18.0.42";
+    assert_eq!(owed(&redis, key, SLOW_INTERVAL_US).await, 5);
+    let verdict = quota.reserve(QuotaClass::Public, client, 1).await.unwrap();
+    assert!(matches!(verdict, Verdict::Reserved { .. }), "{verdict:?}");
+    // The 3 given back with that call: owed are the 2 + 1 handed out and
+    // what this replica took ahead.
+    let stocked = quota.stocked(QuotaClass::Public, client);
+    assert_eq!(owed(&redis, key, SLOW_INTERVAL_US).await, 3 + stocked);
 }

@@ -27,7 +27,7 @@
 //!    it has one, never waiting, up to the request's own budget. One reservation for the whole batch; a refusal refuses the
 //!    whole batch: 429 `QUOTA_EXHAUSTED`, `Retry-After`, and the IETF
 //!    `RateLimit-Policy` / `RateLimit` fields of the quota.
-//! 3. **The settlement** ([`Reservation`]), when the request's scope is
+//! 3. **The settlement** (`reservation.rs`), when the request's scope is
 //!    dropped — answered, or cancelled by its client: what was reserved and
 //!    not charged goes back. A read charged is spent whether or not its
 //!    answer arrived, so a client that aborts its requests gains nothing.
@@ -49,5 +49,6 @@ pub(crate) use client::{ClientQuota, Ticket};
 pub use local::LocalQuotas;
 pub(crate) use rate::rates;
 pub use rate::Rate;
-pub use reservation::{QuotaStatus, Reservation};
+pub use reservation::QuotaStatus;
+pub(crate) use reservation::Reservation;
 pub use store::{QuotaClass, QuotaStore, Verdict};

@@ -211,14 +211,27 @@ impl RequestBudget {
         true
     }
 
-    /// Lowers the limit to `to`, what the client's read quota reserved,
-    /// before the request's first read; `extend` then takes one more read
+    /// Sets the limit to `to`, what the client's read quota reserved
+    /// (never past the request's own), before the request's first read; `extend` then takes one more read
     /// from the quota at once when a read finds none left (a redirect hop,
     /// a token fetch the estimate did not count), up to the request's own
     /// limit.
     pub(crate) fn reserved(&self, to: u64, extend: Extend) {
-        self.limit.fetch_min(to, Relaxed);
         let _ = self.extend.set(std::sync::Mutex::new(extend));
+        self.limit.store(to.min(self.ceiling), Relaxed);
+    }
+
+    /// Opens the budget at 0 reads until [`reserved`](Self::reserved)
+    /// (a client with a read quota: no read before its reservation, by any
+    /// path to the acquisition point).
+    pub(crate) fn close_until_reserved(&self) {
+        self.limit.store(0, Relaxed);
+    }
+
+    /// The request's own limit (`max_reads`), which a reservation on the
+    /// client's read quota may lower but never pass.
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
     }
 
     /// Whether no read is left (a cheap check before waiting for anything):

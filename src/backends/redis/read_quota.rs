@@ -29,9 +29,14 @@
 //!   reservation — so near the limit the takes shrink to the need, and a
 //!   client seen once takes nothing ahead. The same call gives back the
 //!   stale stock (older than [`HOLD`]). Reserving nothing never calls.
-//! - **Refunding** what a request did not spend puts it in the stock, with
-//!   no call: the next reservation of that client on this replica uses it,
-//!   or its next call gives it back on Redis.
+//! - **Refunding** what a request did not spend costs no call: the reads
+//!   wait here and the client's next call gives them back on Redis (where
+//!   the script caps them at a full bucket). They are never handed out
+//!   again from here: charged long ago, they could otherwise come back
+//!   fresh on top of a bucket that has refilled meanwhile.
+//! - **A margin**: every call takes at least two reads ahead (within half
+//!   of what is left), so a read past its request's estimate — a redirect
+//!   hop, a token fetch and its retry — finds one here at once.
 //! - **A refusal** is kept here: the reply says when the client's bucket is
 //!   full again, and a reservation that cannot fit by that instant is
 //!   refused here, with its retry time, until it can (so a client over its
@@ -43,8 +48,7 @@
 //!   then find its answer in the stock.
 //!
 //! What the fleet can spend: every read a request sends was charged on
-//! Redis, at most a [`HOLD`] before it was handed out (or before the
-//! request that gave it back handed it out first), so the reads of one
+//! Redis at most a [`HOLD`] before it was handed out, so the reads of one
 //! client over any window stay within its burst plus what its rate refills
 //! over the window and one [`HOLD`] more — and since a take ahead is at
 //! most half of what is left, the extra shrinks to nothing when the client
@@ -53,8 +57,8 @@
 //! **Cancellation.** The call runs in a task of its own: a reservation
 //! whose future is dropped while its call is in flight does not lose what
 //! Redis charged. The task's answer carries the reads it took, and handing
-//! them over is the waiting reservation's job; dropped unclaimed, they go
-//! into the client's stock (`Held`). A reservation served from the stock
+//! them over is the waiting reservation's job; dropped unclaimed, they
+//! wait to be given back with the client's next call (`Held`). A reservation served from the stock
 //! finishes without awaiting anything.
 //!
 //! **Failures.** A call that fails or times out is `Err`: the engine
@@ -103,6 +107,10 @@ const HOLD: Duration = Duration::from_secs(1);
 const WINDOW: Duration = Duration::from_millis(250);
 /// Reads taken ahead: this many windows of the client's demand.
 const AHEAD_WINDOWS: u64 = 3;
+/// Reads any call takes ahead at least (within half of what is left), so a
+/// read past its request's estimate — a redirect hop, a token fetch and
+/// its retry — finds one at once (`QuotaStore::reserve_at_once`).
+const MARGIN: u64 = 2;
 /// Swept clients' reads waiting to go back on Redis, at most.
 const GIVE_BACK_QUEUE: usize = 65_536;
 /// Give-back calls in flight at once.
@@ -228,6 +236,10 @@ struct Stock {
     /// back by requests — usable until `until`.
     left: u64,
     until: Instant,
+    /// Reads requests gave back, to be given back on Redis with the next
+    /// call: never handed out again here, so a read charged long ago cannot
+    /// come back fresh on top of a refilled bucket.
+    given: u64,
     /// When the client's bucket is full again, as the last answer said (ns
     /// on the store's clock; what this replica took then included).
     full_at: u64,
@@ -261,6 +273,7 @@ impl Stock {
         Self {
             left: 0,
             until: now,
+            given: 0,
             full_at: 0,
             refused_until: now,
             window_start: now,
@@ -292,7 +305,7 @@ impl Stock {
             self.left -= need;
             return Plan::Done(self.reserved(rate, now));
         }
-        let back = self.left - usable;
+        let back = (self.left - usable) + self.given;
         let take = need - usable;
         // As far as this replica knows, once the stale stock is given back.
         let full_at = rate.give_back(self.full_at, now.ns, back);
@@ -305,9 +318,10 @@ impl Stock {
             });
         }
         self.left = usable;
+        self.given = 0;
         Plan::Call {
             take,
-            ahead: demand.saturating_mul(AHEAD_WINDOWS).min(rate.burst()),
+            ahead: (demand.saturating_mul(AHEAD_WINDOWS).max(MARGIN)).min(rate.burst()),
             back,
         }
     }
@@ -335,7 +349,7 @@ impl Stock {
     /// The verdict of a reservation just handed out: the stock counts as
     /// the client's, as if given back.
     fn reserved(&self, rate: &Rate, now: Now) -> Verdict {
-        let full_at = rate.give_back(self.full_at, now.ns, self.left);
+        let full_at = rate.give_back(self.full_at, now.ns, self.left + self.given);
         Verdict::Reserved {
             remaining: rate.left(full_at, now.ns),
             full_in: Duration::from_nanos(full_at - now.ns),
@@ -413,7 +427,7 @@ impl Class {
             if !stock.idle(now) {
                 return true;
             }
-            let reads = stock.left + client.refunded.load(Relaxed);
+            let reads = stock.left + stock.given + client.refunded.load(Relaxed);
             if reads > 0 {
                 back.push((*ip, reads));
             }
@@ -552,7 +566,7 @@ impl RedisReadQuota {
             return 0;
         };
         c.clients.get(&client).map_or(0, |entry| {
-            let stock = entry.stock.try_lock().map_or(0, |s| s.left);
+            let stock = entry.stock.try_lock().map_or(0, |s| s.left + s.given);
             stock + entry.refunded.load(Relaxed)
         })
     }
@@ -590,7 +604,7 @@ impl QuotaStore for RedisReadQuota {
             let mut stock = entry.stock.lock().await;
             drop(queued);
             let behind = entry.queued.load(Relaxed);
-            stock.left += entry.refunded.swap(0, Relaxed);
+            stock.given += entry.refunded.swap(0, Relaxed);
             let now = self.now();
             let (take, ahead, back) = match stock.plan(&c.rate, now, reads, behind) {
                 Plan::Done(verdict) => return Ok(verdict),
@@ -623,7 +637,12 @@ impl QuotaStore for RedisReadQuota {
                 (reply, held)
             });
             let (reply, mut held) = call.await.map_err(down)?;
-            stock.left += held.claim();
+            let late = matches!(&reply, Ok(r) if r.outcome == Outcome::Late);
+            if late {
+                stock.given += held.claim(); // not given back: next call
+            } else {
+                stock.left += held.claim();
+            }
             let reply = reply?;
             let now = self.now();
             match reply.outcome {
@@ -656,7 +675,7 @@ impl QuotaStore for RedisReadQuota {
         };
         let entry = c.clients.get(&client)?;
         let mut stock = entry.stock.try_lock().ok()?;
-        stock.left += entry.refunded.swap(0, Relaxed);
+        stock.given += entry.refunded.swap(0, Relaxed);
         let now = self.now();
         if now.at < stock.until && stock.left >= reads {
             stock.left -= reads;

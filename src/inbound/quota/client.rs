@@ -169,11 +169,12 @@ impl Ticket {
                 metrics::quota_reads(self.class.name(), "refused", reads);
                 Err(Rejection::QuotaExhausted {
                     policy: self.class.name(),
-                    quota: rate.reads(),
-                    period_secs: rate.period_secs(),
+                    quota: rate.burst(),
+                    period_secs: rate.refill_secs(),
                     limit: rate.burst(),
                     remaining: remaining.min(rate.burst()),
-                    retry_after_ms: u64::try_from(retry_after.as_millis())
+                    // Rounded up: retried after this many ms, it fits.
+                    retry_after_ms: u64::try_from(retry_after.as_nanos().div_ceil(1_000_000))
                         .unwrap_or(u64::MAX)
                         .max(1),
                 })

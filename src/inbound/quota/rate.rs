@@ -56,6 +56,16 @@ impl Rate {
         self.period.as_secs().max(1)
     }
 
+    /// Seconds a whole burst takes to refill (rounded up, at least 1): the
+    /// window of the IETF `RateLimit-Policy` that says `burst` reads
+    /// (`q=burst;w=refill_secs`), which describes the bucket as it is.
+    pub fn refill_secs(&self) -> u64 {
+        let nanos = u128::from(self.burst) * u128::from(self.interval_ns);
+        u64::try_from(nanos.div_ceil(1_000_000_000))
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
     /// The most reads held at once: a full quota.
     pub fn burst(&self) -> u64 {
         self.burst

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 /// Reads a request reserved on its client's quota. [`settle`](Self::settle)
 /// gives back what was not spent; dropped unsettled, it gives back nothing
 /// (the request scope settles it when it ends, answered or cancelled).
-pub struct Reservation {
+pub(crate) struct Reservation {
     /// The store it was taken from, which takes back what is not spent.
     store: Arc<dyn QuotaStore>,
     class: QuotaClass,
@@ -80,7 +80,7 @@ impl Reservation {
     }
 
     /// Reads reserved before the request's first read: its budget.
-    pub fn reserved(&self) -> u64 {
+    pub(crate) fn reserved(&self) -> u64 {
         self.reserved
     }
 
@@ -106,7 +106,7 @@ impl Reservation {
 
     /// The quota as it will stand once the request settles having spent
     /// `used` reads.
-    pub fn status(&self, used: u64) -> QuotaStatus {
+    pub(crate) fn status(&self, used: u64) -> QuotaStatus {
         let extra = self.extra.load(Relaxed);
         let unspent = (self.reserved + extra).saturating_sub(used);
         let span = |reads: u64| Duration::from_nanos(reads.saturating_mul(self.rate.interval_ns()));
@@ -120,7 +120,7 @@ impl Reservation {
     }
 
     /// The request spent `used` reads: the rest goes back.
-    pub fn settle(self, used: u64) {
+    pub(crate) fn settle(self, used: u64) {
         let unspent = self.total().saturating_sub(used);
         if unspent > 0 {
             metrics::quota_reads(self.class.name(), "refunded", unspent);

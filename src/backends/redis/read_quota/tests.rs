@@ -98,7 +98,7 @@ fn ten_a_second() -> Rate {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_client_seen_once_takes_nothing_ahead_then_its_demand_sizes_the_takes() {
+async fn a_client_seen_once_takes_the_margin_ahead_then_its_demand_sizes_the_takes() {
     let rate = Rate::new(100_000, Duration::from_secs(60), 0);
     let mut redis = Redis::new(rate);
     let mut replica = Replica::new();
@@ -107,10 +107,10 @@ async fn a_client_seen_once_takes_nothing_ahead_then_its_demand_sizes_the_takes(
         replica.stock.plan(&rate, now, 5, 0),
         Plan::Call {
             take: 5,
-            ahead: 0,
+            ahead: 2,
             back: 0
         },
-        "a client seen once takes what it needs"
+        "a client seen once takes what it needs and the margin (2)"
     );
     // Unless 31 reservations of 5 wait behind its first one.
     let mut burst = Replica::new();
@@ -323,7 +323,7 @@ async fn a_million_clients_are_swept_and_their_refunds_given_back() {
                 plan,
                 Plan::Call {
                     take: 10,
-                    ahead: 0,
+                    ahead: 2,
                     back: 0
                 }
             );
