@@ -20,7 +20,7 @@
 //! client, a **stock**: reads charged on Redis and not handed out yet.
 //!
 //! - **Reserving** `n` reads takes them from the stock while it lasts and is
-//!   fresh (charged less than [`HOLD`], a second, ago): no call. Otherwise
+//!   fresh (charged less than [`HOLD`](stock::HOLD), a second, ago): no call. Otherwise
 //!   one call takes what the stock lacks **plus reads ahead** for that
 //!   client's next requests on this replica: as many as it reserved here in
 //!   a recent window of 250 ms (or as the reservations waiting for this
@@ -28,7 +28,7 @@
 //!   never more than half of what the client has left after the
 //!   reservation — so near the limit the takes shrink to the need, and a
 //!   client seen once takes nothing ahead. The same call gives back the
-//!   stale stock (older than [`HOLD`]). Reserving nothing never calls.
+//!   stale stock (older than [`HOLD`](stock::HOLD)). Reserving nothing never calls.
 //! - **Refunding** what a request did not spend costs no call: the reads
 //!   wait here and the client's next call gives them back on Redis (where
 //!   the script caps them at a full bucket). They are never handed out
@@ -48,9 +48,9 @@
 //!   then find its answer in the stock.
 //!
 //! What the fleet can spend: every read a request sends was charged on
-//! Redis at most a [`HOLD`] before it was handed out, so the reads of one
+//! Redis at most a [`HOLD`](stock::HOLD) before it was handed out, so the reads of one
 //! client over any window stay within its burst plus what its rate refills
-//! over the window and one [`HOLD`] more — and since a take ahead is at
+//! over the window and one [`HOLD`](stock::HOLD) more — and since a take ahead is at
 //! most half of what is left, the extra shrinks to nothing when the client
 //! is at its limit, which is when it matters.
 //!
@@ -78,7 +78,6 @@
 //! sent by one task, a few calls at a time.
 
 use super::backend::{down, RedisBackend};
-use super::lua::{ints, unexpected, Lua, Timed};
 use crate::config::QuotaConfig;
 use crate::error::Unavailable;
 use crate::inbound::limiter::SWEEP_EVERY;
@@ -88,83 +87,16 @@ use dashmap::DashMap;
 use foldhash::fast::SeedableRandomState;
 use futures::future::BoxFuture;
 use futures::StreamExt;
-use redis::{FromRedisValue, RedisResult, Value};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, LazyLock, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// `lua/quota.lua`.
-static QUOTA: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/quota.lua")));
-
-/// How long reads charged on Redis may be handed out here; older, they are
-/// given back with the client's next call.
-const HOLD: Duration = Duration::from_secs(1);
-/// The window over which a client's reservations on this replica are
-/// counted, to size what the next call takes ahead.
-const WINDOW: Duration = Duration::from_millis(250);
-/// Reads taken ahead: this many windows of the client's demand.
-const AHEAD_WINDOWS: u64 = 3;
-/// Reads any call takes ahead at least (within half of what is left), so a
-/// read past its request's estimate — a redirect hop, a token fetch and
-/// its retry — finds one at once (`QuotaStore::reserve_at_once`).
-const MARGIN: u64 = 2;
 /// Swept clients' reads waiting to go back on Redis, at most.
 const GIVE_BACK_QUEUE: usize = 65_536;
 /// Give-back calls in flight at once.
 const GIVE_BACK_CALLS: usize = 8;
-
-/// What the script did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Outcome {
-    /// `granted` reads taken: the reservation's and those ahead.
-    Granted { granted: u64 },
-    /// Refused, nothing taken; what was asked fits in `wait`.
-    Refused { wait: Duration },
-    /// It ran past its deadline and did nothing.
-    Late,
-}
-
-/// The script's reply: `{status, granted, wait_us, full_in_us, now_us}`
-/// (`lua/quota.lua`).
-#[derive(Debug)]
-struct QuotaReply {
-    outcome: Outcome,
-    /// Until the client's bucket is full again, after the call.
-    full_in: Duration,
-    now_us: i64,
-}
-
-impl FromRedisValue for QuotaReply {
-    fn from_redis_value(v: &Value) -> RedisResult<Self> {
-        let [status, granted, wait_us, full_in_us, now_us] = ints("QUOTA", v)?;
-        let us = |n: i64| Duration::from_micros(n.max(0) as u64);
-        let outcome = match status {
-            -1 => Outcome::Late,
-            0 => Outcome::Refused { wait: us(wait_us) },
-            1 if granted >= 0 => Outcome::Granted {
-                granted: granted as u64,
-            },
-            _ => return Err(unexpected("QUOTA", v)),
-        };
-        Ok(Self {
-            outcome,
-            full_in: us(full_in_us),
-            now_us,
-        })
-    }
-}
-
-impl Timed for QuotaReply {
-    fn late(&self) -> bool {
-        self.outcome == Outcome::Late
-    }
-    fn redis_now_us(&self) -> i64 {
-        self.now_us
-    }
-}
 
 /// One client as this replica knows it.
 #[derive(Debug)]
@@ -229,149 +161,9 @@ impl Drop for Held {
     }
 }
 
-/// A client's stock and what this replica knows of its bucket.
-#[derive(Debug)]
-struct Stock {
-    /// Reads charged on Redis and not handed out — taken ahead, or given
-    /// back by requests — usable until `until`.
-    left: u64,
-    until: Instant,
-    /// Reads requests gave back, to be given back on Redis with the next
-    /// call: never handed out again here, so a read charged long ago cannot
-    /// come back fresh on top of a refilled bucket.
-    given: u64,
-    /// When the client's bucket is full again, as the last answer said (ns
-    /// on the store's clock; what this replica took then included).
-    full_at: u64,
-    /// Refused until then (kept through sweeps until then).
-    refused_until: Instant,
-    /// Reads reserved in the current window, and in the one before.
-    window_start: Instant,
-    seen: u64,
-    seen_before: u64,
-}
-
-/// What a reservation does, decided from what this replica holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Plan {
-    /// Answered here.
-    Done(Verdict),
-    /// Ask Redis for `take` reads and up to `ahead` more, giving back `back`.
-    Call { take: u64, ahead: u64, back: u64 },
-}
-
-/// The instant a reservation is decided at: tokio's, and the same in ns on
-/// the store's clock.
-#[derive(Clone, Copy, Debug)]
-struct Now {
-    at: Instant,
-    ns: u64,
-}
-
-impl Stock {
-    fn new(now: Instant) -> Self {
-        Self {
-            left: 0,
-            until: now,
-            given: 0,
-            full_at: 0,
-            refused_until: now,
-            window_start: now,
-            seen: 0,
-            seen_before: 0,
-        }
-    }
-
-    /// Counts `need` reads reserved; what the client reserved here in a
-    /// window lately, this reservation not counted.
-    fn count(&mut self, now: Instant, need: u64) -> u64 {
-        if now >= self.window_start + WINDOW {
-            let whole = now < self.window_start + 2 * WINDOW;
-            self.seen_before = if whole { self.seen } else { 0 };
-            self.seen = 0;
-            self.window_start = now;
-        }
-        let before = self.seen;
-        self.seen = self.seen.saturating_add(need);
-        before.max(self.seen_before)
-    }
-
-    /// Decides a reservation of `need` reads, with `queued` reads of other
-    /// reservations of the client waiting behind it.
-    fn plan(&mut self, rate: &Rate, now: Now, need: u64, queued: u64) -> Plan {
-        let demand = self.count(now.at, need).max(queued);
-        let usable = if now.at < self.until { self.left } else { 0 };
-        if usable >= need {
-            self.left -= need;
-            return Plan::Done(self.reserved(rate, now));
-        }
-        let back = (self.left - usable) + self.given;
-        let take = need - usable;
-        // As far as this replica knows, once the stale stock is given back.
-        let full_at = rate.give_back(self.full_at, now.ns, back);
-        if let Err(wait) = rate.take(full_at, now.ns, take) {
-            let retry_after = Duration::from_nanos(wait);
-            self.refused_until = self.refused_until.max(now.at + retry_after);
-            return Plan::Done(Verdict::Refused {
-                remaining: rate.left(full_at, now.ns).saturating_add(usable),
-                retry_after,
-            });
-        }
-        self.left = usable;
-        self.given = 0;
-        Plan::Call {
-            take,
-            ahead: (demand.saturating_mul(AHEAD_WINDOWS).max(MARGIN)).min(rate.burst()),
-            back,
-        }
-    }
-
-    /// Redis granted the call of a reservation of `need` reads (the reads
-    /// it took are in `left` already); the bucket is full in `full_in`.
-    fn granted(&mut self, rate: &Rate, now: Now, full_in: Duration, need: u64) -> Verdict {
-        self.until = now.at + HOLD;
-        self.full_at = now.ns.saturating_add(nanos(full_in));
-        self.left = self.left.saturating_sub(need);
-        self.reserved(rate, now)
-    }
-
-    /// Redis refused the call: what it asked fits in `wait`.
-    fn refused(&mut self, rate: &Rate, now: Now, full_in: Duration, wait: Duration) -> Verdict {
-        self.full_at = now.ns.saturating_add(nanos(full_in));
-        self.refused_until = self.refused_until.max(now.at + wait);
-        let usable = if now.at < self.until { self.left } else { 0 };
-        Verdict::Refused {
-            remaining: rate.left(self.full_at, now.ns).saturating_add(usable),
-            retry_after: wait.max(Duration::from_millis(1)),
-        }
-    }
-
-    /// The verdict of a reservation just handed out: the stock counts as
-    /// the client's, as if given back.
-    fn reserved(&self, rate: &Rate, now: Now) -> Verdict {
-        let full_at = rate.give_back(self.full_at, now.ns, self.left + self.given);
-        Verdict::Reserved {
-            remaining: rate.left(full_at, now.ns),
-            full_in: Duration::from_nanos(full_at - now.ns),
-        }
-    }
-
-    /// Whether a sweep may forget it: nothing fresh in stock, no recent
-    /// demand, no refusal pending.
-    fn idle(&self, now: Instant) -> bool {
-        (self.left == 0 || now >= self.until)
-            && now >= self.refused_until
-            && now >= self.window_start + 2 * WINDOW
-    }
-}
-
 /// `<prefix>:quota:<class>:<client>`.
 fn quota_key(backend: &RedisBackend, class: QuotaClass, client: IpAddr) -> String {
     backend.key("quota", &format!("{}:{client}", class.name()))
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// One class's quota and the clients this replica knows.
@@ -686,5 +478,10 @@ impl QuotaStore for RedisReadQuota {
     }
 }
 
+mod reply;
+mod stock;
 #[cfg(test)]
 mod tests;
+
+use reply::{Outcome, QuotaReply, QUOTA};
+use stock::{Now, Plan, Stock};
