@@ -266,6 +266,40 @@ async fn with_refuse_over_estimate_a_request_larger_than_the_burst_reserves_noth
     );
 }
 
+/// A batch whose operations' estimates add past `u64::MAX` (one priced at
+/// nearly that, skipped): the sum saturates, it is refused whole having
+/// reserved and read nothing, under both integrations — it did not wrap to
+/// a small reservation the extension path then grows to the whole burst.
+#[tokio::test(start_paused = true)]
+async fn estimates_that_add_past_the_largest_number_are_refused_whole() {
+    for layer in [false, true] {
+        let app = app_with(per_minute(60, 10), 100, true, true, layer);
+        let batch = json!([
+            { "query": "{ spend(n: 18446744073709551601, tag: \"x\") @skip(if: true) { ok } }" },
+            { "query": "{ spend(n: 15, tag: \"y\") { ok } }" },
+        ]);
+        let peer: SocketAddr = CLIENT.parse().unwrap();
+        let answer = call(
+            &app.router,
+            graphql_request(batch.to_string(), &[], Some(peer)),
+        )
+        .await;
+        let body = answer.json();
+        assert_eq!(app.transport.sent().len(), 0, "layer {layer}: {body}");
+        // The first fails validation (`n` is no `Int`) but was priced.
+        for op in body.as_array().expect("a batch answer") {
+            assert_eq!(op["data"], json!(null), "layer {layer}: {body}");
+        }
+        assert_eq!(
+            body[1]["errors"][0]["extensions"]["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET",
+            "layer {layer}: {body}"
+        );
+        // Nothing was reserved: the whole burst is still there.
+        let answer = spend(&app, 10, "fits", false).await;
+        assert_eq!(answer.status, 200, "layer {layer}: {}", answer.json());
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_internal_class_is_apart() {
     // Internal callers without a quota of their own: never refused, and

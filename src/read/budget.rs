@@ -257,8 +257,11 @@ impl RequestBudget {
     }
 
     /// Records worst-case reads of the request's operations (the cost preview).
+    /// Saturates: a batch's estimates that add past `u64::MAX` stay there
+    /// (wrapped, they would reserve next to nothing).
     pub(crate) fn add_requested(&self, reads: u64) {
-        self.requested.fetch_add(reads, Relaxed);
+        let _ =
+            (self.requested).fetch_update(Relaxed, Relaxed, |sum| Some(sum.saturating_add(reads)));
     }
 
     /// The request's worst-case reads recorded so far.
