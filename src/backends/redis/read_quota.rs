@@ -31,18 +31,24 @@
 //!   stale stock (older than [`HOLD`](stock::HOLD)). Reserving nothing never calls.
 //! - **Refunding** what a request did not spend costs no call: the reads
 //!   wait here and the client's next call gives them back on Redis (where
-//!   the script caps them at a full bucket). They are never handed out
-//!   again from here: charged long ago, they could otherwise come back
-//!   fresh on top of a bucket that has refilled meanwhile.
+//!   the script caps them at a full bucket) — or, if no call for that
+//!   client comes while its stock is fresh (it went to another replica),
+//!   a task that runs every [`HOLD`](stock::HOLD) gives them back with the
+//!   stale stock, so the other replicas see them within about two
+//!   seconds. They are never handed out again from here: charged long
+//!   ago, they could otherwise come back fresh on top of a bucket that has
+//!   refilled meanwhile.
 //! - **A margin**: every call takes at least two reads ahead (within half
 //!   of what is left), so a read past its request's estimate — a redirect
 //!   hop, a token fetch and its retry — finds one here at once.
-//! - **A refusal** is kept here: the reply says when the client's bucket is
-//!   full again, and a reservation that cannot fit by that instant is
-//!   refused here, with its retry time, until it can (so a client over its
-//!   quota costs one call per refill, not one per request). What another
-//!   replica gave back meanwhile is not seen until then: the fleet is that
-//!   much stricter for a moment, never more lenient.
+//! - **A refusal** is kept here for up to a [`HOLD`](stock::HOLD): the
+//!   reply says when the client's bucket is full again, and for a second
+//!   a reservation that cannot fit by what it said is refused here, with
+//!   its retry time (so a client over its quota costs a replica at most a
+//!   call a second, not one per request); then the next one asks Redis
+//!   again. What another replica gave back meanwhile is not seen for that
+//!   second: the fleet is that much stricter for a moment, never more
+//!   lenient.
 //! - **One call at a time per client**: a client's reservations wait, on a
 //!   `tokio::sync::Mutex` of its own, for the call in flight for it, and
 //!   then find its answer in the stock.
@@ -204,6 +210,30 @@ impl Class {
         back
     }
 
+    /// Takes, from the clients no call has served for a [`HOLD`](stock::HOLD)
+    /// (their stock is stale), the reads they hold to give back — requests'
+    /// refunds, stale stock — so they go back on Redis now rather than
+    /// with a next call that may never come here (the client went to
+    /// another replica).
+    fn stale(&self, now: Now) -> Vec<(IpAddr, u64)> {
+        let mut back = Vec::new();
+        for entry in self.clients.iter() {
+            let Ok(mut stock) = entry.stock.try_lock() else {
+                continue; // a call in flight gives them back
+            };
+            if now.at < stock.until {
+                continue;
+            }
+            let reads = stock.left + stock.given + entry.refunded.swap(0, Relaxed);
+            if reads > 0 {
+                (stock.left, stock.given) = (0, 0);
+                stock.full_at = self.rate.give_back(stock.full_at, now.ns, reads);
+                back.push((*entry.key(), reads));
+            }
+        }
+        back
+    }
+
     /// Forgets the idle clients no one holds; their reads to give back.
     fn sweep(&self, now: Instant) -> Vec<(IpAddr, u64)> {
         let mut back = Vec::new();
@@ -230,7 +260,8 @@ impl Class {
     }
 }
 
-/// Reads to give back on Redis for a client forgotten here.
+/// Reads to give back on Redis for a client forgotten here, or whose stock
+/// went stale.
 #[derive(Debug)]
 struct GiveBack {
     class: QuotaClass,
@@ -251,10 +282,13 @@ struct GiveBack {
 pub struct RedisReadQuota {
     backend: RedisBackend,
     origin: Instant,
-    classes: [Option<Class>; 2],
+    classes: Arc<[Option<Class>; 2]>,
     /// The queue of the task that gives swept clients' reads back, started
-    /// by the first sweep that has any.
+    /// by the first sweep or refund.
     give_back: OnceLock<mpsc::Sender<GiveBack>>,
+    /// The task that gives stale clients' reads back every [`HOLD`](stock::HOLD),
+    /// started by the first refund.
+    flusher: OnceLock<()>,
 }
 
 impl std::fmt::Debug for RedisReadQuota {
@@ -273,8 +307,9 @@ impl RedisReadQuota {
         Self {
             backend,
             origin: Instant::now(),
-            classes: [public.map(Class::new), internal.map(Class::new)],
+            classes: Arc::new([public.map(Class::new), internal.map(Class::new)]),
             give_back: OnceLock::new(),
+            flusher: OnceLock::new(),
         }
     }
 
@@ -290,9 +325,7 @@ impl RedisReadQuota {
     }
 
     fn now(&self) -> Now {
-        let at = Instant::now();
-        let ns = u64::try_from((at - self.origin).as_nanos()).unwrap_or(u64::MAX);
-        Now { at, ns }
+        Now::since(self.origin)
     }
 
     /// The script's integer arguments (its deadline appended by
@@ -308,9 +341,61 @@ impl RedisReadQuota {
         ]
     }
 
-    /// Queues a swept client's reads to go back on Redis.
+    /// Queues a client's reads to go back on Redis.
     fn give_back_later(&self, give: GiveBack) {
-        let queue = self.give_back.get_or_init(|| {
+        if self.give_back_queue().try_send(give).is_err() {
+            tracing::debug!("the read quota's give-back queue is full; reads dropped");
+        }
+    }
+
+    /// Every [`HOLD`](stock::HOLD), until the store is dropped: the reads
+    /// of clients whose stock went stale go back on Redis (`Class::stale`).
+    /// Started by the first refund, in a runtime (outside one, refunds wait
+    /// for the client's next call here, or the sweep).
+    fn start_flusher(&self) {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        self.flusher.get_or_init(|| {
+            let (classes, queue) = (
+                Arc::downgrade(&self.classes),
+                self.give_back_queue().clone(),
+            );
+            let origin = self.origin;
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(HOLD);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    every.tick().await;
+                    let Some(classes) = classes.upgrade() else {
+                        return;
+                    };
+                    let now = Now::since(origin);
+                    for class in [QuotaClass::Public, QuotaClass::Internal] {
+                        let Some(c) = &classes[class.index()] else {
+                            continue;
+                        };
+                        for (client, reads) in c.stale(now) {
+                            let give = GiveBack {
+                                class,
+                                client,
+                                reads,
+                            };
+                            if queue.try_send(give).is_err() {
+                                tracing::debug!(
+                                    "the read quota's give-back queue is full; reads dropped"
+                                );
+                            }
+                        }
+                    }
+                }
+            });
+        });
+    }
+
+    /// The give-back task's queue, the task started on first use.
+    fn give_back_queue(&self) -> &mpsc::Sender<GiveBack> {
+        self.give_back.get_or_init(|| {
             let (tx, rx) = mpsc::channel(GIVE_BACK_QUEUE);
             let backend = self.backend.clone();
             let rates = self.classes.each_ref().map(|c| c.as_ref().map(|c| c.rate));
@@ -331,17 +416,14 @@ impl RedisReadQuota {
                                 backend.timed_script(&QUOTA, &key, None, &args).await;
                             if let Err(error) = sent {
                                 let reads = give.reads;
-                                tracing::debug!(%error, reads, "a swept client's reads not given back");
+                                tracing::debug!(%error, reads, "a client's reads not given back");
                             }
                         }
                     })
                     .await;
             });
             tx
-        });
-        if queue.try_send(give).is_err() {
-            tracing::debug!("the read quota's give-back queue is full; reads dropped");
-        }
+        })
     }
 
     /// Clients this replica keeps state for, every class (for tests).
@@ -452,8 +534,9 @@ impl QuotaStore for RedisReadQuota {
         if reads == 0 {
             return;
         }
-        // A client swept meanwhile comes back: its next call, or the next
-        // sweep, gives the reads back on Redis.
+        // A client swept meanwhile comes back: its next call, the flusher
+        // once its stock is stale, or the next sweep gives the reads back.
+        self.start_flusher();
         c.clients
             .entry(client)
             .or_insert_with(|| Arc::new(Client::new(Instant::now())))
@@ -484,4 +567,4 @@ mod stock;
 mod tests;
 
 use reply::{Outcome, QuotaReply, QUOTA};
-use stock::{Now, Plan, Stock};
+use stock::{Now, Plan, Stock, HOLD};

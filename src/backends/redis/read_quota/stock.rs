@@ -35,6 +35,10 @@ pub(super) struct Stock {
     /// When the client's bucket is full again, as the last answer said (ns
     /// on the store's clock; what this replica took then included).
     pub(super) full_at: u64,
+    /// `full_at` is trusted to refuse here until then, a [`HOLD`] after
+    /// Redis said it; past it, a reservation it would refuse asks Redis
+    /// (another replica may have given reads back meanwhile).
+    pub(super) known_until: Instant,
     /// Refused until then (kept through sweeps until then).
     pub(super) refused_until: Instant,
     /// Reads reserved in the current window, and in the one before.
@@ -60,6 +64,15 @@ pub(super) struct Now {
     pub(super) ns: u64,
 }
 
+impl Now {
+    /// Now, on the clock of a store made at `origin`.
+    pub(super) fn since(origin: Instant) -> Self {
+        let at = Instant::now();
+        let ns = u64::try_from((at - origin).as_nanos()).unwrap_or(u64::MAX);
+        Self { at, ns }
+    }
+}
+
 impl Stock {
     pub(super) fn new(now: Instant) -> Self {
         Self {
@@ -67,6 +80,7 @@ impl Stock {
             until: now,
             given: 0,
             full_at: 0,
+            known_until: now,
             refused_until: now,
             window_start: now,
             seen: 0,
@@ -101,7 +115,8 @@ impl Stock {
         let take = need - usable;
         // As far as this replica knows, once the stale stock is given back.
         let full_at = rate.give_back(self.full_at, now.ns, back);
-        if let Err(wait) = rate.take(full_at, now.ns, take) {
+        let known = now.at < self.known_until;
+        if let (true, Err(wait)) = (known, rate.take(full_at, now.ns, take)) {
             let retry_after = Duration::from_nanos(wait);
             self.refused_until = self.refused_until.max(now.at + retry_after);
             return Plan::Done(Verdict::Refused {
@@ -128,6 +143,7 @@ impl Stock {
         need: u64,
     ) -> Verdict {
         self.until = now.at + HOLD;
+        self.known_until = now.at + HOLD;
         self.full_at = now.ns.saturating_add(nanos(full_in));
         self.left = self.left.saturating_sub(need);
         self.reserved(rate, now)
@@ -142,6 +158,7 @@ impl Stock {
         wait: Duration,
     ) -> Verdict {
         self.full_at = now.ns.saturating_add(nanos(full_in));
+        self.known_until = now.at + HOLD;
         self.refused_until = self.refused_until.max(now.at + wait);
         let usable = if now.at < self.until { self.left } else { 0 };
         Verdict::Refused {
