@@ -37,6 +37,12 @@ impl Query {
             })
             .collect()
     }
+
+    /// Waits `ms` (the request runs that long; unpriced).
+    async fn nap(&self, ms: u64) -> bool {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        true
+    }
 }
 
 struct Item {
@@ -49,6 +55,12 @@ impl Item {
     async fn ok(&self, ctx: &Context<'_>) -> async_graphql::Result<bool> {
         ctx.upstream()?.read(Read::get(self.url.parse()?)).await?;
         Ok(true)
+    }
+
+    /// Waits `ms`, then one read (unpriced: the estimate does not see it).
+    async fn nap_then_ok(&self, ctx: &Context<'_>, ms: u64) -> async_graphql::Result<bool> {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        self.ok(ctx).await
     }
 
     /// Two reads, priced as one (as a token fetch and its retry are, or a
@@ -298,6 +310,57 @@ async fn estimates_that_add_past_the_largest_number_are_refused_whole() {
         let answer = spend(&app, 10, "fits", false).await;
         assert_eq!(answer.status, 200, "layer {layer}: {}", answer.json());
     }
+}
+
+/// A request that runs 5 s at a read a second: the quota it shows counts
+/// what refilled meanwhile, as the next request finds it.
+#[tokio::test(start_paused = true)]
+async fn the_quota_shown_counts_what_refilled_while_the_request_ran() {
+    let app = new_app(per_minute(60, 10), 100, true, false);
+    let peer: SocketAddr = CLIENT.parse().unwrap();
+    let query = json!({ "query": "{ spend(n: 5, tag: \"r\") { ok } nap(ms: 5000) }" });
+    let answer = call(
+        &app.router,
+        graphql_request(query.to_string(), &[], Some(peer)),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, 200, "{body}");
+    assert_eq!(app.transport.sent().len(), 5);
+    // 5 spent at the start, 5 refilled since: full again.
+    assert_eq!(
+        body["extensions"]["fanout"]["quota"]["remaining"], 10,
+        "{body}"
+    );
+    let answer = spend(&app, 10, "next", false).await;
+    assert_eq!(answer.status, 200, "{}", answer.json());
+}
+
+/// A request larger than the burst runs on the burst, however long it
+/// runs: reads past it find none, though the quota refilled meanwhile.
+#[tokio::test(start_paused = true)]
+async fn a_request_never_spends_more_than_the_burst() {
+    let app = new_app(per_minute(60, 10), 100, true, false);
+    let peer: SocketAddr = CLIENT.parse().unwrap();
+    // Priced at 11 (the late reads are not priced): it reserves the burst.
+    let query = json!({ "query": "{ spend(n: 11, tag: \"b\") { ok } late: spend(n: 5, tag: \"l\") { napThenOk(ms: 5000) } }" });
+    let answer = call(
+        &app.router,
+        graphql_request(query.to_string(), &[], Some(peer)),
+    )
+    .await;
+    let body = answer.json();
+    assert_eq!(answer.status, 200, "{body}");
+    assert_eq!(app.transport.sent().len(), 10, "{body}");
+    let errors = body["errors"].as_array().expect("reads past the burst");
+    assert_eq!(errors.len(), 6, "{body}");
+    assert!(
+        errors
+            .iter()
+            .all(|e| e["extensions"]["code"] == "FANOUT_BUDGET_EXHAUSTED"),
+        "{body}"
+    );
+    assert_eq!(body["extensions"]["fanout"]["limit"], 10, "{body}");
 }
 
 #[tokio::test(start_paused = true)]

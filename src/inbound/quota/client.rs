@@ -13,7 +13,6 @@ use crate::metrics;
 use axum::extract::ConnectInfo;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 /// The read quotas of one engine: the rates per class, the stores, and how
 /// a request's client is keyed.
@@ -150,7 +149,7 @@ impl Ticket {
         let reads = reads.min(rate.burst());
         let (verdict, store) = self.quota.verdict(self.class, client, reads).await?;
         match verdict {
-            Verdict::Reserved { remaining, full_in } => {
+            Verdict::Reserved { full_in, .. } => {
                 metrics::quota_reads(self.class.name(), "reserved", reads);
                 Ok(Reservation::new(
                     store,
@@ -158,8 +157,7 @@ impl Ticket {
                     client,
                     rate,
                     reads,
-                    remaining.min(rate.burst()),
-                    SystemTime::now() + full_in,
+                    tokio::time::Instant::now() + full_in,
                 ))
             }
             Verdict::Refused {

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
 
 /// Reads a request reserved on its client's quota. [`settle`](Self::settle)
 /// gives back what was not spent; dropped unsettled, it gives back nothing
@@ -20,10 +21,9 @@ pub(crate) struct Reservation {
     reserved: u64,
     /// Reads taken one at a time after the reservation ([`extend`](Self::extend)).
     extra: Arc<AtomicU64>,
-    /// Reads that fit after the reservation was taken.
-    remaining: u64,
-    /// When the quota is full again if nothing is given back.
-    full_at: SystemTime,
+    /// When the quota is full again if nothing is given back (on tokio's
+    /// clock, as the stores keep time).
+    full_at: Instant,
 }
 
 /// A client's read quota, as `extensions.fanout.quota` shows it.
@@ -55,17 +55,15 @@ impl std::fmt::Debug for Reservation {
 }
 
 impl Reservation {
-    /// Reads `reserved` for `client` from `store`, which answered that
-    /// `remaining` fit after it and the quota is full at `full_at`.
-    #[allow(clippy::too_many_arguments)]
+    /// Reads `reserved` for `client` from `store`, which answered that the
+    /// quota is full again at `full_at`.
     pub(crate) fn new(
         store: Arc<dyn QuotaStore>,
         class: QuotaClass,
         client: IpAddr,
         rate: Rate,
         reserved: u64,
-        remaining: u64,
-        full_at: SystemTime,
+        full_at: Instant,
     ) -> Self {
         Self {
             store,
@@ -74,7 +72,6 @@ impl Reservation {
             rate,
             reserved,
             extra: Arc::default(),
-            remaining,
             full_at,
         }
     }
@@ -87,10 +84,16 @@ impl Reservation {
     /// Takes one read more from the store at once, if it has one without
     /// waiting: what the request's budget asks when a read finds none left
     /// (`read/budget.rs`).
+    /// Never past the burst in all: a request spends at most what a full
+    /// quota holds, however long it runs.
     pub(crate) fn extend(&self) -> impl Fn() -> bool + Send + Sync + 'static {
         let (store, class, client) = (self.store.clone(), self.class, self.client);
         let extra = self.extra.clone();
-        move || match store.reserve_at_once(class, client, 1) {
+        let room = self.rate.burst().saturating_sub(self.reserved);
+        move || match (extra.load(Relaxed) < room)
+            .then(|| store.reserve_at_once(class, client, 1))
+            .flatten()
+        {
             Some(super::store::Verdict::Reserved { .. }) => {
                 extra.fetch_add(1, Relaxed);
                 metrics::quota_reads(class.name(), "reserved", 1);
@@ -105,17 +108,20 @@ impl Reservation {
     }
 
     /// The quota as it will stand once the request settles having spent
-    /// `used` reads.
+    /// `used` reads, now: what refilled since the reservation counted.
     pub(crate) fn status(&self, used: u64) -> QuotaStatus {
         let extra = self.extra.load(Relaxed);
         let unspent = (self.reserved + extra).saturating_sub(used);
         let span = |reads: u64| Duration::from_nanos(reads.saturating_mul(self.rate.interval_ns()));
-        let now = SystemTime::now();
-        let full_at = self.full_at + span(extra);
+        let now = Instant::now();
+        let full_at = (self.full_at + span(extra))
+            .checked_sub(span(unspent))
+            .map_or(now, |at| at.max(now));
+        let owed = full_at - now;
         QuotaStatus {
             limit: self.rate.burst(),
-            remaining: (self.remaining.saturating_sub(extra) + unspent).min(self.rate.burst()),
-            reset_at: (full_at.checked_sub(span(unspent)).unwrap_or(now)).max(now),
+            remaining: (self.rate).left(u64::try_from(owed.as_nanos()).unwrap_or(u64::MAX), 0),
+            reset_at: SystemTime::now() + owed,
         }
     }
 
