@@ -269,6 +269,17 @@ struct GiveBack {
     reads: u64,
 }
 
+impl GiveBack {
+    /// Queues it for the give-back task; past [`GIVE_BACK_QUEUE`] waiting,
+    /// dropped (the client finds the fleet stricter until its bucket
+    /// refills).
+    fn queue_on(self, queue: &mpsc::Sender<GiveBack>) {
+        if queue.try_send(self).is_err() {
+            tracing::debug!("the read quota's give-back queue is full; reads dropped");
+        }
+    }
+}
+
 /// The clients' read quotas on Redis, shared by every replica on the same
 /// keys: a [`QuotaStore`] for
 /// [`EngineBuilder::quota_store`](crate::EngineBuilder::quota_store).
@@ -343,9 +354,7 @@ impl RedisReadQuota {
 
     /// Queues a client's reads to go back on Redis.
     fn give_back_later(&self, give: GiveBack) {
-        if self.give_back_queue().try_send(give).is_err() {
-            tracing::debug!("the read quota's give-back queue is full; reads dropped");
-        }
+        give.queue_on(self.give_back_queue());
     }
 
     /// Every [`HOLD`](stock::HOLD), until the store is dropped: the reads
@@ -381,11 +390,7 @@ impl RedisReadQuota {
                                 client,
                                 reads,
                             };
-                            if queue.try_send(give).is_err() {
-                                tracing::debug!(
-                                    "the read quota's give-back queue is full; reads dropped"
-                                );
-                            }
+                            give.queue_on(&queue);
                         }
                     }
                 }
