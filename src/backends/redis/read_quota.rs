@@ -35,7 +35,9 @@
 //!   client comes while its stock is fresh (it went to another replica),
 //!   a task that runs every [`HOLD`](stock::HOLD) gives them back with the
 //!   stale stock, so the other replicas see them within about two
-//!   seconds. They are never handed out again from here: charged long
+//!   seconds. It looks only at the clients that owe reads (listed once
+//!   each as they come to), a chunk at a time: a replica holding a
+//!   million idle clients pays nothing for them. They are never handed out again from here: charged long
 //!   ago, they could otherwise come back fresh on top of a bucket that has
 //!   refilled meanwhile.
 //! - **A margin**: every call takes at least two reads ahead (within half
@@ -94,7 +96,10 @@ use foldhash::fast::SeedableRandomState;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -103,6 +108,8 @@ use tokio::time::Instant;
 const GIVE_BACK_QUEUE: usize = 65_536;
 /// Give-back calls in flight at once.
 const GIVE_BACK_CALLS: usize = 8;
+/// Owing clients the flusher looks at between two yields.
+const FLUSH_CHUNK: usize = 1024;
 
 /// One client as this replica knows it.
 #[derive(Debug)]
@@ -112,6 +119,8 @@ struct Client {
     refunded: AtomicU64,
     /// Reads of the reservations waiting for the stock's lock: demand too.
     queued: AtomicU64,
+    /// In its class's [`Owing`] list (once, however many reads it owes).
+    owes: AtomicBool,
     stock: tokio::sync::Mutex<Stock>,
 }
 
@@ -120,8 +129,30 @@ impl Client {
         Self {
             refunded: AtomicU64::new(0),
             queued: AtomicU64::new(0),
+            owes: AtomicBool::new(false),
             stock: tokio::sync::Mutex::new(Stock::new(now)),
         }
+    }
+}
+
+/// The clients of a class that may hold reads to give back — refunds, or
+/// stock a call took — each listed once while its `owes` is set: what the
+/// flusher looks at, so its work is what is owed, not every client kept.
+#[derive(Debug, Default)]
+struct Owing(std::sync::Mutex<Vec<IpAddr>>);
+
+impl Owing {
+    /// Lists `client` (`ip`), unless it is listed already.
+    fn add(&self, ip: IpAddr, client: &Client) {
+        if !client.owes.swap(true, AcqRel) {
+            self.list().push(ip);
+        }
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<IpAddr>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -150,6 +181,8 @@ impl Drop for Queued<'_> {
 /// this on drop.
 struct Held {
     client: Arc<Client>,
+    ip: IpAddr,
+    owing: Arc<Owing>,
     reads: u64,
 }
 
@@ -163,6 +196,7 @@ impl Drop for Held {
     fn drop(&mut self) {
         if self.reads > 0 {
             self.client.refunded.fetch_add(self.reads, Relaxed);
+            self.owing.add(self.ip, &self.client);
         }
     }
 }
@@ -176,6 +210,7 @@ fn quota_key(backend: &RedisBackend, class: QuotaClass, client: IpAddr) -> Strin
 struct Class {
     rate: Rate,
     clients: DashMap<IpAddr, Arc<Client>, SeedableRandomState>,
+    owing: Arc<Owing>,
     reserves: AtomicU64,
     /// The reservation count at which the next sweep runs.
     next_sweep: AtomicU64,
@@ -186,6 +221,7 @@ impl Class {
         Self {
             rate,
             clients: DashMap::with_hasher(random_state()),
+            owing: Arc::default(),
             reserves: AtomicU64::new(0),
             next_sweep: AtomicU64::new(SWEEP_EVERY),
         }
@@ -210,27 +246,37 @@ impl Class {
         back
     }
 
-    /// Takes, from the clients no call has served for a [`HOLD`](stock::HOLD)
-    /// (their stock is stale), the reads they hold to give back — requests'
-    /// refunds, stale stock — so they go back on Redis now rather than
-    /// with a next call that may never come here (the client went to
-    /// another replica).
-    fn stale(&self, now: Now) -> Vec<(IpAddr, u64)> {
-        let mut back = Vec::new();
-        for entry in self.clients.iter() {
+    /// Takes, from the owing clients (`due`, taken from [`Owing`]) that no
+    /// call has served for a [`HOLD`](stock::HOLD) (their stock is stale),
+    /// the reads they hold to give back — requests' refunds, stale stock —
+    /// so they go back on Redis now rather than with a next call that may
+    /// never come here (the client went to another replica). The clients
+    /// still fresh, or with a call in flight, are listed again.
+    fn stale(&self, now: Now, due: &[IpAddr]) -> Vec<(IpAddr, u64)> {
+        let (mut back, mut again) = (Vec::new(), Vec::new());
+        for ip in due {
+            let Some(entry) = self.clients.get(ip).map(|e| e.clone()) else {
+                continue; // swept: its reads went back then
+            };
             let Ok(mut stock) = entry.stock.try_lock() else {
-                continue; // a call in flight gives them back
+                again.push(*ip); // a call in flight
+                continue;
             };
             if now.at < stock.until {
+                again.push(*ip);
                 continue;
             }
-            let reads = stock.left + stock.given + entry.refunded.swap(0, Relaxed);
+            // Unlisted before the reads are taken: a refund from now on
+            // lists it again.
+            entry.owes.store(false, Release);
+            let reads = stock.left + stock.given + entry.refunded.swap(0, AcqRel);
             if reads > 0 {
                 (stock.left, stock.given) = (0, 0);
                 stock.full_at = self.rate.give_back(stock.full_at, now.ns, reads);
-                back.push((*entry.key(), reads));
+                back.push((*ip, reads));
             }
         }
+        self.owing.list().extend(again);
         back
     }
 
@@ -358,9 +404,11 @@ impl RedisReadQuota {
     }
 
     /// Every [`HOLD`](stock::HOLD), until the store is dropped: the reads
-    /// of clients whose stock went stale go back on Redis (`Class::stale`).
-    /// Started by the first refund, in a runtime (outside one, refunds wait
-    /// for the client's next call here, or the sweep).
+    /// of owing clients whose stock went stale go back on Redis
+    /// (`Class::stale`; its work is the clients listed in [`Owing`], not
+    /// every client kept). Started by the first refund or stock, in a
+    /// runtime (outside one, they wait for the client's next call here, or
+    /// the sweep).
     fn start_flusher(&self) {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
@@ -384,13 +432,19 @@ impl RedisReadQuota {
                         let Some(c) = &classes[class.index()] else {
                             continue;
                         };
-                        for (client, reads) in c.stale(now) {
-                            let give = GiveBack {
-                                class,
-                                client,
-                                reads,
-                            };
-                            give.queue_on(&queue);
+                        let due = std::mem::take(&mut *c.owing.list());
+                        // A chunk at a time, yielding between: a flood's
+                        // refunds do not hold a worker.
+                        for due in due.chunks(FLUSH_CHUNK) {
+                            for (client, reads) in c.stale(now, due) {
+                                let give = GiveBack {
+                                    class,
+                                    client,
+                                    reads,
+                                };
+                                give.queue_on(&queue);
+                            }
+                            tokio::task::yield_now().await;
                         }
                     }
                 }
@@ -494,6 +548,8 @@ impl QuotaStore for RedisReadQuota {
             let backend = self.backend.clone();
             let mut held = Held {
                 client: entry.clone(),
+                ip: client,
+                owing: c.owing.clone(),
                 reads: 0,
             };
             // In a task of its own: dropped, this reservation does not drop
@@ -522,6 +578,11 @@ impl QuotaStore for RedisReadQuota {
             } else {
                 stock.left += held.claim();
             }
+            if stock.left > 0 || stock.given > 0 {
+                // If no call for it comes here, the flusher gives them back.
+                c.owing.add(client, &entry);
+                self.start_flusher();
+            }
             let reply = reply?;
             let now = self.now();
             match reply.outcome {
@@ -542,11 +603,11 @@ impl QuotaStore for RedisReadQuota {
         // A client swept meanwhile comes back: its next call, the flusher
         // once its stock is stale, or the next sweep gives the reads back.
         self.start_flusher();
-        c.clients
-            .entry(client)
+        let entry = (c.clients.entry(client))
             .or_insert_with(|| Arc::new(Client::new(Instant::now())))
-            .refunded
-            .fetch_add(reads, Relaxed);
+            .clone();
+        entry.refunded.fetch_add(reads, Relaxed);
+        c.owing.add(client, &entry);
     }
 
     fn reserve_at_once(&self, class: QuotaClass, client: IpAddr, reads: u64) -> Option<Verdict> {

@@ -6,7 +6,7 @@
 //! itself, on a real Redis and Redis Cluster: `gateway/tests/quota_fleet.rs`.
 
 use super::stock::{HOLD, WINDOW};
-use super::{Class, Client, Held, Now, Plan, Stock};
+use super::{Class, Client, Held, Now, Owing, Plan, Stock};
 use crate::inbound::quota::{Rate, Verdict};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::Ordering::Relaxed;
@@ -281,18 +281,66 @@ async fn a_hot_client_costs_about_one_call_a_second() {
 #[tokio::test(start_paused = true)]
 async fn what_a_dropped_reservations_call_took_goes_to_the_stock() {
     let client = Arc::new(Client::new(Instant::now()));
-    drop(Held {
+    let owing = Arc::new(Owing::default());
+    let held = |reads| Held {
         client: client.clone(),
-        reads: 7,
-    });
-    assert_eq!(client.refunded.load(Relaxed), 7);
-    let mut claimed = Held {
-        client: client.clone(),
-        reads: 4,
+        ip: ip(1),
+        owing: owing.clone(),
+        reads,
     };
+    drop(held(7));
+    assert_eq!(client.refunded.load(Relaxed), 7);
+    assert_eq!(*owing.list(), [ip(1)], "listed for the flusher");
+    let mut claimed = held(4);
     assert_eq!(claimed.claim(), 4);
     drop(claimed);
     assert_eq!(client.refunded.load(Relaxed), 7, "claimed: not twice");
+    assert_eq!(owing.list().len(), 1, "listed once");
+}
+
+/// The flusher's work is the owing clients, not every client kept: of
+/// 100,000 idle clients and three owing ones, it looks at the three; the
+/// one whose stock is stale gives its reads back, the fresh one and the
+/// one with a call in flight stay listed for the next tick.
+#[tokio::test(start_paused = true)]
+async fn the_flusher_looks_only_at_owing_clients() {
+    let rate = ten_a_second();
+    let class = Class::new(rate);
+    let origin = Instant::now();
+    let at = Instant::now();
+    for n in 0..100_000 {
+        class.clients.insert(ip(n), Arc::new(Client::new(at)));
+    }
+    let client = |n| class.clients.get(&ip(n)).unwrap().clone();
+    // 7: a refund of 3; 8: 5 in a fresh stock; 9: a refund, a call in flight.
+    client(7).refunded.fetch_add(3, Relaxed);
+    class.owing.add(ip(7), &client(7));
+    {
+        let eight = client(8);
+        let mut stock = eight.stock.try_lock().unwrap();
+        stock.left = 5;
+        stock.until = at + HOLD;
+    }
+    class.owing.add(ip(8), &client(8));
+    client(9).refunded.fetch_add(2, Relaxed);
+    class.owing.add(ip(9), &client(9));
+    class.owing.add(ip(7), &client(7)); // listed once
+    let nine = client(9);
+    let in_flight = nine.stock.try_lock().unwrap();
+    let due = std::mem::take(&mut *class.owing.list());
+    assert_eq!(due, [ip(7), ip(8), ip(9)]);
+    let back = class.stale(Now::since(origin), &due);
+    assert_eq!(back, [(ip(7), 3)]);
+    assert_eq!(*class.owing.list(), [ip(8), ip(9)], "listed again");
+    assert_eq!(client(7).refunded.load(Relaxed), 0);
+    // A HOLD on, the call done: both go back.
+    drop(in_flight);
+    advance(HOLD).await;
+    let due = std::mem::take(&mut *class.owing.list());
+    let back = class.stale(Now::since(origin), &due);
+    assert_eq!(back, [(ip(8), 5), (ip(9), 2)]);
+    assert!(class.owing.list().is_empty());
+    assert!(!client(8).owes.load(Relaxed), "unlisted");
 }
 
 fn ip(n: u32) -> IpAddr {
