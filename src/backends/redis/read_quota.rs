@@ -88,18 +88,11 @@
 use super::backend::{down, RedisBackend};
 use crate::config::QuotaConfig;
 use crate::error::Unavailable;
-use crate::inbound::limiter::SWEEP_EVERY;
 use crate::inbound::quota::{QuotaClass, QuotaStore, Rate, Verdict};
-use crate::seed::random_state;
-use dashmap::DashMap;
-use foldhash::fast::SeedableRandomState;
 use futures::future::BoxFuture;
 use futures::StreamExt;
 use std::net::IpAddr;
-use std::sync::atomic::{
-    AtomicBool, AtomicU64,
-    Ordering::{AcqRel, Relaxed, Release},
-};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -111,199 +104,9 @@ const GIVE_BACK_CALLS: usize = 8;
 /// Owing clients the flusher looks at between two yields.
 const FLUSH_CHUNK: usize = 1024;
 
-/// One client as this replica knows it.
-#[derive(Debug)]
-struct Client {
-    /// Reads requests gave back, or a dropped reservation's call took, not
-    /// yet in the stock (`refund` does not wait for the stock's lock).
-    refunded: AtomicU64,
-    /// Reads of the reservations waiting for the stock's lock: demand too.
-    queued: AtomicU64,
-    /// In its class's [`Owing`] list (once, however many reads it owes).
-    owes: AtomicBool,
-    stock: tokio::sync::Mutex<Stock>,
-}
-
-impl Client {
-    fn new(now: Instant) -> Self {
-        Self {
-            refunded: AtomicU64::new(0),
-            queued: AtomicU64::new(0),
-            owes: AtomicBool::new(false),
-            stock: tokio::sync::Mutex::new(Stock::new(now)),
-        }
-    }
-}
-
-/// The clients of a class that may hold reads to give back — refunds, or
-/// stock a call took — each listed once while its `owes` is set: what the
-/// flusher looks at, so its work is what is owed, not every client kept.
-#[derive(Debug, Default)]
-struct Owing(std::sync::Mutex<Vec<IpAddr>>);
-
-impl Owing {
-    /// Lists `client` (`ip`), unless it is listed already.
-    fn add(&self, ip: IpAddr, client: &Client) {
-        if !client.owes.swap(true, AcqRel) {
-            self.list().push(ip);
-        }
-    }
-
-    fn list(&self) -> std::sync::MutexGuard<'_, Vec<IpAddr>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// A reservation's reads counted in [`Client::queued`] while it waits for
-/// the stock's lock (dropped waiting, too).
-struct Queued<'a> {
-    client: &'a Client,
-    reads: u64,
-}
-
-impl<'a> Queued<'a> {
-    fn new(client: &'a Client, reads: u64) -> Self {
-        client.queued.fetch_add(reads, Relaxed);
-        Self { client, reads }
-    }
-}
-
-impl Drop for Queued<'_> {
-    fn drop(&mut self) {
-        self.client.queued.fetch_sub(self.reads, Relaxed);
-    }
-}
-
-/// Reads a call took for a client, to be put in its stock: by the
-/// reservation waiting for the call, or, if it was dropped meanwhile, by
-/// this on drop.
-struct Held {
-    client: Arc<Client>,
-    ip: IpAddr,
-    owing: Arc<Owing>,
-    reads: u64,
-}
-
-impl Held {
-    fn claim(&mut self) -> u64 {
-        std::mem::take(&mut self.reads)
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if self.reads > 0 {
-            self.client.refunded.fetch_add(self.reads, Relaxed);
-            self.owing.add(self.ip, &self.client);
-        }
-    }
-}
-
 /// `<prefix>:quota:<class>:<client>`.
 fn quota_key(backend: &RedisBackend, class: QuotaClass, client: IpAddr) -> String {
     backend.key("quota", &format!("{}:{client}", class.name()))
-}
-
-/// One class's quota and the clients this replica knows.
-struct Class {
-    rate: Rate,
-    clients: DashMap<IpAddr, Arc<Client>, SeedableRandomState>,
-    owing: Arc<Owing>,
-    reserves: AtomicU64,
-    /// The reservation count at which the next sweep runs.
-    next_sweep: AtomicU64,
-}
-
-impl Class {
-    fn new(rate: Rate) -> Self {
-        Self {
-            rate,
-            clients: DashMap::with_hasher(random_state()),
-            owing: Arc::default(),
-            reserves: AtomicU64::new(0),
-            next_sweep: AtomicU64::new(SWEEP_EVERY),
-        }
-    }
-
-    /// Counts a reservation; every `max(SWEEP_EVERY, 2 × clients kept)`,
-    /// sweeps, and returns the swept clients' reads to give back.
-    fn count(&self, now: Instant) -> Vec<(IpAddr, u64)> {
-        let n = self.reserves.fetch_add(1, Relaxed);
-        let mark = self.next_sweep.load(Relaxed);
-        // The one reservation that takes the mark (to the end, meanwhile) sweeps.
-        if n < mark
-            || (self.next_sweep)
-                .compare_exchange(mark, u64::MAX, Relaxed, Relaxed)
-                .is_err()
-        {
-            return Vec::new();
-        }
-        let back = self.sweep(now);
-        let kept = 2 * self.clients.len() as u64;
-        self.next_sweep.store(n + SWEEP_EVERY.max(kept), Relaxed);
-        back
-    }
-
-    /// Takes, from the owing clients (`due`, taken from [`Owing`]) that no
-    /// call has served for a [`HOLD`](stock::HOLD) (their stock is stale),
-    /// the reads they hold to give back — requests' refunds, stale stock —
-    /// so they go back on Redis now rather than with a next call that may
-    /// never come here (the client went to another replica). The clients
-    /// still fresh, or with a call in flight, are listed again.
-    fn stale(&self, now: Now, due: &[IpAddr]) -> Vec<(IpAddr, u64)> {
-        let (mut back, mut again) = (Vec::new(), Vec::new());
-        for ip in due {
-            let Some(entry) = self.clients.get(ip).map(|e| e.clone()) else {
-                continue; // swept: its reads went back then
-            };
-            let Ok(mut stock) = entry.stock.try_lock() else {
-                again.push(*ip); // a call in flight
-                continue;
-            };
-            if now.at < stock.until {
-                again.push(*ip);
-                continue;
-            }
-            // Unlisted before the reads are taken: a refund from now on
-            // lists it again.
-            entry.owes.store(false, Release);
-            let reads = stock.left + stock.given + entry.refunded.swap(0, AcqRel);
-            if reads > 0 {
-                (stock.left, stock.given) = (0, 0);
-                stock.full_at = self.rate.give_back(stock.full_at, now.ns, reads);
-                back.push((*ip, reads));
-            }
-        }
-        self.owing.list().extend(again);
-        back
-    }
-
-    /// Forgets the idle clients no one holds; their reads to give back.
-    fn sweep(&self, now: Instant) -> Vec<(IpAddr, u64)> {
-        let mut back = Vec::new();
-        self.clients.retain(|ip, client| {
-            // A reservation or a call holds it (a refund holds the map's
-            // shard, which `retain` holds too).
-            if Arc::strong_count(client) > 1 {
-                return true;
-            }
-            let Ok(stock) = client.stock.try_lock() else {
-                return true;
-            };
-            if !stock.idle(now) {
-                return true;
-            }
-            let reads = stock.left + stock.given + client.refunded.load(Relaxed);
-            if reads > 0 {
-                back.push((*ip, reads));
-            }
-            false
-        });
-        self.clients.shrink_to_fit();
-        back
-    }
 }
 
 /// Reads to give back on Redis for a client forgotten here, or whose stock
@@ -333,9 +136,10 @@ impl GiveBack {
 /// One key per client and class, one Lua script per call (time from
 /// `TIME`); each replica takes a reservation's reads plus some ahead for
 /// the client's next requests (at most half of what it has left), hands
-/// them out for up to a second, keeps what requests give back until its
-/// next call for that client, and keeps a refusal until the reads fit. How
-/// it works in full: `src/backends/redis/read_quota.rs`.
+/// them out for up to a second, gives back what requests did not spend
+/// with its next call for that client or within about two seconds, and
+/// keeps a refusal for up to a second. How it works in full:
+/// `src/backends/redis/read_quota.rs`.
 pub struct RedisReadQuota {
     backend: RedisBackend,
     origin: Instant,
@@ -405,7 +209,7 @@ impl RedisReadQuota {
 
     /// Every [`HOLD`](stock::HOLD), until the store is dropped: the reads
     /// of owing clients whose stock went stale go back on Redis
-    /// (`Class::stale`; its work is the clients listed in [`Owing`], not
+    /// (`Class::stale`; its work is the clients listed in [`Owing`](clients::Owing), not
     /// every client kept). Started by the first refund or stock, in a
     /// runtime (outside one, they wait for the client's next call here, or
     /// the sweep).
@@ -627,10 +431,12 @@ impl QuotaStore for RedisReadQuota {
     }
 }
 
+mod clients;
 mod reply;
 mod stock;
 #[cfg(test)]
 mod tests;
 
+use clients::{Class, Client, Held, Queued};
 use reply::{Outcome, QuotaReply, QUOTA};
-use stock::{Now, Plan, Stock, HOLD};
+use stock::{Now, Plan, HOLD};

@@ -5,8 +5,8 @@
 //! a reservation dropped mid-call; memory for a million clients. The script
 //! itself, on a real Redis and Redis Cluster: `gateway/tests/quota_fleet.rs`.
 
-use super::stock::{HOLD, WINDOW};
-use super::{Class, Client, Held, Now, Owing, Plan, Stock};
+use super::clients::{Class, Client, Held, Owing};
+use super::stock::{Now, Plan, Stock, HOLD, WINDOW};
 use crate::inbound::quota::{Rate, Verdict};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::Ordering::Relaxed;
