@@ -141,6 +141,16 @@ async fn spend(app: &App, n: u64, tag: &str, internal: bool) -> Answer {
     call(&app.router, graphql_request(body, headers, Some(peer))).await
 }
 
+/// `body` (a request or a batch) from the client.
+async fn post(app: &App, body: &serde_json::Value) -> Answer {
+    let peer: SocketAddr = CLIENT.parse().unwrap();
+    call(
+        &app.router,
+        graphql_request(body.to_string(), &[], Some(peer)),
+    )
+    .await
+}
+
 /// The quota as the model keeps it: the instant (ns since the engine was
 /// made) the client's bucket is full again.
 struct Model {
@@ -290,12 +300,7 @@ async fn estimates_that_add_past_the_largest_number_are_refused_whole() {
             { "query": "{ spend(n: 18446744073709551601, tag: \"x\") @skip(if: true) { ok } }" },
             { "query": "{ spend(n: 15, tag: \"y\") { ok } }" },
         ]);
-        let peer: SocketAddr = CLIENT.parse().unwrap();
-        let answer = call(
-            &app.router,
-            graphql_request(batch.to_string(), &[], Some(peer)),
-        )
-        .await;
+        let answer = post(&app, &batch).await;
         let body = answer.json();
         assert_eq!(app.transport.sent().len(), 0, "layer {layer}: {body}");
         // The first fails validation (`n` is no `Int`) but was priced.
@@ -317,13 +322,8 @@ async fn estimates_that_add_past_the_largest_number_are_refused_whole() {
 #[tokio::test(start_paused = true)]
 async fn the_quota_shown_counts_what_refilled_while_the_request_ran() {
     let app = new_app(per_minute(60, 10), 100, true, false);
-    let peer: SocketAddr = CLIENT.parse().unwrap();
     let query = json!({ "query": "{ spend(n: 5, tag: \"r\") { ok } nap(ms: 5000) }" });
-    let answer = call(
-        &app.router,
-        graphql_request(query.to_string(), &[], Some(peer)),
-    )
-    .await;
+    let answer = post(&app, &query).await;
     let body = answer.json();
     assert_eq!(answer.status, 200, "{body}");
     assert_eq!(app.transport.sent().len(), 5);
@@ -341,14 +341,9 @@ async fn the_quota_shown_counts_what_refilled_while_the_request_ran() {
 #[tokio::test(start_paused = true)]
 async fn a_request_never_spends_more_than_the_burst() {
     let app = new_app(per_minute(60, 10), 100, true, false);
-    let peer: SocketAddr = CLIENT.parse().unwrap();
     // Priced at 11 (the late reads are not priced): it reserves the burst.
     let query = json!({ "query": "{ spend(n: 11, tag: \"b\") { ok } late: spend(n: 5, tag: \"l\") { napThenOk(ms: 5000) } }" });
-    let answer = call(
-        &app.router,
-        graphql_request(query.to_string(), &[], Some(peer)),
-    )
-    .await;
+    let answer = post(&app, &query).await;
     let body = answer.json();
     assert_eq!(answer.status, 200, "{body}");
     assert_eq!(app.transport.sent().len(), 10, "{body}");
@@ -449,15 +444,10 @@ async fn a_cancelled_request_settles_and_aborting_gains_nothing() {
 #[tokio::test(start_paused = true)]
 async fn a_read_past_the_estimate_takes_one_more_from_the_quota_if_it_has_one() {
     let app = new_app(per_minute(60, 10), 100, true, false);
-    let peer: SocketAddr = CLIENT.parse().unwrap();
     let query =
         |tag: &str| json!({ "query": format!("{{ spend(n: 3, tag: \"{tag}\") {{ twice }} }}") });
     // Estimated 3, sends 6: each read past the reservation takes one more.
-    let answer = call(
-        &app.router,
-        graphql_request(query("t1").to_string(), &[], Some(peer)),
-    )
-    .await;
+    let answer = post(&app, &query("t1")).await;
     let body = answer.json();
     assert_eq!(answer.status, 200, "{body}");
     assert!(body.get("errors").is_none(), "{body}");
@@ -472,11 +462,7 @@ async fn a_read_past_the_estimate_takes_one_more_from_the_quota_if_it_has_one() 
     );
     assert_eq!(fanout["quota"]["remaining"], 4);
     // 4 left: 3 reserved, 1 more taken, then none: the last reads are refused.
-    let answer = call(
-        &app.router,
-        graphql_request(query("t2").to_string(), &[], Some(peer)),
-    )
-    .await;
+    let answer = post(&app, &query("t2")).await;
     let body = answer.json();
     assert_eq!(answer.status, 200, "{body}");
     assert_eq!(body["extensions"]["fanout"]["used"], 4, "{body}");

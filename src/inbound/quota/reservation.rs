@@ -84,6 +84,7 @@ impl Reservation {
     /// Takes one read more from the store at once, if it has one without
     /// waiting: what the request's budget asks when a read finds none left
     /// (`read/budget.rs`).
+    ///
     /// Never past the burst in all: a request spends at most what a full
     /// quota holds, however long it runs.
     pub(crate) fn extend(&self) -> impl Fn() -> bool + Send + Sync + 'static {
