@@ -6,6 +6,10 @@
 //! answer already stale are not kept; two credentials never share an entry
 //! unless the upstream says any may (`public`); a host that did not opt in
 //! keeps nothing; identical misses in flight together fill the cache once.
+//! The seams: an `Age` past counting is stale; an answer heavier than an
+//! eighth of the bound is never kept; `stored` counts what was admitted;
+//! what a reader derives stays with its request; an answer a reader found
+//! unusable is never served again.
 //!
 //! This binary installs the process's Prometheus recorder (the `stored`
 //! count is read from it), so nothing else runs in it.
@@ -216,4 +220,143 @@ async fn identical_misses_in_flight_together_fill_the_cache_once() {
     assert_eq!(stored(&upstream), 1.0, "the cache filled once");
     let (_, used, hits) = one(&engine, read()).await;
     assert_eq!((used, hits), (0, 1));
+}
+
+/// An `Age` past what a cache can count is 2^31 seconds (RFC 9111 §1.2.2),
+/// stale whatever `max-age` says: never read as 0, fresh.
+#[tokio::test]
+async fn an_age_past_what_a_cache_can_count_is_stale() {
+    let upstream = Upstream::start().await;
+    let engine = engine(&upstream, true, false);
+    for (name, age) in [
+        ("overflow", "99999999999999999999999999"),
+        ("past-2-31", "4294967296"),
+    ] {
+        let read = || {
+            get(
+                &upstream,
+                name,
+                &[("cache-control", "max-age=3600"), ("age", age)],
+            )
+        };
+        for n in 1..=2 {
+            assert_eq!(one(&engine, read()).await, (format!("{name} #{n}"), 1, 0));
+        }
+    }
+    assert_eq!(stored(&upstream), 0.0);
+}
+
+/// An engine whose cache holds `bytes`, `cache_control` on for `upstream`.
+fn small_cache(upstream: &Upstream, bytes: u64) -> Engine {
+    recorder();
+    let mut config = Config::default();
+    config.upstream.cache_bytes = bytes;
+    let table = HostConfig::default().cache_control(true);
+    config.hosts.insert(upstream.host(), table);
+    Engine::new(config)
+}
+
+/// An answer heavier than an eighth of the bound is never kept (it would
+/// hold the whole cache, and past it until moka's next pass).
+#[tokio::test]
+async fn a_heavy_answer_is_never_kept() {
+    let upstream = Upstream::start().await;
+    let engine = small_cache(&upstream, 32 << 10);
+    // Headers of ~5 KiB: past an eighth of 32 KiB, within the whole.
+    let padding = "x".repeat(1000);
+    let heavy: Vec<_> = (0..5)
+        .map(|i| (format!("x-pad-{i}"), padding.clone()))
+        .chain([("cache-control".into(), "max-age=60".into())])
+        .collect();
+    let heavy: Vec<(&str, &str)> = heavy.iter().map(|(n, v)| (&**n, &**v)).collect();
+    for n in 1..=2 {
+        let answer = one(&engine, get(&upstream, "heavy", &heavy)).await;
+        assert_eq!(answer, (format!("heavy #{n}"), 1, 0), "never kept");
+    }
+    assert_eq!(stored(&upstream), 0.0);
+}
+
+/// 300 light answers offered to a cache that holds about 25: each admitted
+/// or refused as it is offered (moka's TinyLFU admission), and only the
+/// admitted counted `stored`.
+#[tokio::test]
+async fn stored_counts_the_answers_the_cache_admitted() {
+    let upstream = Upstream::start().await;
+    let engine = small_cache(&upstream, 32 << 10);
+    let light = [("cache-control", "max-age=60")];
+    for i in 0..300 {
+        one(&engine, get(&upstream, &format!("light-{i}"), &light)).await;
+    }
+    let stored = stored(&upstream);
+    let kept = engine.cache_weight() / 1024;
+    assert!(
+        (1.0..=60.0).contains(&stored),
+        "{stored} counted stored for a cache of 32 KiB ({kept} KiB weighed)"
+    );
+    assert!(engine.cache_weight() <= 32 << 10);
+}
+
+/// What a reader derives of a cached answer is its request's, never the
+/// cache's: the next request that the cache answers derives again (so an
+/// entry holds what it weighs), while identical reads of one request share
+/// one response and one derivation.
+#[tokio::test]
+async fn what_a_reader_derives_lives_with_its_request_not_in_the_cache() {
+    let upstream = Upstream::start().await;
+    let engine = engine(&upstream, true, false);
+    let read = || get(&upstream, "derived", &[("cache-control", "max-age=60")]);
+    let derivations = std::sync::atomic::AtomicUsize::new(0);
+    let derive = |answer: std::sync::Arc<fanout_budget::UpstreamResponse>| {
+        let derivations = &derivations;
+        async move {
+            let made = answer
+                .derived(|| async {
+                    derivations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, fanout_budget::ReadError>(vec![0u8; 1 << 20])
+                })
+                .await
+                .unwrap();
+            (answer, made)
+        }
+    };
+    for round in 1..=3 {
+        let request = engine.begin_request(Caller::Public);
+        let (a, b) = (request.operation(), request.operation());
+        let (first, one_made) = derive(a.upstream().read(read()).await.unwrap()).await;
+        let (second, two_made) = derive(b.upstream().read(read()).await.unwrap()).await;
+        assert!(
+            std::sync::Arc::ptr_eq(&first, &second),
+            "one response per request"
+        );
+        assert!(std::sync::Arc::ptr_eq(&one_made, &two_made), "derived once");
+        assert_eq!(
+            derivations.load(std::sync::atomic::Ordering::SeqCst),
+            round,
+            "each request derives for itself"
+        );
+    }
+    assert_eq!(
+        upstream.requests(),
+        1,
+        "read once, then answered from the cache"
+    );
+}
+
+/// An answer its reader found unusable (it made the read's error of it) is
+/// never served from the cache again: the next request reads it anew.
+#[tokio::test]
+async fn an_answer_the_reader_could_not_use_is_never_served_again() {
+    let upstream = Upstream::start().await;
+    let engine = engine(&upstream, true, false);
+    let read = || get(&upstream, "unusable", &[("cache-control", "max-age=60")]);
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    let answer = op.upstream().read(read()).await.unwrap();
+    assert_eq!(answer.body, "unusable #1");
+    let err = answer.error("not the page the reader expected");
+    assert_eq!(err.code(), "UPSTREAM_ERROR");
+    drop((op, request));
+    assert_eq!(one(&engine, read()).await, ("unusable #2".into(), 1, 0));
+    // The new answer is kept, and served.
+    assert_eq!(one(&engine, read()).await, ("unusable #2".into(), 0, 1));
 }

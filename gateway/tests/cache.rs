@@ -132,3 +132,47 @@ async fn a_walk_cut_by_one_request_s_budget_does_not_poison_the_kept_page() {
     assert!(whole.get("errors").is_none(), "{whole}");
     assert_eq!(whole["data"]["repository"]["tags"]["totalCount"], 60);
 }
+
+/// Under `tag_ttl_ms`, an answer the gateway could not use — a `200` whose
+/// body is an HTML page, not a manifest — is `UPSTREAM_ERROR` for the
+/// request that read it and is never served from the cache: the next
+/// request reads the manifest again, and once the registry answers it
+/// properly, the tag resolves at once.
+#[tokio::test]
+async fn an_answer_that_is_not_a_manifest_is_never_served_from_the_cache() {
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
+    let table = fanout_budget::config::UpstreamTable::default()
+        .url(registry.url())
+        .tag_ttl_ms(600_000);
+    let config = fanout_budget::Config::default().upstream_named("registry", table);
+    let gateway = fanout_gateway::app::build(config, registry.url().parse().unwrap(), None);
+    let query = r#"{ repository(name: "acme/app") { tag(name: "t01") { manifest { digest } } } }"#;
+    let ask = || async {
+        let body = serde_json::json!({ "query": query }).to_string();
+        post(&gateway.router, body, &[]).await.1
+    };
+    let manifest = "/v2/acme/app/manifests/t01";
+    registry.set_tag_fault(
+        "acme/app",
+        "t01",
+        Some(fanout_gateway::embedded::Fault::Garbage),
+    );
+    for _ in 0..2 {
+        let before = registry.counters().path(manifest);
+        let answer = ask().await;
+        assert_eq!(
+            answer["errors"][0]["extensions"]["code"], "UPSTREAM_ERROR",
+            "{answer}"
+        );
+        assert!(
+            registry.counters().path(manifest) > before,
+            "read again: {answer}"
+        );
+    }
+    registry.set_tag_fault("acme/app", "t01", None);
+    let before = registry.counters().path(manifest);
+    let answer = ask().await;
+    assert!(answer.get("errors").is_none(), "{answer}");
+    assert!(answer["data"]["repository"]["tag"]["manifest"]["digest"].is_string());
+    assert!(registry.counters().path(manifest) > before);
+}

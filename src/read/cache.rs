@@ -33,16 +33,36 @@
 //! - **What a hit costs**: nothing that guards the upstream — no budget, no
 //!   slot, no send. It is reported: the operation's `cacheHits`, the
 //!   request's counters, and `fanout_cache_total{host, outcome}`.
+//! - **Only what the reader could use**: an answer a reader called
+//!   [`UpstreamResponse::error`] on (a body that does not parse, a page
+//!   that is not what it should be) is dropped from the cache when next
+//!   looked up, and never answers again.
+//! - **What an entry holds is what it weighs**: the entry is a copy of the
+//!   answer made when it is kept — the body copied into an allocation of
+//!   its own (the transport's chunk may share a larger buffer), nothing a
+//!   reader derived of it ([`UpstreamResponse::derived`]: a parsed list
+//!   can be many times its page). A hit hands the inbound request a
+//!   response of its own, shared by the request's identical reads, on
+//!   which it derives for itself; that lives as long as the request.
 //! - **Bound**: `upstream.cache_bytes`, each entry weighed by its body plus
 //!   its URL and headers (moka's weighted LRU-ish eviction, TinyLFU
-//!   admission); 0 turns the cache off.
+//!   admission); 0 turns the cache off. It holds at every moment, not
+//!   eventually: an answer heavier than an eighth of the bound is never
+//!   kept, and each insert is applied (admitted or refused, the evictions
+//!   it causes made) before the read returns — moka would otherwise apply
+//!   them in batches of 64 writes or every 300 ms. Only the inserts of
+//!   reads ending at the same instant, one per worker thread, are ever
+//!   pending together. `fanout_cache_total{outcome="stored"}` counts the
+//!   answers actually admitted.
 
 use super::message::{Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
 use foldhash::fast::SeedableRandomState;
+use http::HeaderValue;
 use http_cache_semantics::{CacheOptions, CachePolicy, ResponseLike};
 use moka::sync::Cache;
 use sha2::{Digest as _, Sha256};
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -57,14 +77,25 @@ const ENTRY_OVERHEAD: usize = 1024;
 /// in the header map, its index, the value's own allocation.
 const HEADER_OVERHEAD: usize = 96;
 
+/// The largest share of the bound one entry may weigh: a heavier answer is
+/// never kept.
+const MAX_ENTRY_SHARE: u64 = 8;
+
+/// RFC 9111 §1.2.2: an `Age` past what a cache can count is taken as 2^31
+/// seconds.
+const AGE_CEILING: &str = "2147483648";
+
 /// The engine's cache of answers.
 pub(crate) struct AnswerCache {
     /// Seeded foldhash: the key (a URL, headers) hashed in a fraction of
     /// SipHash's time, and not predictable by whoever chooses the URLs.
     entries: Option<Cache<ReadKey, Kept, SeedableRandomState>>,
+    /// The most one entry may weigh.
+    max_entry: u64,
 }
 
-/// An answer kept, and for how long (`None`: for ever).
+/// An answer kept (a copy of the reader's, holding only what is weighed),
+/// and for how long (`None`: for ever).
 #[derive(Clone)]
 struct Kept {
     answer: Arc<UpstreamResponse>,
@@ -114,7 +145,10 @@ impl AnswerCache {
                 .expire_after(PerEntry)
                 .build_with_hasher(crate::seed::random_state())
         });
-        Self { entries }
+        Self {
+            entries,
+            max_entry: bytes / MAX_ENTRY_SHARE,
+        }
     }
 
     /// Where `read` is looked for, if it may be kept: a `GET` (or `HEAD`)
@@ -141,14 +175,23 @@ impl AnswerCache {
     }
 
     /// The answer kept for `lookup`: under its own key, or — by the
-    /// headers — under the key any credentials share.
+    /// headers — under the key any credentials share. The cache's own copy:
+    /// a reader gets a [`copy`](UpstreamResponse::copy) of it.
     pub(crate) fn get(&self, lookup: &Lookup) -> Option<Arc<UpstreamResponse>> {
         let entries = self.entries.as_ref()?;
-        if let Some(kept) = entries.get(&lookup.key) {
-            return Some(kept.answer);
+        let usable = |key: &ReadKey| {
+            let kept = entries.get(key)?;
+            if kept.answer.is_unusable() {
+                entries.invalidate(key);
+                return None;
+            }
+            Some(kept.answer)
+        };
+        if let Some(answer) = usable(&lookup.key) {
+            return Some(answer);
         }
         match lookup.rule {
-            Rule::Headers => Some(entries.get(&lookup.key.shared())?.answer),
+            Rule::Headers => usable(&lookup.key.shared()),
             Rule::Declared(_) => None,
         }
     }
@@ -171,11 +214,19 @@ impl AnswerCache {
                 None => return false,
             },
         };
+        if answer.is_unusable() || weight(&key, answer) as u64 > self.max_entry {
+            return false;
+        }
         let kept = || Kept {
-            answer: answer.clone(),
+            answer: Arc::new(answer.compact()),
             ttl,
         };
-        entries.entry(key).or_insert_with(kept).is_fresh()
+        if !entries.entry(key.clone()).or_insert_with(kept).is_fresh() {
+            return false;
+        }
+        // Applied now: admitted or refused, and what it evicts gone.
+        entries.run_pending_tasks();
+        entries.contains_key(&key)
     }
 
     /// The bytes the entries weigh now.
@@ -216,10 +267,10 @@ fn by_headers(key: &ReadKey, answer: &UpstreamResponse) -> Option<Fresh> {
         ..CacheOptions::default()
     };
     let now = SystemTime::now();
-    let response = Answer(answer);
+    let response = Answer::of(answer);
     let fresh = |authorized: bool| {
         let request = key.request(authorized)?;
-        let policy = CachePolicy::new_options(&request, &response, now, options.clone());
+        let policy = CachePolicy::new_options(&request, &response, now, options);
         let fresh = policy.is_storable()
             && policy
                 .before_request(&request, now)
@@ -236,16 +287,44 @@ fn by_headers(key: &ReadKey, answer: &UpstreamResponse) -> Option<Fresh> {
     fresh(false).map(|ttl| Fresh { ttl, shared: false })
 }
 
-/// An answer, as the HTTP caching rules see it.
-struct Answer<'a>(&'a UpstreamResponse);
+/// An answer, as the HTTP caching rules see it: its headers, with an `Age`
+/// past what a cache can count taken as 2^31 seconds (RFC 9111 §1.2.2;
+/// `http_cache_semantics` would read it as 0, fresh).
+struct Answer<'a> {
+    status: http::StatusCode,
+    headers: Cow<'a, http::HeaderMap>,
+}
+
+impl<'a> Answer<'a> {
+    fn of(answer: &'a UpstreamResponse) -> Self {
+        let mut headers = Cow::Borrowed(&answer.headers);
+        let age = answer.headers.get(http::header::AGE);
+        let overflows = age.is_some_and(|age| {
+            let digits = age.as_bytes();
+            digits.iter().all(u8::is_ascii_digit)
+                && !digits.is_empty()
+                && std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| d.parse::<u64>().ok())
+                    .is_none_or(|secs| secs > 1 << 31)
+        });
+        if overflows {
+            (headers.to_mut()).insert(http::header::AGE, HeaderValue::from_static(AGE_CEILING));
+        }
+        Self {
+            status: answer.status,
+            headers,
+        }
+    }
+}
 
 impl ResponseLike for Answer<'_> {
     fn status(&self) -> http::StatusCode {
-        self.0.status
+        self.status
     }
 
     fn headers(&self) -> &http::HeaderMap {
-        &self.0.headers
+        &self.headers
     }
 }
 

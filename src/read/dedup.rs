@@ -148,6 +148,37 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
         (run(&cell, read).await, Origin::Ran)
     }
 
+    /// For a value that needs no read (an answer of the engine's cache): the
+    /// value an identical read of the request already gave, if `usable`;
+    /// else `value()` — kept for the rest of the request when no read for
+    /// `key` exists yet, so the request's identical reads share it.
+    pub(crate) fn done_or_keep(
+        &self,
+        key: K,
+        value: impl FnOnce() -> V,
+        usable: impl FnOnce(&V) -> bool,
+    ) -> V {
+        let mut cells = self.cells();
+        let cell = match cells.entry(key) {
+            Entry::Occupied(cell) => cell.get().clone(),
+            Entry::Vacant(vacant) => {
+                let value = value();
+                vacant.insert(Arc::new(Cell {
+                    state: Mutex::new(State::Done(value.clone())),
+                    done: Notify::new(),
+                }));
+                return value;
+            }
+        };
+        drop(cells);
+        if let State::Done(done) = &*cell.lock() {
+            if usable(done) {
+                return done.clone();
+            }
+        }
+        value()
+    }
+
     /// The cell for `key`: `Ok` if one exists, `Err` with a new one (already
     /// running, for this caller to run) if not.
     fn find_or_create(&self, key: K) -> Result<Arc<Cell<V>>, Arc<Cell<V>>> {

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use std::any::Any;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use tokio::sync::OnceCell;
 
 /// One upstream request: a method, a URL, headers and a body.
@@ -239,6 +240,15 @@ impl Read {
 /// One response is shared by every caller that de-duplication answers with
 /// it, for the rest of the inbound request; [`derived`](Self::derived)
 /// lets them share what is made of it too (a parsed body, an index).
+///
+/// The engine's cache ([`Read::immutable`], [`Read::fresh_for`]) keeps the
+/// response's parts, never what was derived of it: each inbound request
+/// that the cache answers gets a response of its own (sharing the body's
+/// bytes), and derives on it for itself — so an entry holds what the cache
+/// weighed, however much a reader makes of it. A reader that finds an
+/// answer unusable says so by making its error with
+/// [`error`](Self::error) (as [`json`](Self::json) does for a body that is
+/// not the expected JSON): the cache never answers with it again.
 #[derive(Debug)]
 pub struct UpstreamResponse {
     /// `host:port` that answered.
@@ -251,6 +261,9 @@ pub struct UpstreamResponse {
     pub body: Bytes,
     /// What `derived` made of this response, once.
     derived: OnceCell<Arc<dyn Any + Send + Sync>>,
+    /// Set when a reader found it unusable ([`error`](Self::error)); shared
+    /// with every copy the cache makes of it, made when first asked for.
+    unusable: OnceLock<Arc<AtomicBool>>,
 }
 
 impl UpstreamResponse {
@@ -270,7 +283,43 @@ impl UpstreamResponse {
             headers,
             body,
             derived: OnceCell::new(),
+            unusable: OnceLock::new(),
         }
+    }
+
+    /// The same answer as a response of its own: the same parts (the
+    /// body's bytes shared), nothing derived yet, and unusable whenever
+    /// this one is found unusable, or the copy is.
+    pub(crate) fn copy(&self) -> Self {
+        Self {
+            host: self.host.clone(),
+            status: self.status,
+            headers: self.headers.clone(),
+            body: self.body.clone(),
+            derived: OnceCell::new(),
+            unusable: OnceLock::from(self.unusable_flag().clone()),
+        }
+    }
+
+    /// A [`copy`](Self::copy) whose body has an allocation of its own,
+    /// exactly its length: what the engine's cache keeps (a body taken from
+    /// the transport may share a larger buffer).
+    pub(crate) fn compact(&self) -> Self {
+        Self {
+            body: Bytes::copy_from_slice(&self.body),
+            ..self.copy()
+        }
+    }
+
+    fn unusable_flag(&self) -> &Arc<AtomicBool> {
+        self.unusable.get_or_init(Arc::default)
+    }
+
+    /// Whether a reader found this answer (or a copy of it) unusable.
+    pub(crate) fn is_unusable(&self) -> bool {
+        self.unusable
+            .get()
+            .is_some_and(|flag| flag.load(Ordering::Acquire))
     }
 
     /// What `derive` makes of this response, made **once** for everyone the
@@ -283,9 +332,12 @@ impl UpstreamResponse {
     ///
     /// An error is returned to the caller that made it and **not kept**: the
     /// next caller derives again. An error may be its caller's own — its
-    /// budget or deadline spent by reads the derivation makes — and a
-    /// response can outlive its request (the engine's cache shares it with
-    /// later ones, [`Read::fresh_for`]).
+    /// budget or deadline spent by reads the derivation makes.
+    ///
+    /// What is derived lives as long as the response does in the inbound
+    /// request: the engine's cache keeps an answer's parts, never what was
+    /// derived of it, and each request it answers gets a response of its
+    /// own to derive on.
     ///
     /// One derived type per response: asking for another type runs `derive`
     /// without keeping its result. `derive` must not read this same response
@@ -333,12 +385,21 @@ impl UpstreamResponse {
         }
     }
 
-    /// An `UPSTREAM_ERROR` for this response, with its status.
+    /// An `UPSTREAM_ERROR` for this response, with its status — and the
+    /// reader's word that the answer is unusable: the engine's cache never
+    /// answers another read with it (or with any copy of it) again.
     ///
     /// The message is cut to [`MAX_MESSAGE`](Self::MAX_MESSAGE) bytes: it may quote the
     /// upstream's own data (a parser's error names the value it choked on),
     /// and one error can be copied into every field that shares the read.
     pub fn error(&self, message: impl Into<String>) -> ReadError {
+        self.unusable_flag().store(true, Ordering::Release);
+        self.failure(message)
+    }
+
+    /// An `UPSTREAM_ERROR` for this response that says nothing of the
+    /// answer itself (the request's own bound stopped it).
+    pub(crate) fn failure(&self, message: impl Into<String>) -> ReadError {
         let mut message = message.into();
         if message.len() > Self::MAX_MESSAGE {
             let mut end = Self::MAX_MESSAGE;

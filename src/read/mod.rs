@@ -225,14 +225,22 @@ impl<'a> Upstream<'a> {
     fn hit(&self, read: &Read, lookup: &cache::Lookup) -> Option<Arc<UpstreamResponse>> {
         let parts = &self.reads.parts;
         let host = parts.host_table.resolve(&read.url);
-        let Some(hit) = parts.cache.get(lookup) else {
+        let Some(kept) = parts.cache.get(lookup) else {
             host.metrics().cache_misses.increment(1);
             return None;
         };
         self.op.cache_hits.fetch_add(1, Relaxed);
         bump(&self.reads.budget.stats().cache_hits);
         host.metrics().cache_hits.increment(1);
-        Some(hit)
+        // A response of the request's own, shared by its identical reads:
+        // what they derive of it lives with the request, not in the cache.
+        let own = || Ok(Arc::new(kept.copy()));
+        let Some(key) = ReadKey::of(read) else {
+            return own().ok();
+        };
+        (self.reads.dedup)
+            .done_or_keep(key, own, |done| done.is_ok())
+            .ok()
     }
 
     /// A read to an origin whose challenge is known: its credentials up
@@ -594,14 +602,14 @@ impl<'a> Upstream<'a> {
         let kept = &self.reads.kept_bytes;
         if kept.fetch_add(len, Relaxed).saturating_add(len) > max {
             kept.fetch_sub(len, Relaxed);
-            return Err(response.error(format!(
+            return Err(response.failure(format!(
                 "this request's upstream answers would pass {max} bytes"
             )));
         }
         if !self.reads.memory.hold(response.body.len()) {
             // The process's bound (or the request's answer) stopped the
             // request; its operations are being dropped.
-            return Err(response.error("this request was stopped by a memory bound"));
+            return Err(response.failure("this request was stopped by a memory bound"));
         }
         Ok(response)
     }
