@@ -113,6 +113,7 @@ pub use hosts::HostConfig;
 pub use http::{CsrfGet, HttpConfig};
 pub use quota::QuotaConfig;
 pub use rate_limit::RateLimitConfig;
+#[cfg(feature = "redis")]
 pub(crate) use redis::share_use;
 pub use redis::{FailureMode, RedisConfig};
 pub use upstream::UpstreamConfig;

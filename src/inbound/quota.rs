@@ -47,6 +47,7 @@ mod store;
 
 pub(crate) use client::{ClientQuota, Ticket};
 pub use local::LocalQuotas;
+#[cfg(feature = "redis")]
 pub(crate) use rate::rates;
 pub use rate::Rate;
 pub use reservation::QuotaStatus;

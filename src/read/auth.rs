@@ -260,7 +260,9 @@ impl Auth {
                 let basic = site.and_then(Site::basic);
                 match basic {
                     Some(value) if sent != Some(&value) => {
-                        site.map(|s| s.learn(Learned::Basic));
+                        if let Some(s) = site {
+                            s.learn(Learned::Basic);
+                        }
                         Answer::With(value)
                     }
                     Some(_) => Answer::Refuse(ReadError::Unauthorized {
