@@ -231,3 +231,45 @@ proptest! {
         });
     }
 }
+
+/// A registry that answers a manifest `HEAD` without `Docker-Content-Digest`
+/// makes a digest-only manifest a `HEAD` and a `GET`: two reads where the
+/// preview priced one. The gateway remembers such a registry and reads its
+/// manifests with a `GET` at once from then on, so every later request
+/// reads no more than its `requested`.
+#[tokio::test]
+async fn a_registry_whose_head_names_no_digest_is_read_within_requested() {
+    let f = Fixture::default().await;
+    for i in 0..60 {
+        let tag = format!("t{i:02}");
+        f.registry.set_tag_fault(
+            "acme/app",
+            &tag,
+            Some(fanout_gateway::embedded::Fault::NoDigestHeader),
+        );
+    }
+    let query = r#"{ repository(name: "acme/app") { tags(first: 20) { nodes { manifest { digest mediaType } } } } }"#;
+    let fanout = |answer: &serde_json::Value| {
+        let f = &answer["extensions"]["fanout"];
+        (
+            f["operationReads"].as_u64().unwrap(),
+            f["requested"].as_u64().unwrap(),
+        )
+    };
+    // The first request learns it (each of its rows may send its HEAD).
+    let first = f.query(query).await;
+    assert!(first.get("errors").is_none(), "{first}");
+    for _ in 0..2 {
+        f.registry.counters().reset();
+        let answer = f.query(query).await;
+        assert!(answer.get("errors").is_none(), "{answer}");
+        assert_eq!(answer["data"], first["data"]);
+        let (reads, requested) = fanout(&answer);
+        assert_eq!(requested, 21);
+        assert!(
+            reads <= requested,
+            "{reads} reads for {requested} requested"
+        );
+        assert_eq!(f.registry.counters().heads(), 0, "no HEAD sent again");
+    }
+}

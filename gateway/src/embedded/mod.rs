@@ -69,6 +69,8 @@ pub enum Fault {
     WrongShape(usize),
     /// Answer an image manifest listing this many layers.
     ManyLayers(usize),
+    /// Answer the manifest normally, without `Docker-Content-Digest`.
+    NoDigestHeader,
 }
 
 /// What the registry has seen.
@@ -341,6 +343,7 @@ async fn apply(shared: &Shared, fault: Option<Fault>, path: &str, real: &[u8]) -
             None
         }
         Fault::Hang => std::future::pending().await,
+        Fault::NoDigestHeader => None,
         Fault::Held(gate) => {
             let mut open = shared.open_gates.subscribe();
             let _ = open.wait_for(|open| open & (1 << (gate % 64)) != 0).await;
@@ -590,10 +593,12 @@ async fn serve(
                 header::CONTENT_TYPE,
                 HeaderValue::from_str(&manifest.media_type).unwrap(),
             );
-            headers.insert(
-                "docker-content-digest",
-                HeaderValue::from_str(&digest).unwrap(),
-            );
+            if fault != Some(Fault::NoDigestHeader) {
+                headers.insert(
+                    "docker-content-digest",
+                    HeaderValue::from_str(&digest).unwrap(),
+                );
+            }
             (StatusCode::OK, headers, manifest.body.clone()).into_response()
         }
         Route::Blob(name, digest) => {

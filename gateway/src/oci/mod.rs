@@ -383,12 +383,37 @@ pub struct ManifestDoc {
     pub manifests: Vec<DescriptorDoc>,
 }
 
+/// The registries seen answering a manifest `HEAD` without
+/// `Docker-Content-Digest` (schema data; by origin, so bounded by the
+/// registries configured): their manifests are read with a `GET` at once.
+#[derive(Debug, Default)]
+pub struct DigestlessHeads(std::sync::RwLock<Vec<String>>);
+
+impl DigestlessHeads {
+    fn seen(&self, registry: &reqwest::Url) -> bool {
+        let origin = registry.origin().ascii_serialization();
+        let seen = self.0.read().unwrap_or_else(|e| e.into_inner());
+        seen.contains(&origin)
+    }
+
+    fn saw(&self, registry: &reqwest::Url) {
+        let origin = registry.origin().ascii_serialization();
+        let mut seen = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if !seen.contains(&origin) {
+            seen.push(origin);
+        }
+    }
+}
+
 /// The manifest `repo:tag` (one read).
 ///
 /// With `head`, when the query needs only what the headers say (`digest`,
 /// `mediaType`), a `HEAD`: a registry that meters pulls counts a manifest
 /// `GET` as one and a `HEAD` as none. A `HEAD` answered without
-/// `Docker-Content-Digest` is followed by the `GET` (one read more).
+/// `Docker-Content-Digest` is followed by the `GET` (one read more, past the
+/// one read the cost preview priced) — once: the registry is remembered
+/// ([`DigestlessHeads`]) and its manifests are read with a `GET` from then
+/// on, one read each, so `requested` stays an upper bound.
 pub async fn manifest(
     ctx: &Context<'_>,
     repo: &Repo,
@@ -396,13 +421,17 @@ pub async fn manifest(
     head: bool,
 ) -> async_graphql::Result<Arc<ManifestDoc>> {
     let url = repo_endpoint(repo, ["manifests", tag.as_str()])?;
-    if head {
+    let digestless = ctx.data_opt::<DigestlessHeads>();
+    if head && !digestless.is_some_and(|d| d.seen(repo.registry())) {
         let probe = Read::new(reqwest::Method::HEAD, url.clone())
             .accept(MANIFEST_ACCEPT_HEADER.clone())
             .scope(repo.pull_scope());
         let response = read(ctx, tag_read(repo, probe)).await?;
         if let Some(doc) = manifest_from_headers(&response)? {
             return Ok(Arc::new(doc));
+        }
+        if let Some(digestless) = digestless {
+            digestless.saw(repo.registry());
         }
     }
     let manifest = pull(repo, url).accept(MANIFEST_ACCEPT_HEADER.clone());
