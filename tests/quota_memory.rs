@@ -38,9 +38,9 @@ impl Query {
 }
 
 /// The resident memory the flood may add past its warm-up, whatever its
-/// size, in MiB: at most ~64,000 clients held at the sweeps' peak (3 × live
-/// + 4,096) in each of two maps of ~60-byte entries is ~7 MiB; every one of
-/// 300,000 clients kept by the quota alone is ~16.5.
+/// size, in MiB: at most ~64,000 clients held at the sweeps' peak
+/// (3 × live + 4,096) in each of two maps of ~60-byte entries is ~7 MiB;
+/// every one of 300,000 clients kept by the quota alone is ~16.5.
 const BOUND_MIB: f64 = 10.0;
 
 /// The child: `clients` requests, each from a new address, 100 per 10 ms of

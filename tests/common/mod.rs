@@ -95,7 +95,7 @@ pub type TestSchema = Schema<Query, EmptyMutation, EmptySubscription>;
 
 pub fn schema(engine: &Engine, upstream: &Upstream) -> TestSchema {
     Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(FanoutExtension::new(&engine))
+        .extension(FanoutExtension::new(engine))
         .data(Base(upstream.base()))
         .finish()
 }

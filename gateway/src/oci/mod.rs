@@ -313,10 +313,10 @@ fn catalog_names(body: &[u8], n: usize) -> serde_json::Result<(Vec<String>, bool
 
 /// The longest string the gateway takes from a manifest or a config for
 /// the schema's short fields (media types, digests, platforms, `os`,
-/// `created`): real ones are under 130 bytes (a media type is at most 127
-/// + 1 + 127, RFC 6838), and a registry serves whatever was pushed — a 15 MB
-/// `os`, aliased in one query, would multiply into the answer. Longer is
-/// `UPSTREAM_ERROR`.
+/// `created`): real ones are under 130 bytes (a media type is at most
+/// 127 + 1 + 127, RFC 6838), and a registry serves whatever was pushed — a
+/// 15 MB `os`, aliased in one query, would multiply into the answer. Longer
+/// is `UPSTREAM_ERROR`.
 pub const MAX_SHORT_FIELD: usize = 256;
 
 /// A short field (see [`MAX_SHORT_FIELD`]).
