@@ -60,7 +60,7 @@ impl Query {
 
 fn schema(engine: &Engine) -> Schema<Query, EmptyMutation, EmptySubscription> {
     Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(FanoutExtension::new(&engine))
+        .extension(FanoutExtension::new(engine))
         .data(Long(Arc::new("x".repeat(1 << 20))))
         .finish()
 }

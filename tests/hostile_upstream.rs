@@ -66,7 +66,7 @@ async fn run(engine: &Engine, query: &str) -> Value {
 
 async fn run_counting(engine: &Engine, query: &str, parses: Arc<AtomicU64>) -> Value {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .extension(FanoutExtension::new(&engine))
+        .extension(FanoutExtension::new(engine))
         .data(parses)
         .finish();
     let app =

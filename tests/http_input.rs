@@ -229,7 +229,7 @@ fn layered(engine: &Engine, upstream: &Upstream) -> axum::Router {
         async_graphql::EmptySubscription,
     )
     .data(Base(upstream.base()))
-    .extension(FanoutExtension::new(&engine))
+    .extension(FanoutExtension::new(engine))
     .finish();
     axum::Router::new()
         .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))

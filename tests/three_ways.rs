@@ -27,7 +27,7 @@ const DISTINCT: u64 = 6;
 fn with_extension(engine: &Engine, upstream: &Upstream) -> TestSchema {
     Schema::build(Query, EmptyMutation, EmptySubscription)
         .data(Base(upstream.base()))
-        .extension(FanoutExtension::new(&engine))
+        .extension(FanoutExtension::new(engine))
         .finish()
 }
 
@@ -395,7 +395,7 @@ fn bump_schema(
             to: "mutation { bump }".into(),
         };
         builder = builder
-            .extension(FanoutExtension::new(&engine))
+            .extension(FanoutExtension::new(engine))
             .extension(lookup);
     }
     (builder.finish(), ran)
