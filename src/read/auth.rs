@@ -18,10 +18,20 @@
 //!   need the same token at the same moment wait for **one** fetch. A kept
 //!   token the upstream rejects is dropped and fetched once more — once.
 //!
-//! **Where credentials go** (`[upstreams."NAME"]`): to the upstream's own
-//! origin, and to a realm on that origin or listed in its `realms`. A
-//! challenge naming any other realm, or a plain-`http` realm for an `https`
-//! upstream, is refused without a request (`UPSTREAM_UNAUTHORIZED`); an
+//! **What fails is forgotten.** A token the upstream answered `401` to is
+//! dropped, and the request that sent it never uses or keeps it again
+//! (`rejected.rs`: its de-duplicated token fetch would give it back). A
+//! remembered realm whose token fetch fails, or whose token is rejected
+//! again, is forgotten: the next read goes without credentials and learns
+//! the upstream's challenge afresh. A realm is checked when the challenge is
+//! read (`realm.rs`), so one the engine would not ask is never remembered.
+//!
+//! **Where credentials go** (`[upstreams."NAME"]`, one per origin): to the
+//! upstream's own origin, and to a realm on that origin or listed in its
+//! `realms`. A challenge naming any other realm, a plain-`http` realm for an
+//! `https` upstream, or a realm with a user, a fragment or text the HTTP
+//! client would rewrite, is refused without a request
+//! (`UPSTREAM_UNAUTHORIZED`); an
 //! upstream without a table answers only challenges whose realm is on its
 //! own origin, anonymously. A token is sent only to the origin that asked
 //! for it. Redirects drop `Authorization` at another origin (`redirect.rs`).
@@ -31,8 +41,11 @@
 //! `401` is answered as it is.
 
 mod challenge;
+mod realm;
+mod rejected;
 
 pub(crate) use challenge::{challenge, Challenge};
+pub(crate) use rejected::Rejected;
 
 use super::message::{Read, UpstreamResponse};
 use crate::config::{Secret, UpstreamTable};
@@ -55,7 +68,8 @@ const DEFAULT_EXPIRES_IN: u64 = 60;
 /// The credentials and what the engine learned of each upstream's
 /// challenges, and the tokens kept.
 pub(crate) struct Auth {
-    /// The configured upstreams, by origin (a few: looked up by a scan that
+    /// The configured upstreams, by origin (one table per origin, as the
+    /// configuration's validation requires; a few: looked up by a scan that
     /// allocates nothing).
     sites: Vec<(Origin, Site)>,
     /// Kept tokens, by [`TokenKey`].
@@ -95,18 +109,34 @@ pub(crate) struct Token {
     lifetime: Duration,
 }
 
-/// A token to fetch: its key and the read that fetches it.
-pub(crate) struct TokenFetch {
+/// Where a bearer token is kept and the realm it comes from: what is
+/// forgotten when it fails.
+#[derive(Clone)]
+pub(crate) struct TokenSource {
     pub(crate) key: TokenKey,
+    realm: Arc<str>,
+}
+
+/// A token to fetch: where it is kept and the read that fetches it.
+pub(crate) struct TokenFetch {
+    pub(crate) source: TokenSource,
     pub(crate) read: Read,
+}
+
+/// The credentials a read was sent with: the `Authorization` value, and
+/// for a bearer token where it came from.
+#[derive(Clone)]
+pub(crate) struct Sent {
+    pub(crate) value: HeaderValue,
+    pub(crate) source: Option<TokenSource>,
 }
 
 /// What to do with a read before it is sent.
 pub(crate) enum Before {
     /// Send it as it is.
     Send,
-    /// Send it with this `Authorization` value (Basic, or a kept token).
-    With(HeaderValue),
+    /// Send it with these credentials (Basic, or a kept token).
+    With(Sent),
     /// Fetch this token first, then send it with the token.
     Fetch(TokenFetch),
 }
@@ -209,8 +239,9 @@ impl Auth {
 
     /// What `read` carries before it is sent: the Basic credentials of an
     /// origin that asked for them, or a token kept (or to fetch) for the
-    /// read's scope at an origin whose bearer challenge is known.
-    pub(crate) async fn before(&self, read: &Read) -> Before {
+    /// read's scope at an origin whose bearer challenge is known — never one
+    /// its request saw `rejected`.
+    pub(crate) async fn before(&self, read: &Read, rejected: &Rejected) -> Before {
         let Some(site) = self.site(&read.url) else {
             return Before::Send;
         };
@@ -218,7 +249,10 @@ impl Auth {
         match learned {
             None => Before::Send,
             Some(Learned::Basic) => match site.basic() {
-                Some(value) => Before::With(value),
+                Some(value) => Before::With(Sent {
+                    value,
+                    source: None,
+                }),
                 None => Before::Send,
             },
             Some(Learned::Bearer { realm, service }) => {
@@ -230,22 +264,32 @@ impl Auth {
                 else {
                     return Before::Send;
                 };
-                match self.tokens.get(&fetch.key).await {
-                    Some(token) => Before::With(token.header),
+                match self.tokens.get(&fetch.source.key).await {
+                    Some(token) if rejected.has(&token.header) => {
+                        self.drop_token(&fetch.source.key, &token.header).await;
+                        Before::Fetch(fetch)
+                    }
+                    Some(token) => Before::With(Sent {
+                        value: token.header,
+                        source: Some(fetch.source),
+                    }),
                     None => Before::Fetch(fetch),
                 }
             }
         }
     }
 
-    /// How to answer `response`, a `401` to `read`. `sent` is the
-    /// `Authorization` the read carried (a rejected kept token is dropped
-    /// here, so the answer fetches a new one).
+    /// How to answer `response`, a `401` to `read`. `sent` is what the
+    /// read carried: a token it carried is rejected here ([`reject`]), so
+    /// the answer fetches a new one.
+    ///
+    /// [`reject`]: Self::reject
     pub(crate) async fn answer(
         &self,
         read: &Read,
         response: &UpstreamResponse,
-        sent: Option<&HeaderValue>,
+        sent: Option<&Sent>,
+        rejected: &Rejected,
     ) -> Answer {
         let host = response.host.clone();
         let Some(challenge) = challenge(response) else {
@@ -259,7 +303,7 @@ impl Auth {
             Challenge::Basic => {
                 let basic = site.and_then(Site::basic);
                 match basic {
-                    Some(value) if sent != Some(&value) => {
+                    Some(value) if sent.map(|s| &s.value) != Some(&value) => {
                         site.map(|s| s.learn(Learned::Basic));
                         Answer::With(value)
                     }
@@ -305,31 +349,85 @@ impl Auth {
                 if insufficient_scope {
                     return Answer::Refuse(self.not_granted(host, chosen));
                 }
-                // The token sent was rejected: dropped (unless another read
-                // replaced it meanwhile), and fetched once more.
-                self.drop_token(&fetch.key, sent).await;
+                // The token sent was rejected: dropped, and fetched once more.
+                self.reject(sent, rejected).await;
                 Answer::Fetch(fetch)
             }
         }
     }
 
     /// The error for a `401` to a read already sent with an answer to its
-    /// challenge.
-    pub(crate) fn refused(&self, read: &Read, response: &UpstreamResponse) -> ReadError {
+    /// challenge, `sent`: a token rejected again is rejected ([`reject`])
+    /// and its realm forgotten.
+    ///
+    /// [`reject`]: Self::reject
+    pub(crate) async fn refused(
+        &self,
+        read: &Read,
+        response: &UpstreamResponse,
+        sent: Option<&Sent>,
+        rejected: &Rejected,
+    ) -> ReadError {
         let host = response.host.clone();
         let site = self.site(&read.url);
-        match challenge(response) {
-            Some(Challenge::Bearer {
-                insufficient_scope: true,
-                ..
-            }) => {
-                let anonymous = Site::anonymous();
-                self.not_granted(host, site.unwrap_or(&anonymous))
+        if let Some(Challenge::Bearer {
+            insufficient_scope: true,
+            ..
+        }) = challenge(response)
+        {
+            let anonymous = Site::anonymous();
+            return self.not_granted(host, site.unwrap_or(&anonymous));
+        }
+        if let Some(sent) = sent {
+            self.reject(sent, rejected).await;
+            if let Some(source) = &sent.source {
+                self.forget(read, source);
             }
-            _ => ReadError::Unauthorized {
-                host,
-                message: "the upstream refused the credentials it asked for".into(),
-            },
+        }
+        ReadError::Unauthorized {
+            host,
+            message: "the upstream refused the credentials it asked for".into(),
+        }
+    }
+
+    /// `sent` was answered `401`: its request never sends it again, and a
+    /// token is dropped from the kept ones (unless another read replaced
+    /// it meanwhile).
+    async fn reject(&self, sent: &Sent, rejected: &Rejected) {
+        rejected.note(&sent.value);
+        if let Some(source) = &sent.source {
+            self.drop_token(&source.key, &sent.value).await;
+        }
+    }
+
+    /// The token fetch from `source` for `read` failed with `err`: if the
+    /// realm failed (it answered an error or not at all, or gave a token
+    /// already rejected), the realm is forgotten — the next read learns the
+    /// upstream's challenge afresh. A read the engine refused (budget,
+    /// deadline, caps) says nothing of the realm.
+    pub(crate) fn fetch_failed(&self, read: &Read, source: &TokenSource, err: &ReadError) {
+        let realm_failed = matches!(
+            err,
+            ReadError::Upstream { .. }
+                | ReadError::UpstreamTimeout { .. }
+                | ReadError::Unauthorized { .. }
+                | ReadError::Forbidden { .. }
+        );
+        if realm_failed {
+            self.forget(read, source);
+        }
+    }
+
+    /// Forgets the realm of `source` as the challenge of `read`'s upstream
+    /// (unless another challenge replaced it meanwhile).
+    fn forget(&self, read: &Read, source: &TokenSource) {
+        let Some(site) = self.site(&read.url) else {
+            return;
+        };
+        let mut learned = site.learned.write().expect("not poisoned");
+        if matches!(&*learned, Some(Learned::Bearer { realm, .. }) if realm.as_str() == &*source.realm)
+        {
+            *learned = None;
         }
     }
 
@@ -348,7 +446,7 @@ impl Auth {
     }
 
     /// Drops the token kept under `key` if it is still `sent`.
-    async fn drop_token(&self, key: &TokenKey, sent: &HeaderValue) {
+    pub(crate) async fn drop_token(&self, key: &TokenKey, sent: &HeaderValue) {
         use moka::ops::compute::Op;
         self.tokens
             .entry(key.clone())
@@ -372,26 +470,7 @@ impl Auth {
         service: Option<&str>,
         scope: Option<&str>,
     ) -> Result<TokenFetch, String> {
-        let mut url = reqwest::Url::parse(realm)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
-            .ok_or_else(|| "the challenge's realm is not an http(s) URL".to_string())?;
-        if read.url.scheme() == "https" && url.scheme() == "http" {
-            return Err(format!(
-                "the token realm {} is plain http for an https upstream",
-                shown(&url)
-            ));
-        }
-        let own = url.origin() == read.url.origin();
-        let listed = site.realms.iter().any(|allowed| {
-            allowed.origin() == url.origin() && url.path().starts_with(allowed.path())
-        });
-        if !own && !listed {
-            return Err(format!(
-                "the token realm {} is not this upstream's origin nor one of its configured realms",
-                shown(&url)
-            ));
-        }
+        let mut url = realm::allowed(realm, &read.url, &site.realms)?;
         {
             let mut query = url.query_pairs_mut();
             if let Some(service) = service {
@@ -406,7 +485,14 @@ impl Auth {
         if let Some(basic) = site.basic() {
             fetch = fetch.header(header::AUTHORIZATION, basic);
         }
-        Ok(TokenFetch { key, read: fetch })
+        let source = TokenSource {
+            key,
+            realm: realm.into(),
+        };
+        Ok(TokenFetch {
+            source,
+            read: fetch,
+        })
     }
 }
 
@@ -527,9 +613,13 @@ fn origin(url: &reqwest::Url) -> String {
     url.origin().ascii_serialization()
 }
 
-/// A realm URL for a message: origin and path, no query.
-fn shown(url: &reqwest::Url) -> String {
-    format!("{}{}", origin(url), url.path())
+/// The error for a token its request saw rejected, given again (by the
+/// request's de-duplicated token fetch, or kept by another request).
+pub(crate) fn rejected_again(host: String) -> ReadError {
+    ReadError::Unauthorized {
+        host,
+        message: "the upstream rejected the token its realm gives".into(),
+    }
 }
 
 #[cfg(test)]
