@@ -31,39 +31,38 @@
 //! `realms`. A challenge naming any other realm, a plain-`http` realm for an
 //! `https` upstream, or a realm with a user, a fragment or text the HTTP
 //! client would rewrite, is refused without a request
-//! (`UPSTREAM_UNAUTHORIZED`); an
-//! upstream without a table answers only challenges whose realm is on its
-//! own origin, anonymously. A token is sent only to the origin that asked
-//! for it. Redirects drop `Authorization` at another origin (`redirect.rs`).
-//! Credentials and tokens appear in no error, span or metric.
+//! (`UPSTREAM_UNAUTHORIZED`); an upstream without a table answers only
+//! challenges whose realm is on its own origin, anonymously. A token is sent
+//! only to the origin that asked for it. Redirects drop `Authorization` at
+//! another origin (`redirect.rs`). Credentials and tokens appear in no
+//! error, span or metric.
 //!
 //! A read that carries its own `Authorization` header is left alone: its
 //! `401` is answered as it is.
+//!
+//! Beside this file: `challenge.rs` reads `WWW-Authenticate`, `realm.rs`
+//! the realm rule, `site.rs` the configured upstreams and what each learned,
+//! `token.rs` a realm's answer and the kept tokens, `rejected.rs` the tokens
+//! one request saw rejected.
 
 mod challenge;
 mod realm;
 mod rejected;
+mod site;
+mod token;
 
 pub(crate) use challenge::{challenge, Challenge};
 pub(crate) use rejected::Rejected;
+use site::{Learned, Origin, Site};
+pub(crate) use token::{rejected_again, token, Token, TokenKey};
 
 use super::message::{Read, UpstreamResponse};
-use crate::config::{Secret, UpstreamTable};
+use crate::config::UpstreamTable;
 use crate::error::ReadError;
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderValue};
 use moka::future::Cache;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
-
-/// The longest token answer read (a realm's JSON): past it, `UPSTREAM_ERROR`.
-pub(crate) const MAX_TOKEN_ANSWER: usize = 64 << 10;
-/// Bytes of kept tokens at most, each weighed by its value and key (a
-/// token is a few hundred bytes to a few KiB; an upstream naming a new scope
-/// on every challenge cannot make the engine keep more than this).
-const MAX_TOKEN_BYTES: u64 = 16 << 20;
-/// `expires_in` when the realm gives none (the token specification's).
-const DEFAULT_EXPIRES_IN: u64 = 60;
+use std::sync::Arc;
 
 /// The credentials and what the engine learned of each upstream's
 /// challenges, and the tokens kept.
@@ -74,39 +73,6 @@ pub(crate) struct Auth {
     sites: Vec<(Origin, Site)>,
     /// Kept tokens, by [`TokenKey`].
     tokens: Cache<TokenKey, Token>,
-}
-
-/// One configured upstream.
-struct Site {
-    user: String,
-    /// `origin user` (anonymous: `origin`).
-    identity: Arc<str>,
-    password: Option<Secret>,
-    /// Realms besides the own origin that may receive the credentials.
-    realms: Vec<reqwest::Url>,
-    /// The last challenge it answered with (so later reads go up front).
-    learned: RwLock<Option<Learned>>,
-}
-
-#[derive(Clone)]
-enum Learned {
-    Basic,
-    Bearer {
-        realm: String,
-        service: Option<String>,
-    },
-}
-
-/// Identity of a kept token: who asked (origin), where it comes from, for
-/// what, as whom.
-pub(crate) type TokenKey = Arc<str>;
-
-/// A kept token: the `Authorization` value (marked sensitive: its `Debug`
-/// shows no secret) and how long it is good for.
-#[derive(Clone, Debug)]
-pub(crate) struct Token {
-    pub(crate) header: HeaderValue,
-    lifetime: Duration,
 }
 
 /// Where a bearer token is kept and the realm it comes from: what is
@@ -151,56 +117,16 @@ pub(crate) enum Answer {
     Refuse(ReadError),
 }
 
-struct Expiry;
-
-impl moka::Expiry<TokenKey, Token> for Expiry {
-    fn expire_after_create(
-        &self,
-        _key: &TokenKey,
-        token: &Token,
-        _created_at: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(token.lifetime)
-    }
-}
-
 impl Auth {
     /// The sites of the configured `upstreams` (passwords already resolved
     /// by the configuration's validation; one that fails here is anonymous).
     pub(crate) fn new(upstreams: &BTreeMap<String, UpstreamTable>) -> Self {
-        let mut sites = Vec::new();
-        for (name, table) in upstreams {
-            let Some(url) = table.base_url() else {
-                continue;
-            };
-            let password = table.resolve_password(name).ok().flatten();
-            let realms = table
-                .realms
-                .iter()
-                .filter_map(|r| reqwest::Url::parse(r).ok())
-                .collect();
-            sites.push((
-                Origin::of(&url),
-                Site {
-                    identity: format!("{} {}", url.origin().ascii_serialization(), table.username)
-                        .into(),
-                    user: table.username.clone(),
-                    password,
-                    realms,
-                    learned: RwLock::new(None),
-                },
-            ));
-        }
         Self {
-            sites,
-            tokens: Cache::builder()
-                .max_capacity(MAX_TOKEN_BYTES)
-                .weigher(|key: &TokenKey, token: &Token| {
-                    let weight = key.len() + token.header.len() + 256;
-                    u32::try_from(weight).unwrap_or(u32::MAX)
-                })
-                .expire_after(Expiry)
-                .build(),
+            sites: upstreams
+                .iter()
+                .filter_map(|(name, table)| Site::of(name, table))
+                .collect(),
+            tokens: token::kept(),
         }
     }
 
@@ -421,13 +347,8 @@ impl Auth {
     /// Forgets the realm of `source` as the challenge of `read`'s upstream
     /// (unless another challenge replaced it meanwhile).
     fn forget(&self, read: &Read, source: &TokenSource) {
-        let Some(site) = self.site(&read.url) else {
-            return;
-        };
-        let mut learned = site.learned.write().expect("not poisoned");
-        if matches!(&*learned, Some(Learned::Bearer { realm, .. }) if realm.as_str() == &*source.realm)
-        {
-            *learned = None;
+        if let Some(site) = self.site(&read.url) {
+            site.forget(&source.realm);
         }
     }
 
@@ -496,104 +417,6 @@ impl Auth {
     }
 }
 
-/// Scheme, host and port of an upstream.
-struct Origin {
-    scheme: String,
-    host: String,
-    port: Option<u16>,
-}
-
-impl Origin {
-    fn of(url: &reqwest::Url) -> Self {
-        Self {
-            scheme: url.scheme().to_string(),
-            host: url.host_str().unwrap_or_default().to_ascii_lowercase(),
-            port: url.port_or_known_default(),
-        }
-    }
-
-    /// Whether `url` is on this origin (no allocation).
-    fn is(&self, url: &reqwest::Url) -> bool {
-        url.port_or_known_default() == self.port
-            && url.scheme() == self.scheme
-            && url
-                .host_str()
-                .is_some_and(|h| h.eq_ignore_ascii_case(&self.host))
-    }
-}
-
-impl Site {
-    fn anonymous() -> Self {
-        Self {
-            user: String::new(),
-            identity: "".into(),
-            password: None,
-            realms: Vec::new(),
-            learned: RwLock::new(None),
-        }
-    }
-
-    /// `Basic base64(user:password)`, if a password is configured.
-    fn basic(&self) -> Option<HeaderValue> {
-        let password = self.password.as_ref()?;
-        let pair = format!("{}:{}", self.user, password.expose());
-        use base64::Engine as _;
-        let coded = base64::engine::general_purpose::STANDARD.encode(pair);
-        let mut value = HeaderValue::from_str(&format!("Basic {coded}")).ok()?;
-        value.set_sensitive(true);
-        Some(value)
-    }
-
-    fn learn(&self, learned: Learned) {
-        *self.learned.write().expect("not poisoned") = Some(learned);
-    }
-}
-
-/// The token in a realm's answer, kept for its lifetime; an error for any
-/// answer that is not one.
-pub(crate) fn token(response: &UpstreamResponse) -> Result<Token, ReadError> {
-    if response.status == StatusCode::UNAUTHORIZED || response.status == StatusCode::FORBIDDEN {
-        return Err(ReadError::Unauthorized {
-            host: response.host.clone(),
-            message: format!(
-                "the token service answered {}: the configured credentials were refused",
-                response.status.as_u16()
-            ),
-        });
-    }
-    response.error_for_status()?;
-    if response.body.len() > MAX_TOKEN_ANSWER {
-        return Err(response.error(format!("token answer larger than {MAX_TOKEN_ANSWER} bytes")));
-    }
-    #[derive(serde::Deserialize)]
-    struct Answer {
-        token: Option<String>,
-        access_token: Option<String>,
-        expires_in: Option<u64>,
-        issued_at: Option<String>,
-    }
-    let answer: Answer = response.json()?;
-    let token = answer
-        .token
-        .or(answer.access_token)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| response.error("the token answer holds no token"))?;
-    let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| response.error("the token is not a valid header value"))?;
-    header.set_sensitive(true);
-    let expires_in = Duration::from_secs(answer.expires_in.unwrap_or(DEFAULT_EXPIRES_IN));
-    let age = answer
-        .issued_at
-        .and_then(|at| humantime::parse_rfc3339_weak(&at).ok())
-        .and_then(|at| SystemTime::now().duration_since(at).ok())
-        .unwrap_or_default();
-    let margin = (expires_in / 10).min(Duration::from_secs(10));
-    Ok(Token {
-        header,
-        lifetime: expires_in.saturating_sub(age).saturating_sub(margin),
-    })
-}
-
 /// Whether the caller set `Authorization` itself: then nothing here
 /// applies to the read.
 pub(crate) fn has_authorization(read: &Read) -> bool {
@@ -611,15 +434,6 @@ pub(crate) fn with_authorization(read: &Read, value: HeaderValue) -> Read {
 /// `scheme://host:port` of `url`.
 fn origin(url: &reqwest::Url) -> String {
     url.origin().ascii_serialization()
-}
-
-/// The error for a token its request saw rejected, given again (by the
-/// request's de-duplicated token fetch, or kept by another request).
-pub(crate) fn rejected_again(host: String) -> ReadError {
-    ReadError::Unauthorized {
-        host,
-        message: "the upstream rejected the token its realm gives".into(),
-    }
 }
 
 #[cfg(test)]

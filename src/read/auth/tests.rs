@@ -1,6 +1,7 @@
 //! The challenge parser, the realm rule and a token's lifetime.
 use super::*;
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
+use std::time::{Duration, SystemTime};
 
 fn unauthorized(values: &[&str]) -> UpstreamResponse {
     let mut headers = HeaderMap::new();
