@@ -230,7 +230,9 @@ impl Auth {
                 let basic = site.and_then(Site::basic);
                 match basic {
                     Some(value) if sent.map(|s| &s.value) != Some(&value) => {
-                        site.map(|s| s.learn(Learned::Basic));
+                        if let Some(site) = site {
+                            site.learn(Learned::Basic);
+                        }
                         Answer::With(value)
                     }
                     Some(_) => Answer::Refuse(ReadError::Unauthorized {
