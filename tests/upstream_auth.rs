@@ -500,10 +500,13 @@ async fn a_rejected_token_is_never_kept_again() {
     // it rejected (it was not kept from the request's shared answer).
     s.seen.reject_all.store(false, SeqCst);
     let before = s.registry_requests();
-    assert_eq!(one_request(&engine, read()).await.0, "200");
+    // Its realm was forgotten too: the read starts clean (no credentials,
+    // the 401), then a fresh token and the retry.
+    assert_eq!(one_request(&engine, read()).await, ("200".into(), 3));
     let after: Vec<String> = s.seen.registry.lock().unwrap()[before..].to_vec();
     for sent in &after {
         assert!(!rejected.contains(sent), "{sent} was rejected: {after:?}");
     }
+    assert_eq!(after[0], "", "{after:?}");
     assert_eq!(s.fetches("k"), 2, "a fresh token");
 }

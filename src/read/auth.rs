@@ -318,12 +318,12 @@ impl Auth {
         }
     }
 
-    /// `sent` was answered `401`: its request never sends it again, and a
-    /// token is dropped from the kept ones (unless another read replaced
-    /// it meanwhile).
+    /// `sent` was answered `401`: a token is never sent or kept again by
+    /// its request, and is dropped from the kept ones (unless another read
+    /// replaced it meanwhile).
     async fn reject(&self, sent: &Sent, rejected: &Rejected) {
-        rejected.note(&sent.value);
         if let Some(source) = &sent.source {
+            rejected.note(&sent.value);
             self.drop_token(&source.key, &sent.value).await;
         }
     }
