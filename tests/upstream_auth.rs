@@ -298,9 +298,10 @@ async fn a_rejected_token_is_fetched_once_more_and_an_endless_challenge_ends() {
     s.seen.reject_all.store(true, SeqCst);
     let (code, used) = one_request(&engine, Read::get(s.url("x"))).await;
     assert_eq!(code, "UPSTREAM_UNAUTHORIZED");
-    // The 401, a token, the retry (401); the second round finds the token
-    // this request fetched, and the retry it sent, in its de-duplication
-    // (a token issued a moment ago and rejected is not worth another).
+    // The 401, a token, the retry (401); the second round's token fetch is
+    // answered by the request's de-duplication with the token just
+    // rejected: an error, not sent again (a token issued a moment ago and
+    // rejected is not worth another).
     assert_eq!(used, 3);
     assert!(s.fetches("x") <= 1);
 }
@@ -425,4 +426,87 @@ async fn a_realm_that_redirects_to_another_origin_gets_no_credentials_there() {
     // The credentials went to the allowed realm only, not to the hop.
     assert_eq!(*s.seen.token_auth.lock().unwrap(), Vec::<String>::new());
     assert_eq!(*s.seen.token2_auth.lock().unwrap(), vec![String::new()]);
+}
+
+/// A token service that fails (its realm moved, or it is down).
+async fn gone() -> Response {
+    (StatusCode::INTERNAL_SERVER_ERROR, "down").into_response()
+}
+
+#[tokio::test]
+async fn a_realm_the_transport_would_rewrite_is_refused_and_not_remembered() {
+    let s = servers().await;
+    let authority = s.realm_base.strip_prefix("http://").unwrap().to_string();
+    for hostile in [
+        // The challenge's `\@` is `@`: a realm carrying a user.
+        format!(r"http://x\@{authority}/token"),
+        format!("{}/token#frag", s.realm_base),
+    ] {
+        let engine = s.engine(Some(("ci", "pw")));
+        let read = || Read::get(s.url("w")).scope("repository:w:pull");
+        *s.seen.realm.lock().unwrap() = hostile.clone();
+        let fetched = s.fetches("w");
+        // Refused as the challenge is read, as an off-origin realm is: the
+        // 401 only, nothing sent to the realm.
+        assert_eq!(
+            one_request(&engine, read()).await,
+            ("UPSTREAM_UNAUTHORIZED".into(), 1),
+            "{hostile}"
+        );
+        assert_eq!(s.fetches("w"), fetched, "{hostile}");
+        // Not remembered: the next challenge (a sound realm) is answered.
+        *s.seen.realm.lock().unwrap() = format!("{}/token", s.realm_base);
+        assert_eq!(
+            one_request(&engine, read()).await,
+            ("200".into(), 3),
+            "{hostile}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_remembered_realm_that_fails_is_forgotten_and_the_next_read_starts_clean() {
+    let s = servers().await;
+    let gone_at = serve(Router::new().route("/token", get(gone))).await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{gone_at}/token")]);
+    let engine = Engine::new(Config::default().upstream_named("test", table));
+    let read = || Read::get(s.url("m")).scope("repository:m:pull");
+    // The registry names a realm that fails: the 401, the failed fetch.
+    *s.seen.realm.lock().unwrap() = format!("{gone_at}/token");
+    let (code, used) = one_request(&engine, read()).await;
+    assert_eq!((code.as_str(), used), ("UPSTREAM_ERROR", 2));
+    // The registry moves its token service to its own origin: the next
+    // read sends no credentials, gets the new challenge and follows it.
+    *s.seen.realm.lock().unwrap() = format!("{}/token2", s.registry);
+    assert_eq!(one_request(&engine, read()).await, ("200".into(), 3));
+    assert_eq!(s.seen.token2_auth.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_rejected_token_is_never_kept_again() {
+    let s = servers().await;
+    let engine = s.engine(None);
+    let read = || Read::get(s.url("k")).scope("repository:k:pull");
+    // Every token rejected: two rounds, then a coded error.
+    s.seen.reject_all.store(true, SeqCst);
+    let (code, used) = one_request(&engine, read()).await;
+    assert_eq!((code.as_str(), used), ("UPSTREAM_UNAUTHORIZED", 3));
+    let rejected: Vec<String> = s.seen.registry.lock().unwrap().clone();
+    let rejected: Vec<String> = rejected.into_iter().filter(|a| !a.is_empty()).collect();
+    assert!(!rejected.is_empty(), "a token was sent and rejected");
+    // The registry takes tokens again: the next request never sends one
+    // it rejected (it was not kept from the request's shared answer).
+    s.seen.reject_all.store(false, SeqCst);
+    let before = s.registry_requests();
+    // Its realm was forgotten too: the read starts clean (no credentials,
+    // the 401), then a fresh token and the retry.
+    assert_eq!(one_request(&engine, read()).await, ("200".into(), 3));
+    let after: Vec<String> = s.seen.registry.lock().unwrap()[before..].to_vec();
+    for sent in &after {
+        assert!(!rejected.contains(sent), "{sent} was rejected: {after:?}");
+    }
+    assert_eq!(after[0], "", "{after:?}");
+    assert_eq!(s.fetches("k"), 2, "a fresh token");
 }

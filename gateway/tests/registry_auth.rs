@@ -404,3 +404,48 @@ async fn no_credential_or_token_in_any_log_line() {
         assert!(leaked.is_empty(), "{secret:?} in the log: {leaked:?}");
     }
 }
+
+/// Two `[upstreams]` tables on one origin would share one set of
+/// credentials (the first name's) and one cache identity: the gateway
+/// refuses to start, naming both keys.
+#[test]
+fn two_tables_on_one_origin_stop_the_gateway_at_start_up() {
+    let dir = std::env::temp_dir().join(format!("fanout-origins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gateway.toml");
+    std::fs::write(
+        &config,
+        "[upstreams.\"anon.reg\"]\nurl = \"http://127.0.0.1:5000\"\nprimary = true\n\n\
+         [upstreams.\"priv.reg\"]\nurl = \"http://127.0.0.1:5000/\"\nusername = \"ci\"\npassword = \"s3cret-pw\"\n",
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_fanout-gateway"))
+        .args(["--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // A configuration error ends the process at once; a gateway that
+    // started is stopped here and the test fails.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = status.unwrap_or_else(|| panic!("the gateway started: {stderr}"));
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("upstreams.\"priv.reg\".url"), "{stderr}");
+    assert!(stderr.contains("upstreams.\"anon.reg\".url"), "{stderr}");
+    assert!(!stderr.contains("s3cret-pw"), "{stderr}");
+}

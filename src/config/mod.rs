@@ -205,6 +205,7 @@ impl Config {
         for (name, table) in &self.upstreams {
             table.check(name)?;
         }
+        upstreams::check_origins(&self.upstreams)?;
         if let Some((second, _)) = self.upstreams.iter().filter(|(_, t)| t.primary).nth(1) {
             return Err(ConfigError::new(
                 format!("upstreams.{}.primary", error::key_segment(second)),

@@ -268,3 +268,35 @@ fn redis_cluster_nodes_are_checked() {
         assert_eq!(err.key(), Some("redis.cluster_nodes"), "{table}: {err}");
     }
 }
+
+/// Two `[upstreams]` tables on one origin would share one set of
+/// credentials and one cache identity: refused, naming both keys.
+#[test]
+fn two_upstream_tables_on_one_origin_are_refused_naming_both() {
+    let text = "[upstreams.\"anon.reg\"]\nurl = \"https://reg.example\"\n\n\
+                [upstreams.\"priv.reg\"]\nurl = \"https://REG.example:443/v2/\"\n\
+                username = \"ci\"\npassword = \"pw\"\n";
+    let err = Config::from_toml(text).unwrap_err();
+    assert_eq!(err.key(), Some("upstreams.\"priv.reg\".url"), "{err}");
+    assert!(
+        err.message().contains("upstreams.\"anon.reg\".url"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("pw"), "{err}");
+    // Built in code: the same.
+    let table = |url: &str| UpstreamTable::default().url(url);
+    let config = Config::default()
+        .upstream_named("a", table("http://127.0.0.1:5000"))
+        .upstream_named("b", table("http://127.0.0.1:5000/"));
+    assert_eq!(
+        config.validate().unwrap_err().key(),
+        Some("upstreams.b.url")
+    );
+    // Another port, scheme or host is another origin: accepted.
+    let config = Config::default()
+        .upstream_named("a", table("http://127.0.0.1:5000"))
+        .upstream_named("b", table("http://127.0.0.1:5001"))
+        .upstream_named("c", table("https://127.0.0.1:5000"))
+        .upstream_named("d", table("http://localhost:5000"));
+    config.validate().unwrap();
+}

@@ -8,6 +8,7 @@
 
 use super::error::{key_segment, ConfigError};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 
 section! {
@@ -193,4 +194,35 @@ impl UpstreamTable {
         }
         Ok(())
     }
+}
+
+/// One table per origin: the credentials, the remembered challenge and the
+/// cached answers of an upstream are its origin's, so a second table on the
+/// same origin (scheme, host and port) would share the first one's, chosen
+/// by order. Refused, naming both keys.
+pub(super) fn check_origins(
+    upstreams: &BTreeMap<String, UpstreamTable>,
+) -> Result<(), ConfigError> {
+    let key = |name: &str| format!("upstreams.{}.url", key_segment(name));
+    let mut seen: Vec<(String, &str)> = Vec::with_capacity(upstreams.len());
+    for (name, table) in upstreams {
+        let Some(url) = table.base_url() else {
+            continue;
+        };
+        let origin = url.origin().ascii_serialization();
+        if let Some((_, first)) = seen.iter().find(|(o, _)| *o == origin) {
+            return Err(ConfigError::new(
+                key(name),
+                format!(
+                    "{} is also the origin of {}: one upstream table per origin \
+                     (two would share one set of credentials and cached answers); \
+                     keep one of them",
+                    origin,
+                    key(first)
+                ),
+            ));
+        }
+        seen.push((origin, name));
+    }
+    Ok(())
 }

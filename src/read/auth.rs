@@ -18,95 +18,91 @@
 //!   need the same token at the same moment wait for **one** fetch. A kept
 //!   token the upstream rejects is dropped and fetched once more — once.
 //!
-//! **Where credentials go** (`[upstreams."NAME"]`): to the upstream's own
-//! origin, and to a realm on that origin or listed in its `realms`. A
-//! challenge naming any other realm, or a plain-`http` realm for an `https`
-//! upstream, is refused without a request (`UPSTREAM_UNAUTHORIZED`); an
-//! upstream without a table answers only challenges whose realm is on its
-//! own origin, anonymously. A token is sent only to the origin that asked
-//! for it. Redirects drop `Authorization` at another origin (`redirect.rs`).
-//! Credentials and tokens appear in no error, span or metric.
+//! **What fails is forgotten.** A token the upstream answered `401` to is
+//! dropped, and the request that sent it never uses or keeps it again
+//! (`rejected.rs`: its de-duplicated token fetch would give it back). A
+//! remembered realm whose token fetch fails, or whose token is rejected
+//! again, is forgotten: the next read goes without credentials and learns
+//! the upstream's challenge afresh. A realm is checked when the challenge is
+//! read (`realm.rs`), so one the engine would not ask is never remembered.
+//!
+//! **Where credentials go** (`[upstreams."NAME"]`, one per origin): to the
+//! upstream's own origin, and to a realm on that origin or listed in its
+//! `realms`. A challenge naming any other realm, a plain-`http` realm for an
+//! `https` upstream, or a realm with a user, a fragment or text the HTTP
+//! client would rewrite, is refused without a request
+//! (`UPSTREAM_UNAUTHORIZED`); an upstream without a table answers only
+//! challenges whose realm is on its own origin, anonymously. A token is sent
+//! only to the origin that asked for it. Redirects drop `Authorization` at
+//! another origin (`redirect.rs`). Credentials and tokens appear in no
+//! error, span or metric.
 //!
 //! A read that carries its own `Authorization` header is left alone: its
 //! `401` is answered as it is.
+//!
+//! Beside this file: `challenge.rs` reads `WWW-Authenticate`, `realm.rs`
+//! the realm rule, `site.rs` the configured upstreams and what each learned,
+//! `token.rs` a realm's answer and the kept tokens, `rejected.rs` the tokens
+//! one request saw rejected.
 
 mod challenge;
+mod realm;
+mod rejected;
+mod site;
+mod token;
 
 pub(crate) use challenge::{challenge, Challenge};
+pub(crate) use rejected::Rejected;
+use site::{Learned, Origin, Site};
+pub(crate) use token::{rejected_again, token, Token, TokenKey};
 
 use super::message::{Read, UpstreamResponse};
-use crate::config::{Secret, UpstreamTable};
+use crate::config::UpstreamTable;
 use crate::error::ReadError;
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderValue};
 use moka::future::Cache;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
-
-/// The longest token answer read (a realm's JSON): past it, `UPSTREAM_ERROR`.
-pub(crate) const MAX_TOKEN_ANSWER: usize = 64 << 10;
-/// Bytes of kept tokens at most, each weighed by its value and key (a
-/// token is a few hundred bytes to a few KiB; an upstream naming a new scope
-/// on every challenge cannot make the engine keep more than this).
-const MAX_TOKEN_BYTES: u64 = 16 << 20;
-/// `expires_in` when the realm gives none (the token specification's).
-const DEFAULT_EXPIRES_IN: u64 = 60;
+use std::sync::Arc;
 
 /// The credentials and what the engine learned of each upstream's
 /// challenges, and the tokens kept.
 pub(crate) struct Auth {
-    /// The configured upstreams, by origin (a few: looked up by a scan that
+    /// The configured upstreams, by origin (one table per origin, as the
+    /// configuration's validation requires; a few: looked up by a scan that
     /// allocates nothing).
     sites: Vec<(Origin, Site)>,
     /// Kept tokens, by [`TokenKey`].
     tokens: Cache<TokenKey, Token>,
 }
 
-/// One configured upstream.
-struct Site {
-    user: String,
-    /// `origin user` (anonymous: `origin`).
-    identity: Arc<str>,
-    password: Option<Secret>,
-    /// Realms besides the own origin that may receive the credentials.
-    realms: Vec<reqwest::Url>,
-    /// The last challenge it answered with (so later reads go up front).
-    learned: RwLock<Option<Learned>>,
-}
-
+/// Where a bearer token is kept and the realm it comes from: what is
+/// forgotten when it fails.
 #[derive(Clone)]
-enum Learned {
-    Basic,
-    Bearer {
-        realm: String,
-        service: Option<String>,
-    },
-}
-
-/// Identity of a kept token: who asked (origin), where it comes from, for
-/// what, as whom.
-pub(crate) type TokenKey = Arc<str>;
-
-/// A kept token: the `Authorization` value (marked sensitive: its `Debug`
-/// shows no secret) and how long it is good for.
-#[derive(Clone, Debug)]
-pub(crate) struct Token {
-    pub(crate) header: HeaderValue,
-    lifetime: Duration,
-}
-
-/// A token to fetch: its key and the read that fetches it.
-pub(crate) struct TokenFetch {
+pub(crate) struct TokenSource {
     pub(crate) key: TokenKey,
+    realm: Arc<str>,
+}
+
+/// A token to fetch: where it is kept and the read that fetches it.
+pub(crate) struct TokenFetch {
+    pub(crate) source: TokenSource,
     pub(crate) read: Read,
+}
+
+/// The credentials a read was sent with: the `Authorization` value, and
+/// for a bearer token where it came from.
+#[derive(Clone)]
+pub(crate) struct Sent {
+    pub(crate) value: HeaderValue,
+    pub(crate) source: Option<TokenSource>,
 }
 
 /// What to do with a read before it is sent.
 pub(crate) enum Before {
     /// Send it as it is.
     Send,
-    /// Send it with this `Authorization` value (Basic, or a kept token).
-    With(HeaderValue),
+    /// Send it with these credentials (Basic, or a kept token).
+    With(Sent),
     /// Fetch this token first, then send it with the token.
     Fetch(TokenFetch),
 }
@@ -121,56 +117,16 @@ pub(crate) enum Answer {
     Refuse(ReadError),
 }
 
-struct Expiry;
-
-impl moka::Expiry<TokenKey, Token> for Expiry {
-    fn expire_after_create(
-        &self,
-        _key: &TokenKey,
-        token: &Token,
-        _created_at: std::time::Instant,
-    ) -> Option<Duration> {
-        Some(token.lifetime)
-    }
-}
-
 impl Auth {
     /// The sites of the configured `upstreams` (passwords already resolved
     /// by the configuration's validation; one that fails here is anonymous).
     pub(crate) fn new(upstreams: &BTreeMap<String, UpstreamTable>) -> Self {
-        let mut sites = Vec::new();
-        for (name, table) in upstreams {
-            let Some(url) = table.base_url() else {
-                continue;
-            };
-            let password = table.resolve_password(name).ok().flatten();
-            let realms = table
-                .realms
-                .iter()
-                .filter_map(|r| reqwest::Url::parse(r).ok())
-                .collect();
-            sites.push((
-                Origin::of(&url),
-                Site {
-                    identity: format!("{} {}", url.origin().ascii_serialization(), table.username)
-                        .into(),
-                    user: table.username.clone(),
-                    password,
-                    realms,
-                    learned: RwLock::new(None),
-                },
-            ));
-        }
         Self {
-            sites,
-            tokens: Cache::builder()
-                .max_capacity(MAX_TOKEN_BYTES)
-                .weigher(|key: &TokenKey, token: &Token| {
-                    let weight = key.len() + token.header.len() + 256;
-                    u32::try_from(weight).unwrap_or(u32::MAX)
-                })
-                .expire_after(Expiry)
-                .build(),
+            sites: upstreams
+                .iter()
+                .filter_map(|(name, table)| Site::of(name, table))
+                .collect(),
+            tokens: token::kept(),
         }
     }
 
@@ -209,8 +165,9 @@ impl Auth {
 
     /// What `read` carries before it is sent: the Basic credentials of an
     /// origin that asked for them, or a token kept (or to fetch) for the
-    /// read's scope at an origin whose bearer challenge is known.
-    pub(crate) async fn before(&self, read: &Read) -> Before {
+    /// read's scope at an origin whose bearer challenge is known — never one
+    /// its request saw `rejected`.
+    pub(crate) async fn before(&self, read: &Read, rejected: &Rejected) -> Before {
         let Some(site) = self.site(&read.url) else {
             return Before::Send;
         };
@@ -218,7 +175,10 @@ impl Auth {
         match learned {
             None => Before::Send,
             Some(Learned::Basic) => match site.basic() {
-                Some(value) => Before::With(value),
+                Some(value) => Before::With(Sent {
+                    value,
+                    source: None,
+                }),
                 None => Before::Send,
             },
             Some(Learned::Bearer { realm, service }) => {
@@ -230,22 +190,32 @@ impl Auth {
                 else {
                     return Before::Send;
                 };
-                match self.tokens.get(&fetch.key).await {
-                    Some(token) => Before::With(token.header),
+                match self.tokens.get(&fetch.source.key).await {
+                    Some(token) if rejected.has(&token.header) => {
+                        self.drop_token(&fetch.source.key, &token.header).await;
+                        Before::Fetch(fetch)
+                    }
+                    Some(token) => Before::With(Sent {
+                        value: token.header,
+                        source: Some(fetch.source),
+                    }),
                     None => Before::Fetch(fetch),
                 }
             }
         }
     }
 
-    /// How to answer `response`, a `401` to `read`. `sent` is the
-    /// `Authorization` the read carried (a rejected kept token is dropped
-    /// here, so the answer fetches a new one).
+    /// How to answer `response`, a `401` to `read`. `sent` is what the
+    /// read carried: a token it carried is rejected here ([`reject`]), so
+    /// the answer fetches a new one.
+    ///
+    /// [`reject`]: Self::reject
     pub(crate) async fn answer(
         &self,
         read: &Read,
         response: &UpstreamResponse,
-        sent: Option<&HeaderValue>,
+        sent: Option<&Sent>,
+        rejected: &Rejected,
     ) -> Answer {
         let host = response.host.clone();
         let Some(challenge) = challenge(response) else {
@@ -259,9 +229,9 @@ impl Auth {
             Challenge::Basic => {
                 let basic = site.and_then(Site::basic);
                 match basic {
-                    Some(value) if sent != Some(&value) => {
-                        if let Some(s) = site {
-                            s.learn(Learned::Basic);
+                    Some(value) if sent.map(|s| &s.value) != Some(&value) => {
+                        if let Some(site) = site {
+                            site.learn(Learned::Basic);
                         }
                         Answer::With(value)
                     }
@@ -307,31 +277,80 @@ impl Auth {
                 if insufficient_scope {
                     return Answer::Refuse(self.not_granted(host, chosen));
                 }
-                // The token sent was rejected: dropped (unless another read
-                // replaced it meanwhile), and fetched once more.
-                self.drop_token(&fetch.key, sent).await;
+                // The token sent was rejected: dropped, and fetched once more.
+                self.reject(sent, rejected).await;
                 Answer::Fetch(fetch)
             }
         }
     }
 
     /// The error for a `401` to a read already sent with an answer to its
-    /// challenge.
-    pub(crate) fn refused(&self, read: &Read, response: &UpstreamResponse) -> ReadError {
+    /// challenge, `sent`: a token rejected again is rejected ([`reject`])
+    /// and its realm forgotten.
+    ///
+    /// [`reject`]: Self::reject
+    pub(crate) async fn refused(
+        &self,
+        read: &Read,
+        response: &UpstreamResponse,
+        sent: Option<&Sent>,
+        rejected: &Rejected,
+    ) -> ReadError {
         let host = response.host.clone();
         let site = self.site(&read.url);
-        match challenge(response) {
-            Some(Challenge::Bearer {
-                insufficient_scope: true,
-                ..
-            }) => {
-                let anonymous = Site::anonymous();
-                self.not_granted(host, site.unwrap_or(&anonymous))
+        if let Some(Challenge::Bearer {
+            insufficient_scope: true,
+            ..
+        }) = challenge(response)
+        {
+            let anonymous = Site::anonymous();
+            return self.not_granted(host, site.unwrap_or(&anonymous));
+        }
+        if let Some(sent) = sent {
+            self.reject(sent, rejected).await;
+            if let Some(source) = &sent.source {
+                self.forget(read, source);
             }
-            _ => ReadError::Unauthorized {
-                host,
-                message: "the upstream refused the credentials it asked for".into(),
-            },
+        }
+        ReadError::Unauthorized {
+            host,
+            message: "the upstream refused the credentials it asked for".into(),
+        }
+    }
+
+    /// `sent` was answered `401`: a token is never sent or kept again by
+    /// its request, and is dropped from the kept ones (unless another read
+    /// replaced it meanwhile).
+    async fn reject(&self, sent: &Sent, rejected: &Rejected) {
+        if let Some(source) = &sent.source {
+            rejected.note(&sent.value);
+            self.drop_token(&source.key, &sent.value).await;
+        }
+    }
+
+    /// The token fetch from `source` for `read` failed with `err`: if the
+    /// realm failed (it answered an error or not at all, or gave a token
+    /// already rejected), the realm is forgotten — the next read learns the
+    /// upstream's challenge afresh. A read the engine refused (budget,
+    /// deadline, caps) says nothing of the realm.
+    pub(crate) fn fetch_failed(&self, read: &Read, source: &TokenSource, err: &ReadError) {
+        let realm_failed = matches!(
+            err,
+            ReadError::Upstream { .. }
+                | ReadError::UpstreamTimeout { .. }
+                | ReadError::Unauthorized { .. }
+                | ReadError::Forbidden { .. }
+        );
+        if realm_failed {
+            self.forget(read, source);
+        }
+    }
+
+    /// Forgets the realm of `source` as the challenge of `read`'s upstream
+    /// (unless another challenge replaced it meanwhile).
+    fn forget(&self, read: &Read, source: &TokenSource) {
+        if let Some(site) = self.site(&read.url) {
+            site.forget(&source.realm);
         }
     }
 
@@ -350,7 +369,7 @@ impl Auth {
     }
 
     /// Drops the token kept under `key` if it is still `sent`.
-    async fn drop_token(&self, key: &TokenKey, sent: &HeaderValue) {
+    pub(crate) async fn drop_token(&self, key: &TokenKey, sent: &HeaderValue) {
         use moka::ops::compute::Op;
         self.tokens
             .entry(key.clone())
@@ -374,26 +393,7 @@ impl Auth {
         service: Option<&str>,
         scope: Option<&str>,
     ) -> Result<TokenFetch, String> {
-        let mut url = reqwest::Url::parse(realm)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
-            .ok_or_else(|| "the challenge's realm is not an http(s) URL".to_string())?;
-        if read.url.scheme() == "https" && url.scheme() == "http" {
-            return Err(format!(
-                "the token realm {} is plain http for an https upstream",
-                shown(&url)
-            ));
-        }
-        let own = url.origin() == read.url.origin();
-        let listed = site.realms.iter().any(|allowed| {
-            allowed.origin() == url.origin() && url.path().starts_with(allowed.path())
-        });
-        if !own && !listed {
-            return Err(format!(
-                "the token realm {} is not this upstream's origin nor one of its configured realms",
-                shown(&url)
-            ));
-        }
+        let mut url = realm::allowed(realm, &read.url, &site.realms)?;
         {
             let mut query = url.query_pairs_mut();
             if let Some(service) = service {
@@ -408,106 +408,15 @@ impl Auth {
         if let Some(basic) = site.basic() {
             fetch = fetch.header(header::AUTHORIZATION, basic);
         }
-        Ok(TokenFetch { key, read: fetch })
+        let source = TokenSource {
+            key,
+            realm: realm.into(),
+        };
+        Ok(TokenFetch {
+            source,
+            read: fetch,
+        })
     }
-}
-
-/// Scheme, host and port of an upstream.
-struct Origin {
-    scheme: String,
-    host: String,
-    port: Option<u16>,
-}
-
-impl Origin {
-    fn of(url: &reqwest::Url) -> Self {
-        Self {
-            scheme: url.scheme().to_string(),
-            host: url.host_str().unwrap_or_default().to_ascii_lowercase(),
-            port: url.port_or_known_default(),
-        }
-    }
-
-    /// Whether `url` is on this origin (no allocation).
-    fn is(&self, url: &reqwest::Url) -> bool {
-        url.port_or_known_default() == self.port
-            && url.scheme() == self.scheme
-            && url
-                .host_str()
-                .is_some_and(|h| h.eq_ignore_ascii_case(&self.host))
-    }
-}
-
-impl Site {
-    fn anonymous() -> Self {
-        Self {
-            user: String::new(),
-            identity: "".into(),
-            password: None,
-            realms: Vec::new(),
-            learned: RwLock::new(None),
-        }
-    }
-
-    /// `Basic base64(user:password)`, if a password is configured.
-    fn basic(&self) -> Option<HeaderValue> {
-        let password = self.password.as_ref()?;
-        let pair = format!("{}:{}", self.user, password.expose());
-        use base64::Engine as _;
-        let coded = base64::engine::general_purpose::STANDARD.encode(pair);
-        let mut value = HeaderValue::from_str(&format!("Basic {coded}")).ok()?;
-        value.set_sensitive(true);
-        Some(value)
-    }
-
-    fn learn(&self, learned: Learned) {
-        *self.learned.write().expect("not poisoned") = Some(learned);
-    }
-}
-
-/// The token in a realm's answer, kept for its lifetime; an error for any
-/// answer that is not one.
-pub(crate) fn token(response: &UpstreamResponse) -> Result<Token, ReadError> {
-    if response.status == StatusCode::UNAUTHORIZED || response.status == StatusCode::FORBIDDEN {
-        return Err(ReadError::Unauthorized {
-            host: response.host.clone(),
-            message: format!(
-                "the token service answered {}: the configured credentials were refused",
-                response.status.as_u16()
-            ),
-        });
-    }
-    response.error_for_status()?;
-    if response.body.len() > MAX_TOKEN_ANSWER {
-        return Err(response.error(format!("token answer larger than {MAX_TOKEN_ANSWER} bytes")));
-    }
-    #[derive(serde::Deserialize)]
-    struct Answer {
-        token: Option<String>,
-        access_token: Option<String>,
-        expires_in: Option<u64>,
-        issued_at: Option<String>,
-    }
-    let answer: Answer = response.json()?;
-    let token = answer
-        .token
-        .or(answer.access_token)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| response.error("the token answer holds no token"))?;
-    let mut header = HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| response.error("the token is not a valid header value"))?;
-    header.set_sensitive(true);
-    let expires_in = Duration::from_secs(answer.expires_in.unwrap_or(DEFAULT_EXPIRES_IN));
-    let age = answer
-        .issued_at
-        .and_then(|at| humantime::parse_rfc3339_weak(&at).ok())
-        .and_then(|at| SystemTime::now().duration_since(at).ok())
-        .unwrap_or_default();
-    let margin = (expires_in / 10).min(Duration::from_secs(10));
-    Ok(Token {
-        header,
-        lifetime: expires_in.saturating_sub(age).saturating_sub(margin),
-    })
 }
 
 /// Whether the caller set `Authorization` itself: then nothing here
@@ -527,11 +436,6 @@ pub(crate) fn with_authorization(read: &Read, value: HeaderValue) -> Read {
 /// `scheme://host:port` of `url`.
 fn origin(url: &reqwest::Url) -> String {
     url.origin().ascii_serialization()
-}
-
-/// A realm URL for a message: origin and path, no query.
-fn shown(url: &reqwest::Url) -> String {
-    format!("{}{}", origin(url), url.path())
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub use transport::{HttpTransport, Transport};
 use crate::error::ReadError;
 use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics;
-use auth::{Answer, Auth, Before, TokenFetch};
+use auth::{Answer, Auth, Before, Rejected, Sent, TokenFetch};
 use budget::{bump, InFlightSlot, Pending, ReadStats, TimedOut};
 use cache::AnswerCache;
 use coalesce::{Coalesce, Flight, Role};
@@ -102,6 +102,8 @@ pub(crate) struct RequestReads {
     kept_bytes: AtomicU64,
     /// What the request holds, its answer and kept bodies (`memory.rs`).
     memory: RequestMemory,
+    /// The tokens an upstream rejected in this request (`auth/rejected.rs`).
+    rejected: Rejected,
 }
 
 pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
@@ -115,6 +117,7 @@ impl RequestReads {
             dedup: Dedup::new(),
             kept_bytes: AtomicU64::new(0),
             memory,
+            rejected: Rejected::default(),
         }
     }
 
@@ -248,61 +251,93 @@ impl<'a> Upstream<'a> {
     /// `401` answered.
     async fn with_credentials(&self, read: Read) -> ReadResult {
         let auth = &self.reads.parts.auth;
-        let value = match auth.before(&read).await {
+        let sent = match auth.before(&read, &self.reads.rejected).await {
             Before::Send => None,
-            Before::With(value) => Some(value),
-            Before::Fetch(fetch) => Some(self.token(fetch).await?),
+            Before::With(sent) => Some(sent),
+            Before::Fetch(fetch) => Some(self.token(&read, fetch).await?),
         };
-        let mut sent = match &value {
-            Some(value) => auth::with_authorization(&read, value.clone()),
+        let mut carried = match &sent {
+            Some(sent) => auth::with_authorization(&read, sent.value.clone()),
             None => read,
         };
-        let response = self.follow(&mut sent).await?;
+        let response = self.follow(&mut carried).await?;
         if response.status != http::StatusCode::UNAUTHORIZED {
             return Ok(response);
         }
-        self.challenged(sent, response, value).await
+        self.challenged(carried, response, sent).await
     }
 
     /// The answers to a `401` to `read` (`auth.rs`): at most two rounds —
-    /// a token the upstream rejects is dropped and fetched once more, once.
+    /// a token the upstream rejects is dropped and fetched once more, once;
+    /// rejected again, its realm is forgotten.
     async fn challenged(
         &self,
         read: Read,
         mut response: Arc<UpstreamResponse>,
-        mut sent: Option<http::HeaderValue>,
+        mut sent: Option<Sent>,
     ) -> ReadResult {
         let auth = &self.reads.parts.auth;
+        let rejected = &self.reads.rejected;
         for _round in 0..2 {
-            let value = match auth.answer(&read, &response, sent.as_ref()).await {
-                Answer::With(value) => value,
-                Answer::Fetch(fetch) => self.token(fetch).await?,
+            let next = match auth.answer(&read, &response, sent.as_ref(), rejected).await {
+                Answer::With(value) => Sent {
+                    value,
+                    source: None,
+                },
+                Answer::Fetch(fetch) => self.token(&read, fetch).await?,
                 Answer::Refuse(err) => return Err(err),
             };
-            let mut retry = auth::with_authorization(&read, value.clone());
+            let mut retry = auth::with_authorization(&read, next.value.clone());
             response = self.follow(&mut retry).await?;
             if response.status != http::StatusCode::UNAUTHORIZED {
                 return Ok(response);
             }
-            sent = Some(value);
+            sent = Some(next);
         }
-        Err(auth.refused(&read, &response))
+        Err(auth
+            .refused(&read, &response, sent.as_ref(), rejected)
+            .await)
     }
 
-    /// A bearer token: kept, or fetched as a read of this request — once
-    /// for every read of any request that needs it meanwhile; a read
-    /// waiting for another's fetch waits no longer than its deadline.
-    async fn token(&self, fetch: TokenFetch) -> Result<http::HeaderValue, ReadError> {
-        let TokenFetch { key, read } = fetch;
-        let fetched = self.reads.parts.auth.tokens().try_get_with(key, async {
-            let mut read = read;
-            let response = self.follow(&mut read).await?;
-            auth::token(&response)
+    /// A bearer token for `read`: kept, or fetched as a read of this
+    /// request — once for every read of any request that needs it
+    /// meanwhile; a read waiting for another's fetch waits no longer than
+    /// its deadline. A token this request saw rejected is an error, and is
+    /// not kept; a realm that fails is forgotten.
+    async fn token(&self, read: &Read, fetch: TokenFetch) -> Result<Sent, ReadError> {
+        let TokenFetch { source, read: ask } = fetch;
+        let auth = &self.reads.parts.auth;
+        let rejected = &self.reads.rejected;
+        let realm_host = hosts::host_name(&ask.url);
+        let fetched = auth.tokens().try_get_with(source.key.clone(), async {
+            let mut ask = ask;
+            let response = self.follow(&mut ask).await?;
+            let token = auth::token(&response)?;
+            if rejected.has(&token.header) {
+                // The request's de-duplicated answer: the token rejected.
+                return Err(auth::rejected_again(response.host.clone()));
+            }
+            Ok(token)
         });
-        match tokio::time::timeout_at(self.reads.budget.deadline(), fetched).await {
+        let outcome = match tokio::time::timeout_at(self.reads.budget.deadline(), fetched).await {
+            // Kept by another request that did not see it rejected: dropped.
+            Ok(Ok(token)) if rejected.has(&token.header) => {
+                auth.drop_token(&source.key, &token.header).await;
+                Err(auth::rejected_again(realm_host))
+            }
             Ok(Ok(token)) => Ok(token.header),
             Ok(Err(shared)) => Err((*shared).clone()),
-            Err(_elapsed) => Err(ReadError::DeadlineExceeded),
+            Err(_elapsed) => return Err(ReadError::DeadlineExceeded),
+        };
+        match outcome {
+            Ok(value) => Ok(Sent {
+                value,
+                source: Some(source),
+            }),
+            Err(err) => {
+                auth.fetch_failed(read, &source, &err);
+                Err(err)
+            }
         }
     }
 

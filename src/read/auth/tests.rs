@@ -1,6 +1,7 @@
 //! The challenge parser, the realm rule and a token's lifetime.
 use super::*;
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
+use std::time::{Duration, SystemTime};
 
 fn unauthorized(values: &[&str]) -> UpstreamResponse {
     let mut headers = HeaderMap::new();
@@ -100,7 +101,7 @@ fn realms_allowed_and_refused() {
         Some("svc"),
         Some("s"),
     );
-    assert_ne!(mirror.unwrap().key, own.key);
+    assert_ne!(mirror.unwrap().source.key, own.source.key);
 }
 
 #[test]
@@ -119,4 +120,62 @@ fn a_token_lives_expires_in_from_issued_at_less_a_tenth() {
     assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_ERROR");
     let r = UpstreamResponse::new("a:1", StatusCode::UNAUTHORIZED, HeaderMap::new(), "".into());
     assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_UNAUTHORIZED");
+}
+
+#[test]
+fn a_realm_the_transport_would_rewrite_is_refused() {
+    let table = crate::config::UpstreamTable::default()
+        .url("http://127.0.0.1:5000")
+        .username("ci")
+        .password("pw");
+    let upstreams = [("r".to_string(), table)].into();
+    let auth = Auth::new(&upstreams);
+    let read = Read::get("http://127.0.0.1:5000/v2/a/tags/list".parse().unwrap());
+    let site = auth.site(&read.url).unwrap();
+    let fetch = |realm: &str| auth.token_fetch(&read, site, realm, None, Some("s"));
+    assert!(fetch("http://127.0.0.1:5000/token").is_ok());
+    // `\@` in a quoted challenge is `@`: the realm carries a user.
+    let r = unauthorized(&[r#"Bearer realm="http://x\@127.0.0.1:5000/token""#]);
+    let Some(Challenge::Bearer { realm, .. }) = challenge(&r) else {
+        panic!("a bearer challenge")
+    };
+    assert_eq!(realm, "http://x@127.0.0.1:5000/token");
+    for refused in [
+        realm.as_str(),
+        "http://x:y@127.0.0.1:5000/token",
+        "http://127.0.0.1:5000/token#frag",
+        "http://127.0.0.1:5000/token#",
+        // Not as it would be sent: the transport would rewrite it.
+        "http://127.0.0.1:5000/a/../token",
+        "http://127.0.0.1:5000/to ken",
+        "HTTP://127.0.0.1:5000/token",
+    ] {
+        let err = fetch(refused).err().unwrap_or_else(|| panic!("{refused}"));
+        assert!(!err.contains("x@") && !err.contains("x:y"), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_refused_realm_is_not_remembered() {
+    let upstreams = [(
+        "r".to_string(),
+        crate::config::UpstreamTable::default().url("http://127.0.0.1:5000"),
+    )]
+    .into();
+    let auth = Auth::new(&upstreams);
+    let read = Read::get("http://127.0.0.1:5000/v2/a/tags/list".parse().unwrap());
+    for realm in [
+        r#"Bearer realm="http://x\@127.0.0.1:5000/token",scope="s""#,
+        r#"Bearer realm="http://127.0.0.1:5000/token#frag",scope="s""#,
+    ] {
+        let rejected = Rejected::default();
+        let answer = auth
+            .answer(&read, &unauthorized(&[realm]), None, &rejected)
+            .await;
+        let Answer::Refuse(err) = answer else {
+            panic!("{realm}: refused")
+        };
+        assert_eq!(err.code(), "UPSTREAM_UNAUTHORIZED");
+        assert!(!auth.knows(&read), "{realm}: not remembered");
+    }
 }
