@@ -300,3 +300,15 @@ fn two_upstream_tables_on_one_origin_are_refused_naming_both() {
         .upstream_named("d", table("http://localhost:5000"));
     config.validate().unwrap();
 }
+
+#[test]
+fn two_upstream_names_equal_but_for_case_are_refused_naming_both() {
+    let table = |url: &str| UpstreamTable::default().url(url);
+    let config = Config::default()
+        .upstream_named("Reg.io", table("http://127.0.0.1:5000"))
+        .upstream_named("reg.io", table("http://127.0.0.1:5001"));
+    let err = config.validate().unwrap_err();
+    assert!(err.to_string().contains("Reg.io"), "{err}");
+    assert!(err.to_string().contains("reg.io"), "{err}");
+    assert!(err.message().contains("case"), "{err}");
+}

@@ -224,5 +224,26 @@ pub(super) fn check_origins(
         }
         seen.push((origin, name));
     }
+    check_names(upstreams)
+}
+
+/// One table per name as the gateway reads it: a registry prefix is
+/// matched without regard to case (as a host name is), so two names equal
+/// but for case would leave the second unreachable. Refused, naming both.
+fn check_names(upstreams: &BTreeMap<String, UpstreamTable>) -> Result<(), ConfigError> {
+    let mut names: Vec<&str> = upstreams.keys().map(String::as_str).collect();
+    names.sort_by_key(|name| name.to_ascii_lowercase());
+    for pair in names.windows(2) {
+        if pair[0].eq_ignore_ascii_case(pair[1]) {
+            return Err(ConfigError::new(
+                format!("upstreams.{}", key_segment(pair[1])),
+                format!(
+                    "the same name as upstreams.{} but for case: names are read \
+                     without regard to case; keep one of them",
+                    key_segment(pair[0])
+                ),
+            ));
+        }
+    }
     Ok(())
 }
