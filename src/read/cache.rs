@@ -133,6 +133,14 @@ enum Rule {
     Headers,
 }
 
+impl Lookup {
+    /// The read's key for the request's de-duplication (its identity, with
+    /// no word of credentials): what a hit is shared under.
+    pub(crate) fn into_read_key(self) -> ReadKey {
+        self.key.into_read_key()
+    }
+}
+
 impl AnswerCache {
     /// A cache of at most `bytes` (0: none).
     pub(crate) fn new(bytes: u64) -> Self {

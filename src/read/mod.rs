@@ -59,6 +59,7 @@ use message::ReadKey;
 use permit::{Admission, Outcome};
 use quota::Quotas;
 use redirect::Redirects;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -186,10 +187,13 @@ impl<'a> Upstream<'a> {
             // A hit is answered here, with nothing to wait for; only a miss
             // boxes its future.
             let identity = parts.auth.identity(&read.url);
-            let lookup = parts.cache.lookup(&read, identity, by_headers);
-            if let Some(hit) = lookup.as_ref().and_then(|l| self.hit(&read, l)) {
-                return Ok(hit);
-            }
+            let lookup = match parts.cache.lookup(&read, identity, by_headers) {
+                Some(lookup) => match self.hit(&read, lookup) {
+                    ControlFlow::Break(hit) => return hit,
+                    ControlFlow::Continue(miss) => Some(miss),
+                },
+                None => None,
+            };
             return Box::pin(self.checked(read, lookup)).await;
         }
         let auth = &parts.auth;
@@ -224,26 +228,24 @@ impl<'a> Upstream<'a> {
     }
 
     /// The answer the engine's cache keeps for `lookup`, counted as a hit
-    /// (or the miss counted).
-    fn hit(&self, read: &Read, lookup: &cache::Lookup) -> Option<Arc<UpstreamResponse>> {
+    /// (`Break`); else the miss counted, and `lookup` back to read and keep
+    /// by (`Continue`).
+    fn hit(&self, read: &Read, lookup: cache::Lookup) -> ControlFlow<ReadResult, cache::Lookup> {
         let parts = &self.reads.parts;
         let host = parts.host_table.resolve(&read.url);
-        let Some(kept) = parts.cache.get(lookup) else {
+        let Some(kept) = parts.cache.get(&lookup) else {
             host.metrics().cache_misses.increment(1);
-            return None;
+            return ControlFlow::Continue(lookup);
         };
         self.op.cache_hits.fetch_add(1, Relaxed);
         bump(&self.reads.budget.stats().cache_hits);
         host.metrics().cache_hits.increment(1);
-        // A response of the request's own, shared by its identical reads:
-        // what they derive of it lives with the request, not in the cache.
+        // A response of the request's own, shared by its identical reads
+        // (step 1's table, under the read's own key): what they derive of it
+        // lives with the request, not in the cache.
         let own = || Ok(Arc::new(kept.copy()));
-        let Some(key) = ReadKey::of(read) else {
-            return own().ok();
-        };
-        (self.reads.dedup)
-            .done_or_keep(key, own, |done| done.is_ok())
-            .ok()
+        let key = lookup.into_read_key();
+        ControlFlow::Break((self.reads.dedup).done_or_keep(key, own, Result::is_ok))
     }
 
     /// A read to an origin whose challenge is known: its credentials up
