@@ -82,6 +82,7 @@
 mod backend;
 mod clocks;
 mod conn;
+mod io;
 mod limits;
 mod lua;
 mod quotas;
