@@ -70,7 +70,12 @@
 //! finishes without awaiting anything.
 //!
 //! **Failures.** A call that fails or times out is `Err`: the engine
-//! applies `failure_mode` (the in-process store, or 503). The stale stock
+//! applies `failure_mode` (the in-process store, or 503). The in-process
+//! store then starts from what this replica last heard of the client
+//! ([`QuotaStore::last_known`]: when its bucket is full again, as Redis's
+//! last answer for it said), or, for a client it never heard of (or
+//! forgot), from half its burst — never from a fresh full bucket
+//! (`inbound/quota/local.rs`). The stale stock
 //! it was giving back is counted as given back (whether the script ran is
 //! unknown; the client is the stricter for it, never the more lenient); a
 //! script Redis ran past its deadline did nothing, and the stock keeps it.
@@ -94,6 +99,7 @@ use futures::StreamExt;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -389,11 +395,13 @@ impl QuotaStore for RedisReadQuota {
             }
             let reply = reply?;
             let now = self.now();
-            match reply.outcome {
-                Outcome::Granted { .. } => Ok(stock.granted(&c.rate, now, reply.full_in, reads)),
-                Outcome::Refused { wait } => Ok(stock.refused(&c.rate, now, reply.full_in, wait)),
-                Outcome::Late => Err(down("the reservation ran after its deadline")),
-            }
+            let verdict = match reply.outcome {
+                Outcome::Granted { .. } => stock.granted(&c.rate, now, reply.full_in, reads),
+                Outcome::Refused { wait } => stock.refused(&c.rate, now, reply.full_in, wait),
+                Outcome::Late => return Err(down("the reservation ran after its deadline")),
+            };
+            entry.fleet_full_at.store(stock.full_at.max(1), Relaxed);
+            Ok(verdict)
         })
     }
 
@@ -412,6 +420,12 @@ impl QuotaStore for RedisReadQuota {
             .clone();
         entry.refunded.fetch_add(reads, Relaxed);
         c.owing.add(client, &entry);
+    }
+
+    fn last_known(&self, class: QuotaClass, client: IpAddr) -> Option<Duration> {
+        let c = self.classes[class.index()].as_ref()?;
+        let full_at = c.clients.get(&client)?.fleet_full_at.load(Relaxed);
+        (full_at > 0).then(|| Duration::from_nanos(full_at.saturating_sub(self.now().ns)))
     }
 
     fn reserve_at_once(&self, class: QuotaClass, client: IpAddr, reads: u64) -> Option<Verdict> {
