@@ -1,9 +1,10 @@
-//! The read quota's fallback (`failure_mode = "open"`) never hands a client
-//! a fresh full bucket: two gateway replicas on one `redis-server`; a client
-//! spends its burst on one; Redis is killed. The replica that knew the
-//! client spent refuses it (its fallback starts from the fleet's last
-//! answer); the replica that never heard of it grants at most the client's
-//! share, half its burst — where each used to grant a whole burst.
+//! The fallbacks (`failure_mode = "open"`) never hand a client a fresh full
+//! bucket: two gateway replicas on one `redis-server`; a client spends its
+//! read quota (or its per-IP limit) on one; Redis is killed. The replica
+//! that knew the client spent refuses it (its fallback starts from the
+//! fleet's last answer); the replica that never heard of it grants at most
+//! the client's share, half its burst — where each used to grant a whole
+//! one.
 //!
 //! Without `redis-server` this prints `SKIPPED` and passes, unless
 //! `FANOUT_REQUIRE_EXTERNAL=1`.
@@ -101,4 +102,40 @@ async fn a_fallback_starts_from_what_the_fleet_last_said_never_from_a_full_bucke
          more than its share (10 of a burst of 20)"
     );
     assert!(on_b >= 1, "its share is served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_per_ip_fallback_starts_from_what_the_fleet_last_said() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let registry = EmbeddedRegistry::fixture().await.unwrap();
+    let mut config = config(&redis);
+    config.quota = QuotaConfig::default();
+    // A request a second, 60 at once.
+    config.rate_limit.requests_per_minute = 60;
+    let fleet: Vec<Gateway> = (0..2)
+        .map(|_| app::build(config.clone(), registry.url().parse().unwrap(), None))
+        .collect();
+    let (a, b) = (&fleet[0].router, &fleet[1].router);
+    let peer = "198.18.0.41:1";
+    let first = admitted_across(&[a], peer, 70).await;
+    assert!((60..=61).contains(&first), "{first} admitted of 60");
+
+    redis.kill();
+    // A keeps Redis's refusal until the next admission (a second), then
+    // finds Redis down and falls back: from the fleet's last answer, about
+    // one request refills meanwhile.
+    let mut again = 0;
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_millis(2000) {
+        again += admitted_across(&[a], peer, 1).await;
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await; // pacing
+    }
+    eprintln!("Redis down: the spent client admitted {again} times on A in 2 s");
+    assert!(again <= 3, "{again} admitted in 2 s: a fresh bucket");
+    // B never heard of it: half its limit.
+    let on_b = admitted_across(&[b], peer, 60).await;
+    eprintln!("Redis down: the spent client admitted {on_b} times on B");
+    assert!(on_b <= 31, "{on_b} admitted on B: more than half the limit");
 }
