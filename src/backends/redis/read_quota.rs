@@ -28,7 +28,14 @@
 //!   never more than half of what the client has left after the
 //!   reservation — so near the limit the takes shrink to the need, and a
 //!   client seen once takes nothing ahead. The same call gives back the
-//!   stale stock (older than [`HOLD`](stock::HOLD)). Reserving nothing never calls.
+//!   stale stock (older than [`HOLD`](stock::HOLD)).
+//! - **Reserving nothing** (a request that reads nothing: `fanoutQuota`)
+//!   shows the client's quota as the fleet has it: from Redis's answer for
+//!   that client if this replica had one within a [`HOLD`](stock::HOLD),
+//!   else from one call that takes nothing (and gives back the stale
+//!   stock) — so at most a call per client per second on a replica, not
+//!   one per request, and a replica that never saw the client does not
+//!   show it full while the fleet has it spent.
 //! - **Refunding** what a request did not spend costs no call: the reads
 //!   wait here and the client's next call gives them back on Redis (where
 //!   the script caps them at a full bucket) — or, if no call for that
@@ -397,6 +404,12 @@ impl QuotaStore for RedisReadQuota {
             let now = self.now();
             let verdict = match reply.outcome {
                 Outcome::Granted { .. } => stock.granted(&c.rate, now, reply.full_in, reads),
+                // Nothing asked is never refused (a bucket owed past its
+                // burst, by a replica's stale share).
+                Outcome::Refused { .. } if reads == 0 => Verdict::Reserved {
+                    remaining: 0,
+                    full_in: reply.full_in,
+                },
                 Outcome::Refused { wait } => stock.refused(&c.rate, now, reply.full_in, wait),
                 Outcome::Late => return Err(down("the reservation ran after its deadline")),
             };
