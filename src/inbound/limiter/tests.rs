@@ -321,8 +321,10 @@ impl super::InboundLimiter for Down {
 /// Admitted of `n` requests from one client, at one instant, through a
 /// layer on [`Down`]`(last_known)` with "open".
 async fn admitted_in_fallback(last_known: Option<Duration>, n: usize) -> usize {
-    let mut config = crate::config::RateLimitConfig::default();
-    config.requests_per_minute = 10;
+    let config = crate::config::RateLimitConfig {
+        requests_per_minute: 10,
+        ..Default::default()
+    };
     let layer = super::RateLimitLayer::new(&config).shared(
         std::sync::Arc::new(Down(last_known)),
         crate::config::FailureMode::Open,

@@ -70,7 +70,7 @@ async fn claim(
     let local = Instant::now() + Duration::from_secs(5);
     let args = [in_use, wants, cap, block, 30_000, deadline_us];
     let call = backend.script(Route::Call, local, &CLAIM, key, Some(holder), &args);
-    let reply: ClaimReply = call.await.ok().expect("redis answers");
+    let reply: ClaimReply = call.await.expect("redis answers");
     match reply.grant {
         Some(Grant { allowed, busy }) => (i64::from(allowed), i64::from(busy)),
         None => (-1, 0),
