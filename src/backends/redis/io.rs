@@ -20,7 +20,7 @@
 //! its own runtime; however late it is polled, what it finds is what Redis
 //! answered. A call's task is aborted when its caller drops it (a request
 //! cancelled mid-call cancels its call, as it did when the call ran in the
-//! caller's task). The thread does little — encode a command, parse a
+//! caller's task); it logs to the caller's subscriber. The thread does little — encode a command, parse a
 //! reply, wake a caller — so the operating system schedules it at once even
 //! when request threads take every core.
 
@@ -30,6 +30,7 @@ use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use tokio::runtime::Handle;
 use tokio::task::{JoinError, JoinHandle};
+use tracing::instrument::WithSubscriber;
 
 /// The Redis I/O runtime's handle, the thread started on first use.
 fn runtime() -> &'static Handle {
@@ -55,7 +56,8 @@ where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    OnIo(runtime().spawn(call))
+    // Logged where the caller logs (its subscriber, if it set its own).
+    OnIo(runtime().spawn(call.with_current_subscriber()))
 }
 
 /// A call running on the Redis I/O runtime (see [`spawn`]).
