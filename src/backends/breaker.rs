@@ -12,6 +12,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::instrument::WithSubscriber;
 
 /// Open or closed, with the count of failed calls.
 #[derive(Debug)]
@@ -63,7 +64,7 @@ impl Breaker {
         tracing::warn!(%error, backoff_ms, "redis unreachable: skipping it until a probe succeeds");
         let breaker = Arc::downgrade(self);
         let backoff = self.backoff;
-        runtime.spawn(async move {
+        let probes = async move {
             loop {
                 tokio::time::sleep(backoff).await;
                 if breaker.strong_count() == 0 {
@@ -82,7 +83,9 @@ impl Breaker {
                     Err(error) => tracing::debug!(%error, "redis probe failed"),
                 }
             }
-        });
+        };
+        // Logged where the call that tripped it logs.
+        runtime.spawn(probes.with_current_subscriber());
     }
 }
 

@@ -29,12 +29,18 @@
 //!    ([`Rejection::unread`]).
 //!
 //! A shared backend (Redis) plugs in through [`InboundLimiter`]; while it is
-//! down, `failure_mode` decides between the in-process limiter ("open") and
-//! 503 `UNAVAILABLE` ("closed").
+//! down, `failure_mode` decides between an in-process limit ("open") and
+//! 503 `UNAVAILABLE` ("closed"). The in-process limit never starts a
+//! client afresh: it starts from what the shared limiter last heard of it
+//! ([`InboundLimiter::last_known`]: when its quota is whole again), or, for
+//! a client the shared limiter never heard of, from half its limit — so a
+//! fleet that falls back does not hand each client a whole minute's
+//! requests again on every replica.
 
 use crate::config::{FailureMode, RateLimitConfig};
 use crate::error::{Rejection, Unavailable};
 use crate::inbound::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
+use crate::inbound::quota::{LocalQuotas, QuotaClass, Rate, Verdict};
 use crate::metrics;
 use crate::seed::random_state;
 use axum::extract::ConnectInfo;
@@ -102,6 +108,14 @@ pub trait InboundLimiter: Send + Sync + 'static {
     /// its `ipv4_prefix` / `ipv6_prefix`). `Err` means the backend is
     /// unreachable (the caller applies `failure_mode`).
     fn check(&self, key: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>>;
+
+    /// What this limiter last heard of `key`: the time from now until its
+    /// quota is whole again, as the last answer said (zero: whole by now);
+    /// `None`: never heard of it. The fallback starts from it.
+    fn last_known(&self, key: IpAddr) -> Option<Duration> {
+        let _ = key;
+        None
+    }
 }
 
 type Gcra<C> = RateLimiter<
@@ -197,9 +211,37 @@ enum Backend {
     Local(Arc<LocalLimiter>),
     Shared {
         shared: Arc<dyn InboundLimiter>,
-        fallback: Arc<LocalLimiter>,
+        fallback: Arc<Fallback>,
         mode: FailureMode,
     },
+}
+
+/// The in-process limit a shared limiter falls back to ("open"): the same
+/// GCRA as a bucket of `requests_per_minute` per client, kept by the read
+/// quota's in-process store, whose fallback never starts a client afresh —
+/// from what the shared limiter last heard of it, or half its limit for a
+/// client it never heard of (`inbound/quota/local.rs`).
+#[derive(Debug)]
+struct Fallback(LocalQuotas);
+
+impl Fallback {
+    fn per_minute(requests_per_minute: u32) -> Self {
+        let rate = Rate::new(u64::from(requests_per_minute), Duration::from_secs(60), 0);
+        Self(LocalQuotas::new(Some(rate), None))
+    }
+
+    /// Checks and counts one request for `key`, from `last_known` (see
+    /// [`InboundLimiter::last_known`]).
+    fn check(&self, key: IpAddr, last_known: Option<Duration>) -> Decision {
+        let public = QuotaClass::Public;
+        match self.0.reserve_fallback(public, key, 1, last_known) {
+            Verdict::Reserved { remaining, full_in } => Decision::Allow {
+                remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+                reset: full_in,
+            },
+            Verdict::Refused { retry_after, .. } => Decision::Deny { retry_after },
+        }
+    }
 }
 
 /// The inbound limiter as a `tower::Layer` (configuration only).
@@ -244,7 +286,7 @@ impl RateLimitLayer {
     /// `mode` falls back to the in-process limiter or answers 503.
     pub fn shared(mut self, shared: Arc<dyn InboundLimiter>, mode: FailureMode) -> Self {
         let fallback = match self.backend {
-            Backend::Local(local) => local,
+            Backend::Local(_) => Arc::new(Fallback::per_minute(self.limit)),
             Backend::Shared { fallback, .. } => fallback,
         };
         self.backend = Backend::Shared {
@@ -391,7 +433,7 @@ impl RateLimitLayer {
                         metrics::shared_state_fallback("rate_limit");
                         // The backend's breaker logs the outage once; this is per check.
                         tracing::debug!(error = %err, "shared rate limiter down; limiting in-process");
-                        Ok(fallback.check(client))
+                        Ok(fallback.check(client, shared.last_known(client)))
                     }
                     FailureMode::Closed => Err(Rejection::Unavailable {
                         message: "the shared rate limiter is unreachable".into(),

@@ -16,6 +16,7 @@
 
 use super::clocks::Clocks;
 use super::conn::{Conn, Target};
+use super::io;
 use super::lua::{Lua, RedisTime, Timed};
 use crate::backends::breaker::Breaker;
 use crate::config::{FailureMode, RedisConfig};
@@ -251,8 +252,34 @@ impl RedisBackend {
     }
 
     /// Runs `f` on the connection by `route`, bounded by `deadline`; a
-    /// failure or timeout opens the breaker.
+    /// failure or timeout opens the breaker. The call runs on the Redis I/O
+    /// thread (`io.rs`): however busy the caller's runtime, its timeout is
+    /// what Redis took to answer.
     pub(super) async fn call<T, F, Fut>(
+        &self,
+        route: Route,
+        deadline: Instant,
+        f: F,
+    ) -> Result<T, Unavailable>
+    where
+        F: FnOnce(Conn) -> Fut + Send + 'static,
+        Fut: Future<Output = RedisResult<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        if route == Route::Call && self.is_open() {
+            return Err(down("skipped after a failed call (backoff)"));
+        }
+        let backend = self.clone();
+        io::spawn(async move { backend.call_on_io(route, deadline, f).await })
+            .await
+            .map_err(down)?
+    }
+
+    /// [`call`](Self::call), on the I/O thread. A caller late to send it
+    /// (its runtime busy) has spent part of `deadline` itself: Redis gets
+    /// at least `timeout_ms` from now to answer before the call counts as
+    /// failed.
+    async fn call_on_io<T, F, Fut>(
         &self,
         route: Route,
         deadline: Instant,
@@ -266,6 +293,7 @@ impl RedisBackend {
         if route == Route::Call && self.is_open() {
             return Err(skipped());
         }
+        let deadline = deadline.max(self.local_deadline());
         // The number of the connection the call went out on.
         let mut on = None;
         let attempt = async {
@@ -335,6 +363,7 @@ impl RedisBackend {
             self.install(&mut conn, fresh);
             return Ok(());
         }
+        let backend = self.clone();
         let probed = self.call(Route::Probe, deadline, |mut conn| async move {
             let time = redis::cmd("TIME");
             let RedisTime(now_us) = match time.query_async(&mut conn).await {
@@ -350,7 +379,7 @@ impl RedisBackend {
                 }
                 answer => answer?,
             };
-            self.inner.clocks.observe(None, now_us);
+            backend.inner.clocks.observe(None, now_us);
             Ok(())
         });
         match probed.await {
@@ -367,17 +396,18 @@ impl RedisBackend {
 
     /// Runs `script` on `key` (see [`Lua::run`]) by `route`, bounded by
     /// `deadline`.
-    pub(super) async fn script<T: FromRedisValue>(
+    pub(super) async fn script<T: FromRedisValue + Send + 'static>(
         &self,
         route: Route,
         deadline: Instant,
-        script: &Lua,
+        script: &'static Lua,
         key: &str,
         holder: Option<&str>,
         ints: &[i64],
     ) -> Result<T, Unavailable> {
-        self.call(route, deadline, |mut conn| async move {
-            script.run(&mut conn, key, holder, ints).await
+        let (key, holder, ints) = (key.to_string(), holder.map(str::to_string), ints.to_vec());
+        self.call(route, deadline, move |mut conn| async move {
+            script.run(&mut conn, &key, holder.as_deref(), &ints).await
         })
         .await
     }
@@ -385,13 +415,13 @@ impl RedisBackend {
     /// Runs a script that checks its deadline — its last argument, the
     /// deadline on Redis's clock, appended to `ints` — on `key` by
     /// [`Route::Call`], bounded by `timeout_ms`, and learns the clock offset
-    /// from its reply. A "late" reply that arrives before the local deadline
+    /// from its reply (on the I/O thread, when it arrives). A "late" reply that arrives before the local deadline
     /// ran in time, did nothing and shows the offset was wrong (the slot moved
     /// to a master with another clock, or Redis's clock stepped): it is sent
     /// once more with the corrected deadline.
-    pub(super) async fn timed_script<T: Timed>(
+    pub(super) async fn timed_script<T: Timed + Send + 'static>(
         &self,
-        script: &Lua,
+        script: &'static Lua,
         key: &str,
         holder: Option<&str>,
         ints: &[i64],
@@ -403,10 +433,24 @@ impl RedisBackend {
         loop {
             tries += 1;
             *args.last_mut().expect("the deadline") = self.inner.clocks.deadline(key, local);
+            // The offset is learned on the I/O thread, as the reply
+            // arrives: learned when a busy caller gets to it, it would put
+            // the next deadlines too early.
+            let (backend, key, holder) =
+                (self.clone(), key.to_string(), holder.map(str::to_string));
+            let ints = args.clone();
             let reply: T = self
-                .script(Route::Call, local, script, key, holder, &args)
+                .call(Route::Call, local, move |mut conn| async move {
+                    let reply: T = script
+                        .run(&mut conn, &key, holder.as_deref(), &ints)
+                        .await?;
+                    backend
+                        .inner
+                        .clocks
+                        .observe(Some(&key), reply.redis_now_us());
+                    Ok(reply)
+                })
                 .await?;
-            self.inner.clocks.observe(Some(key), reply.redis_now_us());
             if !reply.late() || tries == 2 || Instant::now() >= local {
                 return Ok(reply);
             }

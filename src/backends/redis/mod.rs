@@ -34,6 +34,8 @@
 //!   a lost reply, so it may run twice: a claim sets its replica's share
 //!   absolutely, so twice is once; a per-IP check or a read quota's take run
 //!   twice charges its client once more.
+//! - **`io`**: the thread every call runs on — connections, their reply
+//!   readers, timeouts, the breaker's probes — apart from request work.
 //! - **`clocks`**: Redis time, not wall clocks — every deadline a call
 //!   carries is on the clock of the node that runs it, from offsets learned
 //!   from replies (per slot on a cluster, each master having its own clock).
@@ -75,13 +77,18 @@
 //! **Outage.** A failed, slow or skipped call applies `failure_mode`:
 //! `"open"` answers from the in-process limiter (counting
 //! `fanout_shared_state_fallback_total`), `"closed"` refuses with
-//! `UNAVAILABLE`. With one backend, the first limit to meet the outage opens
+//! `UNAVAILABLE`. Slow means Redis was slow: every call runs on a thread
+//! of its own (`io`), so a replica busy with requests does not take its
+//! own slowness for an outage. A fallback never starts a client afresh:
+//! the read quota's starts from the fleet's last answer for that client,
+//! or half its burst. With one backend, the first limit to meet the outage opens
 //! the breaker for all of them: it is logged once, and no other limit pays
 //! a timeout to find out.
 
 mod backend;
 mod clocks;
 mod conn;
+mod io;
 mod limits;
 mod lua;
 mod quotas;

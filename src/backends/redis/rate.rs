@@ -106,6 +106,9 @@ struct Stock {
     whole_at: Instant,
     /// Refused on Redis until then.
     refused_until: Instant,
+    /// When the client's quota is whole again, as Redis last answered
+    /// (`None`: no answer yet): where a fallback starts.
+    full_at: Option<Instant>,
     /// Requests in the current window, and in the one before.
     window_start: Instant,
     seen: u32,
@@ -120,6 +123,7 @@ impl Stock {
             remaining: 0,
             whole_at: now,
             refused_until: now,
+            full_at: None,
             window_start: now,
             seen: 0,
             seen_before: 0,
@@ -185,6 +189,13 @@ impl RedisRateLimiter {
 }
 
 impl InboundLimiter for RedisRateLimiter {
+    fn last_known(&self, client: IpAddr) -> Option<Duration> {
+        let stock = self.clients.get(&client)?.clone();
+        // A check in flight for the client holds it: as if never heard of.
+        let full_at = stock.try_lock().ok()?.full_at?;
+        Some(full_at.saturating_duration_since(Instant::now()))
+    }
+
     fn check(&self, client: IpAddr) -> BoxFuture<'_, Result<Decision, Unavailable>> {
         Box::pin(async move {
             let now = Instant::now();
@@ -242,6 +253,7 @@ impl InboundLimiter for RedisRateLimiter {
                     s.until = now + HOLD;
                     s.remaining = remaining;
                     s.whole_at = now + whole_in;
+                    s.full_at = Some(s.whole_at);
                     Decision::Allow {
                         remaining: s.remaining + s.left,
                         reset: whole_in,
@@ -249,6 +261,9 @@ impl InboundLimiter for RedisRateLimiter {
                 }
                 Admission::Refused { retry_in } => {
                     s.refused_until = now + retry_in;
+                    // The next admission comes then; the rest after it.
+                    let rest = self.interval_us.saturating_mul(self.burst - 1);
+                    s.full_at = Some(s.refused_until + Duration::from_micros(rest as u64));
                     Decision::Deny {
                         retry_after: retry_in,
                     }

@@ -28,7 +28,14 @@
 //!   never more than half of what the client has left after the
 //!   reservation — so near the limit the takes shrink to the need, and a
 //!   client seen once takes nothing ahead. The same call gives back the
-//!   stale stock (older than [`HOLD`](stock::HOLD)). Reserving nothing never calls.
+//!   stale stock (older than [`HOLD`](stock::HOLD)).
+//! - **Reserving nothing** (a request that reads nothing: `fanoutQuota`)
+//!   shows the client's quota as the fleet has it: from Redis's answer for
+//!   that client if this replica had one within a [`HOLD`](stock::HOLD),
+//!   else from one call that takes nothing (and gives back the stale
+//!   stock) — so at most a call per client per second on a replica, not
+//!   one per request, and a replica that never saw the client does not
+//!   show it full while the fleet has it spent.
 //! - **Refunding** what a request did not spend costs no call: the reads
 //!   wait here and the client's next call gives them back on Redis (where
 //!   the script caps them at a full bucket) — or, if no call for that
@@ -70,7 +77,12 @@
 //! finishes without awaiting anything.
 //!
 //! **Failures.** A call that fails or times out is `Err`: the engine
-//! applies `failure_mode` (the in-process store, or 503). The stale stock
+//! applies `failure_mode` (the in-process store, or 503). The in-process
+//! store then starts from what this replica last heard of the client
+//! ([`QuotaStore::last_known`]: when its bucket is full again, as Redis's
+//! last answer for it said), or, for a client it never heard of (or
+//! forgot), from half its burst — never from a fresh full bucket
+//! (`inbound/quota/local.rs`). The stale stock
 //! it was giving back is counted as given back (whether the script ran is
 //! unknown; the client is the stricter for it, never the more lenient); a
 //! script Redis ran past its deadline did nothing, and the stock keeps it.
@@ -94,6 +106,7 @@ use futures::StreamExt;
 use std::net::IpAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -389,11 +402,19 @@ impl QuotaStore for RedisReadQuota {
             }
             let reply = reply?;
             let now = self.now();
-            match reply.outcome {
-                Outcome::Granted { .. } => Ok(stock.granted(&c.rate, now, reply.full_in, reads)),
-                Outcome::Refused { wait } => Ok(stock.refused(&c.rate, now, reply.full_in, wait)),
-                Outcome::Late => Err(down("the reservation ran after its deadline")),
-            }
+            let verdict = match reply.outcome {
+                Outcome::Granted { .. } => stock.granted(&c.rate, now, reply.full_in, reads),
+                // Nothing asked is never refused (a bucket owed past its
+                // burst, by a replica's stale share).
+                Outcome::Refused { .. } if reads == 0 => Verdict::Reserved {
+                    remaining: 0,
+                    full_in: reply.full_in,
+                },
+                Outcome::Refused { wait } => stock.refused(&c.rate, now, reply.full_in, wait),
+                Outcome::Late => return Err(down("the reservation ran after its deadline")),
+            };
+            entry.fleet_full_at.store(stock.full_at.max(1), Relaxed);
+            Ok(verdict)
         })
     }
 
@@ -412,6 +433,12 @@ impl QuotaStore for RedisReadQuota {
             .clone();
         entry.refunded.fetch_add(reads, Relaxed);
         c.owing.add(client, &entry);
+    }
+
+    fn last_known(&self, class: QuotaClass, client: IpAddr) -> Option<Duration> {
+        let c = self.classes[class.index()].as_ref()?;
+        let full_at = c.clients.get(&client)?.fleet_full_at.load(Relaxed);
+        (full_at > 0).then(|| Duration::from_nanos(full_at.saturating_sub(self.now().ns)))
     }
 
     fn reserve_at_once(&self, class: QuotaClass, client: IpAddr, reads: u64) -> Option<Verdict> {

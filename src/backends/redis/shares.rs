@@ -13,8 +13,11 @@
 //!
 //! **Outage.** A read that cannot get a shared slot because Redis is down
 //! (the breaker open, a claim unanswered) applies `failure_mode`: `"open"`
-//! keeps the local slot alone (counting `fanout_shared_state_fallback_total`),
-//! `"closed"` refuses the read with `UNAVAILABLE`. Dropped, the caps give
+//! takes, beside its local slot, a slot of this replica's fallback share of
+//! the host: half its cap (at least one) — a replica's share of the
+//! smallest fleet, two — not the whole cap on every replica (counting
+//! `fanout_shared_state_fallback_total`); `"closed"` refuses the read with
+//! `UNAVAILABLE`. Dropped, the caps give
 //! back what they held at once rather than after `lease_ms`.
 
 mod claim;
@@ -36,6 +39,8 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct RedisHostCaps {
     local: LocalHostCaps,
+    /// While Redis is down ("open"): every capped host at half its cap.
+    fallback: LocalHostCaps,
     backend: RedisBackend,
     /// One per `[hosts]` table.
     pools: HashMap<String, Arc<Pool>>,
@@ -57,7 +62,12 @@ impl RedisHostCaps {
                 (host.clone(), Arc::new(pool))
             })
             .collect();
+        let shares = hosts.iter().map(|(host, config)| {
+            let share = (config.max_concurrent / 2).max(1);
+            (host.clone(), config.clone().max_concurrent(share))
+        });
         Self {
+            fallback: LocalHostCaps::new(shares.collect()),
             local: LocalHostCaps::new(hosts),
             backend,
             pools,
@@ -103,7 +113,9 @@ impl HostLimiter for RedisHostCaps {
                         crate::metrics::shared_state_fallback("host_caps");
                         // The breaker logs the outage once; this is per read.
                         tracing::debug!(error = %err, host, "shared host caps down; capping in-process");
-                        Ok(local)
+                        let left = time_left.saturating_sub(started.elapsed());
+                        let share = self.fallback.acquire(host, left).await?;
+                        Ok(local.join(share))
                     }
                     FailureMode::Closed => Err(HostRefusal::Unavailable {
                         message: err.message,

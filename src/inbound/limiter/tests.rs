@@ -296,3 +296,62 @@ mod keys {
         assert_eq!(odd.key(ip("2001:db8:0:ff::1")), ip("2001:db8:0:f8::"));
     }
 }
+
+/// A shared limiter that is down, and last heard of every client that its
+/// quota is whole again in `.0` (`None`: never heard of it).
+struct Down(Option<Duration>);
+
+impl super::InboundLimiter for Down {
+    fn check(
+        &self,
+        _key: IpAddr,
+    ) -> futures::future::BoxFuture<'_, Result<Decision, crate::error::Unavailable>> {
+        Box::pin(async {
+            Err(crate::error::Unavailable {
+                message: "down".into(),
+            })
+        })
+    }
+
+    fn last_known(&self, _key: IpAddr) -> Option<Duration> {
+        self.0
+    }
+}
+
+/// Admitted of `n` requests from one client, at one instant, through a
+/// layer on [`Down`]`(last_known)` with "open".
+async fn admitted_in_fallback(last_known: Option<Duration>, n: usize) -> usize {
+    let config = crate::config::RateLimitConfig {
+        requests_per_minute: 10,
+        ..Default::default()
+    };
+    let layer = super::RateLimitLayer::new(&config).shared(
+        std::sync::Arc::new(Down(last_known)),
+        crate::config::FailureMode::Open,
+    );
+    let mut admitted = 0;
+    for _ in 0..n {
+        if let Ok(Decision::Allow { .. }) = layer.decide(ip(7)).await {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_open_fallback_starts_from_what_the_shared_limiter_last_heard() {
+    // Spent (whole again in a minute): nothing now.
+    assert_eq!(
+        admitted_in_fallback(Some(Duration::from_secs(60)), 20).await,
+        0
+    );
+    // Four of ten spent (whole again in 24 s): six.
+    assert_eq!(
+        admitted_in_fallback(Some(Duration::from_secs(24)), 20).await,
+        6
+    );
+    // Never heard of: its share, half the limit, not a whole one.
+    assert_eq!(admitted_in_fallback(None, 20).await, 5);
+    // Whole when last heard: the whole limit.
+    assert_eq!(admitted_in_fallback(Some(Duration::ZERO), 20).await, 10);
+}

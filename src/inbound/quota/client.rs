@@ -100,12 +100,9 @@ impl ClientQuota {
         client: IpAddr,
         reads: u64,
     ) -> Result<(Verdict, Arc<dyn QuotaStore>), Rejection> {
-        let local = || {
-            let verdict = self.local.reserve_now(class, client, reads);
-            Ok((verdict, self.local.clone() as Arc<dyn QuotaStore>))
-        };
+        let local = |verdict| Ok((verdict, self.local.clone() as Arc<dyn QuotaStore>));
         let Some((shared, mode)) = &self.shared else {
-            return local();
+            return local(self.local.reserve_now(class, client, reads));
         };
         match shared.reserve(class, client, reads).await {
             Ok(verdict) => Ok((verdict, shared.clone())),
@@ -113,7 +110,10 @@ impl ClientQuota {
                 FailureMode::Open => {
                     metrics::shared_state_fallback("quota");
                     tracing::debug!(error = %err, "shared read quota down; reserving in-process");
-                    local()
+                    // From what the fleet last said of the client, or its
+                    // share of the burst; never a fresh bucket (`local.rs`).
+                    let known = shared.last_known(class, client);
+                    local(self.local.reserve_fallback(class, client, reads, known))
                 }
                 FailureMode::Closed => Err(Rejection::Unavailable {
                     message: "the shared read quota is unreachable".into(),

@@ -2,6 +2,17 @@
 //! key to the instant its bucket is full again (`rate.rs`), on tokio's
 //! clock (tests pause it).
 //!
+//! **As a fallback** (a shared store that did not answer, `failure_mode =
+//! "open"`), a reservation never finds a fresh full bucket for a client
+//! the fleet may have spent: it starts from the later of what this store
+//! granted the client and what the shared store last heard of it (the
+//! instant its bucket is full again, as the fleet's last answer said), or,
+//! for a client the shared store never heard of, from the fleet's share:
+//! half its burst, a replica's share of the smallest fleet, two — it holds
+//! no more than that at once while the fallback lasts. So a replica that
+//! falls back hands a spent client only what refills, and a fresh one half
+//! a burst, not a whole one.
+//!
 //! A client whose bucket is full again is indistinguishable from one never
 //! seen, so it is forgotten: every `max(SWEEP_EVERY, 2 × keys left)`
 //! reservations, one caller drops the full ones, as the per-IP limiter
@@ -20,6 +31,25 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// A client the shared store never heard of holds, in a fallback, at most
+/// its burst divided by this: a replica's share of the smallest fleet.
+const FALLBACK_SHARES: u64 = 2;
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Where a reservation finds a client's bucket (ns on the store's clock).
+enum Start {
+    /// As this store holds it (a new client: full).
+    Fresh,
+    /// Full no sooner than this: the shared store's last word.
+    Known(u64),
+    /// Full at this, holding the client's share, if this store holds it
+    /// full (or not at all).
+    Share(u64),
+}
 
 /// One class's buckets.
 struct Buckets {
@@ -65,12 +95,53 @@ impl LocalQuotas {
 
     /// Reserves `reads` for `client` now.
     pub fn reserve_now(&self, class: QuotaClass, client: IpAddr, reads: u64) -> Verdict {
+        self.reserve(class, client, reads, |_, _| Start::Fresh)
+    }
+
+    /// Reserves `reads` for `client` now in place of a shared store that
+    /// did not answer: from `last_known`, the time until the client's
+    /// bucket is full again as the shared store last heard, or from what
+    /// this store granted it, whichever is later; `None`, the shared store
+    /// never heard of the client: a bucket this store does not hold (or
+    /// holds full) starts with the client's share, half its burst (the
+    /// module's docs say why).
+    pub fn reserve_fallback(
+        &self,
+        class: QuotaClass,
+        client: IpAddr,
+        reads: u64,
+        last_known: Option<Duration>,
+    ) -> Verdict {
+        self.reserve(class, client, reads, |rate, now| match last_known {
+            Some(full_in) => Start::Known(now.saturating_add(nanos(full_in))),
+            None => {
+                let share = (rate.burst() / FALLBACK_SHARES).max(1);
+                Start::Share(rate.spent_at(now, rate.burst() - share))
+            }
+        })
+    }
+
+    /// Reserves `reads` for `client` now, from where `start(rate, now)`
+    /// says its bucket is.
+    fn reserve(
+        &self,
+        class: QuotaClass,
+        client: IpAddr,
+        reads: u64,
+        start: impl FnOnce(&Rate, u64) -> Start,
+    ) -> Verdict {
         let Some(b) = &self.classes[class.index()] else {
             return Verdict::unlimited();
         };
         let now = self.now();
         let verdict = {
             let mut full_at = b.full_at.entry(client).or_insert(now);
+            match start(&b.rate, now) {
+                Start::Fresh => {}
+                Start::Known(at) => *full_at = (*full_at).max(at),
+                Start::Share(at) if *full_at <= now => *full_at = at,
+                Start::Share(_) => {}
+            }
             match b.rate.take(*full_at, now, reads) {
                 Ok(after) => {
                     *full_at = after;
@@ -179,6 +250,42 @@ mod tests {
             "{} clients held once full again",
             quotas.len()
         );
+    }
+
+    proptest::proptest! {
+        /// A fallback never starts full: a client the shared store last
+        /// heard owing `owed` reads gets at most `burst - owed` at once, one
+        /// it never heard of at most its share (half its burst), however
+        /// this store held it before (a bucket left full by an earlier
+        /// outage included), and however the reservations are cut.
+        #[test]
+        fn a_fallback_never_hands_out_more_than_the_fleet_left(
+            burst in 1u64..60,
+            owed in 0u64..80,
+            known in proptest::bool::ANY,
+            earlier in proptest::bool::ANY,
+            asks in proptest::collection::vec(1u64..20, 1..30),
+        ) {
+            // A read's share is an hour: nothing refills meanwhile.
+            let rate = Rate::new(1, Duration::from_secs(3600), burst);
+            let quotas = LocalQuotas::new(Some(rate), None);
+            let client = ip(9);
+            if earlier {
+                // A bucket this store left full.
+                quotas.refund_now(QuotaClass::Public, client, 0);
+                let _ = quotas.reserve_now(QuotaClass::Public, client, 0);
+            }
+            let last_known = known.then(|| Duration::from_secs(3600) * owed as u32);
+            let mut granted = 0;
+            for n in asks {
+                let verdict = quotas.reserve_fallback(QuotaClass::Public, client, n, last_known);
+                if let Verdict::Reserved { .. } = verdict {
+                    granted += n;
+                }
+            }
+            let most = if known { burst.saturating_sub(owed) } else { (burst / 2).max(1) };
+            proptest::prop_assert!(granted <= most, "granted {} of at most {}", granted, most);
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -80,6 +80,12 @@ impl Rate {
         reads.saturating_mul(self.interval_ns)
     }
 
+    /// The instant a bucket is full again if `spent` reads of it are spent
+    /// at `now`.
+    pub fn spent_at(&self, now: u64, spent: u64) -> u64 {
+        now.saturating_add(self.span(spent))
+    }
+
     /// Takes `n` reads at `now` from a bucket full at `full_at`: the instant
     /// it is full again, or `Err` with the nanoseconds to wait until `n`
     /// would fit. Asking more than [`burst`](Self::burst) never fits.

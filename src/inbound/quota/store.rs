@@ -97,4 +97,13 @@ pub trait QuotaStore: Send + Sync + 'static {
         let _ = (class, client, reads);
         None
     }
+
+    /// What this store last heard of `client`'s bucket: the time from now
+    /// until it is full again, as the last answer said (zero: full by now);
+    /// `None`: never heard of it. A fallback starts from it, never from a
+    /// full bucket for a client known as spent.
+    fn last_known(&self, class: QuotaClass, client: IpAddr) -> Option<Duration> {
+        let _ = (class, client);
+        None
+    }
 }

@@ -27,6 +27,10 @@ pub(super) struct Client {
     pub(super) queued: AtomicU64,
     /// In its class's [`Owing`] list (once, however many reads it owes).
     pub(super) owes: AtomicBool,
+    /// When its bucket is full again as Redis last answered (ns on the
+    /// store's clock; 0: no answer yet), read without the stock's lock by
+    /// a fallback while a call is in flight.
+    pub(super) fleet_full_at: AtomicU64,
     pub(super) stock: tokio::sync::Mutex<Stock>,
 }
 
@@ -36,6 +40,7 @@ impl Client {
             refunded: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             owes: AtomicBool::new(false),
+            fleet_full_at: AtomicU64::new(0),
             stock: tokio::sync::Mutex::new(Stock::new(now)),
         }
     }

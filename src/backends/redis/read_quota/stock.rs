@@ -107,15 +107,17 @@ impl Stock {
     pub(super) fn plan(&mut self, rate: &Rate, now: Now, need: u64, queued: u64) -> Plan {
         let demand = self.count(now.at, need).max(queued);
         let usable = if now.at < self.until { self.left } else { 0 };
-        if usable >= need {
+        let known = now.at < self.known_until;
+        // A reservation of nothing only shows the quota: from what Redis
+        // said within a `HOLD`, else from Redis (taking nothing).
+        if usable >= need && (need > 0 || known) {
             self.left -= need;
             return Plan::Done(self.reserved(rate, now));
         }
         let back = (self.left - usable) + self.given;
-        let take = need - usable;
+        let take = need.saturating_sub(usable);
         // As far as this replica knows, once the stale stock is given back.
         let full_at = rate.give_back(self.full_at, now.ns, back);
-        let known = now.at < self.known_until;
         if let (true, Err(wait)) = (known, rate.take(full_at, now.ns, take)) {
             let retry_after = Duration::from_nanos(wait);
             self.refused_until = self.refused_until.max(now.at + retry_after);
@@ -126,11 +128,11 @@ impl Stock {
         }
         self.left = usable;
         self.given = 0;
-        Plan::Call {
-            take,
-            ahead: (demand.saturating_mul(AHEAD_WINDOWS).max(MARGIN)).min(rate.burst()),
-            back,
-        }
+        let ahead = match need {
+            0 => 0,
+            _ => (demand.saturating_mul(AHEAD_WINDOWS).max(MARGIN)).min(rate.burst()),
+        };
+        Plan::Call { take, ahead, back }
     }
 
     /// Redis granted the call of a reservation of `need` reads (the reads

@@ -410,3 +410,40 @@ async fn a_million_clients_are_swept_and_their_refunds_given_back() {
     assert_eq!(given_back, 8_000_000, "every refund given back");
     println!("1,000,000 distinct clients: peak {peak} held");
 }
+
+/// Reserving nothing (`fanoutQuota`) on a replica that never saw the
+/// client shows it as the fleet has it, spent, not full; it asks Redis at
+/// most once a `HOLD` for the client, not once per request.
+#[tokio::test(start_paused = true)]
+async fn reserving_nothing_shows_the_fleets_quota_with_a_call_a_second_at_most() {
+    let rate = Rate::new(60, Duration::from_secs(60), 20);
+    let mut redis = Redis::new(rate);
+    let mut replica = Replica::new();
+    // Another replica spent the whole burst.
+    redis.full = rate.take(0, 0, 20).unwrap();
+    let verdict = redis.reserve(&mut replica, 0);
+    let Verdict::Reserved { remaining, full_in } = verdict else {
+        panic!("nothing asked is never refused: {verdict:?}")
+    };
+    assert_eq!(remaining, 0, "the fleet has it spent");
+    assert_eq!(full_in, Duration::from_secs(20));
+    assert_eq!(redis.calls, 1);
+    assert_eq!(redis.granted, 0, "a call that takes nothing");
+    // Busy: from that answer for a second, no call.
+    for _ in 0..100 {
+        advance(Duration::from_millis(9)).await;
+        assert!(matches!(
+            redis.reserve(&mut replica, 0),
+            Verdict::Reserved { remaining: 0, .. }
+        ));
+    }
+    assert_eq!(redis.calls, 1, "one call a second at most");
+    // Past it, asked again: what refilled meanwhile shows.
+    advance(Duration::from_millis(200)).await;
+    let verdict = redis.reserve(&mut replica, 0);
+    assert!(
+        matches!(verdict, Verdict::Reserved { remaining: 1, .. }),
+        "{verdict:?}"
+    );
+    assert_eq!(redis.calls, 2);
+}

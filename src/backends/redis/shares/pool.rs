@@ -203,9 +203,9 @@ impl Pool {
         runtime.spawn(async move {
             let until = Instant::now() + backend.lease();
             loop {
-                let removed = backend.call(Route::FollowUp, until, |mut conn| {
-                    let hdel = redis::cmd("HDEL").arg(&key).arg(&holder).clone();
-                    async move { hdel.query_async::<i64>(&mut conn).await }
+                let hdel = redis::cmd("HDEL").arg(&key).arg(&holder).clone();
+                let removed = backend.call(Route::FollowUp, until, |mut conn| async move {
+                    hdel.query_async::<i64>(&mut conn).await
                 });
                 let Err(error) = removed.await else {
                     return;
