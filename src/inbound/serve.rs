@@ -67,9 +67,9 @@ use futures::future::BoxFuture;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use refusals::{Admission, ClientSlot, Clients, Held};
+use idle::UntilIdle;
+use refusals::{Admission, Clients, Held};
 use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
 use std::io;
@@ -77,11 +77,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::{Service, ServiceExt};
+use waiting::{Accepted, Waiting};
 use write_timeout::WriteTimeout;
 
+mod idle;
 mod refusals;
+mod waiting;
 mod write_timeout;
 
 /// Serves `service` (an axum `Router`, or any service of the same shape) on
@@ -182,76 +185,152 @@ where
             .timer(TokioTimer::new())
             .header_read_timeout(header_read_timeout);
         let permits = Arc::new(Semaphore::new(max_connections));
-        let graceful = GracefulShutdown::new();
+        let (stopping, stop) = watch::channel(false);
+        let serving = Serving {
+            http1,
+            service,
+            write_timeout,
+            stop,
+        };
         let mut signal = std::pin::pin!(signal);
         let mut held = Held::new();
-        'serve: loop {
-            // The permit first: past the cap, connections stay in the
-            // backlog (and the held ones are still reset on time).
-            let permit = loop {
-                tokio::select! {
-                    permit = permits.clone().acquire_owned() => break permit.expect("the semaphore is never closed"),
-                    () = held.release() => {}
-                    () = &mut signal => break 'serve,
+        let mut waiting = Waiting::new();
+        loop {
+            tokio::select! {
+                // A freed slot goes to the waiting first.
+                permit = permits.clone().acquire_owned(), if !waiting.is_empty() => {
+                    let permit = permit.expect("the semaphore is never closed");
+                    if let Some(next) = waiting.pop() {
+                        serving.spawn(next, permit);
+                    }
                 }
-            };
-            // Connections past their client's share are refused in there,
-            // each reusing the permit.
-            let (stream, peer, client) = tokio::select! {
-                admitted = admitted(&listener, &clients, &mut held) => admitted,
+                accepted = accept(&listener) => {
+                    let Some((stream, peer)) = accepted else { continue };
+                    let slot = match clients.admit(peer.ip()) {
+                        Admission::Admitted(slot) => slot,
+                        Admission::Reset => {
+                            refusals::reset(stream);
+                            continue;
+                        }
+                        Admission::Hold => {
+                            held.hold(stream);
+                            continue;
+                        }
+                    };
+                    let accepted = Accepted { stream, peer, slot };
+                    if waiting.is_empty() {
+                        if let Ok(permit) = permits.clone().try_acquire_owned() {
+                            serving.spawn(accepted, permit);
+                            continue;
+                        }
+                    }
+                    // The table is full: it waits, or is refused.
+                    let alone = accepted.slot.alone();
+                    if !waiting.has_room(alone) {
+                        refuse(&clients, &mut held, accepted);
+                        continue;
+                    }
+                    let first = clients.make_room_for(accepted.slot.key()) || alone;
+                    if let Some(displaced) = waiting.push(accepted, first) {
+                        refuse(&clients, &mut held, displaced);
+                    }
+                }
+                () = held.release() => {}
                 () = &mut signal => break,
-            };
-            let service = service
-                .clone()
-                .map_request(move |request: Request<Incoming>| {
-                    let mut request = request.map(Body::new);
-                    request.extensions_mut().insert(ConnectInfo(peer));
-                    request
-                });
-            let stream = TokioIo::new(WriteTimeout::new(stream, write_timeout));
-            let connection = http1.serve_connection(stream, TowerToHyperService::new(service));
-            let connection = graceful.watch(connection);
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-                drop((permit, client));
-            });
+            }
         }
-        drop((listener, held));
-        graceful.shutdown().await;
+        drop((listener, held, waiting));
+        // Every connection closes when idle, or after its answer; each
+        // holds a permit until it has ended.
+        let _ = stopping.send(true);
+        let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+        let _ = permits.acquire_many(all).await;
         Ok(())
     }
 }
 
-/// The next connection whose client has room in its share, with its slot.
-/// The others are reset, or held and reset later (`held`; its resets are
-/// made here too). Accept errors are retried as axum's listener retries
-/// them: at once for a connection's own failure, after a second (logged) for
-/// anything else, `EMFILE` included. Cancel-safe.
-async fn admitted(
-    listener: &TcpListener,
-    clients: &Arc<Clients>,
-    held: &mut Held,
-) -> (TcpStream, SocketAddr, ClientSlot) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = held.release() => continue,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) if is_connection_error(&e) => continue,
-            Err(e) => {
-                tracing::error!("accept error: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+/// How a connection is served: hyper's HTTP/1 connection on the stream
+/// (under the write timeout), the service with the peer's address and the
+/// connection's idle marks, closed gracefully when the table asks for its
+/// slot or the server stops.
+struct Serving<S> {
+    http1: hyper::server::conn::http1::Builder,
+    service: S,
+    write_timeout: Duration,
+    /// True once the server stops.
+    stop: watch::Receiver<bool>,
+}
+
+impl<S> Serving<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    fn spawn(&self, accepted: Accepted, permit: OwnedSemaphorePermit) {
+        let Accepted {
+            stream,
+            peer,
+            mut slot,
+        } = accepted;
+        let conn = slot.serve();
+        let (busy, idle) = (conn.clone(), conn.clone());
+        let service = self
+            .service
+            .clone()
+            .map_request(move |request: Request<Incoming>| {
+                busy.busy();
+                let mut request = request.map(Body::new);
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            })
+            .map_response(move |response: Response| {
+                response.map(|body| UntilIdle::wrap(body, idle.clone()))
+            });
+        let stream = TokioIo::new(WriteTimeout::new(stream, self.write_timeout));
+        let connection = self
+            .http1
+            .serve_connection(stream, TowerToHyperService::new(service));
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let mut closing = false;
+            let ended = loop {
+                tokio::select! {
+                    ended = connection.as_mut() => break ended,
+                    () = conn.evicted(), if !closing => {}
+                    _ = stop.wait_for(|stop| *stop), if !closing => {}
+                }
+                // Closes now if idle, else after the answer in progress.
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-        };
-        match clients.admit(peer.ip()) {
-            Admission::Admitted(client) => return (stream, peer, client),
-            Admission::Reset => refusals::reset(stream),
-            Admission::Hold => held.hold(stream),
+            drop((permit, slot));
+        });
+    }
+}
+
+/// Refuses `accepted`, which found the table and its waiting line full.
+fn refuse(clients: &Clients, held: &mut Held, accepted: Accepted) {
+    match clients.refuse(accepted.slot) {
+        Admission::Hold => held.hold(accepted.stream),
+        Admission::Reset | Admission::Admitted(_) => refusals::reset(accepted.stream),
+    }
+}
+
+/// The next connection, or `None` after an error. Accept errors are handled
+/// as axum's listener handles them: at once for a connection's own failure,
+/// after a second (logged) for anything else, `EMFILE` included.
+async fn accept(listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
+    match listener.accept().await {
+        Ok(accepted) => Some(accepted),
+        Err(e) if is_connection_error(&e) => None,
+        Err(e) => {
+            tracing::error!("accept error: {e}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            None
         }
     }
 }

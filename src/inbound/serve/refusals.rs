@@ -32,6 +32,7 @@
 //! holding: a client past its share that retries within 10 s (a browser
 //! behind a busy NAT, say) learns of each refusal a second late.
 
+use super::idle::Conn;
 use crate::inbound::identity::{ClientPrefix, TrustedProxies};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -56,8 +57,10 @@ pub(super) struct Clients {
     max: usize,
     prefix: ClientPrefix,
     proxies: TrustedProxies,
-    /// The clients with a connection open (so at most `max_connections`).
+    /// The clients with a connection open or waiting for a slot.
     open: Mutex<HashMap<IpAddr, Share>>,
+    /// What the connections' idle times count from.
+    epoch: Instant,
     /// `fanout_connections_refused_total`, registered at the first refusal
     /// (after the application's recorder).
     refused: OnceLock<metrics::Counter>,
@@ -65,8 +68,11 @@ pub(super) struct Clients {
 
 /// One client's connections.
 #[derive(Default)]
-struct Share {
-    open: usize,
+pub(super) struct Share {
+    /// Its connections, served or waiting for a slot.
+    pub(super) open: usize,
+    /// The served ones.
+    pub(super) conns: Vec<Arc<Conn>>,
     /// Its last refusal.
     refused_at: Option<Instant>,
     /// Refusals since the last log line about this client.
@@ -89,6 +95,8 @@ pub(super) enum Admission {
 pub(super) struct ClientSlot {
     clients: Arc<Clients>,
     key: Option<IpAddr>,
+    /// Once served.
+    conn: Option<Arc<Conn>>,
 }
 
 impl Clients {
@@ -99,8 +107,13 @@ impl Clients {
             prefix,
             proxies,
             open: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
             refused: OnceLock::new(),
         }
+    }
+
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Share>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A slot for a connection from `peer`, unless its client has its share
@@ -110,10 +123,11 @@ impl Clients {
             return Admission::Admitted(ClientSlot {
                 clients: self.clone(),
                 key: None,
+                conn: None,
             });
         }
         let key = self.prefix.key(peer);
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.lock();
         // A client refused has its share open: its entry is there already.
         let share = open.entry(key).or_default();
         if share.open < self.max {
@@ -121,8 +135,36 @@ impl Clients {
             return Admission::Admitted(ClientSlot {
                 clients: self.clone(),
                 key: Some(key),
+                conn: None,
             });
         }
+        self.refuse_in(key, share)
+    }
+
+    /// Refuses `slot`'s connection, admitted but finding the table and its
+    /// waiting line full: as a connection past its client's share, held if
+    /// the client was refused within [`PENALTY`] and still has a connection
+    /// open (a client holding nothing is not kept in the table).
+    pub(super) fn refuse(&self, slot: ClientSlot) -> Admission {
+        let key = slot.key;
+        drop(slot);
+        let Some(key) = key else {
+            return Admission::Reset;
+        };
+        let mut open = self.lock();
+        match open.get_mut(&key) {
+            Some(share) => self.refuse_in(key, share),
+            None => {
+                drop(open);
+                self.count_refusal();
+                Admission::Reset
+            }
+        }
+    }
+
+    /// Refuses a connection of `key`, whose entry is `share` (the table's
+    /// lock held): reset now, or held if refused within [`PENALTY`].
+    fn refuse_in(&self, key: IpAddr, share: &mut Share) -> Admission {
         let now = Instant::now();
         let again = share
             .refused_at
@@ -136,23 +178,59 @@ impl Clients {
             tracing::debug!(client = %key, refused = share.refused, "connections refused: the client has its share open");
             (share.refused, share.logged) = (0, Some(now));
         }
-        drop(open);
-        self.refused
-            .get_or_init(crate::metrics::connections_refused)
-            .increment(1);
+        self.count_refusal();
         if again {
             Admission::Hold
         } else {
             Admission::Reset
         }
     }
+
+    fn count_refusal(&self) {
+        self.refused
+            .get_or_init(crate::metrics::connections_refused)
+            .increment(1);
+    }
+}
+
+impl ClientSlot {
+    /// Its client's key; `None` for a trusted proxy.
+    pub(super) fn key(&self) -> Option<IpAddr> {
+        self.key
+    }
+
+    /// Whether its client holds no other connection (a trusted proxy
+    /// always does).
+    pub(super) fn alone(&self) -> bool {
+        let Some(key) = self.key else { return false };
+        self.clients
+            .lock()
+            .get(&key)
+            .is_some_and(|share| share.open == 1)
+    }
+
+    /// The connection is served from now: listed in its client's entry
+    /// (idle), where [`Clients::make_room_for`] may find it.
+    pub(super) fn serve(&mut self) -> Arc<Conn> {
+        let conn = Conn::new(self.clients.epoch);
+        if let Some(key) = self.key {
+            if let Some(share) = self.clients.lock().get_mut(&key) {
+                share.conns.push(conn.clone());
+            }
+        }
+        self.conn = Some(conn.clone());
+        conn
+    }
 }
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
         let Some(key) = self.key else { return };
-        let mut open = self.clients.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.clients.lock();
         if let Some(share) = open.get_mut(&key) {
+            if let Some(conn) = &self.conn {
+                share.conns.retain(|c| !Arc::ptr_eq(c, conn));
+            }
             share.open -= 1;
             if share.open == 0 {
                 open.remove(&key);

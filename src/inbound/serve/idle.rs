@@ -1,0 +1,169 @@
+//! Idle connections, and the room they make when the table is full.
+//!
+//! Every served connection has a [`Conn`]: when it went idle (it has no
+//! request in the service: since it was accepted, or since its last
+//! answer's body was dropped) or that it is busy, and a way to ask its task
+//! to close it. Its client's entry in [`Clients`] lists it.
+//!
+//! When the table is full, [`Clients::make_room_for`] picks, for a
+//! connection whose client holds fewer connections than another, the
+//! longest-idle connection of the client holding the most (one that holds
+//! more than the newcomer's, an idle connection among them, not already
+//! asked to close), and asks its task to close it. The task calls hyper's
+//! `graceful_shutdown`, which closes an idle connection at once (a FIN,
+//! as the header timeout would have closed it a little later) and lets a
+//! connection that turned out to be busy finish its answer first: the pick
+//! is a hint, hyper decides, no answer is ever cut. The freed slot goes to
+//! the connection that asked for it.
+//!
+//! Why *strictly more*: the client whose connection was closed reconnects,
+//! holding as many as before, and finds no client holding more than it
+//! (each eviction moves a slot from a client holding more to one holding
+//! fewer), so connections closed this way cannot chase each other round the
+//! table; a client that reconnects waits for a slot like any other.
+
+use super::refusals::Clients;
+use axum::body::Body;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// One served connection, as its client's entry sees it.
+pub(super) struct Conn {
+    /// Microseconds from the table's epoch to when it went idle, plus one;
+    /// 0 while a request is in the service.
+    idle_since: AtomicU64,
+    /// Asked to close (so it is not picked twice).
+    evicted: AtomicBool,
+    evict: Notify,
+    epoch: Instant,
+}
+
+impl Conn {
+    /// A connection accepted now: idle (no request yet).
+    pub(super) fn new(epoch: Instant) -> Arc<Self> {
+        let conn = Arc::new(Self {
+            idle_since: AtomicU64::new(0),
+            evicted: AtomicBool::new(false),
+            evict: Notify::new(),
+            epoch,
+        });
+        conn.idle();
+        conn
+    }
+
+    /// A request entered the service.
+    pub(super) fn busy(&self) {
+        self.idle_since.store(0, Relaxed);
+    }
+
+    /// Its answer's body was dropped (written, or the connection ended).
+    pub(super) fn idle(&self) {
+        let since = Instant::now().duration_since(self.epoch).as_micros() as u64;
+        self.idle_since.store(since + 1, Relaxed);
+    }
+
+    /// When it went idle (in the table's microseconds), if it is idle and
+    /// not yet asked to close.
+    fn idle_since(&self) -> Option<u64> {
+        if self.evicted.load(Relaxed) {
+            return None;
+        }
+        match self.idle_since.load(Relaxed) {
+            0 => None,
+            since => Some(since),
+        }
+    }
+
+    /// Completes once the table asks for this connection to be closed.
+    pub(super) async fn evicted(&self) {
+        self.evict.notified().await;
+    }
+}
+
+impl Clients {
+    /// Asks the longest-idle connection of the client holding the most to
+    /// close, for `newcomer`'s connection (counted in its client's share),
+    /// if that client holds more than the newcomer's; whether one was asked.
+    pub(super) fn make_room_for(&self, newcomer: Option<std::net::IpAddr>) -> bool {
+        let Some(newcomer) = newcomer else {
+            return false; // a trusted proxy carries everyone: it waits
+        };
+        let open = self.lock();
+        let Some(mine) = open.get(&newcomer).map(|share| share.open) else {
+            return false;
+        };
+        // The client holding the most, with an idle connection; its
+        // longest-idle one.
+        let mut victim: Option<(usize, u64, &Arc<Conn>)> = None;
+        for share in open.values().filter(|share| share.open > mine) {
+            if victim.is_some_and(|(most, _, _)| share.open < most) {
+                continue;
+            }
+            let oldest = share
+                .conns
+                .iter()
+                .filter_map(|conn| Some((conn.idle_since()?, conn)))
+                .min_by_key(|&(since, _)| since);
+            if let Some((since, conn)) = oldest {
+                let better = victim.is_none_or(|(most, then, _)| {
+                    share.open > most || (share.open == most && since < then)
+                });
+                if better {
+                    victim = Some((share.open, since, conn));
+                }
+            }
+        }
+        let Some((_, _, conn)) = victim else {
+            return false;
+        };
+        conn.evicted.store(true, Relaxed);
+        conn.evict.notify_one();
+        true
+    }
+}
+
+/// An answer's body that marks its connection idle when dropped (hyper
+/// drops it once it is written, or when the connection ends).
+pub(super) struct UntilIdle {
+    body: Body,
+    conn: Arc<Conn>,
+}
+
+impl UntilIdle {
+    /// `body`, marking `conn` idle when dropped.
+    pub(super) fn wrap(body: Body, conn: Arc<Conn>) -> Body {
+        Body::new(Self { body, conn })
+    }
+}
+
+impl Drop for UntilIdle {
+    fn drop(&mut self) {
+        self.conn.idle();
+    }
+}
+
+impl http_body::Body for UntilIdle {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
