@@ -32,7 +32,13 @@ const BOUND: Duration = Duration::from_secs(12);
 /// One connection slot of a holder: open, send nothing (or, every other
 /// slot, one keep-alive request first), wait for the gateway to close it,
 /// open it again — until `until`. Counts the connections it opened.
-async fn hold(addr: SocketAddr, from: Ipv4Addr, request_first: bool, until: Instant, opened: Arc<AtomicU64>) {
+async fn hold(
+    addr: SocketAddr,
+    from: Ipv4Addr,
+    request_first: bool,
+    until: Instant,
+    opened: Arc<AtomicU64>,
+) {
     let mut chunk = [0u8; 1024];
     while Instant::now() < until {
         let Ok(mut stream) = connect_from(addr, from).await else {
@@ -126,7 +132,10 @@ async fn attack(gateway: &Gateway, holders: u8) -> Seen {
     let table = (HOLDERS as usize * SHARE) as u64;
     let full = Instant::now() + Duration::from_secs(5);
     while opened.load(SeqCst) < table {
-        assert!(Instant::now() < full, "the holders could not open their shares");
+        assert!(
+            Instant::now() < full,
+            "the holders could not open their shares"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut most_fds = fds(pid);
@@ -146,7 +155,9 @@ async fn attack(gateway: &Gateway, holders: u8) -> Seen {
         assert_eq!(status, "HTTP/1.1 200 OK", "a fresh client's answer");
         waits.push(waited);
     }
-    let reopened = opened.load(SeqCst).saturating_sub(holders as u64 * SHARE as u64);
+    let reopened = opened
+        .load(SeqCst)
+        .saturating_sub(holders as u64 * SHARE as u64);
     for task in tasks {
         task.await.unwrap();
     }
@@ -216,5 +227,9 @@ async fn past_the_waiting_line_fresh_clients_still_come_first_and_descriptors_st
     // listener, the embedded registry and the moment between an accept and
     // its reset.
     let bound = 512 + 128 + 256 + 64;
-    assert!(seen.fds <= bound, "{} descriptors open (at most {bound})", seen.fds);
+    assert!(
+        seen.fds <= bound,
+        "{} descriptors open (at most {bound})",
+        seen.fds
+    );
 }

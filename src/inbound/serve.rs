@@ -2,26 +2,43 @@
 //!
 //! [`serve`] is `axum::serve` with the limits a public listener needs:
 //!
-//! - **At most `http.max_connections` connections.** A permit of a
-//!   semaphore is taken *before* `accept`, and given back when the
-//!   connection ends; past the cap, new connections wait in the kernel's
-//!   listen backlog (completed handshakes cost no file descriptor of ours
-//!   until accepted) instead of exhausting the process's descriptors. The
-//!   backlog is the listener's own: `TcpListener::bind` gives 128, which a
-//!   flood of connections (even ones refused at once) can fill, and a
-//!   handshake that finds it full is dropped (the client sends its SYN again
-//!   a second later). Bind with a larger one — the gateway listens with
-//!   1,024 (`TcpSocket::listen`).
+//! - **At most `http.max_connections` connections served**, each holding a
+//!   permit of a semaphore until it ends. The accept loop accepts whether
+//!   or not a permit is free, so that it sees who is asking.
 //! - **At most `http.max_connections_per_client` of them from one client**,
 //!   keyed as the rate limiter keys clients (the address masked to
 //!   `rate_limit.ipv4_prefix` / `ipv6_prefix`); a peer in
-//!   `rate_limit.trusted_proxies` has no share (it carries everyone). A
-//!   connection past its client's share is refused as soon as it is
-//!   accepted, so one address that keeps reconnecting idle sockets cannot
-//!   hold the whole table; a refusal costs an accept and a reset, and a
-//!   client refused again within 10 s waits a second for its reset, so one
-//!   that reconnects as fast as it is refused is slowed down
+//!   `rate_limit.trusted_proxies` has no share (it carries everyone). The
+//!   share counts a client's connections served and waiting. A connection
+//!   past its client's share is refused as soon as it is accepted, so one
+//!   address that keeps reconnecting idle sockets cannot hold the whole
+//!   table; a refusal costs an accept and a reset, and a client refused
+//!   again within 10 s waits a second for its reset, so one that reconnects
+//!   as fast as it is refused is slowed down
 //!   (`src/inbound/serve/refusals.rs`).
+//! - **Fresh clients first when the table is full.** A connection that
+//!   finds every permit taken waits for one, accepted but not read
+//!   (`src/inbound/serve/waiting.rs`). If its client then holds fewer
+//!   connections than another client with an idle connection (no request
+//!   in progress: since it was accepted, or since its last answer), the
+//!   longest-idle connection of the client holding the most is closed for
+//!   it, through hyper's graceful shutdown (at once when idle, else after
+//!   the answer in progress; `src/inbound/serve/idle.rs`), and the slot is
+//!   its. Freed slots go first to those connections and to clients holding
+//!   no other, then to the rest in order. So a table held by idle
+//!   connections, reopened as they are closed, costs a fresh client one
+//!   close of someone's idle connection (which costs its holder only a
+//!   reconnect), not a wait for the header timeout; the client whose
+//!   connection was closed holds as many as before when it reconnects, and
+//!   waits like any other. At most 128 connections wait; past that one for
+//!   the first line takes the place of the newest of the rest, and the
+//!   others are refused as past a share (reset, or held and reset). The
+//!   gateway's descriptors: `http.max_connections`, 128 waiting, 256 held.
+//!   The listen backlog is the listener's own: `TcpListener::bind` gives
+//!   128, which a flood of connections (even ones refused at once) can fill,
+//!   and a handshake that finds it full is dropped (the client sends its
+//!   SYN again a second later). Bind with a larger one — the gateway
+//!   listens with 1,024 (`TcpSocket::listen`).
 //! - **Headers within `http.header_read_timeout_ms`.** hyper's HTTP/1
 //!   connection (`header_read_timeout`, on hyper-util's tokio timer) closes a
 //!   connection whose request head is not complete in time. hyper arms that
@@ -45,8 +62,10 @@
 //!   TCP peer), as axum's `into_make_service_with_connect_info` gives, so the
 //!   rate limiter keys by the peer.
 //! - **Graceful shutdown** ([`Serve::with_graceful_shutdown`]): on the
-//!   signal the listener is closed, idle connections are closed, in-flight
-//!   requests finish (hyper-util's `GracefulShutdown`).
+//!   signal the listener is closed, the waiting connections are closed,
+//!   every served one gets hyper's graceful shutdown (idle ones close,
+//!   in-flight requests finish), and the server completes once every permit
+//!   is back.
 //!
 //! Only HTTP/1 is served (the gateway's axum is built with `http1` only).
 //!

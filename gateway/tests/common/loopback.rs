@@ -21,10 +21,8 @@ impl Gateway {
     pub fn start(config: &str) -> Self {
         static STARTED: AtomicU64 = AtomicU64::new(0);
         let n = STARTED.fetch_add(1, SeqCst);
-        let path = std::env::temp_dir().join(format!(
-            "fanout-loopback-{}-{n}.toml",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("fanout-loopback-{}-{n}.toml", std::process::id()));
         std::fs::write(&path, config).unwrap();
         let config = TempFile(path);
         let mut child = Command::new(env!("CARGO_BIN_EXE_fanout-gateway"))

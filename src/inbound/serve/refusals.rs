@@ -4,8 +4,11 @@
 //! A client is keyed as the rate limiter keys clients (the address masked to
 //! `rate_limit.ipv4_prefix` / `ipv6_prefix`); a peer in
 //! `rate_limit.trusted_proxies` has no share (it carries everyone).
-//! [`Clients::admit`] counts a connection in its client's share, or refuses
-//! it. A refused client tends to reconnect at once, as fast as it is
+//! [`Clients::admit`] counts a connection in its client's share (served or
+//! waiting for a slot; the served ones are listed, for
+//! [`Clients::make_room_for`] in `idle.rs`), or refuses it;
+//! [`Clients::refuse`] refuses one that found the table and its waiting line
+//! full (`waiting.rs`) the same way. A refused client tends to reconnect at once, as fast as it is
 //! refused (a buggy retry loop, or a flood), so a refusal is made cheap and
 //! then slow:
 //!
@@ -14,7 +17,7 @@
 //!   side) by the accept loop itself: no task, no allocation, no log line
 //!   (the refusals of a client are logged at most once every 10 s, at
 //!   `debug`, with their count; `fanout_connections_refused_total` counts
-//!   them all), and it reuses the connection permit taken for it.
+//!   them all), and it takes no permit of the table.
 //! - **Slow.** A client refused again within [`PENALTY`] of its last
 //!   refusal has the connection [`Held`] for [`HOLD`] before the reset
 //!   (not read, not served; no permit). A client that reconnects when it
@@ -23,7 +26,7 @@
 //!   per [`HOLD`] (`gateway/tests/connection_churn.rs`: 128 refusals in 4 s
 //!   instead of 58,195; BENCHMARKS.md). At most [`HELD_MAX`] connections are
 //!   held, all clients together (file descriptors beyond
-//!   `http.max_connections`); past that the oldest is reset at once, so a
+//!   `http.max_connections` and the waiting line); past that the oldest is reset at once, so a
 //!   flood that does not wait costs an accept and a reset per connection —
 //!   a connection cannot be refused without being accepted.
 //!
@@ -112,6 +115,8 @@ impl Clients {
         }
     }
 
+    /// The clients with a connection open or waiting (a poisoned lock is
+    /// taken as is: every change under it is a count or a list kept whole).
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Share>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
