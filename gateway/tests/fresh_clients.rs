@@ -2,8 +2,9 @@
 //! with the default connection bounds (`http.max_connections` 512,
 //! `http.max_connections_per_client` 64, `http.header_read_timeout_ms`
 //! 5,000): eight loopback addresses (`127.0.0.2`–`.9`) each open their 64
-//! connections, send nothing (or one request, then nothing), and open
-//! another as soon as one is closed — the whole table, reopened as fast as
+//! connections, send nothing (or one request then nothing, or the start of
+//! a request head then nothing), and open another as soon as one is
+//! closed — the whole table, reopened as fast as
 //! the gateway frees it. Meanwhile fresh clients (addresses holding no
 //! connection) ask for `/healthz` five times a second, each on its own
 //! connection; each must be served, and the median soon. Linux only
@@ -29,13 +30,23 @@ const ATTACK: Duration = Duration::from_secs(10);
 /// What "served at all" means: past two header timeouts.
 const BOUND: Duration = Duration::from_secs(12);
 
-/// One connection slot of a holder: open, send nothing (or, every other
-/// slot, one keep-alive request first), wait for the gateway to close it,
-/// open it again — until `until`. Counts the connections it opened.
+/// What a holder's connection sends before it goes quiet.
+#[derive(Clone, Copy)]
+enum Sends {
+    Nothing,
+    /// One keep-alive request: it is then an idle keep-alive connection.
+    ARequest,
+    /// The first line of a request head, never finished.
+    PartOfAHead,
+}
+
+/// One connection slot of a holder: open, send what `sends` says, wait for
+/// the gateway to close it, open it again — until `until`. Counts the
+/// connections it opened.
 async fn hold(
     addr: SocketAddr,
     from: Ipv4Addr,
-    request_first: bool,
+    sends: Sends,
     until: Instant,
     opened: Arc<AtomicU64>,
 ) {
@@ -45,11 +56,12 @@ async fn hold(
             continue;
         };
         opened.fetch_add(1, SeqCst);
-        if request_first {
-            let _ = stream
-                .write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n")
-                .await;
-        }
+        let bytes: &[u8] = match sends {
+            Sends::Nothing => b"",
+            Sends::ARequest => b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n",
+            Sends::PartOfAHead => b"GET /healthz HTTP/1.1\r\n",
+        };
+        let _ = stream.write_all(bytes).await;
         // Reads the answer, if any, then waits for the close (a reset
         // included) — bounded by the end of the attack.
         let left = until.saturating_duration_since(Instant::now());
@@ -125,7 +137,8 @@ async fn attack(gateway: &Gateway, holders: u8) -> Seen {
         let from = Ipv4Addr::new(127, 0, 0, 2 + i);
         for slot in 0..SHARE {
             let opened = opened.clone();
-            tasks.push(tokio::spawn(hold(addr, from, slot % 2 == 1, until, opened)));
+            let sends = [Sends::Nothing, Sends::ARequest, Sends::PartOfAHead][slot % 3];
+            tasks.push(tokio::spawn(hold(addr, from, sends, until, opened)));
         }
     }
     // The table taken (the holders past it wait, or are refused and retry).

@@ -87,7 +87,7 @@ use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use idle::UntilIdle;
+use idle::{UntilIdle, Watched};
 use refusals::{Admission, Clients, Held};
 use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
@@ -305,7 +305,8 @@ where
             .map_response(move |response: Response| {
                 response.map(|body| UntilIdle::wrap(body, idle.clone()))
             });
-        let stream = TokioIo::new(WriteTimeout::new(stream, self.write_timeout));
+        let stream = WriteTimeout::new(stream, self.write_timeout);
+        let stream = TokioIo::new(Watched::new(stream, conn.clone()));
         let connection = self
             .http1
             .serve_connection(stream, TowerToHyperService::new(service));
@@ -316,7 +317,12 @@ where
             let ended = loop {
                 tokio::select! {
                     ended = connection.as_mut() => break ended,
-                    () = conn.evicted(), if !closing => {}
+                    () = conn.evicted(), if !closing => {
+                        // Its slot is wanted: idle, it is dropped now.
+                        if conn.is_idle() {
+                            break Ok(());
+                        }
+                    }
                     _ = stop.wait_for(|stop| *stop), if !closing => {}
                 }
                 // Closes now if idle, else after the answer in progress.

@@ -1,20 +1,23 @@
 //! Idle connections, and the room they make when the table is full.
 //!
-//! Every served connection has a [`Conn`]: when it went idle (it has no
-//! request in the service: since it was accepted, or since its last
-//! answer's body was dropped) or that it is busy, and a way to ask its task
+//! Every served connection has a [`Conn`]: whether it is idle — no request
+//! in the service (none since it was accepted, or since its last answer's
+//! body was dropped: [`UntilIdle`]) and no write waiting for the client to
+//! read ([`Watched`]: hyper flushes what it has before it waits, so nothing
+//! of an answer is left unsent) — and since when, and a way to ask its task
 //! to close it. Its client's entry in [`Clients`] lists it.
 //!
 //! When the table is full, [`Clients::make_room_for`] picks, for a
 //! connection whose client holds fewer connections than another, the
 //! longest-idle connection of the client holding the most (one that holds
 //! more than the newcomer's, an idle connection among them, not already
-//! asked to close), and asks its task to close it. The task calls hyper's
-//! `graceful_shutdown`, which closes an idle connection at once (a FIN,
-//! as the header timeout would have closed it a little later) and lets a
-//! connection that turned out to be busy finish its answer first: the pick
-//! is a hint, hyper decides, no answer is ever cut. The freed slot goes to
-//! the connection that asked for it.
+//! asked to close), and asks its task to close it. The task, between two
+//! polls of hyper's connection, looks again: idle, the connection is
+//! dropped (closed with a FIN, as the header timeout would have closed it a
+//! little later; a request head not yet complete is dropped with it); busy
+//! after all, it gets hyper's `graceful_shutdown` and closes after its
+//! answer — no answer is ever cut. The freed slot goes to the connection
+//! that asked for it.
 //!
 //! Why *strictly more*: the client whose connection was closed reconnects,
 //! holding as many as before, and finds no client holding more than it
@@ -26,10 +29,12 @@ use super::refusals::Clients;
 use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
+use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -38,6 +43,8 @@ pub(super) struct Conn {
     /// Microseconds from the table's epoch to when it went idle, plus one;
     /// 0 while a request is in the service.
     idle_since: AtomicU64,
+    /// A write is waiting for the client to read.
+    writing: AtomicBool,
     /// Asked to close (so it is not picked twice).
     evicted: AtomicBool,
     evict: Notify,
@@ -49,6 +56,7 @@ impl Conn {
     pub(super) fn new(epoch: Instant) -> Arc<Self> {
         let conn = Arc::new(Self {
             idle_since: AtomicU64::new(0),
+            writing: AtomicBool::new(false),
             evicted: AtomicBool::new(false),
             evict: Notify::new(),
             epoch,
@@ -68,16 +76,20 @@ impl Conn {
         self.idle_since.store(since + 1, Relaxed);
     }
 
-    /// When it went idle (in the table's microseconds), if it is idle and
-    /// not yet asked to close.
+    /// When it went idle (in the table's microseconds), if it is idle.
     fn idle_since(&self) -> Option<u64> {
-        if self.evicted.load(Relaxed) {
-            return None;
-        }
         match self.idle_since.load(Relaxed) {
             0 => None,
+            _ if self.writing.load(Relaxed) => None,
             since => Some(since),
         }
+    }
+
+    /// Whether it is idle: nothing in the service, nothing left to write.
+    /// Asked by its own task between two polls of the connection, it is
+    /// exact.
+    pub(super) fn is_idle(&self) -> bool {
+        self.idle_since().is_some()
     }
 
     /// Completes once the table asks for this connection to be closed.
@@ -108,6 +120,7 @@ impl Clients {
             let oldest = share
                 .conns
                 .iter()
+                .filter(|conn| !conn.evicted.load(Relaxed))
                 .filter_map(|conn| Some((conn.idle_since()?, conn)))
                 .min_by_key(|&(since, _)| since);
             if let Some((since, conn)) = oldest {
@@ -125,6 +138,68 @@ impl Clients {
         conn.evicted.store(true, Relaxed);
         conn.evict.notify_one();
         true
+    }
+}
+
+/// A connection's stream, marking whether a write waits for the client.
+pub(super) struct Watched<T> {
+    io: T,
+    conn: Arc<Conn>,
+}
+
+impl<T> Watched<T> {
+    /// `io`, its writes watched for `conn`.
+    pub(super) fn new(io: T, conn: Arc<Conn>) -> Self {
+        Self { io, conn }
+    }
+
+    fn mark<R>(&self, result: Poll<R>) -> Poll<R> {
+        self.conn.writing.store(result.is_pending(), Relaxed);
+        result
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.mark(result)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.mark(result)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.io).poll_flush(cx);
+        self.mark(result)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let result = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.mark(result)
     }
 }
 
