@@ -38,29 +38,37 @@ impl Drop for Server {
     }
 }
 
-/// `/healthz`; `/big`, [`BIG`] bytes in one chunk (the body ends as soon as
-/// hyper takes it; the bytes are written after); `/hang`, never answered.
+/// `/healthz`; `/big`, [`BIG`] bytes in one chunk, its body ending with it
+/// (hyper drops the body as soon as it has taken the chunk; the bytes are
+/// written after, as the client reads); `/hang`, never answered.
 async fn server(max_connections: usize) -> Server {
-    struct OnDrop(mpsc::UnboundedSender<()>);
-    impl Drop for OnDrop {
+    /// One chunk; says when it is dropped.
+    struct Once(Option<bytes::Bytes>, mpsc::UnboundedSender<()>);
+    impl Drop for Once {
         fn drop(&mut self) {
-            let _ = self.0.send(());
+            let _ = self.1.send(());
+        }
+    }
+    impl http_body::Body for Once {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(self.0.take().map(|chunk| Ok(http_body::Frame::data(chunk))))
+        }
+        fn is_end_stream(&self) -> bool {
+            self.0.is_none()
+        }
+        fn size_hint(&self) -> http_body::SizeHint {
+            http_body::SizeHint::with_exact(self.0.as_ref().map_or(0, |c| c.len() as u64))
         }
     }
     let (dropped, big_dropped) = mpsc::unbounded_channel();
     let big = move || {
-        let guard = OnDrop(dropped.clone());
-        let chunk = bytes::Bytes::from(vec![b'x'; BIG]);
-        let once = futures::stream::once(async move {
-            let _held = guard;
-            Ok::<_, std::convert::Infallible>(chunk)
-        });
-        async move {
-            axum::response::Response::builder()
-                .header("content-length", BIG)
-                .body(axum::body::Body::from_stream(once))
-                .unwrap()
-        }
+        let body = Once(Some(bytes::Bytes::from(vec![b'x'; BIG])), dropped.clone());
+        async move { axum::body::Body::new(body) }
     };
     let router = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
@@ -161,7 +169,8 @@ async fn an_answer_in_progress_or_still_being_written_is_never_closed_for_a_fres
         .write_all(b"GET /big HTTP/1.1\r\nhost: t\r\n\r\n")
         .await
         .unwrap();
-    // Its body has ended (hyper took the one chunk); the bytes wait for
+    // Its body has ended and is dropped (hyper took the one chunk): the
+    // connection has no request in the service, but the bytes wait for
     // this client, which does not read yet.
     timeout(BOUND, server.big_dropped.recv())
         .await
