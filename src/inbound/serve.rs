@@ -20,11 +20,13 @@
 //!   finds every permit taken waits for one, accepted but not read
 //!   (`src/inbound/serve/waiting.rs`). If its client then holds fewer
 //!   connections than another client with an idle connection (no request
-//!   in progress: since it was accepted, or since its last answer), the
-//!   longest-idle connection of the client holding the most is closed for
-//!   it, through hyper's graceful shutdown (at once when idle, else after
-//!   the answer in progress; `src/inbound/serve/idle.rs`), and the slot is
-//!   its. Freed slots go first to those connections and to clients holding
+//!   in the service since it was accepted or since its last answer, and
+//!   none of that answer waiting to be written; a request head not yet
+//!   complete does not count), the longest-idle connection of the client
+//!   holding the most is closed for it (a FIN, as the header timeout would
+//!   close it; one found busy after all closes after its answer, through
+//!   hyper's graceful shutdown: no answer is cut;
+//!   `src/inbound/serve/idle.rs`), and the slot is its. Freed slots go first to those connections and to clients holding
 //!   no other, then to the rest in order. So a table held by idle
 //!   connections, reopened as they are closed, costs a fresh client one
 //!   close of someone's idle connection (which costs its holder only a
