@@ -5,9 +5,10 @@
 //! body was dropped: [`UntilIdle`]) and no write waiting for the client to
 //! read ([`Watched`]: hyper flushes what it has before it waits, so nothing
 //! of an answer is left unsent) — and since when, and a way to ask its task
-//! to close it. Its client's entry in [`Clients`] lists it.
+//! to close it. Its client's entry in the table (`refusals.rs`) lists it.
 //!
-//! When the table is full, [`Clients::make_room_for`] picks, for a
+//! When the table is full, `Clients::make_room_for` (`refusals.rs`, with
+//! [`longest_idle_of_the_most`]) picks, for a
 //! connection whose client holds fewer connections than another, the
 //! longest-idle connection of the client holding the most (one that holds
 //! more than the newcomer's, an idle connection among them, not already
@@ -25,7 +26,6 @@
 //! fewer), so connections closed this way cannot chase each other round the
 //! table; a client that reconnects waits for a slot like any other.
 
-use super::refusals::Clients;
 use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
@@ -92,53 +92,45 @@ impl Conn {
         self.idle_since().is_some()
     }
 
+    /// Asks its task to close it (once).
+    pub(super) fn evict(&self) {
+        self.evicted.store(true, Relaxed);
+        self.evict.notify_one();
+    }
+
     /// Completes once the table asks for this connection to be closed.
     pub(super) async fn evicted(&self) {
         self.evict.notified().await;
     }
 }
 
-impl Clients {
-    /// Asks the longest-idle connection of the client holding the most to
-    /// close, for `newcomer`'s connection (counted in its client's share),
-    /// if that client holds more than the newcomer's; whether one was asked.
-    pub(super) fn make_room_for(&self, newcomer: Option<std::net::IpAddr>) -> bool {
-        let Some(newcomer) = newcomer else {
-            return false; // a trusted proxy carries everyone: it waits
-        };
-        let open = self.lock();
-        let Some(mine) = open.get(&newcomer).map(|share| share.open) else {
-            return false;
-        };
-        // The client holding the most, with an idle connection; its
-        // longest-idle one.
-        let mut victim: Option<(usize, u64, &Arc<Conn>)> = None;
-        for share in open.values().filter(|share| share.open > mine) {
-            if victim.is_some_and(|(most, _, _)| share.open < most) {
-                continue;
-            }
-            let oldest = share
-                .conns
-                .iter()
-                .filter(|conn| !conn.evicted.load(Relaxed))
-                .filter_map(|conn| Some((conn.idle_since()?, conn)))
-                .min_by_key(|&(since, _)| since);
-            if let Some((since, conn)) = oldest {
-                let better = victim.is_none_or(|(most, then, _)| {
-                    share.open > most || (share.open == most && since < then)
-                });
-                if better {
-                    victim = Some((share.open, since, conn));
-                }
+/// Of the clients holding more than `mine` connections — each given as
+/// how many it holds and its served connections — the longest-idle
+/// connection (not already asked to close) of the one holding the most that
+/// has one.
+pub(super) fn longest_idle_of_the_most<'a>(
+    mine: usize,
+    clients: impl Iterator<Item = (usize, &'a [Arc<Conn>])>,
+) -> Option<&'a Arc<Conn>> {
+    let mut victim: Option<(usize, u64, &Arc<Conn>)> = None;
+    for (open, conns) in clients.filter(|&(open, _)| open > mine) {
+        if victim.is_some_and(|(most, _, _)| open < most) {
+            continue;
+        }
+        let oldest = conns
+            .iter()
+            .filter(|conn| !conn.evicted.load(Relaxed))
+            .filter_map(|conn| Some((conn.idle_since()?, conn)))
+            .min_by_key(|&(since, _)| since);
+        if let Some((since, conn)) = oldest {
+            let better =
+                victim.is_none_or(|(most, then, _)| open > most || (open == most && since < then));
+            if better {
+                victim = Some((open, since, conn));
             }
         }
-        let Some((_, _, conn)) = victim else {
-            return false;
-        };
-        conn.evicted.store(true, Relaxed);
-        conn.evict.notify_one();
-        true
     }
+    victim.map(|(_, _, conn)| conn)
 }
 
 /// A connection's stream, marking whether a write waits for the client.

@@ -35,7 +35,7 @@
 //! holding: a client past its share that retries within 10 s (a browser
 //! behind a busy NAT, say) learns of each refusal a second late.
 
-use super::idle::Conn;
+use super::idle::{self, Conn};
 use crate::inbound::identity::{ClientPrefix, TrustedProxies};
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
@@ -71,11 +71,11 @@ pub(super) struct Clients {
 
 /// One client's connections.
 #[derive(Default)]
-pub(super) struct Share {
+struct Share {
     /// Its connections, served or waiting for a slot.
-    pub(super) open: usize,
+    open: usize,
     /// The served ones.
-    pub(super) conns: Vec<Arc<Conn>>,
+    conns: Vec<Arc<Conn>>,
     /// Its last refusal.
     refused_at: Option<Instant>,
     /// Refusals since the last log line about this client.
@@ -117,7 +117,7 @@ impl Clients {
 
     /// The clients with a connection open or waiting (a poisoned lock is
     /// taken as is: every change under it is a count or a list kept whole).
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Share>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, Share>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -144,6 +144,30 @@ impl Clients {
             });
         }
         self.refuse_in(key, share)
+    }
+
+    /// Asks the longest-idle connection of the client holding the most to
+    /// close, for `newcomer`'s connection (counted in its client's share),
+    /// if that client holds more than the newcomer's; whether one was asked
+    /// (`idle.rs`). A trusted proxy (`None`) carries everyone: it waits.
+    pub(super) fn make_room_for(&self, newcomer: Option<IpAddr>) -> bool {
+        let Some(newcomer) = newcomer else {
+            return false;
+        };
+        let open = self.lock();
+        let Some(mine) = open.get(&newcomer).map(|share| share.open) else {
+            return false;
+        };
+        let shares = open
+            .values()
+            .map(|share| (share.open, share.conns.as_slice()));
+        match idle::longest_idle_of_the_most(mine, shares) {
+            Some(conn) => {
+                conn.evict();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Refuses `slot`'s connection, admitted but finding the table and its
