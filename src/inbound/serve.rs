@@ -251,6 +251,8 @@ where
                         refuse(&clients, &mut held, accepted);
                         continue;
                     }
+                    // Its client holding fewer than another, that one's
+                    // longest-idle connection is closed for it.
                     let first = clients.make_room_for(accepted.slot.key()) || alone;
                     if let Some(displaced) = waiting.push(accepted, first) {
                         refuse(&clients, &mut held, displaced);

@@ -6,11 +6,11 @@
 //! `rate_limit.trusted_proxies` has no share (it carries everyone).
 //! [`Clients::admit`] counts a connection in its client's share (served or
 //! waiting for a slot; the served ones are listed, for
-//! [`Clients::make_room_for`] in `idle.rs`), or refuses it;
-//! [`Clients::refuse`] refuses one that found the table and its waiting line
-//! full (`waiting.rs`) the same way. A refused client tends to reconnect at once, as fast as it is
-//! refused (a buggy retry loop, or a flood), so a refusal is made cheap and
-//! then slow:
+//! [`Clients::make_room_for`], which asks `idle.rs` which one to close), or
+//! refuses it; [`Clients::refuse`] refuses one that found the table and its
+//! waiting line full (`waiting.rs`) the same way. A refused client tends to
+//! reconnect at once, as fast as it is refused (a buggy retry loop, or a
+//! flood), so a refusal is made cheap and then slow:
 //!
 //! - **Cheap.** A refused connection is reset ([`reset`]: `SO_LINGER` 0,
 //!   so no FIN handshake and no `TIME_WAIT` socket for a minute on this
@@ -26,9 +26,10 @@
 //!   per [`HOLD`] (`gateway/tests/connection_churn.rs`: 128 refusals in 4 s
 //!   instead of 58,195; BENCHMARKS.md). At most [`HELD_MAX`] connections are
 //!   held, all clients together (file descriptors beyond
-//!   `http.max_connections` and the waiting line); past that the oldest is reset at once, so a
-//!   flood that does not wait costs an accept and a reset per connection —
-//!   a connection cannot be refused without being accepted.
+//!   `http.max_connections` and the waiting line); past that the oldest is
+//!   reset at once, so a flood that does not wait costs an accept and a
+//!   reset per connection — a connection cannot be refused without being
+//!   accepted.
 //!
 //! The first refusal after a quiet [`PENALTY`] is reset at once: a client
 //! that briefly went past its share learns so without waiting. The price of
@@ -178,6 +179,7 @@ impl Clients {
         let key = slot.key;
         drop(slot);
         let Some(key) = key else {
+            self.count_refusal();
             return Admission::Reset;
         };
         let mut open = self.lock();
