@@ -37,7 +37,7 @@
 //! | `fanout_redis_calls_total` | counter | — | calls sent to Redis (per-IP checks, host share claims, give-backs, probes) |
 //! | `fanout_host_share_slots` | gauge | `host` | slots of the host's cap this replica may use, as its last claim on Redis answered (`[redis]`; 0 when it holds none) |
 //! | `fanout_host_share_busy` | gauge | `host` | 1 when the last claim found the replicas' demand for the host not met (the cap is shared out), else 0 |
-//! | `fanout_connections_refused_total` | counter | — | inbound connections reset as soon as accepted, their client having its share open (`http.max_connections_per_client`; `serve`) |
+//! | `fanout_connections_refused_total` | counter | — | inbound connections reset as soon as accepted, their client having its share open (`http.max_connections_per_client`; `serve`), or the table and the 128 waiting for a slot full |
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
 //! | `fanout_memory_held_bytes` | gauge | — | memory the requests in flight hold in the engine's pool (`http.max_inflight_bytes`): answers being built and written, upstream bodies kept; taken in 64 KiB blocks |

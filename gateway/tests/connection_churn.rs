@@ -12,14 +12,14 @@
 //! `127.0.0.0/8` on `lo`).
 #![cfg(target_os = "linux")]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::loopback::{connect_from, Gateway};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::timeout;
 
 /// What "soon" means here: far past anything the gateway does.
@@ -29,66 +29,11 @@ const SHARE: usize = 4;
 /// Clients churning, one loopback address each.
 const CLIENTS: u8 = 8;
 
-struct Gateway {
-    child: Child,
-    addr: SocketAddr,
-    _config: TempFile,
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A file removed on drop.
-struct TempFile(std::path::PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 fn start() -> Gateway {
-    static STARTED: AtomicU64 = AtomicU64::new(0);
-    let n = STARTED.fetch_add(1, SeqCst);
-    let path = std::env::temp_dir().join(format!("fanout-churn-{}-{n}.toml", std::process::id()));
-    std::fs::write(
-        &path,
-        format!(
-            "[http]\nmax_connections_per_client = {SHARE}\n\
-             # the shares stay open for the whole test\nheader_read_timeout_ms = 120000\n"
-        ),
-    )
-    .unwrap();
-    let config = TempFile(path);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fanout-gateway"))
-        .args(["--listen", "127.0.0.1:0", "--config"])
-        .arg(&config.0)
-        // As deployed: info and above.
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .parse()
-        .unwrap();
-    Gateway {
-        child,
-        addr,
-        _config: config,
-    }
+    Gateway::start(&format!(
+        "[http]\nmax_connections_per_client = {SHARE}\n\
+         # the shares stay open for the whole test\nheader_read_timeout_ms = 120000\n"
+    ))
 }
 
 /// CPU time the process has used (user + system), from `/proc/<pid>/stat`.
@@ -136,12 +81,6 @@ fn time_wait(port: u16) -> usize {
             local == port && churning && cols[3] == "06"
         })
         .count()
-}
-
-async fn connect_from(addr: SocketAddr, from: Ipv4Addr) -> std::io::Result<TcpStream> {
-    let socket = TcpSocket::new_v4()?;
-    socket.bind(SocketAddr::from((from, 0)))?;
-    socket.connect(addr).await
 }
 
 /// Connects from `from` and waits (at most [`BOUND`]) for the server to end

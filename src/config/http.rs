@@ -29,11 +29,13 @@ section! {
         /// How long a client may take to send a request's body, in milliseconds
         /// (never past the request deadline); then 408 and the connection closed.
         pub body_read_timeout_ms: u64 = 10_000,
-        /// Open inbound connections at most; more wait in the listen backlog.
+        /// Inbound connections served at most; more are accepted and wait for
+        /// a slot (fresh clients first; an idle connection of the client
+        /// holding the most may be closed for one: see `inbound::serve`).
         pub max_connections: usize = 512,
-        /// Open inbound connections from one client at most (keyed as
-        /// `[rate_limit]` keys clients; trusted proxies have no share); more are
-        /// closed as soon as they are accepted.
+        /// Inbound connections from one client at most, served or waiting
+        /// (keyed as `[rate_limit]` keys clients; trusted proxies have no
+        /// share); more are closed as soon as they are accepted.
         pub max_connections_per_client: usize = 64,
         /// Bytes of one answer (the whole batch's JSON) at most; more: the
         /// answer is `RESPONSE_TOO_LARGE` instead.

@@ -2,26 +2,45 @@
 //!
 //! [`serve`] is `axum::serve` with the limits a public listener needs:
 //!
-//! - **At most `http.max_connections` connections.** A permit of a
-//!   semaphore is taken *before* `accept`, and given back when the
-//!   connection ends; past the cap, new connections wait in the kernel's
-//!   listen backlog (completed handshakes cost no file descriptor of ours
-//!   until accepted) instead of exhausting the process's descriptors. The
-//!   backlog is the listener's own: `TcpListener::bind` gives 128, which a
-//!   flood of connections (even ones refused at once) can fill, and a
-//!   handshake that finds it full is dropped (the client sends its SYN again
-//!   a second later). Bind with a larger one — the gateway listens with
-//!   1,024 (`TcpSocket::listen`).
+//! - **At most `http.max_connections` connections served**, each holding a
+//!   permit of a semaphore until it ends. The accept loop accepts whether
+//!   or not a permit is free, so that it sees who is asking.
 //! - **At most `http.max_connections_per_client` of them from one client**,
 //!   keyed as the rate limiter keys clients (the address masked to
 //!   `rate_limit.ipv4_prefix` / `ipv6_prefix`); a peer in
-//!   `rate_limit.trusted_proxies` has no share (it carries everyone). A
-//!   connection past its client's share is refused as soon as it is
-//!   accepted, so one address that keeps reconnecting idle sockets cannot
-//!   hold the whole table; a refusal costs an accept and a reset, and a
-//!   client refused again within 10 s waits a second for its reset, so one
-//!   that reconnects as fast as it is refused is slowed down
+//!   `rate_limit.trusted_proxies` has no share (it carries everyone). The
+//!   share counts a client's connections served and waiting. A connection
+//!   past its client's share is refused as soon as it is accepted, so one
+//!   address that keeps reconnecting idle sockets cannot hold the whole
+//!   table; a refusal costs an accept and a reset, and a client refused
+//!   again within 10 s waits a second for its reset, so one that reconnects
+//!   as fast as it is refused is slowed down
 //!   (`src/inbound/serve/refusals.rs`).
+//! - **Fresh clients first when the table is full.** A connection that
+//!   finds every permit taken waits for one, accepted but not read
+//!   (`src/inbound/serve/waiting.rs`). If its client then holds fewer
+//!   connections than another client with an idle connection (no request
+//!   in the service since it was accepted or since its last answer, and
+//!   none of that answer waiting to be written; a request head not yet
+//!   complete does not count), the longest-idle connection of the client
+//!   holding the most is closed for it (a FIN, as the header timeout would
+//!   close it; one found busy after all closes after its answer, through
+//!   hyper's graceful shutdown: no answer is cut;
+//!   `src/inbound/serve/idle.rs`), and the slot is its. Freed slots go first to those connections and to clients holding
+//!   no other, then to the rest in order. So a table held by idle
+//!   connections, reopened as they are closed, costs a fresh client one
+//!   close of someone's idle connection (which costs its holder only a
+//!   reconnect), not a wait for the header timeout; the client whose
+//!   connection was closed holds as many as before when it reconnects, and
+//!   waits like any other. At most 128 connections wait; past that one for
+//!   the first line takes the place of the newest of the rest, and the
+//!   others are refused as past a share (reset, or held and reset). The
+//!   gateway's descriptors: `http.max_connections`, 128 waiting, 256 held.
+//!   The listen backlog is the listener's own: `TcpListener::bind` gives
+//!   128, which a flood of connections (even ones refused at once) can fill,
+//!   and a handshake that finds it full is dropped (the client sends its
+//!   SYN again a second later). Bind with a larger one — the gateway
+//!   listens with 1,024 (`TcpSocket::listen`).
 //! - **Headers within `http.header_read_timeout_ms`.** hyper's HTTP/1
 //!   connection (`header_read_timeout`, on hyper-util's tokio timer) closes a
 //!   connection whose request head is not complete in time. hyper arms that
@@ -45,8 +64,10 @@
 //!   TCP peer), as axum's `into_make_service_with_connect_info` gives, so the
 //!   rate limiter keys by the peer.
 //! - **Graceful shutdown** ([`Serve::with_graceful_shutdown`]): on the
-//!   signal the listener is closed, idle connections are closed, in-flight
-//!   requests finish (hyper-util's `GracefulShutdown`).
+//!   signal the listener is closed, the waiting connections are closed,
+//!   every served one gets hyper's graceful shutdown (idle ones close,
+//!   in-flight requests finish), and the server completes once every permit
+//!   is back.
 //!
 //! Only HTTP/1 is served (the gateway's axum is built with `http1` only).
 //!
@@ -67,9 +88,9 @@ use futures::future::BoxFuture;
 use http::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use refusals::{Admission, ClientSlot, Clients, Held};
+use idle::{UntilIdle, Watched};
+use refusals::{Admission, Clients, Held};
 use std::convert::Infallible;
 use std::future::{Future, IntoFuture};
 use std::io;
@@ -77,11 +98,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::{Service, ServiceExt};
+use waiting::{Accepted, Waiting};
 use write_timeout::WriteTimeout;
 
+mod idle;
 mod refusals;
+mod waiting;
 mod write_timeout;
 
 /// Serves `service` (an axum `Router`, or any service of the same shape) on
@@ -182,76 +206,160 @@ where
             .timer(TokioTimer::new())
             .header_read_timeout(header_read_timeout);
         let permits = Arc::new(Semaphore::new(max_connections));
-        let graceful = GracefulShutdown::new();
+        let (stopping, stop) = watch::channel(false);
+        let serving = Serving {
+            http1,
+            service,
+            write_timeout,
+            stop,
+        };
         let mut signal = std::pin::pin!(signal);
         let mut held = Held::new();
-        'serve: loop {
-            // The permit first: past the cap, connections stay in the
-            // backlog (and the held ones are still reset on time).
-            let permit = loop {
-                tokio::select! {
-                    permit = permits.clone().acquire_owned() => break permit.expect("the semaphore is never closed"),
-                    () = held.release() => {}
-                    () = &mut signal => break 'serve,
+        let mut waiting = Waiting::new();
+        loop {
+            tokio::select! {
+                // A freed slot goes to the waiting first.
+                permit = permits.clone().acquire_owned(), if !waiting.is_empty() => {
+                    let permit = permit.expect("the semaphore is never closed");
+                    if let Some(next) = waiting.pop() {
+                        serving.spawn(next, permit);
+                    }
                 }
-            };
-            // Connections past their client's share are refused in there,
-            // each reusing the permit.
-            let (stream, peer, client) = tokio::select! {
-                admitted = admitted(&listener, &clients, &mut held) => admitted,
+                accepted = accept(&listener) => {
+                    let Some((stream, peer)) = accepted else { continue };
+                    let slot = match clients.admit(peer.ip()) {
+                        Admission::Admitted(slot) => slot,
+                        Admission::Reset => {
+                            refusals::reset(stream);
+                            continue;
+                        }
+                        Admission::Hold => {
+                            held.hold(stream);
+                            continue;
+                        }
+                    };
+                    let accepted = Accepted { stream, peer, slot };
+                    if waiting.is_empty() {
+                        if let Ok(permit) = permits.clone().try_acquire_owned() {
+                            serving.spawn(accepted, permit);
+                            continue;
+                        }
+                    }
+                    // The table is full: it waits, or is refused.
+                    let alone = accepted.slot.alone();
+                    if !waiting.has_room(alone) {
+                        refuse(&clients, &mut held, accepted);
+                        continue;
+                    }
+                    // Its client holding fewer than another, that one's
+                    // longest-idle connection is closed for it.
+                    let first = clients.make_room_for(accepted.slot.key()) || alone;
+                    if let Some(displaced) = waiting.push(accepted, first) {
+                        refuse(&clients, &mut held, displaced);
+                    }
+                }
+                () = held.release() => {}
                 () = &mut signal => break,
-            };
-            let service = service
-                .clone()
-                .map_request(move |request: Request<Incoming>| {
-                    let mut request = request.map(Body::new);
-                    request.extensions_mut().insert(ConnectInfo(peer));
-                    request
-                });
-            let stream = TokioIo::new(WriteTimeout::new(stream, write_timeout));
-            let connection = http1.serve_connection(stream, TowerToHyperService::new(service));
-            let connection = graceful.watch(connection);
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-                drop((permit, client));
-            });
+            }
         }
-        drop((listener, held));
-        graceful.shutdown().await;
+        drop((listener, held, waiting));
+        // Every connection closes when idle, or after its answer; each
+        // holds a permit until it has ended.
+        let _ = stopping.send(true);
+        let all = u32::try_from(max_connections).unwrap_or(u32::MAX);
+        let _ = permits.acquire_many(all).await;
         Ok(())
     }
 }
 
-/// The next connection whose client has room in its share, with its slot.
-/// The others are reset, or held and reset later (`held`; its resets are
-/// made here too). Accept errors are retried as axum's listener retries
-/// them: at once for a connection's own failure, after a second (logged) for
-/// anything else, `EMFILE` included. Cancel-safe.
-async fn admitted(
-    listener: &TcpListener,
-    clients: &Arc<Clients>,
-    held: &mut Held,
-) -> (TcpStream, SocketAddr, ClientSlot) {
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = held.release() => continue,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) if is_connection_error(&e) => continue,
-            Err(e) => {
-                tracing::error!("accept error: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
+/// How a connection is served: hyper's HTTP/1 connection on the stream
+/// (under the write timeout), the service with the peer's address and the
+/// connection's idle marks, closed gracefully when the table asks for its
+/// slot or the server stops.
+struct Serving<S> {
+    http1: hyper::server::conn::http1::Builder,
+    service: S,
+    write_timeout: Duration,
+    /// True once the server stops.
+    stop: watch::Receiver<bool>,
+}
+
+impl<S> Serving<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    fn spawn(&self, accepted: Accepted, permit: OwnedSemaphorePermit) {
+        let Accepted {
+            stream,
+            peer,
+            mut slot,
+        } = accepted;
+        let conn = slot.serve();
+        let (busy, idle) = (conn.clone(), conn.clone());
+        let service = self
+            .service
+            .clone()
+            .map_request(move |request: Request<Incoming>| {
+                busy.busy();
+                let mut request = request.map(Body::new);
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request
+            })
+            .map_response(move |response: Response| {
+                response.map(|body| UntilIdle::wrap(body, idle.clone()))
+            });
+        let stream = WriteTimeout::new(stream, self.write_timeout);
+        let stream = TokioIo::new(Watched::new(stream, conn.clone()));
+        let connection = self
+            .http1
+            .serve_connection(stream, TowerToHyperService::new(service));
+        let mut stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let mut closing = false;
+            let ended = loop {
+                tokio::select! {
+                    ended = connection.as_mut() => break ended,
+                    () = conn.evicted(), if !closing => {
+                        // Its slot is wanted: idle, it is dropped now.
+                        if conn.is_idle() {
+                            break Ok(());
+                        }
+                    }
+                    _ = stop.wait_for(|stop| *stop), if !closing => {}
+                }
+                // Closes now if idle, else after the answer in progress.
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-        };
-        match clients.admit(peer.ip()) {
-            Admission::Admitted(client) => return (stream, peer, client),
-            Admission::Reset => refusals::reset(stream),
-            Admission::Hold => held.hold(stream),
+            drop((permit, slot));
+        });
+    }
+}
+
+/// Refuses `accepted`, which found the table and its waiting line full.
+fn refuse(clients: &Clients, held: &mut Held, accepted: Accepted) {
+    match clients.refuse(accepted.slot) {
+        Admission::Hold => held.hold(accepted.stream),
+        Admission::Reset | Admission::Admitted(_) => refusals::reset(accepted.stream),
+    }
+}
+
+/// The next connection, or `None` after an error. Accept errors are handled
+/// as axum's listener handles them: at once for a connection's own failure,
+/// after a second (logged) for anything else, `EMFILE` included.
+async fn accept(listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
+    match listener.accept().await {
+        Ok(accepted) => Some(accepted),
+        Err(e) if is_connection_error(&e) => None,
+        Err(e) => {
+            tracing::error!("accept error: {e}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            None
         }
     }
 }

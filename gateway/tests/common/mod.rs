@@ -2,6 +2,7 @@
 //! and request helpers.
 #![allow(dead_code, unused_imports)] // each test uses a part
 
+pub mod loopback;
 pub mod push;
 
 use axum::Router;
