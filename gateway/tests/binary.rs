@@ -1,8 +1,9 @@
 //! The gateway binary, as `cargo run --release` starts it: the embedded
 //! registry, a batched query over real HTTP, the side endpoints, config
 //! errors that name the key, and a clean stop on SIGTERM.
+mod common;
+
 use serde_json::json;
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -47,16 +48,7 @@ fn start(args: &[&str]) -> (Gateway, String) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let addr = common::loopback::listening_address(&mut child);
     (Gateway(child), addr)
 }
 

@@ -202,14 +202,19 @@ async fn a_fresh_client_is_served_soon_while_idle_connections_hold_the_table() {
     // The defaults: the table is 8 shares of 64.
     let gateway = Gateway::start("");
     let seen = attack(&gateway, HOLDERS).await;
+    served_first(&seen);
+}
+
+/// Fresh clients were served within a second (median) and, generously — the
+/// machine is noisy, and a fresh client may meet a moment where every held
+/// connection is busy — within three.
+fn served_first(seen: &Seen) {
     assert!(
         seen.p50() < Duration::from_secs(1),
         "fresh clients waited {:.2?} (median) to be served, at most {:.2?}",
         seen.p50(),
         seen.max()
     );
-    // Generous: the machine is noisy, and a fresh client may meet a moment
-    // where every held connection is busy.
     assert!(
         seen.max() < Duration::from_secs(3),
         "a fresh client waited {:.2?} to be served",
@@ -225,17 +230,7 @@ async fn a_fresh_client_is_served_soon_while_idle_connections_hold_the_table() {
 async fn past_the_waiting_line_fresh_clients_still_come_first_and_descriptors_stay_bounded() {
     let gateway = Gateway::start("");
     let seen = attack(&gateway, HOLDERS + 4).await;
-    assert!(
-        seen.p50() < Duration::from_secs(1),
-        "fresh clients waited {:.2?} (median) to be served, at most {:.2?}",
-        seen.p50(),
-        seen.max()
-    );
-    assert!(
-        seen.max() < Duration::from_secs(3),
-        "a fresh client waited {:.2?} to be served",
-        seen.max()
-    );
+    served_first(&seen);
     // The table, the waiting line, the held refusals, and a margin for the
     // listener, the embedded registry and the moment between an accept and
     // its reset.

@@ -8,6 +8,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use tokio::net::{TcpSocket, TcpStream};
 
+/// The `host:port` a gateway binary just started says it listens on (its
+/// first line of output, `… http://HOST:PORT/graphql`).
+pub fn listening_address(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string()
+}
+
 /// The gateway binary (on its embedded demo registry), killed on drop.
 pub struct Gateway {
     pub child: Child,
@@ -33,17 +47,7 @@ impl Gateway {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split('/').next())
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .parse()
-            .unwrap();
+        let addr = listening_address(&mut child).parse().unwrap();
         Self {
             child,
             addr,

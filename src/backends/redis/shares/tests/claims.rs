@@ -211,12 +211,16 @@ async fn redis_always_holds_what_a_replica_has_in_use() {
         .await
         .unwrap();
     // A refresh claim goes out (demand 1, keeping the allowance of 5),
-    // and before it is answered four more reads take slots of the 5.
+    // and before it is answered four more reads take slots of the 5: Redis
+    // holds every write (the claim's script) until they have.
     {
+        let paused = redis.command(&["CLIENT", "PAUSE", "5000", "WRITE"]).await;
+        assert!(paused.is_some(), "CLIENT PAUSE");
         let claim = pool.claim();
         tokio::pin!(claim);
         assert!(futures::poll!(claim.as_mut()).is_pending());
         slots.extend((0..4).map(|_| pool.take().expect("within the allowance")));
+        assert!(redis.command(&["CLIENT", "UNPAUSE"]).await.is_some());
         claim.await.unwrap();
     }
     // Answer: demand 1 and half the room of 7: 4 — but 5 are in use.
