@@ -30,6 +30,8 @@ struct Server {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
     big_dropped: mpsc::UnboundedReceiver<()>,
+    /// A `/hang` request reached the service.
+    hanging: mpsc::UnboundedReceiver<()>,
 }
 
 impl Drop for Server {
@@ -70,10 +72,15 @@ async fn server(max_connections: usize) -> Server {
         let body = Once(Some(bytes::Bytes::from(vec![b'x'; BIG])), dropped.clone());
         async move { axum::body::Body::new(body) }
     };
+    let (entered, hanging) = mpsc::unbounded_channel();
+    let hang = move || {
+        let _ = entered.send(());
+        std::future::pending::<()>()
+    };
     let router = axum::Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .route("/big", axum::routing::get(big))
-        .route("/hang", axum::routing::get(std::future::pending::<()>));
+        .route("/hang", axum::routing::get(hang));
     let mut config = Config::default();
     config.http.max_connections = max_connections;
     config.http.header_read_timeout_ms = 60_000;
@@ -84,6 +91,7 @@ async fn server(max_connections: usize) -> Server {
         addr,
         task,
         big_dropped,
+        hanging,
     }
 }
 
@@ -180,6 +188,10 @@ async fn an_answer_in_progress_or_still_being_written_is_never_closed_for_a_fres
     hanging
         .write_all(b"GET /hang HTTP/1.1\r\nhost: t\r\n\r\n")
         .await
+        .unwrap();
+    timeout(BOUND, server.hanging.recv())
+        .await
+        .expect("the hanging request reached the service")
         .unwrap();
 
     let mut fresh = connect_from(server.addr, [127, 0, 0, 2], None).await;

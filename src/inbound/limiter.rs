@@ -64,8 +64,9 @@ mod clock;
 mod tests;
 
 /// Idle keys are swept at least this many checks apart (more when many keys
-/// stay live, so the sweep costs O(1) per check).
-pub(crate) const SWEEP_EVERY: u64 = 4096;
+/// stay live, so the sweep costs O(1) per check) — the read quota's store
+/// sweeps on the same rule.
+pub(crate) use crate::inbound::quota::SWEEP_EVERY;
 
 /// A limiter's verdict on one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -47,6 +47,7 @@ mod store;
 
 pub(crate) use client::{ClientQuota, Ticket};
 pub use local::LocalQuotas;
+pub(crate) use local::SWEEP_EVERY;
 #[cfg(feature = "redis")]
 pub(crate) use rate::rates;
 pub use rate::Rate;

@@ -22,12 +22,16 @@
 use super::rate::Rate;
 use super::store::{QuotaClass, QuotaStore, Verdict};
 use crate::error::Unavailable;
-use crate::inbound::limiter::SWEEP_EVERY;
 use crate::seed::random_state;
 use dashmap::DashMap;
 use foldhash::fast::SeedableRandomState;
 use futures::future::BoxFuture;
 use std::net::IpAddr;
+
+/// Idle clients are swept at least this many reservations apart (more when
+/// many stay live, so the sweep costs O(1) per reservation); the per-IP
+/// limiter's keys on the same rule.
+pub(crate) const SWEEP_EVERY: u64 = 4096;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 use tokio::time::Instant;
