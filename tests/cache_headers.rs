@@ -360,3 +360,78 @@ async fn an_answer_the_reader_could_not_use_is_never_served_again() {
     // The new answer is kept, and served.
     assert_eq!(one(&engine, read()).await, ("unusable #2".into(), 0, 1));
 }
+
+/// Identical reads of one request that the cache answers share one
+/// response (and one derivation) even when the request's first identical
+/// read failed: here it was refused by the request's budget, and the
+/// answer was kept meanwhile by another request.
+#[tokio::test]
+async fn hits_after_a_failed_identical_read_still_share_one_response() {
+    let upstream = Upstream::start().await;
+    recorder();
+    let mut config = Config::default();
+    config.budget.max_reads = 1;
+    let table = HostConfig::default().cache_control(true);
+    config.hosts.insert(upstream.host(), table);
+    let engine = Engine::new(config);
+    let read = || {
+        get(
+            &upstream,
+            "after-refusal",
+            &[("cache-control", "max-age=60")],
+        )
+    };
+    let other = get(&upstream, "spends-the-budget", &[]);
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    op.upstream().read(other).await.unwrap();
+    let refused = op.upstream().read(read()).await.unwrap_err();
+    assert_eq!(refused.code(), "FANOUT_BUDGET_EXHAUSTED");
+    // Another request reads it, and the cache keeps it.
+    let filler = engine.begin_request(Caller::Internal);
+    filler.operation().upstream().read(read()).await.unwrap();
+    drop(filler);
+    // The first request's identical reads are hits now: one response.
+    let derivations = std::sync::atomic::AtomicUsize::new(0);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let op = request.operation();
+        let answer = op.upstream().read(read()).await.unwrap();
+        assert_eq!(op.cache_hits(), 1);
+        answer
+            .derived(|| async {
+                derivations.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, fanout_budget::ReadError>(vec![0u8; 1 << 20])
+            })
+            .await
+            .unwrap();
+        answers.push(answer);
+    }
+    assert!(
+        answers
+            .windows(2)
+            .all(|w| std::sync::Arc::ptr_eq(&w[0], &w[1])),
+        "each hit a response of its own"
+    );
+    assert_eq!(
+        derivations.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "derived once per request"
+    );
+}
+
+/// RFC 9111 §5.1: an `Age` sent as a list is read by its first member; a
+/// first member past 2^31 is stale, as it is alone.
+#[tokio::test]
+async fn an_age_past_counting_is_stale_when_sent_as_a_list_too() {
+    let upstream = Upstream::start().await;
+    let engine = engine(&upstream, true, false);
+    let pairs = [
+        ("cache-control", "max-age=3600"),
+        ("age", "99999999999999999999999999, 5"),
+    ];
+    for n in 1..=2 {
+        let answer = one(&engine, get(&upstream, "age-list", &pairs)).await;
+        assert_eq!(answer, (format!("age-list #{n}"), 1, 0), "kept as fresh");
+    }
+}
