@@ -154,3 +154,56 @@ async fn a_hit_takes_no_host_slot() {
     let (miss, _, _) = one(&engine, item(&upstream, 2)).await;
     assert_eq!(miss.unwrap_err().code(), "HOST_SATURATED");
 }
+
+/// One read's own expectation (the digest it names) is that read's error,
+/// never a verdict on the entry every other request is served from: a
+/// read naming a wrong digest for a URL the cache holds, in a request whose
+/// identical read was a hit, must not drop the good entry.
+#[tokio::test]
+async fn a_read_naming_a_wrong_digest_does_not_drop_a_good_entry() {
+    let upstream = Upstream::start().await;
+    let engine = Engine::new(Config::default());
+    let url = || upstream.url("/ok").parse().unwrap();
+    let right = format!("sha256:{:x}", Sha256::digest(b"fine"));
+    let wrong = format!("sha256:{:x}", Sha256::digest(b"planted"));
+    let (kept, used, _) = one(&engine, Read::get(url()).immutable().sha256(&right)).await;
+    assert_eq!((kept.unwrap().body.as_ref(), used), (&b"fine"[..], 1));
+    // A client's request: the URL as a hit, then the same URL naming
+    // another digest (de-duplicated with the hit, and refused).
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    op.upstream()
+        .read(Read::get(url()).immutable())
+        .await
+        .unwrap();
+    let refused = op.upstream().read(Read::get(url()).sha256(&wrong)).await;
+    assert_eq!(refused.unwrap_err().code(), "UPSTREAM_ERROR");
+    drop((op, request));
+    // Every other request is still served from the cache.
+    let (_, used, hits) = one(&engine, Read::get(url()).immutable().sha256(&right)).await;
+    assert_eq!(
+        (used, hits),
+        (0, 1),
+        "one request's wrong digest dropped the good entry"
+    );
+    assert_eq!(upstream.requests(), 1);
+}
+
+/// A read that names its digest is checked against it even when the cache
+/// answers (the entry was checked against the digest of the read that
+/// kept it, which the key does not hold).
+#[tokio::test]
+async fn a_hit_is_checked_against_the_digest_its_read_names() {
+    let upstream = Upstream::start().await;
+    let engine = Engine::new(Config::default());
+    let ok = || Read::get(upstream.url("/ok").parse().unwrap()).immutable();
+    let right = format!("sha256:{:x}", Sha256::digest(b"fine"));
+    let wrong = format!("sha256:{:x}", Sha256::digest(b"planted"));
+    one(&engine, ok().sha256(&right)).await.0.unwrap();
+    let (answer, _, hits) = one(&engine, ok().sha256(&wrong)).await;
+    assert_eq!(hits, 1);
+    assert!(
+        answer.is_err(),
+        "a body whose digest is not the one the read names, served from the cache"
+    );
+}
