@@ -178,6 +178,9 @@ async fn a_read_naming_a_wrong_digest_does_not_drop_a_good_entry() {
         .unwrap();
     let refused = op.upstream().read(Read::get(url()).sha256(&wrong)).await;
     assert_eq!(refused.unwrap_err().code(), "UPSTREAM_ERROR");
+    // It cost that request nothing: a hit, and a read its de-duplication
+    // answered.
+    assert_eq!(request.budget().used(), 0);
     drop((op, request));
     // Every other request is still served from the cache.
     let (_, used, hits) = one(&engine, Read::get(url()).immutable().sha256(&right)).await;
