@@ -100,6 +100,8 @@ pub(crate) struct AnswerCache {
 struct Kept {
     answer: Arc<UpstreamResponse>,
     ttl: Option<Duration>,
+    /// The SHA-256 (lowercase hex) the body was checked against when kept.
+    sha256: Option<Box<str>>,
 }
 
 /// Each entry lives as long as its read (or its headers) said.
@@ -184,8 +186,16 @@ impl AnswerCache {
 
     /// The answer kept for `lookup`: under its own key, or — by the
     /// headers — under the key any credentials share. The cache's own copy:
-    /// a reader gets a [`copy`](UpstreamResponse::copy) of it.
-    pub(crate) fn get(&self, lookup: &Lookup) -> Option<Arc<UpstreamResponse>> {
+    /// a reader gets a [`copy`](UpstreamResponse::copy) of it. A read that
+    /// names the SHA-256 its body must have (`sha256`) is answered only by
+    /// a body that has it (checked once, when kept, for the digest the
+    /// keeping read named; hashed again for another), else its own
+    /// `UPSTREAM_ERROR` — the entry stays, for the reads it does answer.
+    pub(crate) fn get(
+        &self,
+        lookup: &Lookup,
+        sha256: Option<&str>,
+    ) -> Option<Result<Arc<UpstreamResponse>, ReadError>> {
         let entries = self.entries.as_ref()?;
         let usable = |key: &ReadKey| {
             let kept = entries.get(key)?;
@@ -193,21 +203,32 @@ impl AnswerCache {
                 entries.invalidate(key);
                 return None;
             }
-            Some(kept.answer)
+            Some(kept)
         };
-        if let Some(answer) = usable(&lookup.key) {
-            return Some(answer);
-        }
-        match lookup.rule {
-            Rule::Headers => usable(&lookup.key.shared()),
-            Rule::Declared(_) => None,
-        }
+        let kept = match usable(&lookup.key) {
+            Some(kept) => kept,
+            None => match lookup.rule {
+                Rule::Headers => usable(&lookup.key.shared())?,
+                Rule::Declared(_) => return None,
+            },
+        };
+        Some(match sha256 {
+            Some(named) if kept.sha256.as_deref() != Some(named) => {
+                verified(kept.answer, Some(named))
+            }
+            _ => Ok(kept.answer),
+        })
     }
 
     /// Keeps `answer` for `lookup` if it may be kept (a `2xx`; by the
     /// headers, one they let a shared cache keep and still fresh) and
     /// nothing is kept there yet. Whether it was kept.
-    pub(crate) fn keep(&self, lookup: Lookup, answer: &Arc<UpstreamResponse>) -> bool {
+    pub(crate) fn keep(
+        &self,
+        lookup: Lookup,
+        answer: &Arc<UpstreamResponse>,
+        sha256: Option<Box<str>>,
+    ) -> bool {
         let Some(entries) = &self.entries else {
             return false;
         };
@@ -228,6 +249,7 @@ impl AnswerCache {
         let kept = || Kept {
             answer: Arc::new(answer.compact()),
             ttl,
+            sha256,
         };
         if !entries.entry(key.clone()).or_insert_with(kept).is_fresh() {
             return false;
@@ -306,23 +328,30 @@ struct Answer<'a> {
 impl<'a> Answer<'a> {
     fn of(answer: &'a UpstreamResponse) -> Self {
         let mut headers = Cow::Borrowed(&answer.headers);
-        let age = answer.headers.get(http::header::AGE);
-        let overflows = age.is_some_and(|age| {
-            let digits = age.as_bytes();
-            digits.iter().all(u8::is_ascii_digit)
-                && !digits.is_empty()
-                && std::str::from_utf8(digits)
-                    .ok()
-                    .and_then(|d| d.parse::<u64>().ok())
-                    .is_none_or(|secs| secs > 1 << 31)
-        });
-        if overflows {
-            (headers.to_mut()).insert(http::header::AGE, HeaderValue::from_static(AGE_CEILING));
+        if let Some(age) = answer.headers.get(http::header::AGE).and_then(age_to_read) {
+            (headers.to_mut()).insert(http::header::AGE, age);
         }
         Self {
             status: answer.status,
             headers,
         }
+    }
+}
+
+/// The `Age` to read in place of `age`, when `http_cache_semantics` would
+/// misread it (as 0, fresh): a list's first member (RFC 9111 §5.1: a cache
+/// uses the first), and a value past what it can count taken as 2^31.
+fn age_to_read(age: &HeaderValue) -> Option<HeaderValue> {
+    let text = age.to_str().ok()?;
+    let first = text.split(',').next()?.trim();
+    if first.is_empty() || !first.bytes().all(|b| b.is_ascii_digit()) {
+        return None; // not a delta-seconds: no Age at all
+    }
+    let counted = first.parse::<u64>().ok().filter(|secs| *secs <= 1 << 31);
+    match counted {
+        None => Some(HeaderValue::from_static(AGE_CEILING)),
+        Some(_) if first.len() != text.len() => HeaderValue::from_str(first).ok(),
+        Some(_) => None,
     }
 }
 
@@ -352,7 +381,9 @@ pub(crate) fn verified(
     if actual == expected {
         Ok(answer)
     } else {
-        Err(answer.error(format!(
+        // This read's expectation, not a verdict on the answer (other reads
+        // of the same URL may name its digest).
+        Err(answer.failure(format!(
             "the body's SHA-256 is sha256:{actual}, not the digest it was read by"
         )))
     }

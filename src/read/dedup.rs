@@ -150,8 +150,10 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
 
     /// For a value that needs no read (an answer of the engine's cache): the
     /// value an identical read of the request already gave, if `usable`;
-    /// else `value()` — kept for the rest of the request when no read for
-    /// `key` exists yet, so the request's identical reads share it.
+    /// else `value()` — kept for the rest of the request in place of
+    /// nothing, of a value not `usable` (an error) or of a read whose runner
+    /// was cancelled, so the request's identical reads share it. Only while
+    /// an identical read is running is `value()` not kept.
     pub(crate) fn done_or_keep(
         &self,
         key: K,
@@ -171,12 +173,18 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
             }
         };
         drop(cells);
-        if let State::Done(done) = &*cell.lock() {
-            if usable(done) {
-                return done.clone();
+        let mut state = cell.lock();
+        match &*state {
+            State::Done(done) if usable(done) => done.clone(),
+            State::Running { .. } => value(),
+            // Waiters of a cancelled runner were woken already; the first to
+            // lock the cell finds this value done.
+            State::Done(_) | State::Idle => {
+                let value = value();
+                *state = State::Done(value.clone());
+                value
             }
         }
-        value()
     }
 
     /// The cell for `key`: `Ok` if one exists, `Err` with a new one (already

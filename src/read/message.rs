@@ -89,6 +89,11 @@ impl Read {
         self.extras.as_ref()?.scope.as_deref()
     }
 
+    /// The SHA-256 it names (lowercase hex), if any.
+    pub(crate) fn sha256_named(&self) -> Option<&str> {
+        self.extras.as_ref()?.sha256.as_deref()
+    }
+
     /// Whether it is declared immutable or names its SHA-256.
     pub(crate) fn is_checked(&self) -> bool {
         self.extras
@@ -301,12 +306,21 @@ impl UpstreamResponse {
         }
     }
 
-    /// A [`copy`](Self::copy) whose body has an allocation of its own,
-    /// exactly its length: what the engine's cache keeps (a body taken from
-    /// the transport may share a larger buffer).
+    /// A [`copy`](Self::copy) whose body and header values have allocations
+    /// of their own, exactly their length: what the engine's cache keeps (a
+    /// body or a header value taken from the transport may be a slice of
+    /// its read buffer, which it would keep whole).
     pub(crate) fn compact(&self) -> Self {
+        let mut headers = HeaderMap::with_capacity(self.headers.len());
+        for (name, value) in &self.headers {
+            let mut own =
+                HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+            own.set_sensitive(value.is_sensitive());
+            headers.append(name.clone(), own);
+        }
         Self {
             body: Bytes::copy_from_slice(&self.body),
+            headers,
             ..self.copy()
         }
     }

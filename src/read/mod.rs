@@ -220,7 +220,7 @@ impl<'a> Upstream<'a> {
         let host = lookup.as_ref().map(|_| parts.host_table.resolve(&read.url));
         let answer = cache::verified(self.read(read).await?, expected.as_deref())?;
         if let (Some(lookup), Some(host)) = (lookup, host) {
-            if parts.cache.keep(lookup, &answer) {
+            if parts.cache.keep(lookup, &answer, expected) {
                 host.metrics().cache_stored.increment(1);
             }
         }
@@ -233,7 +233,7 @@ impl<'a> Upstream<'a> {
     fn hit(&self, read: &Read, lookup: cache::Lookup) -> ControlFlow<ReadResult, cache::Lookup> {
         let parts = &self.reads.parts;
         let host = parts.host_table.resolve(&read.url);
-        let Some(kept) = parts.cache.get(&lookup) else {
+        let Some(kept) = parts.cache.get(&lookup, read.sha256_named()) else {
             host.metrics().cache_misses.increment(1);
             return ControlFlow::Continue(lookup);
         };
@@ -243,7 +243,13 @@ impl<'a> Upstream<'a> {
         // A response of the request's own, shared by its identical reads
         // (step 1's table, under the read's own key): what they derive of it
         // lives with the request, not in the cache.
-        let own = || Ok(Arc::new(kept.copy()));
+        let kept = match kept {
+            Ok(kept) => kept,
+            // Not the digest this read names: its own error.
+            Err(err) => return ControlFlow::Break(Err(err)),
+        };
+        // Held by the request from now on: its bytes count as a read's do.
+        let own = || self.keep(Arc::new(kept.copy()));
         let key = lookup.into_read_key();
         ControlFlow::Break((self.reads.dedup).done_or_keep(key, own, Result::is_ok))
     }
@@ -595,13 +601,9 @@ impl<'a> Upstream<'a> {
         host.metrics().coalesced.increment(1);
         tracing::Span::current().record("coalesced", true);
         let answer = self.wait(flight, host, Instant::now()).await?;
-        let own = UpstreamResponse::new(
-            answer.host.clone(),
-            answer.status,
-            answer.headers.clone(),
-            answer.body.clone(),
-        );
-        self.keep(Arc::new(own))
+        // Its own response (what it derives is its own), found unusable
+        // whenever the leader's is.
+        self.keep(Arc::new(answer.copy()))
     }
 
     /// The shared read's outcome, unless this request's own
