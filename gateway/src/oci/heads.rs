@@ -161,7 +161,8 @@ mod tests {
         let Plan::Probe(probe) = probes.plan(&url()).await else {
             panic!("the first read probes");
         };
-        let waiting = probes.plan(&url());
+        let registry = url();
+        let waiting = probes.plan(&registry);
         tokio::pin!(waiting);
         assert!(
             futures::poll!(waiting.as_mut()).is_pending(),
@@ -178,7 +179,8 @@ mod tests {
         let Plan::Probe(probe) = probes.plan(&url()).await else {
             panic!("the first read probes");
         };
-        let waiting = probes.plan(&url());
+        let registry = url();
+        let waiting = probes.plan(&registry);
         tokio::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
         drop(probe);
