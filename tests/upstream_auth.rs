@@ -510,3 +510,39 @@ async fn a_rejected_token_is_never_kept_again() {
     assert_eq!(after[0], "", "{after:?}");
     assert_eq!(s.fetches("k"), 2, "a fresh token");
 }
+
+#[tokio::test]
+async fn a_request_at_its_own_byte_bound_does_not_make_the_engine_forget_a_good_realm() {
+    let s = servers().await;
+    let other = serve(Router::new().route("/big", get(|| async { "x".repeat(80) }))).await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{}/token", s.realm_base)]);
+    let mut config = Config::default().upstream_named("test", table);
+    // Room for an 80-byte answer, not for it and a token answer too.
+    config.upstream.max_request_bytes = 96;
+    let engine = Engine::new(config);
+    let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
+    // Warm: the realm learned, the token for `a` kept: one read each.
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 1));
+    // A client's request spends its own answer bytes (a legal read of
+    // another host), then needs a token for a new scope: the token answer
+    // passes the request's byte bound — the request's own limit, nothing
+    // the realm did.
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    let big = format!("{other}/big").parse().unwrap();
+    op.upstream().read(Read::get(big)).await.unwrap();
+    let err = op.upstream().read(scoped("b")).await.unwrap_err();
+    assert_eq!(err.code(), "UPSTREAM_ERROR", "{err:?}");
+    drop(op);
+    drop(request);
+    // Every other client still reads `a` with its kept token up front: one
+    // request. (Forgotten, the realm costs each of them the 401 again.)
+    assert_eq!(
+        one_request(&engine, scoped("a")).await,
+        ("200".into(), 1),
+        "a client's own byte bound made the engine forget the registry's realm"
+    );
+}
