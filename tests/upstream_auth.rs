@@ -546,3 +546,45 @@ async fn a_request_at_its_own_byte_bound_does_not_make_the_engine_forget_a_good_
         "a client's own byte bound made the engine forget the registry's realm"
     );
 }
+
+/// A token service that refuses one scope the user is not granted (403),
+/// as some do, and issues every other.
+async fn picky(
+    State(seen): State<Arc<Seen>>,
+    query: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if query.get("scope").is_some_and(|s| s.contains("secret")) {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    token(State(seen), query, headers).await
+}
+
+#[tokio::test]
+async fn a_scope_the_realm_refuses_does_not_make_the_engine_forget_the_realm() {
+    let s = servers().await;
+    let picky_at = serve(
+        Router::new()
+            .route("/token", get(picky))
+            .with_state(s.seen.clone()),
+    )
+    .await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{picky_at}/token")]);
+    let engine = Engine::new(Config::default().upstream_named("test", table));
+    *s.seen.realm.lock().unwrap() = format!("{picky_at}/token");
+    let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 1));
+    // A client asks for a repository the configured user is not granted:
+    // its own coded error — the realm answered as it should.
+    let (code, _) = one_request(&engine, scoped("secret")).await;
+    assert_eq!(code, "UPSTREAM_UNAUTHORIZED");
+    // Every other client still sends its kept token up front.
+    assert_eq!(
+        one_request(&engine, scoped("a")).await,
+        ("200".into(), 1),
+        "one client's ungranted scope made the engine forget the registry's realm"
+    );
+}
