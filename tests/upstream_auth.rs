@@ -588,3 +588,40 @@ async fn a_scope_the_realm_refuses_does_not_make_the_engine_forget_the_realm() {
         "one client's ungranted scope made the engine forget the registry's realm"
     );
 }
+
+#[tokio::test]
+async fn a_request_at_its_own_byte_bound_does_not_fail_another_requests_token_fetch() {
+    let s = servers().await;
+    let other = serve(Router::new().route("/big", get(|| async { "x".repeat(80) }))).await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{}/token", s.realm_base)]);
+    let mut config = Config::default().upstream_named("test", table);
+    config.upstream.max_request_bytes = 96;
+    let engine = Engine::new(config);
+    let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
+    // A client's request near its byte bound starts the token fetch for `b`...
+    let attacker = async {
+        let request = engine.begin_request(Caller::Public);
+        let op = request.operation();
+        let big = format!("{other}/big").parse().unwrap();
+        op.upstream().read(Read::get(big)).await.unwrap();
+        op.upstream().read(scoped("b")).await.map(|_| ())
+    };
+    // ...and another client's read of `b` meets that fetch in flight.
+    let victim = async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while s.fetches("b") == 0 {
+            assert!(std::time::Instant::now() < deadline, "no fetch for b");
+            tokio::task::yield_now().await;
+        }
+        one_request(&engine, scoped("b")).await
+    };
+    let (attacked, victim) = tokio::join!(attacker, victim);
+    assert_eq!(attacked.unwrap_err().code(), "UPSTREAM_ERROR");
+    assert_eq!(
+        victim.0, "200",
+        "another request's byte bound failed this request's token fetch"
+    );
+}
