@@ -62,6 +62,18 @@ pub enum ReadError {
         /// What went wrong, for humans.
         message: String,
     },
+    /// The upstream answered, and the request's own bound on the answers it
+    /// keeps (`upstream.max_request_bytes`, `http.max_answer_bytes`,
+    /// `http.max_inflight_bytes`) stopped the answer: the request's doing,
+    /// not the upstream's. `UPSTREAM_ERROR`, as [`Upstream`](Self::Upstream).
+    AnswerBound {
+        /// `host:port` of the upstream.
+        host: String,
+        /// The HTTP status the upstream answered with.
+        status: u16,
+        /// Which bound, for humans.
+        message: String,
+    },
     /// The process-wide cap of reads in flight to this host is full.
     HostSaturated {
         /// `host:port` of the upstream.
@@ -112,7 +124,7 @@ impl ReadError {
             Self::BudgetExhausted { .. } => "FANOUT_BUDGET_EXHAUSTED",
             Self::UpstreamTimeout { .. } => "UPSTREAM_TIMEOUT",
             Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
-            Self::Upstream { .. } => "UPSTREAM_ERROR",
+            Self::Upstream { .. } | Self::AnswerBound { .. } => "UPSTREAM_ERROR",
             Self::HostSaturated { .. } => "HOST_SATURATED",
             Self::Unavailable { .. } => "UNAVAILABLE",
             Self::Unauthorized { .. } => "UPSTREAM_UNAUTHORIZED",
@@ -144,6 +156,11 @@ impl ReadError {
                 status: None,
                 message,
             } => format!("upstream {host} failed: {message}"),
+            Self::AnswerBound {
+                host,
+                status,
+                message,
+            } => format!("upstream {host} answered {status}: {message}"),
             Self::HostSaturated {
                 host,
                 max_concurrent,
@@ -193,6 +210,10 @@ impl ReadError {
                 if let Some(status) = status {
                     ext.set("status", *status);
                 }
+            }
+            Self::AnswerBound { host, status, .. } => {
+                ext.set("host", host.as_str());
+                ext.set("status", *status);
             }
             Self::HostSaturated {
                 host,

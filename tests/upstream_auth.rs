@@ -510,3 +510,118 @@ async fn a_rejected_token_is_never_kept_again() {
     assert_eq!(after[0], "", "{after:?}");
     assert_eq!(s.fetches("k"), 2, "a fresh token");
 }
+
+#[tokio::test]
+async fn a_request_at_its_own_byte_bound_does_not_make_the_engine_forget_a_good_realm() {
+    let s = servers().await;
+    let other = serve(Router::new().route("/big", get(|| async { "x".repeat(80) }))).await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{}/token", s.realm_base)]);
+    let mut config = Config::default().upstream_named("test", table);
+    // Room for an 80-byte answer, not for it and a token answer too.
+    config.upstream.max_request_bytes = 96;
+    let engine = Engine::new(config);
+    let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
+    // Warm: the realm learned, the token for `a` kept: one read each.
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 1));
+    // A client's request spends its own answer bytes (a legal read of
+    // another host), then needs a token for a new scope: the token answer
+    // passes the request's byte bound — the request's own limit, nothing
+    // the realm did.
+    let request = engine.begin_request(Caller::Public);
+    let op = request.operation();
+    let big = format!("{other}/big").parse().unwrap();
+    op.upstream().read(Read::get(big)).await.unwrap();
+    let err = op.upstream().read(scoped("b")).await.unwrap_err();
+    assert_eq!(err.code(), "UPSTREAM_ERROR", "{err:?}");
+    drop(op);
+    drop(request);
+    // Every other client still reads `a` with its kept token up front: one
+    // request. (Forgotten, the realm costs each of them the 401 again.)
+    assert_eq!(
+        one_request(&engine, scoped("a")).await,
+        ("200".into(), 1),
+        "a client's own byte bound made the engine forget the registry's realm"
+    );
+}
+
+/// A token service that refuses one scope the user is not granted (403),
+/// as some do, and issues every other.
+async fn picky(
+    State(seen): State<Arc<Seen>>,
+    query: Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if query.get("scope").is_some_and(|s| s.contains("secret")) {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    token(State(seen), query, headers).await
+}
+
+#[tokio::test]
+async fn a_scope_the_realm_refuses_does_not_make_the_engine_forget_the_realm() {
+    let s = servers().await;
+    let picky_at = serve(
+        Router::new()
+            .route("/token", get(picky))
+            .with_state(s.seen.clone()),
+    )
+    .await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{picky_at}/token")]);
+    let engine = Engine::new(Config::default().upstream_named("test", table));
+    *s.seen.realm.lock().unwrap() = format!("{picky_at}/token");
+    let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 1));
+    // A client asks for a repository the configured user is not granted:
+    // its own coded error — the realm answered as it should.
+    let (code, _) = one_request(&engine, scoped("secret")).await;
+    assert_eq!(code, "UPSTREAM_UNAUTHORIZED");
+    // Every other client still sends its kept token up front.
+    assert_eq!(
+        one_request(&engine, scoped("a")).await,
+        ("200".into(), 1),
+        "one client's ungranted scope made the engine forget the registry's realm"
+    );
+}
+
+#[tokio::test]
+async fn a_request_at_its_own_byte_bound_does_not_fail_another_requests_token_fetch() {
+    let s = servers().await;
+    let other = serve(Router::new().route("/big", get(|| async { "x".repeat(80) }))).await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{}/token", s.realm_base)]);
+    let mut config = Config::default().upstream_named("test", table);
+    config.upstream.max_request_bytes = 96;
+    let engine = Engine::new(config);
+    let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
+    assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
+    // A client's request near its byte bound starts the token fetch for `b`...
+    let attacker = async {
+        let request = engine.begin_request(Caller::Public);
+        let op = request.operation();
+        let big = format!("{other}/big").parse().unwrap();
+        op.upstream().read(Read::get(big)).await.unwrap();
+        op.upstream().read(scoped("b")).await.map(|_| ())
+    };
+    // ...and another client's read of `b` meets that fetch in flight.
+    let victim = async {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while s.fetches("b") == 0 {
+            assert!(std::time::Instant::now() < deadline, "no fetch for b");
+            tokio::task::yield_now().await;
+        }
+        one_request(&engine, scoped("b")).await
+    };
+    let (attacked, victim) = tokio::join!(attacker, victim);
+    assert_eq!(attacked.unwrap_err().code(), "UPSTREAM_ERROR");
+    assert_eq!(
+        victim.0, "200",
+        "another request's byte bound failed this request's token fetch"
+    );
+}

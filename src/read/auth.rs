@@ -21,10 +21,19 @@
 //! **What fails is forgotten.** A token the upstream answered `401` to is
 //! dropped, and the request that sent it never uses or keeps it again
 //! (`rejected.rs`: its de-duplicated token fetch would give it back). A
-//! remembered realm whose token fetch fails, or whose token is rejected
-//! again, is forgotten: the next read goes without credentials and learns
-//! the upstream's challenge afresh. A realm is checked when the challenge is
-//! read (`realm.rs`), so one the engine would not ask is never remembered.
+//! remembered realm that fails — its token fetch meets a transport error, a
+//! timeout, a redirect the engine will not follow, a `404` or `5xx`, an
+//! answer that is not a token — or whose token is rejected again, is
+//! forgotten: the next read goes without credentials and learns the
+//! upstream's challenge afresh. What is not the realm's doing forgets
+//! nothing (`fault.rs`): a `401`/`403` from the realm (the credentials, or a
+//! scope the user is not granted) is that read's error alone, and a fetch
+//! the engine stopped for its request's own bounds (budget, deadline, host
+//! slot, the answer bytes it keeps) is that request's error alone — a read of
+//! another request that waited on that fetch fetches again itself, at most
+//! twice and never past its own deadline, each fetch a charged read of its
+//! own. A realm is checked when the challenge is read (`realm.rs`), so one
+//! the engine would not ask is never remembered.
 //!
 //! **Where credentials go** (`[upstreams."NAME"]`, one per origin): to the
 //! upstream's own origin, and to a realm on that origin or listed in its
@@ -43,15 +52,17 @@
 //! Beside this file: `challenge.rs` reads `WWW-Authenticate`, `realm.rs`
 //! the realm rule, `site.rs` the configured upstreams and what each learned,
 //! `token.rs` a realm's answer and the kept tokens, `rejected.rs` the tokens
-//! one request saw rejected.
+//! one request saw rejected, `fault.rs` whose doing a failed token fetch is.
 
 mod challenge;
+mod fault;
 mod realm;
 mod rejected;
 mod site;
 mod token;
 
 pub(crate) use challenge::{challenge, Challenge};
+pub(crate) use fault::{Fault, FetchError, REFETCHES};
 pub(crate) use rejected::Rejected;
 use site::{Learned, Origin, Site};
 pub(crate) use token::{rejected_again, token, Token, TokenKey};
@@ -329,19 +340,13 @@ impl Auth {
     }
 
     /// The token fetch from `source` for `read` failed with `err`: if the
-    /// realm failed (it answered an error or not at all, or gave a token
-    /// already rejected), the realm is forgotten — the next read learns the
-    /// upstream's challenge afresh. A read the engine refused (budget,
-    /// deadline, caps) says nothing of the realm.
-    pub(crate) fn fetch_failed(&self, read: &Read, source: &TokenSource, err: &ReadError) {
-        let realm_failed = matches!(
-            err,
-            ReadError::Upstream { .. }
-                | ReadError::UpstreamTimeout { .. }
-                | ReadError::Unauthorized { .. }
-                | ReadError::Forbidden { .. }
-        );
-        if realm_failed {
+    /// realm failed ([`Fault::Realm`]: it answered an error or not at all,
+    /// or gave a token already rejected), the realm is forgotten — the next
+    /// read learns the upstream's challenge afresh. A refusal of the
+    /// credentials or the scope, or a read the engine stopped for its
+    /// request's own bounds, says nothing against the realm (`fault.rs`).
+    pub(crate) fn fetch_failed(&self, read: &Read, source: &TokenSource, err: &FetchError) {
+        if err.fault == Fault::Realm {
             self.forget(read, source);
         }
     }

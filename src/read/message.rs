@@ -408,13 +408,26 @@ impl UpstreamResponse {
     /// and one error can be copied into every field that shares the read.
     pub fn error(&self, message: impl Into<String>) -> ReadError {
         self.unusable_flag().store(true, Ordering::Release);
-        self.failure(message)
+        ReadError::Upstream {
+            host: self.host.clone(),
+            status: Some(self.status.as_u16()),
+            message: Self::cut(message.into()),
+        }
     }
 
     /// An `UPSTREAM_ERROR` for this response that says nothing of the
-    /// answer itself (the request's own bound stopped it).
-    pub(crate) fn failure(&self, message: impl Into<String>) -> ReadError {
-        let mut message = message.into();
+    /// answer itself: the request's own bound stopped it
+    /// ([`ReadError::AnswerBound`]).
+    pub(crate) fn bound(&self, message: impl Into<String>) -> ReadError {
+        ReadError::AnswerBound {
+            host: self.host.clone(),
+            status: self.status.as_u16(),
+            message: Self::cut(message.into()),
+        }
+    }
+
+    /// `message` cut to [`MAX_MESSAGE`](Self::MAX_MESSAGE) bytes.
+    fn cut(mut message: String) -> String {
         if message.len() > Self::MAX_MESSAGE {
             let mut end = Self::MAX_MESSAGE;
             while !message.is_char_boundary(end) {
@@ -423,11 +436,7 @@ impl UpstreamResponse {
             message.truncate(end);
             message.push('…');
         }
-        ReadError::Upstream {
-            host: self.host.clone(),
-            status: Some(self.status.as_u16()),
-            message,
-        }
+        message
     }
 
     /// This response if its status is a success (2xx), else an

@@ -49,7 +49,7 @@ pub use transport::{HttpTransport, Transport};
 use crate::error::ReadError;
 use crate::memory::{MemoryPool, RequestMemory};
 use crate::metrics;
-use auth::{Answer, Auth, Before, Rejected, Sent, TokenFetch};
+use auth::{Answer, Auth, Before, Fault, FetchError, Rejected, Sent, TokenFetch};
 use budget::{bump, InFlightSlot, Pending, ReadStats, TimedOut};
 use cache::AnswerCache;
 use coalesce::{Coalesce, Flight, Role};
@@ -60,7 +60,7 @@ use permit::{Admission, Outcome};
 use quota::Quotas;
 use redirect::Redirects;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use timeout::Limit;
@@ -310,32 +310,41 @@ impl<'a> Upstream<'a> {
     /// A bearer token for `read`: kept, or fetched as a read of this
     /// request — once for every read of any request that needs it
     /// meanwhile; a read waiting for another's fetch waits no longer than
-    /// its deadline. A token this request saw rejected is an error, and is
-    /// not kept; a realm that fails is forgotten.
+    /// its deadline, and fetches again itself (at most
+    /// [`REFETCHES`](auth::REFETCHES) times) when that fetch was stopped by
+    /// its own request's bounds. A token this request saw rejected is an
+    /// error, and is not kept; a realm that fails is forgotten
+    /// (`auth/fault.rs`).
     async fn token(&self, read: &Read, fetch: TokenFetch) -> Result<Sent, ReadError> {
         let TokenFetch { source, read: ask } = fetch;
         let auth = &self.reads.parts.auth;
         let rejected = &self.reads.rejected;
-        let realm_host = hosts::host_name(&ask.url);
-        let fetched = auth.tokens().try_get_with(source.key.clone(), async {
-            let mut ask = ask;
-            let response = self.follow(&mut ask).await?;
-            let token = auth::token(&response)?;
-            if rejected.has(&token.header) {
-                // The request's de-duplicated answer: the token rejected.
-                return Err(auth::rejected_again(response.host.clone()));
+        let (tokens, deadline) = (auth.tokens(), self.reads.budget.deadline());
+        let mut refetches = 0;
+        let outcome = loop {
+            // Set if this read's own fetch runs (not another's it waits on).
+            let ran = AtomicBool::new(false);
+            let fetched = tokens.try_get_with(source.key.clone(), self.fetch_token(&ask, &ran));
+            match tokio::time::timeout_at(deadline, fetched).await {
+                // Kept by another request that did not see it rejected: dropped.
+                Ok(Ok(token)) if rejected.has(&token.header) => {
+                    auth.drop_token(&source.key, &token.header).await;
+                    let host = hosts::host_name(&ask.url);
+                    break Err(FetchError::realm(auth::rejected_again(host)));
+                }
+                Ok(Ok(token)) => break Ok(token.header),
+                // Another request's fetch, stopped by that request's own
+                // bounds: nothing to do with this one, which fetches again.
+                Ok(Err(shared))
+                    if shared.fault == Fault::Fetcher
+                        && !ran.load(Relaxed)
+                        && refetches < auth::REFETCHES =>
+                {
+                    refetches += 1;
+                }
+                Ok(Err(shared)) => break Err((*shared).clone()),
+                Err(_elapsed) => return Err(ReadError::DeadlineExceeded),
             }
-            Ok(token)
-        });
-        let outcome = match tokio::time::timeout_at(self.reads.budget.deadline(), fetched).await {
-            // Kept by another request that did not see it rejected: dropped.
-            Ok(Ok(token)) if rejected.has(&token.header) => {
-                auth.drop_token(&source.key, &token.header).await;
-                Err(auth::rejected_again(realm_host))
-            }
-            Ok(Ok(token)) => Ok(token.header),
-            Ok(Err(shared)) => Err((*shared).clone()),
-            Err(_elapsed) => return Err(ReadError::DeadlineExceeded),
         };
         match outcome {
             Ok(value) => Ok(Sent {
@@ -344,9 +353,24 @@ impl<'a> Upstream<'a> {
             }),
             Err(err) => {
                 auth.fetch_failed(read, &source, &err);
-                Err(err)
+                Err(err.error)
             }
         }
+    }
+
+    /// A token fetched by `ask`, a read of this request (`ran` set as it
+    /// starts), and whose doing its failure is (`auth/fault.rs`).
+    async fn fetch_token(&self, ask: &Read, ran: &AtomicBool) -> Result<auth::Token, FetchError> {
+        ran.store(true, Relaxed);
+        let mut ask = ask.clone();
+        let response = self.follow(&mut ask).await.map_err(FetchError::read)?;
+        let token = auth::token(&response)?;
+        if self.reads.rejected.has(&token.header) {
+            // The request's de-duplicated answer: the token rejected.
+            let host = response.host.clone();
+            return Err(FetchError::realm(auth::rejected_again(host)));
+        }
+        Ok(token)
     }
 
     /// `sent` and the redirects it answers with, each a read of its own;
@@ -641,14 +665,14 @@ impl<'a> Upstream<'a> {
         let kept = &self.reads.kept_bytes;
         if kept.fetch_add(len, Relaxed).saturating_add(len) > max {
             kept.fetch_sub(len, Relaxed);
-            return Err(response.failure(format!(
+            return Err(response.bound(format!(
                 "this request's upstream answers would pass {max} bytes"
             )));
         }
         if !self.reads.memory.hold(response.body.len()) {
             // The process's bound (or the request's answer) stopped the
             // request; its operations are being dropped.
-            return Err(response.failure("this request was stopped by a memory bound"));
+            return Err(response.bound("this request was stopped by a memory bound"));
         }
         Ok(response)
     }

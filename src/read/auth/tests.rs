@@ -1,4 +1,6 @@
-//! The challenge parser, the realm rule and a token's lifetime.
+//! The challenge parser, the realm rule, a token's lifetime and whose doing
+//! a failed token fetch is.
+use super::fault::Fault;
 use super::*;
 use http::{HeaderMap, StatusCode};
 use std::time::{Duration, SystemTime};
@@ -117,9 +119,15 @@ fn a_token_lives_expires_in_from_issued_at_less_a_tenth() {
     let lifetime = token(&r).unwrap().lifetime.as_secs();
     assert!((189..=190).contains(&lifetime), "{lifetime}");
     let r = UpstreamResponse::new("a:1", StatusCode::OK, HeaderMap::new(), "{}".into());
-    assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_ERROR");
+    let not_a_token = token(&r).unwrap_err();
+    assert_eq!(not_a_token.error.code(), "UPSTREAM_ERROR");
+    assert_eq!(not_a_token.fault, Fault::Realm);
     let r = UpstreamResponse::new("a:1", StatusCode::UNAUTHORIZED, HeaderMap::new(), "".into());
-    assert_eq!(token(&r).unwrap_err().code(), "UPSTREAM_UNAUTHORIZED");
+    let refused = token(&r).unwrap_err();
+    assert_eq!(refused.error.code(), "UPSTREAM_UNAUTHORIZED");
+    assert_eq!(refused.fault, Fault::Refused);
+    let r = UpstreamResponse::new("a:1", StatusCode::NOT_FOUND, HeaderMap::new(), "".into());
+    assert_eq!(token(&r).unwrap_err().fault, Fault::Realm);
 }
 
 #[test]
@@ -178,4 +186,52 @@ async fn a_refused_realm_is_not_remembered() {
         assert_eq!(err.code(), "UPSTREAM_UNAUTHORIZED");
         assert!(!auth.knows(&read), "{realm}: not remembered");
     }
+}
+
+#[test]
+fn the_request_s_own_bounds_are_the_fetcher_s_and_the_realm_s_failures_its_own() {
+    let host = || "realm:443".to_string();
+    let fetcher = [
+        ReadError::AnswerBound {
+            host: host(),
+            status: 200,
+            message: "bound".into(),
+        },
+        ReadError::BudgetExhausted { limit: 1 },
+        ReadError::DeadlineExceeded,
+        ReadError::HostSaturated {
+            host: host(),
+            max_concurrent: 1,
+        },
+    ];
+    for error in fetcher {
+        assert_eq!(
+            FetchError::read(error.clone()).fault,
+            Fault::Fetcher,
+            "{error:?}"
+        );
+    }
+    let realm = [
+        ReadError::Upstream {
+            host: host(),
+            status: Some(502),
+            message: "down".into(),
+        },
+        ReadError::UpstreamTimeout {
+            host: host(),
+            timeout_ms: 1,
+        },
+    ];
+    for error in realm {
+        assert_eq!(
+            FetchError::read(error.clone()).fault,
+            Fault::Realm,
+            "{error:?}"
+        );
+    }
+    let quota = ReadError::QuotaExhausted {
+        host: host(),
+        retry_after_ms: 1,
+    };
+    assert_eq!(FetchError::read(quota).fault, Fault::Refused);
 }

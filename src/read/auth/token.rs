@@ -2,6 +2,7 @@
 //! JSON (`token` or `access_token`), how long it is good for, and the cache
 //! that keeps it — bounded in bytes, each token dropped at its own expiry.
 
+use super::fault::FetchError;
 use crate::error::ReadError;
 use crate::read::message::UpstreamResponse;
 use http::{HeaderValue, StatusCode};
@@ -57,17 +58,23 @@ pub(super) fn kept() -> Cache<TokenKey, Token> {
 }
 
 /// The token in a realm's answer, kept for its lifetime; an error for any
-/// answer that is not one.
-pub(crate) fn token(response: &UpstreamResponse) -> Result<Token, ReadError> {
+/// answer that is not one: a refusal for `401`/`403` (the credentials, or a
+/// scope the user is not granted), else the realm's failure.
+pub(crate) fn token(response: &UpstreamResponse) -> Result<Token, FetchError> {
     if response.status == StatusCode::UNAUTHORIZED || response.status == StatusCode::FORBIDDEN {
-        return Err(ReadError::Unauthorized {
+        return Err(FetchError::refused(ReadError::Unauthorized {
             host: response.host.clone(),
             message: format!(
                 "the token service answered {}: the configured credentials were refused",
                 response.status.as_u16()
             ),
-        });
+        }));
     }
+    answered(response).map_err(FetchError::realm)
+}
+
+/// The token in a realm's answer that is not a refusal.
+fn answered(response: &UpstreamResponse) -> Result<Token, ReadError> {
     response.error_for_status()?;
     if response.body.len() > MAX_TOKEN_ANSWER {
         return Err(response.error(format!("token answer larger than {MAX_TOKEN_ANSWER} bytes")));
