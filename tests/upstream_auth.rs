@@ -484,6 +484,26 @@ async fn a_remembered_realm_that_fails_is_forgotten_and_the_next_read_starts_cle
     assert_eq!(s.seen.token2_auth.lock().unwrap().len(), 1);
 }
 
+/// A realm the registry moved away from may refuse everyone (`401`): kept,
+/// it would fail every read with a scope before the registry could name
+/// its new one. Forgotten like a realm that fails.
+#[tokio::test]
+async fn a_remembered_realm_that_refuses_everyone_is_forgotten() {
+    let s = servers().await;
+    let refusing = || async { StatusCode::UNAUTHORIZED };
+    let refusing_at = serve(Router::new().route("/token", get(refusing))).await;
+    let table = UpstreamTable::default()
+        .url(s.registry.as_str())
+        .realms([format!("{refusing_at}/token")]);
+    let engine = Engine::new(Config::default().upstream_named("test", table));
+    let read = || Read::get(s.url("m")).scope("repository:m:pull");
+    *s.seen.realm.lock().unwrap() = format!("{refusing_at}/token");
+    let (code, used) = one_request(&engine, read()).await;
+    assert_eq!((code.as_str(), used), ("UPSTREAM_UNAUTHORIZED", 2));
+    *s.seen.realm.lock().unwrap() = format!("{}/token2", s.registry);
+    assert_eq!(one_request(&engine, read()).await, ("200".into(), 3));
+}
+
 #[tokio::test]
 async fn a_rejected_token_is_never_kept_again() {
     let s = servers().await;

@@ -383,7 +383,7 @@ pub(crate) fn verified(
     } else {
         // This read's expectation, not a verdict on the answer (other reads
         // of the same URL may name its digest).
-        Err(answer.failure(format!(
+        Err(answer.mismatch(format!(
             "the body's SHA-256 is sha256:{actual}, not the digest it was read by"
         )))
     }

@@ -408,6 +408,13 @@ impl UpstreamResponse {
     /// and one error can be copied into every field that shares the read.
     pub fn error(&self, message: impl Into<String>) -> ReadError {
         self.unusable_flag().store(true, Ordering::Release);
+        self.mismatch(message)
+    }
+
+    /// An `UPSTREAM_ERROR` for this response that is one read's judgement,
+    /// not the answer's (the digest that read names): other reads of the
+    /// same answer may still use it.
+    pub(crate) fn mismatch(&self, message: impl Into<String>) -> ReadError {
         ReadError::Upstream {
             host: self.host.clone(),
             status: Some(self.status.as_u16()),

@@ -6,13 +6,15 @@
 //!
 //! - **the realm's** ([`Fault::Realm`]): it failed to answer (transport
 //!   error, timeout, a redirect the engine does not follow), answered an
-//!   error status other than `401`/`403` (a `404`, a `5xx`), an answer that
+//!   error status other than `403` (a `401`, a `404`, a `5xx`), an answer that
 //!   is not a token, or a token its request saw rejected. The realm is
 //!   forgotten; the next read learns the upstream's challenge afresh.
-//! - **a refusal** ([`Fault::Refused`]): the realm answered `401`/`403` (the
-//!   credentials, or a scope the user is not granted), or its host said its
-//!   quota is spent. The realm did its job: it is kept, and the error is
-//!   every waiter's (the same key asks the same thing).
+//! - **a refusal** ([`Fault::Refused`]): the realm answered `403` (a scope
+//!   the user is not granted), or its host said its quota is spent. The
+//!   realm did its job: it is kept, and the error is every waiter's (the
+//!   same key asks the same thing). A `401` is the realm's: refused
+//!   credentials, or a realm the upstream moved away from, which may refuse
+//!   everyone — kept, it would wedge every read with a scope.
 //! - **the fetching request's own** ([`Fault::Fetcher`]): its budget, its
 //!   deadline, a host slot it could not get in its time, the bound on the
 //!   answer bytes it keeps ([`ReadError::AnswerBound`]). It says nothing of

@@ -122,10 +122,15 @@ fn a_token_lives_expires_in_from_issued_at_less_a_tenth() {
     let not_a_token = token(&r).unwrap_err();
     assert_eq!(not_a_token.error.code(), "UPSTREAM_ERROR");
     assert_eq!(not_a_token.fault, Fault::Realm);
-    let r = UpstreamResponse::new("a:1", StatusCode::UNAUTHORIZED, HeaderMap::new(), "".into());
+    let r = UpstreamResponse::new("a:1", StatusCode::FORBIDDEN, HeaderMap::new(), "".into());
     let refused = token(&r).unwrap_err();
     assert_eq!(refused.error.code(), "UPSTREAM_UNAUTHORIZED");
     assert_eq!(refused.fault, Fault::Refused);
+    // A 401: refused credentials, or a realm the upstream moved away from.
+    let r = UpstreamResponse::new("a:1", StatusCode::UNAUTHORIZED, HeaderMap::new(), "".into());
+    let unknown = token(&r).unwrap_err();
+    assert_eq!(unknown.error.code(), "UPSTREAM_UNAUTHORIZED");
+    assert_eq!(unknown.fault, Fault::Realm);
     let r = UpstreamResponse::new("a:1", StatusCode::NOT_FOUND, HeaderMap::new(), "".into());
     assert_eq!(token(&r).unwrap_err().fault, Fault::Realm);
 }

@@ -58,17 +58,25 @@ pub(super) fn kept() -> Cache<TokenKey, Token> {
 }
 
 /// The token in a realm's answer, kept for its lifetime; an error for any
-/// answer that is not one: a refusal for `401`/`403` (the credentials, or a
-/// scope the user is not granted), else the realm's failure.
+/// answer that is not one: a refusal for `403` (a scope the user is not
+/// granted: the realm knows the user), else the realm's failure — `401`
+/// included: the credentials refused, or a realm the upstream no longer
+/// names (moved, it may refuse everyone), so the next read asks the
+/// upstream's challenge again (one read more while credentials are wrong,
+/// never a realm kept that nobody can pass).
 pub(crate) fn token(response: &UpstreamResponse) -> Result<Token, FetchError> {
     if response.status == StatusCode::UNAUTHORIZED || response.status == StatusCode::FORBIDDEN {
-        return Err(FetchError::refused(ReadError::Unauthorized {
+        let refused = ReadError::Unauthorized {
             host: response.host.clone(),
             message: format!(
                 "the token service answered {}: the configured credentials were refused",
                 response.status.as_u16()
             ),
-        }));
+        };
+        return Err(match response.status {
+            StatusCode::FORBIDDEN => FetchError::refused(refused),
+            _ => FetchError::realm(refused),
+        });
     }
     answered(response).map_err(FetchError::realm)
 }
