@@ -161,8 +161,7 @@ mod tests {
         let Plan::Probe(probe) = probes.plan(&url()).await else {
             panic!("the first read probes");
         };
-        let registry = url();
-        let waiting = probes.plan(&registry);
+        let waiting = probes.plan(&url());
         tokio::pin!(waiting);
         assert!(
             futures::poll!(waiting.as_mut()).is_pending(),
@@ -179,8 +178,7 @@ mod tests {
         let Plan::Probe(probe) = probes.plan(&url()).await else {
             panic!("the first read probes");
         };
-        let registry = url();
-        let waiting = probes.plan(&registry);
+        let waiting = probes.plan(&url());
         tokio::pin!(waiting);
         assert!(futures::poll!(waiting.as_mut()).is_pending());
         drop(probe);
