@@ -1,6 +1,6 @@
 //! The gateway application: engine + schema + routes, from a [`Config`].
 
-use crate::oci::{HeadProbes, RegistryUrl};
+use crate::oci::{DigestlessHeads, RegistryUrl};
 use crate::registries::Registries;
 use crate::schema::{self, RegistrySchema};
 use axum::routing::get;
@@ -138,7 +138,7 @@ fn assemble(
         .limit_recursive_depth(MAX_RECURSIVE_DEPTH)
         .data(Registries::from_config(engine.config(), &upstream))
         .data(RegistryUrl(upstream))
-        .data(HeadProbes::default())
+        .data(DigestlessHeads::default())
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
     // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.

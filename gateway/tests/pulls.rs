@@ -50,24 +50,9 @@ fn fanout(answer: &Value) -> &Value {
     &answer["extensions"]["fanout"]
 }
 
-/// What the registry's manifest `HEAD` does, learned as a process first
-/// meets it: one digest-only manifest read with a `GET` (one pull, once).
-async fn learned(f: &Fixture) {
-    f.registry.counters().reset();
-    let probe = f
-        .query(
-            r#"{ repository(name: "acme/multi") { tag(name: "single") { manifest { digest } } } }"#,
-        )
-        .await;
-    assert!(probe.get("errors").is_none(), "{probe}");
-    assert_eq!(f.registry.counters().pulls(), 1, "the probe's GET");
-    assert_eq!(f.registry.counters().heads(), 0);
-}
-
 #[tokio::test]
 async fn a_digest_is_a_head_and_a_body_a_get() {
     let f = Fixture::default().await;
-    learned(&f).await;
     let counters = f.registry.counters();
     println!("| query | upstream requests | pulls | pulls before (all GET) |");
     println!("|---|---|---|---|");
@@ -100,7 +85,6 @@ async fn a_digest_is_a_head_and_a_body_a_get() {
 #[tokio::test]
 async fn the_digest_a_head_gives_is_the_one_a_get_gives() {
     let f = Fixture::default().await;
-    learned(&f).await;
     let head = f
         .query(r#"{ repository(name: "acme/multi") { tag(name: "latest") { manifest { digest mediaType } } } }"#)
         .await;

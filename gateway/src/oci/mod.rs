@@ -7,11 +7,8 @@
 //! "no such repository" (not an error); any other 4xx, a 5xx, a body that is
 //! not the expected JSON or a transport failure is `UPSTREAM_ERROR`.
 
-mod heads;
 mod tags;
 
-pub use heads::HeadProbes;
-use heads::Plan;
 pub use tags::Tags;
 use tags::TagsBuilder;
 
@@ -386,15 +383,37 @@ pub struct ManifestDoc {
     pub manifests: Vec<DescriptorDoc>,
 }
 
+/// The registries seen answering a manifest `HEAD` without
+/// `Docker-Content-Digest` (schema data; by origin, so bounded by the
+/// registries configured): their manifests are read with a `GET` at once.
+#[derive(Debug, Default)]
+pub struct DigestlessHeads(std::sync::RwLock<Vec<String>>);
+
+impl DigestlessHeads {
+    fn seen(&self, registry: &reqwest::Url) -> bool {
+        let origin = registry.origin().ascii_serialization();
+        let seen = self.0.read().unwrap_or_else(|e| e.into_inner());
+        seen.contains(&origin)
+    }
+
+    fn saw(&self, registry: &reqwest::Url) {
+        let origin = registry.origin().ascii_serialization();
+        let mut seen = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if !seen.contains(&origin) {
+            seen.push(origin);
+        }
+    }
+}
+
 /// The manifest `repo:tag` (one read).
 ///
 /// With `head`, when the query needs only what the headers say (`digest`,
 /// `mediaType`), a `HEAD`: a registry that meters pulls counts a manifest
-/// `GET` as one and a `HEAD` as none. A registry whose `HEAD` names no
-/// `Docker-Content-Digest` would make it a `HEAD` and a `GET`, past the one
-/// read the cost preview priced: what its `HEAD` does is learned once, by
-/// one probe the others wait for ([`HeadProbes`]), and such a registry's
-/// manifests are read with a `GET` at once.
+/// `GET` as one and a `HEAD` as none. A `HEAD` answered without
+/// `Docker-Content-Digest` is followed by the `GET` (one read more, past the
+/// one read the cost preview priced) — once: the registry is remembered
+/// ([`DigestlessHeads`]) and its manifests are read with a `GET` from then
+/// on, one read each, so `requested` stays an upper bound.
 pub async fn manifest(
     ctx: &Context<'_>,
     repo: &Repo,
@@ -402,36 +421,21 @@ pub async fn manifest(
     head: bool,
 ) -> async_graphql::Result<Arc<ManifestDoc>> {
     let url = repo_endpoint(repo, ["manifests", tag.as_str()])?;
-    let probes = ctx.data_opt::<HeadProbes>();
-    let plan = match (head, probes) {
-        (false, _) => Plan::Get,
-        (true, None) => Plan::Head,
-        (true, Some(probes)) => probes.plan(repo.registry()).await,
-    };
-    let probe = match plan {
-        Plan::Head => {
-            let head = Read::new(reqwest::Method::HEAD, url.clone())
-                .accept(MANIFEST_ACCEPT_HEADER.clone())
-                .scope(repo.pull_scope());
-            let response = read(ctx, tag_read(repo, head)).await?;
-            if let Some(doc) = manifest_from_headers(&response)? {
-                return Ok(Arc::new(doc));
-            }
-            if let Some(probes) = probes {
-                probes.digestless(repo.registry());
-            }
-            None
+    let digestless = ctx.data_opt::<DigestlessHeads>();
+    if head && !digestless.is_some_and(|d| d.seen(repo.registry())) {
+        let probe = Read::new(reqwest::Method::HEAD, url.clone())
+            .accept(MANIFEST_ACCEPT_HEADER.clone())
+            .scope(repo.pull_scope());
+        let response = read(ctx, tag_read(repo, probe)).await?;
+        if let Some(doc) = manifest_from_headers(&response)? {
+            return Ok(Arc::new(doc));
         }
-        Plan::Get => None,
-        Plan::Probe(probe) => Some(probe),
-    };
-    let manifest = pull(repo, url).accept(MANIFEST_ACCEPT_HEADER.clone());
-    let response = read(ctx, tag_read(repo, manifest)).await?;
-    if let Some(probe) = probe {
-        if response.status.is_success() {
-            probe.settle(response.header("docker-content-digest").is_some());
+        if let Some(digestless) = digestless {
+            digestless.saw(repo.registry());
         }
     }
+    let manifest = pull(repo, url).accept(MANIFEST_ACCEPT_HEADER.clone());
+    let response = read(ctx, tag_read(repo, manifest)).await?;
     // Parsed (and hashed) once per request, for every tag row sharing it.
     let doc = response
         .derived(|| async { parse_manifest(&response) })
