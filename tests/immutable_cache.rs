@@ -169,18 +169,20 @@ async fn a_read_naming_a_wrong_digest_does_not_drop_a_good_entry() {
     let (kept, used, _) = one(&engine, Read::get(url()).immutable().sha256(&right)).await;
     assert_eq!((kept.unwrap().body.as_ref(), used), (&b"fine"[..], 1));
     // A client's request: the URL as a hit, then the same URL naming
-    // another digest (de-duplicated with the hit, and refused).
+    // another digest — answered by the cache, then read — each refused.
     let request = engine.begin_request(Caller::Public);
     let op = request.operation();
     op.upstream()
         .read(Read::get(url()).immutable())
         .await
         .unwrap();
+    let cached = Read::get(url()).immutable().sha256(&wrong);
+    let refused = op.upstream().read(cached).await;
+    assert_eq!(refused.unwrap_err().code(), "UPSTREAM_ERROR");
+    assert_eq!(request.budget().used(), 0, "the hits cost nothing");
     let refused = op.upstream().read(Read::get(url()).sha256(&wrong)).await;
     assert_eq!(refused.unwrap_err().code(), "UPSTREAM_ERROR");
-    // It cost that request nothing: a hit, and a read its de-duplication
-    // answered.
-    assert_eq!(request.budget().used(), 0);
+    assert_eq!(request.budget().used(), 1, "the plain read is sent");
     drop((op, request));
     // Every other request is still served from the cache.
     let (_, used, hits) = one(&engine, Read::get(url()).immutable().sha256(&right)).await;
@@ -189,7 +191,7 @@ async fn a_read_naming_a_wrong_digest_does_not_drop_a_good_entry() {
         (0, 1),
         "one request's wrong digest dropped the good entry"
     );
-    assert_eq!(upstream.requests(), 1);
+    assert_eq!(upstream.requests(), 2);
 }
 
 /// A read that names its digest is checked against it even when the cache

@@ -42,8 +42,10 @@
 //!   its own (the transport's chunk may share a larger buffer), nothing a
 //!   reader derived of it ([`UpstreamResponse::derived`]: a parsed list
 //!   can be many times its page). A hit hands the inbound request a
-//!   response of its own, shared by the request's identical reads, on
-//!   which it derives for itself; that lives as long as the request.
+//!   response of its own ([`RequestHits`]), shared by all its hits on the
+//!   entry, on which it derives for itself; that lives as long as the
+//!   request, and its bytes count against the request's bound as a read's
+//!   answer does.
 //! - **Bound**: `upstream.cache_bytes`, each entry weighed by its body plus
 //!   its URL and headers (moka's weighted LRU-ish eviction, TinyLFU
 //!   admission); 0 turns the cache off. It holds at every moment, not
@@ -54,6 +56,10 @@
 //!   reads ending at the same instant, one per worker thread, are ever
 //!   pending together. `fanout_cache_total{outcome="stored"}` counts the
 //!   answers actually admitted.
+
+mod hits;
+
+pub(crate) use hits::RequestHits;
 
 use super::message::{Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
@@ -135,14 +141,6 @@ enum Rule {
     Headers,
 }
 
-impl Lookup {
-    /// The read's key for the request's de-duplication (its identity, with
-    /// no word of credentials): what a hit is shared under.
-    pub(crate) fn into_read_key(self) -> ReadKey {
-        self.key.into_read_key()
-    }
-}
-
 impl AnswerCache {
     /// A cache of at most `bytes` (0: none).
     pub(crate) fn new(bytes: u64) -> Self {
@@ -222,41 +220,40 @@ impl AnswerCache {
 
     /// Keeps `answer` for `lookup` if it may be kept (a `2xx`; by the
     /// headers, one they let a shared cache keep and still fresh) and
-    /// nothing is kept there yet. Whether it was kept.
+    /// nothing is kept there yet. The entry's answer, if it was kept.
     pub(crate) fn keep(
         &self,
         lookup: Lookup,
         answer: &Arc<UpstreamResponse>,
         sha256: Option<Box<str>>,
-    ) -> bool {
-        let Some(entries) = &self.entries else {
-            return false;
-        };
+    ) -> Option<Arc<UpstreamResponse>> {
+        let entries = self.entries.as_ref()?;
         if !answer.status.is_success() {
-            return false;
+            return None;
         }
         let (key, ttl) = match lookup.rule {
             Rule::Declared(ttl) => (lookup.key, ttl),
             Rule::Headers => match by_headers(&lookup.key, answer) {
                 Some(Fresh { ttl, shared: true }) => (lookup.key.shared(), Some(ttl)),
                 Some(Fresh { ttl, shared: false }) => (lookup.key, Some(ttl)),
-                None => return false,
+                None => return None,
             },
         };
         if answer.is_unusable() || weight(&key, answer) as u64 > self.max_entry {
-            return false;
+            return None;
         }
-        let kept = || Kept {
-            answer: Arc::new(answer.compact()),
+        let kept = Arc::new(answer.compact());
+        let entry = Kept {
+            answer: kept.clone(),
             ttl,
             sha256,
         };
-        if !entries.entry(key.clone()).or_insert_with(kept).is_fresh() {
-            return false;
+        if !entries.entry(key.clone()).or_insert(entry).is_fresh() {
+            return None;
         }
         // Applied now: admitted or refused, and what it evicts gone.
         entries.run_pending_tasks();
-        entries.contains_key(&key)
+        entries.contains_key(&key).then_some(kept)
     }
 
     /// The bytes the entries weigh now.

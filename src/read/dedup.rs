@@ -148,45 +148,6 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
         (run(&cell, read).await, Origin::Ran)
     }
 
-    /// For a value that needs no read (an answer of the engine's cache): the
-    /// value an identical read of the request already gave, if `usable`;
-    /// else `value()` — kept for the rest of the request in place of
-    /// nothing, of a value not `usable` (an error) or of a read whose runner
-    /// was cancelled, so the request's identical reads share it. Only while
-    /// an identical read is running is `value()` not kept.
-    pub(crate) fn done_or_keep(
-        &self,
-        key: K,
-        value: impl FnOnce() -> V,
-        usable: impl FnOnce(&V) -> bool,
-    ) -> V {
-        let mut cells = self.cells();
-        let cell = match cells.entry(key) {
-            Entry::Occupied(cell) => cell.get().clone(),
-            Entry::Vacant(vacant) => {
-                let value = value();
-                vacant.insert(Arc::new(Cell {
-                    state: Mutex::new(State::Done(value.clone())),
-                    done: Notify::new(),
-                }));
-                return value;
-            }
-        };
-        drop(cells);
-        let mut state = cell.lock();
-        match &*state {
-            State::Done(done) if usable(done) => done.clone(),
-            State::Running { .. } => value(),
-            // Waiters of a cancelled runner were woken already; the first to
-            // lock the cell finds this value done.
-            State::Done(_) | State::Idle => {
-                let value = value();
-                *state = State::Done(value.clone());
-                value
-            }
-        }
-    }
-
     /// The cell for `key`: `Ok` if one exists, `Err` with a new one (already
     /// running, for this caller to run) if not.
     fn find_or_create(&self, key: K) -> Result<Arc<Cell<V>>, Arc<Cell<V>>> {

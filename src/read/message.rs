@@ -527,16 +527,6 @@ impl ReadKey {
         }
     }
 
-    /// This cache key as the request's de-duplication keys the same read
-    /// ([`of`](Self::of)).
-    pub(crate) fn into_read_key(self) -> Self {
-        Self {
-            credential: None,
-            shared: false,
-            ..self
-        }
-    }
-
     /// The key an answer any credentials may share is kept under: this one
     /// without its credentials.
     pub(crate) fn shared(&self) -> Self {

@@ -105,6 +105,8 @@ pub(crate) struct RequestReads {
     memory: RequestMemory,
     /// The tokens an upstream rejected in this request (`auth/rejected.rs`).
     rejected: Rejected,
+    /// Its own responses for the cache's entries (`cache.rs`).
+    hits: cache::RequestHits,
 }
 
 pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
@@ -119,6 +121,7 @@ impl RequestReads {
             kept_bytes: AtomicU64::new(0),
             memory,
             rejected: Rejected::default(),
+            hits: cache::RequestHits::new(),
         }
     }
 
@@ -220,8 +223,10 @@ impl<'a> Upstream<'a> {
         let host = lookup.as_ref().map(|_| parts.host_table.resolve(&read.url));
         let answer = cache::verified(self.read(read).await?, expected.as_deref())?;
         if let (Some(lookup), Some(host)) = (lookup, host) {
-            if parts.cache.keep(lookup, &answer, expected) {
+            if let Some(kept) = parts.cache.keep(lookup, &answer, expected) {
                 host.metrics().cache_stored.increment(1);
+                // The request's later hits on it are this answer.
+                self.reads.hits.filled(kept, answer.clone());
             }
         }
         Ok(answer)
@@ -240,18 +245,16 @@ impl<'a> Upstream<'a> {
         self.op.cache_hits.fetch_add(1, Relaxed);
         bump(&self.reads.budget.stats().cache_hits);
         host.metrics().cache_hits.increment(1);
-        // A response of the request's own, shared by its identical reads
-        // (step 1's table, under the read's own key): what they derive of it
-        // lives with the request, not in the cache.
         let kept = match kept {
             Ok(kept) => kept,
             // Not the digest this read names: its own error.
             Err(err) => return ControlFlow::Break(Err(err)),
         };
-        // Held by the request from now on: its bytes count as a read's do.
-        let own = || self.keep(Arc::new(kept.copy()));
-        let key = lookup.into_read_key();
-        ControlFlow::Break((self.reads.dedup).done_or_keep(key, own, Result::is_ok))
+        // A response of the request's own, shared by its hits on the entry:
+        // what they derive of it lives with the request, not in the cache;
+        // held by the request, its bytes count as a read's answer's do.
+        let own = |kept: &UpstreamResponse| self.keep(Arc::new(kept.copy()));
+        ControlFlow::Break(self.reads.hits.answer(kept, own))
     }
 
     /// A read to an origin whose challenge is known: its credentials up
