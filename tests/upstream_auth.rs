@@ -464,23 +464,31 @@ async fn a_realm_the_transport_would_rewrite_is_refused_and_not_remembered() {
     }
 }
 
-#[tokio::test]
-async fn a_remembered_realm_that_fails_is_forgotten_and_the_next_read_starts_clean() {
+/// The registry names a realm served by `realm` at `/token`, which fails
+/// every fetch: the first read is `code` after two requests (the 401, the
+/// failed fetch). Then the registry moves its token service to its own
+/// origin: the next read sends no credentials, gets the new challenge and
+/// follows it (the 401, the fetch, the retry).
+async fn a_failing_realm_is_forgotten(realm: Router, code: &str) -> Servers {
     let s = servers().await;
-    let gone_at = serve(Router::new().route("/token", get(gone))).await;
+    let realm_at = serve(realm).await;
     let table = UpstreamTable::default()
         .url(s.registry.as_str())
-        .realms([format!("{gone_at}/token")]);
+        .realms([format!("{realm_at}/token")]);
     let engine = Engine::new(Config::default().upstream_named("test", table));
     let read = || Read::get(s.url("m")).scope("repository:m:pull");
-    // The registry names a realm that fails: the 401, the failed fetch.
-    *s.seen.realm.lock().unwrap() = format!("{gone_at}/token");
-    let (code, used) = one_request(&engine, read()).await;
-    assert_eq!((code.as_str(), used), ("UPSTREAM_ERROR", 2));
-    // The registry moves its token service to its own origin: the next
-    // read sends no credentials, gets the new challenge and follows it.
+    *s.seen.realm.lock().unwrap() = format!("{realm_at}/token");
+    let (first, used) = one_request(&engine, read()).await;
+    assert_eq!((first.as_str(), used), (code, 2));
     *s.seen.realm.lock().unwrap() = format!("{}/token2", s.registry);
     assert_eq!(one_request(&engine, read()).await, ("200".into(), 3));
+    s
+}
+
+#[tokio::test]
+async fn a_remembered_realm_that_fails_is_forgotten_and_the_next_read_starts_clean() {
+    let gone = Router::new().route("/token", get(gone));
+    let s = a_failing_realm_is_forgotten(gone, "UPSTREAM_ERROR").await;
     assert_eq!(s.seen.token2_auth.lock().unwrap().len(), 1);
 }
 
@@ -489,19 +497,8 @@ async fn a_remembered_realm_that_fails_is_forgotten_and_the_next_read_starts_cle
 /// its new one. Forgotten like a realm that fails.
 #[tokio::test]
 async fn a_remembered_realm_that_refuses_everyone_is_forgotten() {
-    let s = servers().await;
-    let refusing = || async { StatusCode::UNAUTHORIZED };
-    let refusing_at = serve(Router::new().route("/token", get(refusing))).await;
-    let table = UpstreamTable::default()
-        .url(s.registry.as_str())
-        .realms([format!("{refusing_at}/token")]);
-    let engine = Engine::new(Config::default().upstream_named("test", table));
-    let read = || Read::get(s.url("m")).scope("repository:m:pull");
-    *s.seen.realm.lock().unwrap() = format!("{refusing_at}/token");
-    let (code, used) = one_request(&engine, read()).await;
-    assert_eq!((code.as_str(), used), ("UPSTREAM_UNAUTHORIZED", 2));
-    *s.seen.realm.lock().unwrap() = format!("{}/token2", s.registry);
-    assert_eq!(one_request(&engine, read()).await, ("200".into(), 3));
+    let refusing = Router::new().route("/token", get(|| async { StatusCode::UNAUTHORIZED }));
+    a_failing_realm_is_forgotten(refusing, "UPSTREAM_UNAUTHORIZED").await;
 }
 
 #[tokio::test]
