@@ -528,17 +528,23 @@ async fn a_rejected_token_is_never_kept_again() {
     assert_eq!(s.fetches("k"), 2, "a fresh token");
 }
 
-#[tokio::test]
-async fn a_request_at_its_own_byte_bound_does_not_make_the_engine_forget_a_good_realm() {
+/// The servers, a loopback host answering `/big` with 80 bytes, and an
+/// engine whose requests keep at most 96 answer bytes: room for `/big`, not
+/// for it and a token answer too.
+async fn near_the_byte_bound() -> (Servers, String, Engine) {
     let s = servers().await;
     let other = serve(Router::new().route("/big", get(|| async { "x".repeat(80) }))).await;
     let table = UpstreamTable::default()
         .url(s.registry.as_str())
         .realms([format!("{}/token", s.realm_base)]);
     let mut config = Config::default().upstream_named("test", table);
-    // Room for an 80-byte answer, not for it and a token answer too.
     config.upstream.max_request_bytes = 96;
-    let engine = Engine::new(config);
+    (s, other, Engine::new(config))
+}
+
+#[tokio::test]
+async fn a_request_at_its_own_byte_bound_does_not_make_the_engine_forget_a_good_realm() {
+    let (s, other, engine) = near_the_byte_bound().await;
     let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
     // Warm: the realm learned, the token for `a` kept: one read each.
     assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
@@ -608,14 +614,7 @@ async fn a_scope_the_realm_refuses_does_not_make_the_engine_forget_the_realm() {
 
 #[tokio::test]
 async fn a_request_at_its_own_byte_bound_does_not_fail_another_requests_token_fetch() {
-    let s = servers().await;
-    let other = serve(Router::new().route("/big", get(|| async { "x".repeat(80) }))).await;
-    let table = UpstreamTable::default()
-        .url(s.registry.as_str())
-        .realms([format!("{}/token", s.realm_base)]);
-    let mut config = Config::default().upstream_named("test", table);
-    config.upstream.max_request_bytes = 96;
-    let engine = Engine::new(config);
+    let (s, other, engine) = near_the_byte_bound().await;
     let scoped = |repo: &str| Read::get(s.url(repo)).scope(format!("repository:{repo}:pull"));
     assert_eq!(one_request(&engine, scoped("a")).await, ("200".into(), 3));
     // A client's request near its byte bound starts the token fetch for `b`...
