@@ -16,7 +16,7 @@ use crate::cost::CostTable;
 use crate::document::cache::Documents;
 use crate::document::persisted::PersistedQueries;
 use crate::inbound::identity::{Caller, InternalToken};
-use crate::inbound::quota::{ClientQuota, QuotaStore};
+use crate::inbound::quota::{ClientQuota, QuotaStore, Ticket};
 use crate::memory::MemoryPool;
 use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
@@ -302,6 +302,12 @@ impl Engine {
         self.inner.token.identify(headers)
     }
 
+    /// Who presents `token` (a WebSocket's `connection_init` payload): an
+    /// internal caller only on an exact (constant-time) match.
+    pub(crate) fn identify_token(&self, token: &str) -> Caller {
+        self.inner.token.identify_value(token.as_bytes())
+    }
+
     /// Opens the scope of the inbound HTTP request `parts` belongs to: the
     /// caller is the [`Caller`] the rate-limit layer left in its extensions,
     /// else whoever its internal-token header says.
@@ -336,12 +342,38 @@ impl Engine {
         queries_only: bool,
         parts: Option<&http::request::Parts>,
     ) -> FanoutRequest {
+        let ticket = self.ticket(caller, parts);
+        let costs = self.costs().is_some();
+        self.open_with(caller, extensions, queries_only, ticket, costs)
+    }
+
+    /// The ticket on its client's read quota of a request from `caller`
+    /// whose HTTP parts are `parts`, when its class has a quota.
+    pub(crate) fn ticket(
+        &self,
+        caller: Caller,
+        parts: Option<&http::request::Parts>,
+    ) -> Option<Ticket> {
+        (self.inner.quota.as_ref()).and_then(|quota| quota.ticket(caller, parts))
+    }
+
+    /// Opens a scope for `caller` with this `ticket` on its client's read
+    /// quota; `priced`: its operations are priced before they run (a cost
+    /// table). A WebSocket connection opens one per event, unpriced
+    /// (`graphql/socket/connection.rs`).
+    pub(crate) fn open_with(
+        &self,
+        caller: Caller,
+        extensions: http::Extensions,
+        queries_only: bool,
+        ticket: Option<Ticket>,
+        priced: bool,
+    ) -> FanoutRequest {
         let b = &self.config().budget;
         let limit = match caller {
             Caller::Internal => b.internal_max_reads,
             Caller::Public => b.max_reads,
         };
-        let ticket = (self.inner.quota.as_ref()).and_then(|quota| quota.ticket(caller, parts));
         let deadline = Instant::now() + b.deadline();
         let budget = RequestBudget::new(limit, b.max_concurrent_reads, deadline);
         // With a read quota no read is sent before the reservation: the
@@ -350,7 +382,7 @@ impl Engine {
             budget.close_until_reserved();
         }
         let pricing = Pricing {
-            costs: self.costs().is_some(),
+            costs: priced,
             refuse_over: b.refuse_over_estimate,
         };
         FanoutRequest::new(
@@ -362,6 +394,11 @@ impl Engine {
             queries_only,
             self.config().http.max_body_bytes,
         )
+    }
+
+    /// The process's memory pool (`http.max_inflight_bytes`).
+    pub(crate) fn memory_pool(&self) -> &Arc<MemoryPool> {
+        &self.inner.reads.memory
     }
 }
 

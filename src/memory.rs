@@ -112,10 +112,32 @@ impl MemoryPool {
         crate::metrics::memory_held(before - bytes);
     }
 
+    /// Takes `bytes` for as long as the returned lease lives (a socket's
+    /// queued event), or `None` when that would pass the bound.
+    pub(crate) fn lease(self: &Arc<Self>, bytes: usize) -> Option<PoolBytes> {
+        self.take(bytes).then(|| PoolBytes {
+            pool: self.clone(),
+            bytes,
+        })
+    }
+
     /// Bytes taken by the requests in flight.
     #[cfg(test)]
     pub(crate) fn used(&self) -> usize {
         self.used.load(Relaxed)
+    }
+}
+
+/// Bytes taken from the [`MemoryPool`], given back when dropped.
+#[derive(Debug)]
+pub(crate) struct PoolBytes {
+    pool: Arc<MemoryPool>,
+    bytes: usize,
+}
+
+impl Drop for PoolBytes {
+    fn drop(&mut self) {
+        self.pool.give_back(self.bytes);
     }
 }
 

@@ -116,6 +116,23 @@ pub(crate) fn request(internal: bool) {
         .increment(1);
 }
 
+/// A subscribe refused past `subscriptions.max_per_connection`.
+pub(crate) fn subscription_refused() {
+    counter!("fanout_subscriptions_refused_total").increment(1);
+}
+
+/// An event dropped before it was written: its subscription had
+/// `subscriptions.max_pending_events` waiting, or the memory pool was full.
+pub(crate) fn subscription_event_dropped() {
+    counter!("fanout_subscription_events_dropped_total").increment(1);
+}
+
+/// A shared poll's read, by who paid: `paid` (one subscriber's connection)
+/// or `unpaid` (none of its subscribers could pay; no read sent).
+pub(crate) fn shared_poll(outcome: &'static str) {
+    counter!("fanout_shared_polls_total", "outcome" => outcome).increment(1);
+}
+
 /// `n` reads of a client's quota `reserved`, `refunded` or `refused`, by
 /// quota class (`reads`, `internal-reads`; never a label per client).
 pub(crate) fn quota_reads(class: &'static str, outcome: &'static str, n: u64) {

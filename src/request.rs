@@ -255,7 +255,7 @@ impl FanoutRequest {
 
     /// The whole answer for a request a memory bound or the read quota
     /// stopped, if one did.
-    pub(crate) fn stopped(&self) -> Option<Rejection> {
+    pub fn stopped(&self) -> Option<Rejection> {
         let quota = || self.inner.reservation.get()?.as_ref().err().cloned();
         self.memory().trip().map(Trip::rejection).or_else(quota)
     }

@@ -7,7 +7,7 @@
 //! One file per section, each with its keys, their defaults and the rules
 //! they must keep: `budget.rs` (`[budget]`), `http.rs` (`[http]`),
 //! `hosts.rs` (`[hosts."HOST:PORT"]`), `quota.rs` (`[quota]`), `rate_limit.rs` (`[rate_limit]`),
-//! `redis.rs` (`[redis]`), `upstream.rs` (`[upstream]`), `upstreams.rs`
+//! `redis.rs` (`[redis]`), `subscriptions.rs` (`[subscriptions]`), `upstream.rs` (`[upstream]`), `upstreams.rs`
 //! (`[upstreams."NAME"]`); `error.rs` the
 //! error, how a TOML error finds its key, and the rule they share (`at
 //! least 1`). The sections name `error.rs` and nothing else here. This file
@@ -102,6 +102,7 @@ mod http;
 mod quota;
 mod rate_limit;
 mod redis;
+mod subscriptions;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -116,6 +117,7 @@ pub use rate_limit::RateLimitConfig;
 #[cfg(feature = "redis")]
 pub(crate) use redis::share_use;
 pub use redis::{FailureMode, RedisConfig};
+pub use subscriptions::SubscriptionsConfig;
 pub use upstream::UpstreamConfig;
 pub use upstreams::{Secret, UpstreamTable};
 
@@ -156,6 +158,9 @@ section! {
         /// `[upstreams."NAME"]`: the upstreams read by name, with their
         /// credentials (one at a time: [`upstream_named`](Self::upstream_named)).
         pub upstreams: BTreeMap<String, UpstreamTable> = BTreeMap::new(),
+        /// `[subscriptions]`: subscriptions over WebSocket, one budget per
+        /// connection that refills over time.
+        pub subscriptions: SubscriptionsConfig = SubscriptionsConfig::default(),
     }
 }
 
@@ -202,6 +207,7 @@ impl Config {
         self.rate_limit.check()?;
         self.quota.check()?;
         self.redis.check()?;
+        self.subscriptions.check()?;
         for (name, table) in &self.upstreams {
             table.check(name)?;
         }

@@ -41,14 +41,15 @@
 //! an extension registered before this one — still counts at the barrier,
 //! at 0, when the extension is dropped.
 
-use super::finish::code_errors;
+use super::finish::{code_errors, report_connection};
 use super::pipeline::Op;
+use super::socket::FanoutConnection;
 use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
 use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
-use crate::request::{FanoutRequest, Operation, OperationData};
+use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
     NextResolve, NextValidation, ResolveInfo,
@@ -134,6 +135,8 @@ impl ExtensionFactory for FanoutExtension {
             op: Mutex::new(None),
             priced: AtomicBool::new(false),
             meter: OnceLock::new(),
+            socket: OnceLock::new(),
+            event: Mutex::new(None),
         })
     }
 }
@@ -153,6 +156,12 @@ struct PerOperation {
     /// The request whose memory this operation's answer is counted in
     /// (under either integration).
     meter: OnceLock<FanoutRequest>,
+    /// On a WebSocket: the connection, and the operation as admitted (run
+    /// once per event).
+    socket: OnceLock<(FanoutConnection, Op)>,
+    /// On a WebSocket: the event being resolved, whose memory counts its
+    /// answer (a subscription's events resolve one at a time).
+    event: Mutex<Option<FanoutRequest>>,
 }
 
 impl PerOperation {
@@ -203,14 +212,20 @@ impl Extension for PerOperation {
             self.aside.store(true, Relaxed);
             return next.run(ctx, request).await;
         }
+        // On a WebSocket (the connection in the session's data): admitted
+        // here, each event run in a scope of its own.
+        let connection = ctx.data_opt::<FanoutConnection>().cloned();
         // The request's scope: the one the integrator put into the
         // operation's data, else the one `FanoutLayer` opened for the HTTP
         // request this task serves, else one of its own.
-        let scope = request
-            .data
-            .get(&TypeId::of::<FanoutRequest>())
-            .and_then(|data| data.downcast_ref::<FanoutRequest>())
-            .cloned()
+        let scope = connection
+            .as_ref()
+            .map(FanoutConnection::open_unreserved)
+            .or_else(|| {
+                (request.data.get(&TypeId::of::<FanoutRequest>()))
+                    .and_then(|data| data.downcast_ref::<FanoutRequest>())
+                    .cloned()
+            })
             .or_else(FanoutRequest::current)
             .unwrap_or_else(|| {
                 // Outside any HTTP request's scope (a bare `schema.execute`,
@@ -236,11 +251,18 @@ impl Extension for PerOperation {
         let op = Op::admit(engine, &types, &scope, &mut request, text);
         self.priced.store(true, Relaxed);
         op.operation().mark_metered();
-        let _ = self.meter.set(scope);
         if let Some(refusal) = op.refusal() {
             return Err(operation_error(refusal));
         }
-        *lock(&self.op) = Some(op);
+        match connection {
+            Some(connection) => {
+                let _ = self.socket.set((connection, op));
+            }
+            None => {
+                let _ = self.meter.set(scope);
+                *lock(&self.op) = Some(op);
+            }
+        }
         Ok(request)
     }
 
@@ -270,8 +292,16 @@ impl Extension for PerOperation {
         info: ResolveInfo<'_>,
         next: NextResolve<'_>,
     ) -> ServerResult<Option<Value>> {
-        let Some(scope) = self.meter.get() else {
-            return next.run(ctx, info).await;
+        let event;
+        let scope = match self.meter.get() {
+            Some(scope) => scope,
+            None => {
+                event = lock(&self.event).clone();
+                match &event {
+                    Some(event) => event,
+                    None => return next.run(ctx, info).await,
+                }
+            }
         };
         let memory = scope.memory();
         if !memory.answer(PENDING_WEIGHT) {
@@ -310,6 +340,11 @@ impl Extension for PerOperation {
         if self.aside.load(Relaxed) {
             return next.run(ctx, operation_name).await;
         }
+        if let Some((connection, op)) = self.socket.get() {
+            return self
+                .run_event(ctx, operation_name, next, connection, op)
+                .await;
+        }
         let Some(op) = lock(&self.op).take() else {
             // Not admitted here (an extension before this one ran the
             // operation some other way): nothing to bound.
@@ -324,6 +359,31 @@ impl Extension for PerOperation {
 }
 
 impl PerOperation {
+    /// One event of a subscription on a WebSocket (or a query sent over
+    /// one): run in a scope of its own opened on `connection`
+    /// (`socket/connection.rs`), its `extensions.fanout` the connection's
+    /// budget and the event's own reads.
+    async fn run_event(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        operation_name: Option<&str>,
+        next: NextExecute<'_>,
+        connection: &FanoutConnection,
+        op: &Op,
+    ) -> Response {
+        let event = connection.open_unreserved();
+        let operation = event.operation();
+        operation.mark_metered();
+        let mut data = Data::default();
+        operation_data(&operation, &mut data, self.factory.data.as_ref());
+        *lock(&self.event) = Some(event.clone());
+        let types = self.types(ctx);
+        let execute = next.run_with_data(ctx, operation_name, data);
+        let mut response = op.run_event(&event, &operation, &types, execute).await;
+        report_connection(&mut response, connection);
+        response
+    }
+
     /// Whether a resolved value of GraphQL type `ty` was built without a
     /// resolve per child (a custom scalar's object or list), so that its
     /// children count with it.

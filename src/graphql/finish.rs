@@ -16,6 +16,7 @@
 //!   `extensions.fanout = {limit, used, remaining, operationReads, requested, cacheHits}`,
 //!   and `quota = {limit, remaining, resetAt}` when the client has a read quota.
 
+use super::socket::FanoutConnection;
 use crate::document::schema_types::SchemaTypes;
 use crate::error::ReadError;
 use crate::request::Operation;
@@ -83,6 +84,23 @@ pub(crate) fn finish(
     response
         .extensions
         .insert("fanout".to_string(), report(operation, requested));
+}
+
+/// Puts the connection's budget into an event's `extensions.fanout`:
+/// `limit` its burst, `used` the reads it paid since it opened, `remaining`
+/// what it may spend now (the event's own `operationReads` and `cacheHits`
+/// stay).
+pub(crate) fn report_connection(response: &mut Response, connection: &FanoutConnection) {
+    let Some(Value::Object(fanout)) = response.extensions.get_mut("fanout") else {
+        return;
+    };
+    for (key, value) in [
+        ("limit", connection.limit()),
+        ("used", connection.used()),
+        ("remaining", connection.remaining()),
+    ] {
+        fanout.insert(Name::new(key), Value::from(value));
+    }
 }
 
 fn report(operation: &Operation, requested: Option<u64>) -> Value {

@@ -8,8 +8,10 @@ pub(crate) mod nulls;
 pub(crate) mod pipeline;
 pub(crate) mod protocol;
 pub(crate) mod service;
+pub(crate) mod socket;
 
 pub use extension::FanoutExtension;
 pub use finish::OrNull;
 pub use layer::{FanoutLayer, FanoutService};
 pub use service::FanoutGraphQL;
+pub use socket::{FanoutConnection, FanoutSubscription, SharedPoll};

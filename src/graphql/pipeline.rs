@@ -119,6 +119,42 @@ impl Op {
         operation_data(&self.operation, data, app);
     }
 
+    /// Steps 3 to 5 for one event of a subscription (or a query sent over a
+    /// WebSocket) admitted as `self`: `event` is the event's own scope,
+    /// opened on the connection, and `operation` its handle; `execute` runs
+    /// the event with `operation` in its data. The event reserves on its
+    /// client's read quota (when it has one), runs within its scope's
+    /// bounds, and is finished like an operation.
+    pub(crate) async fn run_event(
+        &self,
+        event: &FanoutRequest,
+        operation: &Operation,
+        types: &SchemaTypes,
+        execute: impl Future<Output = Response>,
+    ) -> Response {
+        let mut response = match event.reserve().await {
+            Some(rejection) => stopped(&rejection),
+            None => {
+                let span = tracing::debug_span!(
+                    "graphql.event",
+                    name = self.name.as_deref(),
+                    requested = self.requested.unwrap_or(0)
+                );
+                event.within_bounds(execute.instrument(span)).await
+            }
+        };
+        let name = self.name.as_deref();
+        finish(
+            &mut response,
+            operation,
+            self.requested,
+            types,
+            &self.query,
+            name,
+        );
+        response
+    }
+
     /// Steps 3 to 5: refused at the batch's barrier (or before, at step 1),
     /// else `execute` — the operation running with [`data`](Self::data) —
     /// within the request's bounds; then finished.

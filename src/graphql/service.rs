@@ -124,6 +124,17 @@ impl<E: Executor> FanoutGraphQL<E> {
 
     async fn handle(self, request: http::Request<Body>) -> HttpResponse {
         let get = request.method() == Method::GET;
+        // A WebSocket: subscriptions (and queries) over one connection, one
+        // scope (`socket.rs`).
+        if get && super::socket::is_upgrade(&request) {
+            if !self.extension_mounted().await {
+                return Rejection::Misconfigured {
+                    message: NOT_METERED.into(),
+                }
+                .unread();
+            }
+            return super::socket::upgrade(self.executor, self.engine, request).await;
+        }
         // GraphiQL's assets: their route may be mounted outside the rate
         // limiter, so nothing there is ever a GraphQL request.
         if let Some((_, name)) = request.uri().path().rsplit_once("/graphiql/") {

@@ -108,6 +108,21 @@ impl InternalToken {
         }
     }
 
+    /// [`Caller::Internal`] only when `presented` is the exact token
+    /// (compared in constant time): a token sent in a message rather than
+    /// a header (a WebSocket's `connection_init`).
+    pub(crate) fn identify_value(&self, presented: &[u8]) -> Caller {
+        let Some(expected) = &self.digest else {
+            return Caller::Public;
+        };
+        let presented: [u8; 32] = Sha256::digest(presented).into();
+        if bool::from(presented.ct_eq(expected)) {
+            Caller::Internal
+        } else {
+            Caller::Public
+        }
+    }
+
     /// [`Caller::Internal`] only for the exact token.
     pub(crate) fn identify(&self, headers: &http::HeaderMap) -> Caller {
         match self.check(headers) {

@@ -296,7 +296,15 @@ where
             mut slot,
         } = accepted;
         let conn = slot.serve();
-        let (busy, idle) = (conn.clone(), conn.clone());
+        // The permit and the client's share, held as long as the connection
+        // lives — past an upgrade too, by the WebSocket it became.
+        let hold = Arc::new(Hold {
+            _permit: permit,
+            _slot: slot,
+            conn: conn.clone(),
+            stop: self.stop.clone(),
+        });
+        let (busy, idle, upgrade) = (conn.clone(), conn.clone(), hold.clone());
         let service = self
             .service
             .clone()
@@ -304,6 +312,11 @@ where
                 busy.busy();
                 let mut request = request.map(Body::new);
                 request.extensions_mut().insert(ConnectInfo(peer));
+                if request.headers().contains_key(http::header::UPGRADE) {
+                    request
+                        .extensions_mut()
+                        .insert(ConnectionLease(upgrade.clone()));
+                }
                 request
             })
             .map_response(move |response: Response| {
@@ -313,7 +326,8 @@ where
         let stream = TokioIo::new(Watched::new(stream, conn.clone()));
         let connection = self
             .http1
-            .serve_connection(stream, TowerToHyperService::new(service));
+            .serve_connection(stream, TowerToHyperService::new(service))
+            .with_upgrades();
         let mut stop = self.stop.clone();
         tokio::spawn(async move {
             let mut connection = std::pin::pin!(connection);
@@ -336,9 +350,65 @@ where
             if let Err(e) = ended {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
-            drop((permit, slot));
+            drop(hold);
         });
     }
+}
+
+/// A served connection's permit and its client's share, with its idle marks
+/// and the server's stop signal: dropped when the connection and every
+/// WebSocket it became have ended.
+struct Hold {
+    _permit: OwnedSemaphorePermit,
+    _slot: refusals::ClientSlot,
+    conn: Arc<idle::Conn>,
+    stop: watch::Receiver<bool>,
+}
+
+/// What a request that asks for an upgrade carries in its extensions when
+/// [`serve`] serves it: the connection's place in the table. The WebSocket
+/// the connection becomes holds it, so the connection still counts against
+/// `http.max_connections` and its client's share, and is closed when the
+/// server stops or, idle, when the table needs its slot.
+#[derive(Clone)]
+pub(crate) struct ConnectionLease(Arc<Hold>);
+
+impl std::fmt::Debug for ConnectionLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionLease").finish_non_exhaustive()
+    }
+}
+
+impl ConnectionLease {
+    /// The socket has work (a subscription): not idle.
+    pub(crate) fn busy(&self) {
+        self.0.conn.busy();
+    }
+
+    /// The socket has no subscription: idle, as a keep-alive connection
+    /// between requests.
+    pub(crate) fn idle(&self) {
+        self.0.conn.idle();
+    }
+
+    /// Completes when the table asks for this connection's slot (it is
+    /// closed if idle) or the server stops.
+    pub(crate) async fn wanted(&self) -> Wanted {
+        let mut stop = self.0.stop.clone();
+        tokio::select! {
+            () = self.0.conn.evicted() => Wanted::Slot,
+            _ = stop.wait_for(|stop| *stop) => Wanted::Stop,
+        }
+    }
+}
+
+/// Why the server wants a socket's connection back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wanted {
+    /// The table is full and this connection is idle: its slot.
+    Slot,
+    /// The server is stopping.
+    Stop,
 }
 
 /// Refuses `accepted`, which found the table and its waiting line full.

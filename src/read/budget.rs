@@ -65,6 +65,10 @@ pub struct RequestBudget {
     /// Takes one more read from the client's quota at once, if it has one;
     /// one read at a time asks (the limit is raised under the lock).
     extend: OnceLock<std::sync::Mutex<Extend>>,
+    /// Who else pays each read, if anyone: a WebSocket connection's budget
+    /// over time, for the scope of one of its events
+    /// ([`paid_by`](Self::paid_by)).
+    pay: OnceLock<Pay>,
     used: ChargeCounter,
     requested: AtomicU64,
     deadline: Instant,
@@ -75,6 +79,10 @@ pub struct RequestBudget {
 /// Takes one more read from the client's read quota at once (no wait):
 /// `true` when it did.
 pub(crate) type Extend = Box<dyn Fn() -> bool + Send + Sync>;
+
+/// Pays one read from a budget outside the request (a connection's, over
+/// time), at once: `true` when it did.
+pub(crate) type Pay = Box<dyn Fn() -> bool + Send + Sync>;
 
 /// The charge was refused: no read is left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,6 +168,7 @@ impl RequestBudget {
             limit: AtomicU64::new(limit),
             ceiling: limit,
             extend: OnceLock::new(),
+            pay: OnceLock::new(),
             used: ChargeCounter::new(0),
             requested: AtomicU64::new(0),
             deadline,
@@ -183,12 +192,30 @@ impl RequestBudget {
                 .used
                 .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1));
             if charged.is_ok() {
-                return Ok(());
+                return self.paid();
             }
             if !self.extended(limit) {
                 return Err(Exhausted);
             }
         }
+    }
+
+    /// The read just charged, paid by whoever else pays (a connection's
+    /// budget); refused there, the charge is taken back.
+    fn paid(&self) -> Result<(), Exhausted> {
+        match self.pay.get() {
+            Some(pay) if !pay() => {
+                self.used.fetch_sub(1, Relaxed);
+                Err(Exhausted)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes `pay` pay each read as well, before the first read: a read it
+    /// refuses is refused (`FANOUT_BUDGET_EXHAUSTED`), and uncharged.
+    pub(crate) fn paid_by(&self, pay: Pay) {
+        let _ = self.pay.set(pay);
     }
 
     /// Raises the limit past `seen` by one read the quota gave at once;

@@ -128,7 +128,7 @@ const NO_PEER: &str = "the read quota needs each request's TCP peer: serve the a
     fanout_budget::inbound::serve, or axum's into_make_service_with_connect_info::<SocketAddr>()";
 
 /// What a request needs to reserve on its client's quota.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Ticket {
     quota: Arc<ClientQuota>,
     class: QuotaClass,

@@ -1,0 +1,112 @@
+//! The two GraphQL-over-WebSocket protocols, as messages: what a client
+//! may send ([`ClientMessage`], async-graphql's, which reads both), what the
+//! server sends ([`Protocol`]'s frames), and the close codes.
+//!
+//! - `graphql-transport-ws`, the `graphql-ws` library's (Apollo Client's
+//!   `GraphQLWsLink`, urql, GraphiQL): `connection_init` → `connection_ack`;
+//!   `subscribe` → `next`… `complete`, or `error`; `ping` ↔ `pong` either way.
+//! - `graphql-ws`, the legacy `subscriptions-transport-ws`: `connection_init`
+//!   → `connection_ack` and `ka` keep-alives; `start` → `data`… `complete`,
+//!   or `error`; `stop`; `connection_terminate`.
+
+pub(crate) use async_graphql::http::ClientMessage;
+use async_graphql::Response;
+use serde_json::json;
+
+/// The subprotocols served, in the server's order of preference.
+pub(crate) const SUBPROTOCOLS: [&str; 2] = ["graphql-transport-ws", "graphql-ws"];
+
+/// Close codes (graphql-transport-ws's, which the legacy clients read too).
+pub(crate) mod close {
+    /// A message that is not one of the protocol's, or too large.
+    pub(crate) const BAD_MESSAGE: u16 = 4400;
+    /// A subscribe before `connection_ack`.
+    pub(crate) const UNAUTHORIZED: u16 = 4401;
+    /// No `connection_init` within `subscriptions.init_timeout_ms`.
+    pub(crate) const INIT_TIMEOUT: u16 = 4408;
+    /// A subscribe whose id is already active.
+    pub(crate) const DUPLICATE_ID: u16 = 4409;
+    /// A second `connection_init`.
+    pub(crate) const TOO_MANY_INITS: u16 = 4429;
+    /// The server is stopping, or wants an idle connection's slot, or the
+    /// client went silent.
+    pub(crate) const GOING_AWAY: u16 = 1001;
+}
+
+/// Which protocol a connection speaks, from its subprotocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Protocol {
+    /// `graphql-transport-ws`.
+    TransportWs,
+    /// `graphql-ws` (legacy subscriptions-transport-ws).
+    Legacy,
+}
+
+impl Protocol {
+    /// The protocol a `Sec-WebSocket-Protocol` value names.
+    pub(crate) fn from_subprotocol(name: &str) -> Option<Self> {
+        match name {
+            "graphql-transport-ws" => Some(Self::TransportWs),
+            "graphql-ws" => Some(Self::Legacy),
+            _ => None,
+        }
+    }
+
+    /// `connection_ack`.
+    pub(crate) fn ack(self) -> String {
+        json!({ "type": "connection_ack" }).to_string()
+    }
+
+    /// One event of subscription `id`.
+    pub(crate) fn next(self, id: &str, payload: &Response) -> String {
+        let ty = match self {
+            Self::TransportWs => "next",
+            Self::Legacy => "data",
+        };
+        json!({ "type": ty, "id": id, "payload": payload }).to_string()
+    }
+
+    /// Subscription `id` refused: one error with `code`.
+    pub(crate) fn error(self, id: &str, message: &str, code: &str) -> String {
+        let error = json!({ "message": message, "extensions": { "code": code } });
+        let payload = match self {
+            Self::TransportWs => json!([error]),
+            Self::Legacy => error,
+        };
+        json!({ "type": "error", "id": id, "payload": payload }).to_string()
+    }
+
+    /// Subscription `id` is over.
+    pub(crate) fn complete(self, id: &str) -> String {
+        json!({ "type": "complete", "id": id }).to_string()
+    }
+
+    /// The answer to a client's `ping` (`None`: the protocol has none).
+    pub(crate) fn pong(self) -> Option<String> {
+        match self {
+            Self::TransportWs => Some(json!({ "type": "pong" }).to_string()),
+            Self::Legacy => None,
+        }
+    }
+
+    /// The server's keep-alive: `ping`, or the legacy `ka`.
+    pub(crate) fn keepalive(self) -> String {
+        match self {
+            Self::TransportWs => json!({ "type": "ping" }).to_string(),
+            Self::Legacy => json!({ "type": "ka" }).to_string(),
+        }
+    }
+
+    /// Whether a client's `complete`/`stop` is answered with `complete`
+    /// (the legacy protocol does; graphql-transport-ws does not).
+    pub(crate) fn confirms_stop(self) -> bool {
+        self == Self::Legacy
+    }
+}
+
+/// The internal token in a `connection_init` payload, if any.
+pub(crate) fn init_token(payload: Option<&serde_json::Value>) -> Option<&str> {
+    payload?
+        .get(crate::inbound::INTERNAL_TOKEN_HEADER.as_str())?
+        .as_str()
+}

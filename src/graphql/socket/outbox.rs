@@ -1,0 +1,151 @@
+//! What a connection has to write, and how much of it may wait.
+//!
+//! The socket writes one frame at a time; while a write waits for the
+//! client to read, the connection keeps reading messages and resolving
+//! events, so what they produce waits here:
+//!
+//! - **replies** (acks, pongs, refusals, completions): at most
+//!   [`MAX_REPLIES`]; while that many wait, no client message is read (the
+//!   client's own sending is slowed to its reading);
+//! - **events**, per subscription: at most `subscriptions.max_pending_events`;
+//!   past it the oldest is dropped (a subscription's newest state is what a
+//!   client wants; the count is in `fanout_subscription_events_dropped_total`),
+//!   and each waiting event holds its bytes in the process's memory pool
+//!   (`http.max_inflight_bytes`): an event the pool cannot take is dropped.
+//!
+//! A client that does not read at all is closed by the write timeout
+//! (`http.write_timeout_ms`), and everything waiting is dropped with it.
+
+use crate::memory::{MemoryPool, PoolBytes};
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+/// Replies waiting to be written, at most.
+pub(crate) const MAX_REPLIES: usize = 32;
+
+/// A frame waiting, with the pool's bytes it holds.
+struct Pending {
+    text: String,
+    _held: Option<PoolBytes>,
+}
+
+/// What a connection has to write (see the module docs).
+pub(crate) struct Outbox {
+    replies: VecDeque<String>,
+    events: HashMap<String, VecDeque<Pending>>,
+    /// Subscriptions with events waiting, in the order they are written.
+    turn: VecDeque<String>,
+    max_events: usize,
+    pool: Arc<MemoryPool>,
+}
+
+impl Outbox {
+    pub(crate) fn new(max_events: usize, pool: Arc<MemoryPool>) -> Self {
+        Self {
+            replies: VecDeque::new(),
+            events: HashMap::new(),
+            turn: VecDeque::new(),
+            max_events,
+            pool,
+        }
+    }
+
+    /// Whether another reply may wait (else no client message is read).
+    pub(crate) fn takes_replies(&self) -> bool {
+        self.replies.len() < MAX_REPLIES
+    }
+
+    /// A reply to write after those waiting.
+    pub(crate) fn reply(&mut self, text: String) {
+        self.replies.push_back(text);
+    }
+
+    /// An event of subscription `id`; `false`: an older one (or this one)
+    /// was dropped.
+    pub(crate) fn event(&mut self, id: &str, text: String) -> bool {
+        let Some(held) = self.pool.lease(text.len()) else {
+            return false;
+        };
+        let queue = match self.events.get_mut(id) {
+            Some(queue) => queue,
+            None => {
+                self.turn.push_back(id.to_owned());
+                self.events.entry(id.to_owned()).or_default()
+            }
+        };
+        let mut kept = true;
+        if queue.len() >= self.max_events {
+            queue.pop_front();
+            kept = false;
+        }
+        queue.push_back(Pending {
+            text,
+            _held: Some(held),
+        });
+        kept
+    }
+
+    /// Subscription `id`'s last frame (`complete`), written after its
+    /// waiting events and never dropped.
+    pub(crate) fn finish(&mut self, id: &str, text: String) {
+        if !self.events.contains_key(id) {
+            self.turn.push_back(id.to_owned());
+        }
+        let queue = self.events.entry(id.to_owned()).or_default();
+        queue.push_back(Pending { text, _held: None });
+    }
+
+    /// Drops subscription `id`'s waiting events (the client stopped it).
+    pub(crate) fn forget(&mut self, id: &str) {
+        self.events.remove(id);
+        self.turn.retain(|waiting| waiting != id);
+    }
+
+    /// The next frame to write: replies first, then one event of each
+    /// subscription in turn.
+    pub(crate) fn next(&mut self) -> Option<String> {
+        if let Some(reply) = self.replies.pop_front() {
+            return Some(reply);
+        }
+        let id = self.turn.pop_front()?;
+        let queue = self.events.get_mut(&id)?;
+        let pending = queue.pop_front()?;
+        if queue.is_empty() {
+            self.events.remove(&id);
+        } else {
+            self.turn.push_back(id);
+        }
+        Some(pending.text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscription_keeps_its_newest_events_and_replies_go_first() {
+        let pool = Arc::new(MemoryPool::new(1 << 20));
+        let mut outbox = Outbox::new(2, pool.clone());
+        assert!(outbox.event("a", "a1".into()));
+        assert!(outbox.event("a", "a2".into()));
+        assert!(!outbox.event("a", "a3".into()), "the oldest is dropped");
+        assert!(outbox.event("b", "b1".into()));
+        outbox.reply("ack".into());
+        let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
+        assert_eq!(order, ["ack", "a2", "b1", "a3"]);
+        assert_eq!(pool.used(), 0, "written events give their bytes back");
+    }
+
+    #[test]
+    fn waiting_events_hold_their_bytes_in_the_pool() {
+        let pool = Arc::new(MemoryPool::new(10));
+        let mut outbox = Outbox::new(4, pool.clone());
+        assert!(outbox.event("a", "123456".into()));
+        assert_eq!(pool.used(), 6);
+        assert!(!outbox.event("a", "123456".into()), "past the pool");
+        outbox.forget("a");
+        assert_eq!(pool.used(), 0);
+        assert!(outbox.next().is_none());
+    }
+}

@@ -1,0 +1,265 @@
+//! One upstream poll shared by every subscriber that wants the same thing.
+//!
+//! A subscription that follows an upstream resource polls it. 1,000
+//! subscribers of one resource polling it each would cost 1,000 reads per
+//! interval; a [`SharedPoll`] makes it one per key per interval on this
+//! replica, as coalescing makes identical reads in flight one:
+//!
+//! - **One task per key**, started by the first subscriber, stopped when the
+//!   last one leaves. It reads once at once, then once per interval, and
+//!   publishes each answer; a subscriber that joins meanwhile gets the last
+//!   answer at once. A subscriber slower than the answers gets the newest
+//!   (a `tokio::sync::watch`: nothing queues per subscriber).
+//! - **Paid by one subscriber at a time**, round-robin: each poll's read
+//!   runs in a scope opened on the next subscriber's connection whose budget
+//!   has a read left ([`FanoutConnection::open_event`]: every request the
+//!   read sends is charged to that connection, and to its client's read
+//!   quota when it has one), so the reads charged across all connections
+//!   add up to the requests sent. When no subscriber can pay, the poll runs
+//!   on the next one in turn anyway and its read is refused before anything
+//!   is sent (`FANOUT_BUDGET_EXHAUSTED`): every subscriber is told, through
+//!   the answer, that the poll could not be paid.
+//! - A subscriber whose own budget is empty still receives what the others
+//!   paid for: an answer is the resource's state, whoever paid to learn it.
+
+use super::FanoutConnection;
+use crate::request::Operation;
+use futures::stream::{Stream, StreamExt};
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// One upstream poll per key, shared by its subscribers (see the module docs).
+///
+/// ```
+/// use fanout_budget::graphql::SharedPoll;
+/// use std::time::Duration;
+///
+/// // Keyed by the URL polled; each answer is the response's status.
+/// let polls: SharedPoll<String, Option<u16>> = SharedPoll::new(Duration::from_secs(5));
+/// # drop(polls);
+/// ```
+pub struct SharedPoll<K, T> {
+    inner: Arc<Polls<K, T>>,
+}
+
+impl<K, T> Clone for SharedPoll<K, T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, T> std::fmt::Debug for SharedPoll<K, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedPoll")
+            .field("every", &self.inner.every)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Polls<K, T> {
+    every: Duration,
+    keys: Mutex<HashMap<K, Weak<Shared<T>>>>,
+}
+
+/// One key's poll: its subscribers (the payers) and its last answer.
+struct Shared<T> {
+    /// Forgets the key in the map (run when the last subscriber leaves).
+    forget: Option<Box<dyn FnOnce() + Send + Sync>>,
+    latest: watch::Sender<Option<T>>,
+    payers: Mutex<Payers>,
+    task: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+/// The subscribers' connections, in turn.
+#[derive(Default)]
+struct Payers {
+    next_id: u64,
+    /// Subscriber id and connection.
+    all: Vec<(u64, FanoutConnection)>,
+    /// Who is asked first next time.
+    turn: usize,
+}
+
+impl Payers {
+    /// The next subscriber in turn whose connection has a read left, else
+    /// the next in turn.
+    fn next(&mut self) -> Option<FanoutConnection> {
+        let n = self.all.len();
+        if n == 0 {
+            return None;
+        }
+        let first = self.turn % n;
+        let at = (0..n)
+            .map(|k| (first + k) % n)
+            .find(|&at| self.all[at].1.remaining() > 0)
+            .unwrap_or(first);
+        self.turn = at + 1;
+        Some(self.all[at].1.clone())
+    }
+}
+
+impl<K, T> SharedPoll<K, T>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    T: Clone + Send + Sync + 'static,
+{
+    /// Polls that read once per `every`.
+    pub fn new(every: Duration) -> Self {
+        Self {
+            inner: Arc::new(Polls {
+                every,
+                keys: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Subscribes `connection` to `key`'s poll: its answers, the last one
+    /// at once if there is one. The first subscriber of a key starts its
+    /// poll with `read`, which reads through the operation it is given (a
+    /// scope on the paying subscriber's connection) and makes the answer;
+    /// the poll stops when the last stream is dropped.
+    pub fn subscribe<F, Fut>(
+        &self,
+        key: K,
+        connection: &FanoutConnection,
+        read: F,
+    ) -> impl Stream<Item = T> + Send + 'static
+    where
+        F: Fn(Arc<Operation>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        let shared = self.shared(key, read);
+        let id = {
+            let mut payers = lock(&shared.payers);
+            payers.next_id += 1;
+            let id = payers.next_id;
+            payers.all.push((id, connection.clone()));
+            id
+        };
+        let mut answers = shared.latest.subscribe();
+        answers.mark_changed();
+        let subscriber = Subscriber { shared, id };
+        futures::stream::unfold(
+            (answers, subscriber),
+            |(mut answers, subscriber)| async move {
+                loop {
+                    answers.changed().await.ok()?;
+                    let answer = answers.borrow_and_update().clone();
+                    if let Some(answer) = answer {
+                        return Some((answer, (answers, subscriber)));
+                    }
+                }
+            },
+        )
+        .boxed()
+    }
+
+    /// Keys polled now (a subscriber or more each).
+    pub fn keys(&self) -> usize {
+        let keys = lock(&self.inner.keys);
+        keys.values()
+            .filter(|shared| shared.strong_count() > 0)
+            .count()
+    }
+
+    /// `key`'s poll, started with `read` if none runs.
+    fn shared<F, Fut>(&self, key: K, read: F) -> Arc<Shared<T>>
+    where
+        F: Fn(Arc<Operation>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        let mut keys = lock(&self.inner.keys);
+        if let Some(shared) = keys.get(&key).and_then(Weak::upgrade) {
+            return shared;
+        }
+        let polls = Arc::downgrade(&self.inner);
+        let forgotten = key.clone();
+        let forget = move || {
+            if let Some(polls) = polls.upgrade() {
+                let mut keys = lock(&polls.keys);
+                if keys.get(&forgotten).is_some_and(|w| w.strong_count() == 0) {
+                    keys.remove(&forgotten);
+                }
+            }
+        };
+        let shared = Arc::new(Shared {
+            forget: Some(Box::new(forget)),
+            latest: watch::Sender::new(None),
+            payers: Mutex::new(Payers::default()),
+            task: Mutex::new(None),
+        });
+        keys.insert(key, Arc::downgrade(&shared));
+        drop(keys);
+        let task = tokio::spawn(run(Arc::downgrade(&shared), self.inner.every, read));
+        *lock(&shared.task) = Some(task.abort_handle());
+        shared
+    }
+}
+
+/// The poll of one key, for as long as it has a subscriber.
+async fn run<T, F, Fut>(shared: Weak<Shared<T>>, every: Duration, read: F)
+where
+    F: Fn(Arc<Operation>) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let payer = {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let payer = lock(&shared.payers).next();
+            payer
+        };
+        let Some(payer) = payer else {
+            return;
+        };
+        let event = payer.open_event().await;
+        let answer = read(event.operation()).await;
+        let paid = event.budget().used() > 0;
+        crate::metrics::shared_poll(if paid { "paid" } else { "unpaid" });
+        drop(event);
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.latest.send_replace(Some(answer));
+    }
+}
+
+/// A subscriber's place among the payers, left when its stream is dropped.
+struct Subscriber<T> {
+    shared: Arc<Shared<T>>,
+    id: u64,
+}
+
+impl<T> Drop for Subscriber<T> {
+    fn drop(&mut self) {
+        lock(&self.shared.payers)
+            .all
+            .retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl<T> Drop for Shared<T> {
+    /// The last subscriber left: the poll stops, and its key is forgotten.
+    fn drop(&mut self) {
+        if let Some(task) = lock(&self.task).take() {
+            task.abort();
+        }
+        if let Some(forget) = self.forget.take() {
+            forget();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,528 @@
+//! Subscriptions over WebSocket: one scope per connection, a budget that
+//! refills, each event resolved under the per-request bounds, and the
+//! connection's own bounds — driven by a real WebSocket client over
+//! loopback, through `fanout_budget::inbound::serve`.
+
+mod common;
+
+use async_graphql::{Context, EmptyMutation, Schema, Subscription};
+use common::{Base, Item, Query, Upstream};
+use fanout_budget::config::SubscriptionsConfig;
+use fanout_budget::graphql::{FanoutConnection, SharedPoll};
+use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL, Read};
+use futures::{SinkExt, Stream, StreamExt};
+use serde_json::{json, Value};
+use std::future::IntoFuture;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+const TOKEN: &str = "s3cret-internal";
+const LIMIT: Duration = Duration::from_secs(20);
+
+struct Subscription;
+
+/// How many polls the shared poll ran (each answer is its number).
+struct Polls(Arc<AtomicU64>);
+
+#[Subscription]
+impl Subscription {
+    /// `n` items from `first` on, one event each; an event's `detail`
+    /// reads its item (one read per event).
+    async fn items(&self, first: u64, n: u64) -> impl Stream<Item = Item> {
+        futures::stream::iter((first..first + n).map(|id| Item { id }))
+    }
+
+    /// Never an event, until the client stops it.
+    async fn quiet(&self) -> impl Stream<Item = u64> {
+        futures::stream::pending()
+    }
+
+    /// `/item/{id}` polled, shared by every subscriber on this server: each
+    /// event is the number of the poll that made it.
+    async fn polled(
+        &self,
+        ctx: &Context<'_>,
+        id: u64,
+    ) -> async_graphql::Result<impl Stream<Item = u64>> {
+        let connection = ctx.data::<FanoutConnection>()?.clone();
+        let polls = ctx.data::<SharedPoll<u64, u64>>()?;
+        let url: fanout_budget::reqwest::Url =
+            format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let counter = ctx.data::<Polls>()?.0.clone();
+        Ok(polls.subscribe(id, &connection, move |operation| {
+            let (url, counter) = (url.clone(), counter.clone());
+            async move {
+                let _answer = operation.upstream().read(Read::get(url)).await;
+                counter.fetch_add(1, SeqCst) + 1
+            }
+        }))
+    }
+}
+
+type SubSchema = Schema<Query, EmptyMutation, Subscription>;
+
+struct Server {
+    address: String,
+    upstream: Upstream,
+    polls: SharedPoll<u64, u64>,
+    polls_run: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn server(subscriptions: SubscriptionsConfig) -> Server {
+    let mut config = Config::default();
+    config.subscriptions = subscriptions;
+    server_with(config).await
+}
+
+async fn server_with(mut config: Config) -> Server {
+    config.rate_limit.internal_token = TOKEN.into();
+    config.http.max_connections_per_client = 10_000;
+    let upstream = Upstream::start().await;
+    let engine = Engine::new(config.clone());
+    let polls = SharedPoll::new(Duration::from_millis(200));
+    let polls_run = Arc::new(AtomicU64::new(0));
+    let schema: SubSchema = Schema::build(Query, EmptyMutation, Subscription)
+        .extension(FanoutExtension::new(&engine))
+        .data(Base(upstream.base()))
+        .data(polls.clone())
+        .data(Polls(polls_run.clone()))
+        .finish();
+    let router =
+        axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let serving = fanout_budget::inbound::serve(listener, router, &config).into_future();
+    let task = tokio::spawn(async move {
+        let _ = serving.await;
+    });
+    Server {
+        address,
+        upstream,
+        polls,
+        polls_run,
+        task,
+    }
+}
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn connect(server: &Server, protocol: &str, headers: &[(&str, &str)]) -> Socket {
+    let mut request = format!("ws://{}/graphql", server.address)
+        .into_client_request()
+        .unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol.parse().unwrap());
+    for (name, value) in headers {
+        let name: http::HeaderName = name.parse().unwrap();
+        request.headers_mut().insert(name, value.parse().unwrap());
+    }
+    let (socket, response) = tokio_tungstenite::connect_async(request).await.unwrap();
+    assert_eq!(
+        response.headers()["sec-websocket-protocol"],
+        protocol,
+        "the subprotocol asked for"
+    );
+    socket
+}
+
+async fn send(socket: &mut Socket, message: Value) {
+    socket
+        .send(Message::text(message.to_string()))
+        .await
+        .unwrap();
+}
+
+/// The next protocol message (pings skipped); `Err` with the close code
+/// when the server closed.
+async fn receive(socket: &mut Socket) -> Result<Value, Option<u16>> {
+    loop {
+        let frame = tokio::time::timeout(LIMIT, socket.next())
+            .await
+            .expect("a message within the limit");
+        match frame {
+            Some(Ok(Message::Text(text))) => {
+                let value: Value = serde_json::from_str(&text).unwrap();
+                if value["type"] == "ping" || value["type"] == "ka" {
+                    continue;
+                }
+                return Ok(value);
+            }
+            Some(Ok(Message::Close(frame))) => return Err(frame.map(|f| u16::from(f.code))),
+            Some(Ok(_)) => continue,
+            Some(Err(_)) | None => return Err(None),
+        }
+    }
+}
+
+async fn init(socket: &mut Socket, payload: Value) {
+    send(
+        socket,
+        json!({ "type": "connection_init", "payload": payload }),
+    )
+    .await;
+    assert_eq!(receive(socket).await.unwrap()["type"], "connection_ack");
+}
+
+async fn subscribe(socket: &mut Socket, id: &str, query: &str) {
+    let message = json!({ "type": "subscribe", "id": id, "payload": { "query": query } });
+    send(socket, message).await;
+}
+
+/// Every message of subscription `id` until its `complete` (others' kept out).
+async fn until_complete(socket: &mut Socket, id: &str) -> Vec<Value> {
+    let mut events = Vec::new();
+    loop {
+        let message = receive(socket).await.expect("no close");
+        if message["id"] != id {
+            continue;
+        }
+        if message["type"] == "complete" {
+            return events;
+        }
+        events.push(message);
+    }
+}
+
+fn config() -> SubscriptionsConfig {
+    SubscriptionsConfig::default()
+}
+
+#[tokio::test]
+async fn each_event_is_charged_to_the_connection_and_reports_its_budget() {
+    let server = server(config().burst(10).reads_per_minute(1)).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "1",
+        "subscription { items(first: 1, n: 3) { id detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "1").await;
+    assert_eq!(events.len(), 3, "{events:?}");
+    for (k, event) in events.iter().enumerate() {
+        assert_eq!(event["type"], "next");
+        let payload = &event["payload"];
+        assert_eq!(
+            payload["data"]["items"]["detail"]["value"],
+            format!("item-{}", k + 1)
+        );
+        let fanout = &payload["extensions"]["fanout"];
+        assert_eq!(fanout["limit"], 10, "the connection's burst: {fanout}");
+        assert_eq!(
+            fanout["used"],
+            k as u64 + 1,
+            "cumulative on the connection: {fanout}"
+        );
+        assert_eq!(fanout["operationReads"], 1, "the event's own: {fanout}");
+        let remaining = fanout["remaining"].as_u64().unwrap();
+        assert!(remaining <= 10 - (k as u64 + 1) + 1, "{fanout}");
+    }
+    assert_eq!(server.upstream.requests(), 3);
+}
+
+#[tokio::test]
+async fn a_read_the_connection_cannot_pay_for_is_exhausted_at_its_field_and_the_event_still_comes()
+{
+    let server = server(config().burst(2).reads_per_minute(1)).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "a",
+        "subscription { items(first: 1, n: 4) { id detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "a").await;
+    assert_eq!(events.len(), 4, "every event delivered: {events:?}");
+    let exhausted: Vec<_> = events
+        .iter()
+        .map(|e| &e["payload"])
+        .filter(|p| p["data"]["items"]["detail"].is_null())
+        .map(|p| p["errors"][0]["extensions"]["code"].clone())
+        .collect();
+    assert_eq!(
+        exhausted,
+        vec![json!("FANOUT_BUDGET_EXHAUSTED"); 2],
+        "{events:?}"
+    );
+    assert_eq!(
+        server.upstream.requests(),
+        2,
+        "no read past the bucket was sent"
+    );
+}
+
+#[tokio::test]
+async fn an_event_reads_at_most_max_reads_whatever_the_connection_holds() {
+    let mut config = Config::default();
+    config.budget.max_reads = 2;
+    config.subscriptions = self::config().burst(1000);
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "q",
+        "{ items(first: 3) { id detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "q").await;
+    let payload = &events[0]["payload"];
+    assert_eq!(
+        payload["extensions"]["fanout"]["operationReads"], 2,
+        "{payload}"
+    );
+    let codes: Vec<_> = payload["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["extensions"]["code"].clone())
+        .collect();
+    assert_eq!(
+        codes,
+        vec![json!("FANOUT_BUDGET_EXHAUSTED"); 2],
+        "{payload}"
+    );
+    assert_eq!(server.upstream.requests(), 2);
+}
+
+#[tokio::test]
+async fn one_past_max_per_connection_is_refused_by_id_and_the_others_go_on() {
+    let server = server(config().max_per_connection(2)).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(&mut socket, "q1", "subscription { quiet }").await;
+    subscribe(&mut socket, "q2", "subscription { quiet }").await;
+    subscribe(&mut socket, "q3", "subscription { quiet }").await;
+    let refusal = receive(&mut socket).await.unwrap();
+    assert_eq!(refusal["type"], "error");
+    assert_eq!(refusal["id"], "q3");
+    assert_eq!(
+        refusal["payload"][0]["extensions"]["code"],
+        "TOO_MANY_SUBSCRIPTIONS"
+    );
+    // Stopping one makes room; the others were untouched.
+    send(&mut socket, json!({ "type": "complete", "id": "q1" })).await;
+    subscribe(
+        &mut socket,
+        "n",
+        "subscription { items(first: 5, n: 1) { id } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "n").await;
+    assert_eq!(events[0]["payload"]["data"]["items"]["id"], 5);
+}
+
+#[tokio::test]
+async fn ten_thousand_subscribes_on_one_connection_hold_no_more_than_the_bound() {
+    let server = server(config().max_per_connection(4)).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    let (mut sink, mut stream) = socket.split();
+    let writer = tokio::spawn(async move {
+        for n in 0..10_000 {
+            let message = json!({ "type": "subscribe", "id": n.to_string(), "payload": { "query": "subscription { quiet }" } });
+            if sink.send(Message::text(message.to_string())).await.is_err() {
+                break;
+            }
+        }
+        sink
+    });
+    let mut refused = 0;
+    while refused < 10_000 - 4 {
+        let Some(Ok(Message::Text(text))) =
+            tokio::time::timeout(LIMIT, stream.next()).await.unwrap()
+        else {
+            continue;
+        };
+        let value: Value = serde_json::from_str(&text).unwrap();
+        if value["type"] == "error" {
+            assert_eq!(
+                value["payload"][0]["extensions"]["code"],
+                "TOO_MANY_SUBSCRIPTIONS"
+            );
+            refused += 1;
+        }
+    }
+    drop(writer.await.unwrap());
+    // Another client is served meanwhile.
+    let mut other = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut other, json!({})).await;
+    subscribe(
+        &mut other,
+        "1",
+        "subscription { items(first: 1, n: 1) { id } }",
+    )
+    .await;
+    assert_eq!(until_complete(&mut other, "1").await.len(), 1);
+}
+
+#[tokio::test]
+async fn protocol_violations_close_with_their_codes() {
+    let server = server(config().init_timeout_ms(300).max_message_bytes(1024)).await;
+    // No connection_init in time.
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    assert_eq!(receive(&mut socket).await, Err(Some(4408)));
+    // A subscribe before the ack.
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    subscribe(&mut socket, "1", "subscription { quiet }").await;
+    assert_eq!(receive(&mut socket).await, Err(Some(4401)));
+    // A second connection_init.
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    send(&mut socket, json!({ "type": "connection_init" })).await;
+    assert_eq!(receive(&mut socket).await, Err(Some(4429)));
+    // An id already active.
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(&mut socket, "same", "subscription { quiet }").await;
+    subscribe(&mut socket, "same", "subscription { quiet }").await;
+    assert_eq!(receive(&mut socket).await, Err(Some(4409)));
+    // A message past max_message_bytes.
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    let big = format!("subscription {{ quiet }} # {}", "x".repeat(4096));
+    subscribe(&mut socket, "big", &big).await;
+    assert_eq!(receive(&mut socket).await, Err(Some(4400)));
+    // Not a message of the protocol.
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    socket.send(Message::text("{not json")).await.unwrap();
+    assert_eq!(receive(&mut socket).await, Err(Some(4400)));
+}
+
+#[tokio::test]
+async fn the_internal_token_in_connection_init_gets_the_internal_budget_and_a_forged_one_nothing_more(
+) {
+    let server = server(config().burst(5).internal_burst(50)).await;
+    for (payload, headers, limit) in [
+        (json!({ "x-internal-token": TOKEN }), vec![], 50),
+        (json!({ "x-internal-token": "forged" }), vec![], 5),
+        (json!({}), vec![("x-internal-token", TOKEN)], 50),
+        (json!({}), vec![("x-internal-token", "forged")], 5),
+    ] {
+        let mut socket = connect(&server, "graphql-transport-ws", &headers).await;
+        init(&mut socket, payload.clone()).await;
+        subscribe(
+            &mut socket,
+            "1",
+            "subscription { items(first: 1, n: 1) { id } }",
+        )
+        .await;
+        let events = until_complete(&mut socket, "1").await;
+        let fanout = &events[0]["payload"]["extensions"]["fanout"];
+        assert_eq!(fanout["limit"], limit, "{payload} {headers:?}: {fanout}");
+    }
+}
+
+#[tokio::test]
+async fn a_query_over_the_socket_is_one_event_of_the_connection() {
+    let server = server(config()).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "q",
+        "{ items(first: 3) { id detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "q").await;
+    assert_eq!(events.len(), 1);
+    let payload = &events[0]["payload"];
+    assert_eq!(payload["data"]["items"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        payload["extensions"]["fanout"]["operationReads"], 4,
+        "the list and three items"
+    );
+    assert_eq!(payload["extensions"]["fanout"]["used"], 4);
+}
+
+#[tokio::test]
+async fn the_legacy_protocol_is_served_too() {
+    let server = server(config()).await;
+    let mut socket = connect(&server, "graphql-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    let start = json!({ "type": "start", "id": "7", "payload": { "query": "subscription { items(first: 2, n: 2) { id } }" } });
+    send(&mut socket, start).await;
+    let events = until_complete(&mut socket, "7").await;
+    let ids: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                e["type"].clone(),
+                e["payload"]["data"]["items"]["id"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(ids, [(json!("data"), json!(2)), (json!("data"), json!(3))]);
+}
+
+#[tokio::test]
+async fn subscribers_of_one_key_share_one_poll_and_the_charges_add_up_to_the_requests_sent() {
+    let server = server(config().burst(1000)).await;
+    let mut sockets = Vec::new();
+    for _ in 0..20 {
+        let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+        init(&mut socket, json!({})).await;
+        subscribe(&mut socket, "p", "subscription { polled(id: 7) }").await;
+        sockets.push(socket);
+    }
+    // Every subscriber sees poll 3 or a later one.
+    for socket in &mut sockets {
+        loop {
+            let event = receive(socket).await.unwrap();
+            if event["payload"]["data"]["polled"].as_u64().unwrap() >= 3 {
+                break;
+            }
+        }
+    }
+    for socket in &mut sockets {
+        send(socket, json!({ "type": "complete", "id": "p" })).await;
+    }
+    fanout_testkit::until(
+        "the poll stops with its last subscriber",
+        LIMIT,
+        async || server.polls.keys() == 0,
+    )
+    .await;
+    let sent = server.upstream.seen.count("/item/7");
+    let polls = server.polls_run.load(SeqCst);
+    assert_eq!(
+        sent, polls,
+        "one request per poll for all twenty subscribers"
+    );
+    assert!(polls >= 3, "{polls}");
+    // What each connection was charged, read back with a query (an event
+    // that reads nothing).
+    let mut charged = Vec::new();
+    for socket in &mut sockets {
+        subscribe(socket, "used", "{ __typename }").await;
+        let events = until_complete(socket, "used").await;
+        charged.push(
+            events[0]["payload"]["extensions"]["fanout"]["used"]
+                .as_u64()
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        charged.iter().sum::<u64>(),
+        sent,
+        "the reads charged across the connections add up to the requests sent: {charged:?}"
+    );
+    // Round-robin: the polls were paid by more than one connection.
+    let payers = charged.iter().filter(|&&used| used > 0).count();
+    assert!(payers >= 3.min(sent as usize), "paid in turn: {charged:?}");
+}
