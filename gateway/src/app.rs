@@ -3,6 +3,7 @@
 use crate::oci::{DigestlessHeads, RegistryUrl};
 use crate::registries::Registries;
 use crate::schema::{self, RegistrySchema};
+use crate::subscription::TagPolls;
 use axum::routing::get;
 use axum::Router;
 use fanout_budget::backends::redis::SharedLimits;
@@ -139,6 +140,7 @@ fn assemble(
         .data(Registries::from_config(engine.config(), &upstream))
         .data(RegistryUrl(upstream))
         .data(DigestlessHeads::default())
+        .data(TagPolls::new(engine.config().subscriptions.poll_interval()))
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
     // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.

@@ -18,3 +18,4 @@ pub mod names;
 pub mod oci;
 pub mod registries;
 pub mod schema;
+pub mod subscription;

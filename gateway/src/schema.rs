@@ -7,9 +7,10 @@
 use crate::names::{Digest, RepoName, TagName};
 use crate::oci::{self, DescriptorDoc, ManifestDoc, Tags};
 use crate::registries::{Registries, Repo};
+use crate::subscription::Subscription;
 use async_graphql::{
-    Context, EmptyMutation, EmptySubscription, InputValueError, InputValueResult, Object, Scalar,
-    ScalarType, Schema, SimpleObject, Value,
+    Context, EmptyMutation, InputValueError, InputValueResult, Object, Scalar, ScalarType, Schema,
+    SimpleObject, Value,
 };
 use fanout_budget::{
     cost::{CostTable, FieldCost},
@@ -18,7 +19,7 @@ use fanout_budget::{
 use std::sync::Arc;
 
 /// The gateway's schema type.
-pub type RegistrySchema = Schema<Query, EmptyMutation, EmptySubscription>;
+pub type RegistrySchema = Schema<Query, EmptyMutation, Subscription>;
 
 /// The shared read of a repository: its tag list.
 const TAG_LIST: &str = "tag list";
@@ -50,8 +51,8 @@ pub fn costs() -> CostTable {
 }
 
 /// The schema, without the engine's extension (see [`crate::app`]).
-pub fn builder() -> async_graphql::SchemaBuilder<Query, EmptyMutation, EmptySubscription> {
-    Schema::build(Query, EmptyMutation, EmptySubscription)
+pub fn builder() -> async_graphql::SchemaBuilder<Query, EmptyMutation, Subscription> {
+    Schema::build(Query, EmptyMutation, Subscription)
 }
 
 /// A page's weight for async-graphql's complexity limit: its rows times
@@ -189,7 +190,7 @@ pub struct RepositoryConnection {
 
 /// The repository `name` names (`registries.rs`): on the default registry
 /// (`RegistryUrl`) or one of the configured ones (`Registries`, if any).
-fn resolve(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Repo> {
+pub(crate) fn resolve(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Repo> {
     let default = oci::registry(ctx)?;
     let registries = ctx.data_opt::<Registries>();
     let none = Registries::default();

@@ -443,6 +443,35 @@ pub async fn manifest(
     Ok(doc)
 }
 
+/// The digest and media type `repo:tag` points at now, read through
+/// `upstream` (a subscription's poll): a `HEAD` (a registry that meters
+/// pulls counts none), or — a registry whose `HEAD` names no digest — the
+/// `GET` after it. `None`: the tag does not exist (yet).
+pub async fn manifest_now(
+    upstream: fanout_budget::read::Upstream<'_>,
+    repo: &Repo,
+    tag: &TagName,
+) -> Result<Option<ManifestDoc>, ReadError> {
+    let url = repo_endpoint(repo, ["manifests", tag.as_str()])
+        .map_err(|e| ReadError::BadUserInput { message: e.message })?;
+    let head = Read::new(reqwest::Method::HEAD, url.clone())
+        .accept(MANIFEST_ACCEPT_HEADER.clone())
+        .scope(repo.pull_scope());
+    let response = upstream.read(head).await?;
+    if response.status == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if let Some(doc) = manifest_from_headers(&response)? {
+        return Ok(Some(doc));
+    }
+    let get = pull(repo, url).accept(MANIFEST_ACCEPT_HEADER.clone());
+    let response = upstream.read(get).await?;
+    if response.status == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    parse_manifest(&response).map(Some)
+}
+
 /// What a manifest `HEAD` says: its digest and media type, or `None`
 /// when it names no digest.
 fn manifest_from_headers(response: &UpstreamResponse) -> Result<Option<ManifestDoc>, ReadError> {
