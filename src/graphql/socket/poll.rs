@@ -22,7 +22,7 @@
 //! - A subscriber whose own budget is empty still receives what the others
 //!   paid for: an answer is the resource's state, whoever paid to learn it.
 
-use super::FanoutConnection;
+use super::connection::FanoutConnection;
 use crate::request::Operation;
 use futures::stream::{Stream, StreamExt};
 use std::collections::HashMap;

@@ -80,13 +80,13 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutSubscription<E> 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let (executor, engine) = (self.executor.clone(), self.engine.clone());
         Box::pin(async move {
-            if !super::is_upgrade(&request) {
+            if !super::upgrade::is_upgrade(&request) {
                 return Ok(Rejection::BadRequest {
                     message: "this endpoint serves GraphQL over WebSocket only".into(),
                 }
                 .unread());
             }
-            Ok(super::upgrade(executor, engine, request).await)
+            Ok(super::upgrade::upgrade(executor, engine, request).await)
         })
     }
 }

@@ -1,0 +1,312 @@
+//! One connection's driver: a task that reads the client's messages,
+//! resolves its subscriptions' events and writes one frame at a time (the
+//! walk is in `socket.rs`).
+
+use super::connection::FanoutConnection;
+use super::message::{self, close, ClientMessage, Protocol};
+use super::outbox::Outbox;
+use crate::engine::Engine;
+use crate::inbound::identity::Caller;
+use crate::inbound::serve::{ConnectionLease, Wanted};
+use async_graphql::{Data, Executor, Response};
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures::future::BoxFuture;
+use futures::stream::{BoxStream, SplitSink, StreamExt};
+use futures::SinkExt;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Bytes tungstenite reads at a time (its default, 128 KiB, would be most
+/// of an idle connection's memory).
+pub(super) const READ_BUFFER: usize = 4096;
+
+/// Keep-alive intervals without a word from the client before it is closed.
+const SILENT_INTERVALS: u32 = 3;
+
+/// One active subscription.
+struct Subscription {
+    id: String,
+    events: BoxStream<'static, Response>,
+}
+
+/// One connection's state, driven by one task.
+pub(super) struct Driver<E> {
+    executor: E,
+    engine: Engine,
+    protocol: Protocol,
+    /// The caller the upgrade request's headers say.
+    caller: Caller,
+    /// The upgrade request: its client keys the read quota.
+    parts: http::request::Parts,
+    lease: Option<ConnectionLease>,
+    /// The session data, with the connection's scope, once initialised.
+    session: Option<Arc<Data>>,
+    subscriptions: Vec<Subscription>,
+    /// Which subscription is polled first next time (fairness).
+    turn: usize,
+    outbox: Outbox,
+    /// When the client was last heard from.
+    heard: Instant,
+}
+
+/// What happens to the connection after a message.
+enum Next {
+    Go,
+    Close(u16, &'static str),
+    End,
+}
+
+type Sink = SplitSink<WebSocket, Message>;
+
+impl<E: Executor> Driver<E> {
+    /// The driver of a connection upgraded by the request whose parts are
+    /// `parts`, from `caller` (as its headers say).
+    pub(super) fn new(
+        executor: E,
+        engine: Engine,
+        protocol: Protocol,
+        caller: Caller,
+        parts: http::request::Parts,
+        lease: Option<ConnectionLease>,
+        outbox: Outbox,
+    ) -> Self {
+        Self {
+            executor,
+            engine,
+            protocol,
+            caller,
+            parts,
+            lease,
+            session: None,
+            subscriptions: Vec::new(),
+            turn: 0,
+            outbox,
+            heard: Instant::now(),
+        }
+    }
+
+    /// Serves the connection until it closes.
+    pub(super) async fn run(mut self, socket: WebSocket) {
+        let s = self.engine.config().subscriptions.clone();
+        let write_timeout = self.engine.config().http.write_timeout();
+        let (sink, mut incoming) = socket.split();
+        let mut sink = Some(sink);
+        let mut writing: Option<BoxFuture<'static, Option<Sink>>> = None;
+        let mut closing: Option<(u16, &'static str)> = None;
+        let mut ping_due = false;
+        let init_by = Instant::now() + s.init_timeout();
+        let mut keepalive = tokio::time::interval_at(Instant::now() + s.keepalive(), s.keepalive());
+        let lease = self.lease.clone();
+        loop {
+            if let Some(idle) = sink.take() {
+                let frame = match closing {
+                    Some((code, reason)) => Some(Message::Close(Some(CloseFrame {
+                        code,
+                        reason: reason.into(),
+                    }))),
+                    None => self.outbox.next().map(|text| Message::Text(text.into())),
+                };
+                let frame = frame.or_else(|| {
+                    std::mem::take(&mut ping_due).then(|| Message::Ping(bytes::Bytes::new()))
+                });
+                match frame {
+                    Some(frame) => {
+                        let last = matches!(frame, Message::Close(_));
+                        writing = Some(Box::pin(write(idle, frame, write_timeout, last)));
+                    }
+                    None => sink = Some(idle),
+                }
+            }
+            let reading = closing.is_none() && self.outbox.takes_replies();
+            let resolving = closing.is_none() && !self.subscriptions.is_empty();
+            let next = tokio::select! {
+                biased;
+                written = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
+                    writing = None;
+                    match written {
+                        Some(idle) => sink = Some(idle),
+                        // Written the close frame, failed, or timed out.
+                        None => break,
+                    }
+                    Next::Go
+                }
+                wanted = async { lease.as_ref().expect("guarded").wanted().await }, if lease.is_some() && closing.is_none() => {
+                    match wanted {
+                        Wanted::Stop => Next::Close(close::GOING_AWAY, "the server is stopping"),
+                        Wanted::Slot if self.subscriptions.is_empty() => {
+                            Next::Close(close::GOING_AWAY, "idle, and its slot is wanted")
+                        }
+                        Wanted::Slot => Next::Go,
+                    }
+                }
+                () = tokio::time::sleep_until(init_by), if self.session.is_none() && closing.is_none() => {
+                    Next::Close(close::INIT_TIMEOUT, "Connection initialisation timeout")
+                }
+                _ = keepalive.tick(), if closing.is_none() => {
+                    if self.heard.elapsed() > s.keepalive() * SILENT_INTERVALS {
+                        Next::Close(close::GOING_AWAY, "no word from the client")
+                    } else {
+                        ping_due = true;
+                        if self.protocol == Protocol::Legacy && self.session.is_some() {
+                            self.outbox.reply(self.protocol.keepalive());
+                        }
+                        Next::Go
+                    }
+                }
+                message = incoming.next(), if reading => self.on_frame(message),
+                (at, event) = next_event(&mut self.subscriptions, &mut self.turn), if resolving => {
+                    self.on_event(at, event);
+                    Next::Go
+                }
+            };
+            match next {
+                Next::Go => {}
+                Next::Close(code, reason) => closing = Some((code, reason)),
+                Next::End => break,
+            }
+        }
+        // Every subscription's stream is dropped with the driver.
+    }
+
+    /// One frame from the client.
+    fn on_frame(&mut self, frame: Option<Result<Message, axum::Error>>) -> Next {
+        self.heard = Instant::now();
+        match frame {
+            None | Some(Ok(Message::Close(_))) => Next::End,
+            // Too large (tungstenite stops reading it at the bound), or not
+            // a WebSocket frame at all.
+            Some(Err(_)) => Next::Close(close::BAD_MESSAGE, "message too large or malformed"),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => Next::Go,
+            Some(Ok(Message::Text(text))) => self.on_message(text.as_bytes()),
+            Some(Ok(Message::Binary(bytes))) => self.on_message(&bytes),
+        }
+    }
+
+    /// One protocol message.
+    fn on_message(&mut self, bytes: &[u8]) -> Next {
+        let Ok(message) = ClientMessage::from_bytes(bytes) else {
+            return Next::Close(close::BAD_MESSAGE, "not a message of the protocol");
+        };
+        match message {
+            ClientMessage::ConnectionInit { payload } => {
+                if self.session.is_some() {
+                    return Next::Close(close::TOO_MANY_INITS, "Too many initialisation requests");
+                }
+                let caller = match (self.caller, message::init_token(payload.as_ref())) {
+                    (Caller::Internal, _) => Caller::Internal,
+                    (Caller::Public, Some(token)) => self.engine.identify_token(token),
+                    (Caller::Public, None) => Caller::Public,
+                };
+                let connection = FanoutConnection::open(&self.engine, caller, &self.parts);
+                let mut data = Data::default();
+                data.insert(connection);
+                self.session = Some(Arc::new(data));
+                self.outbox.reply(self.protocol.ack());
+                Next::Go
+            }
+            ClientMessage::Start { id, payload } => {
+                let Some(session) = &self.session else {
+                    return Next::Close(close::UNAUTHORIZED, "Unauthorized");
+                };
+                if self.subscriptions.iter().any(|s| s.id == id) {
+                    return Next::Close(
+                        close::DUPLICATE_ID,
+                        "Subscriber for this id already exists",
+                    );
+                }
+                let max = self.engine.config().subscriptions.max_per_connection;
+                if self.subscriptions.len() >= max {
+                    crate::metrics::subscription_refused();
+                    let message = format!("at most {max} active subscriptions on one connection");
+                    let refusal = self.protocol.error(&id, &message, TOO_MANY_SUBSCRIPTIONS);
+                    self.outbox.reply(refusal);
+                    return Next::Go;
+                }
+                let events = self.executor.execute_stream(payload, Some(session.clone()));
+                self.subscriptions.push(Subscription { id, events });
+                if let Some(lease) = &self.lease {
+                    lease.busy();
+                }
+                Next::Go
+            }
+            ClientMessage::Stop { id } => {
+                let before = self.subscriptions.len();
+                self.subscriptions.retain(|s| s.id != id);
+                if self.subscriptions.len() < before {
+                    self.outbox.forget(&id);
+                    if self.protocol.confirms_stop() {
+                        self.outbox.reply(self.protocol.complete(&id));
+                    }
+                    self.idle_if_none();
+                }
+                Next::Go
+            }
+            ClientMessage::ConnectionTerminate => Next::End,
+            ClientMessage::Ping { .. } => {
+                if let Some(pong) = self.protocol.pong() {
+                    self.outbox.reply(pong);
+                }
+                Next::Go
+            }
+            ClientMessage::Pong { .. } => Next::Go,
+        }
+    }
+
+    /// An event of the subscription at `at`, or its end.
+    fn on_event(&mut self, at: usize, event: Option<Response>) {
+        let id = &self.subscriptions[at].id;
+        match event {
+            Some(response) => {
+                let text = self.protocol.next(id, &response);
+                if !self.outbox.event(id, text) {
+                    crate::metrics::subscription_event_dropped();
+                }
+            }
+            None => {
+                let id = self.subscriptions.swap_remove(at).id;
+                self.outbox.finish(&id, self.protocol.complete(&id));
+                self.idle_if_none();
+            }
+        }
+    }
+
+    fn idle_if_none(&self) {
+        if let (true, Some(lease)) = (self.subscriptions.is_empty(), &self.lease) {
+            lease.idle();
+        }
+    }
+}
+
+/// The code of a subscribe past `subscriptions.max_per_connection`.
+pub(crate) const TOO_MANY_SUBSCRIPTIONS: &str = "TOO_MANY_SUBSCRIPTIONS";
+
+/// The next event of any subscription (or its end), polling them from
+/// `turn` on so that none starves the others.
+async fn next_event(
+    subscriptions: &mut [Subscription],
+    turn: &mut usize,
+) -> (usize, Option<Response>) {
+    std::future::poll_fn(|cx| {
+        let n = subscriptions.len();
+        for k in 0..n {
+            let at = (*turn + k) % n;
+            if let Poll::Ready(event) = subscriptions[at].events.poll_next_unpin(cx) {
+                *turn = at + 1;
+                return Poll::Ready((at, event));
+            }
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Writes `frame` within `timeout`: the sink back, or `None` when the write
+/// failed, timed out, or was the `last` (a close).
+async fn write(mut sink: Sink, frame: Message, timeout: Duration, last: bool) -> Option<Sink> {
+    match tokio::time::timeout(timeout, sink.send(frame)).await {
+        Ok(Ok(())) if !last => Some(sink),
+        _ => None,
+    }
+}
