@@ -344,7 +344,12 @@ impl Engine {
     ) -> FanoutRequest {
         let ticket = self.ticket(caller, parts);
         let costs = self.costs().is_some();
-        self.open_with(caller, extensions, queries_only, ticket, costs)
+        let pricing = Pricing {
+            costs,
+            refuse_over: self.config().budget.refuse_over_estimate,
+            event: false,
+        };
+        self.open_with(caller, extensions, queries_only, ticket, pricing)
     }
 
     /// The ticket on its client's read quota of a request from `caller`
@@ -358,8 +363,8 @@ impl Engine {
     }
 
     /// Opens a scope for `caller` with this `ticket` on its client's read
-    /// quota; `priced`: its operations are priced before they run (a cost
-    /// table). A WebSocket connection opens one per event, unpriced
+    /// quota, its operations priced as `pricing` says. A WebSocket
+    /// connection opens one per event, unpriced
     /// (`graphql/socket/connection.rs`).
     pub(crate) fn open_with(
         &self,
@@ -367,7 +372,7 @@ impl Engine {
         extensions: http::Extensions,
         queries_only: bool,
         ticket: Option<Ticket>,
-        priced: bool,
+        pricing: Pricing,
     ) -> FanoutRequest {
         let b = &self.config().budget;
         let limit = match caller {
@@ -381,10 +386,6 @@ impl Engine {
         if ticket.is_some() {
             budget.close_until_reserved();
         }
-        let pricing = Pricing {
-            costs: priced,
-            refuse_over: b.refuse_over_estimate,
-        };
         FanoutRequest::new(
             RequestReads::new(self.inner.reads.clone(), budget),
             caller,

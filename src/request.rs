@@ -64,6 +64,8 @@ struct Scope {
     refuse_over: bool,
     /// The client's read quota, when its class has one.
     quota: Option<Ticket>,
+    /// An event of a WebSocket connection ([`Pricing::event`]).
+    event: bool,
     /// The batch's reservation on it, taken once before any read.
     reservation: tokio::sync::OnceCell<Result<Reservation, Rejection>>,
     /// Operations of the batch not yet priced, once announced.
@@ -98,6 +100,7 @@ impl FanoutRequest {
                 price_first: priced.costs && (priced.refuse_over || quota.is_some()),
                 refuse_over: priced.costs && priced.refuse_over,
                 quota,
+                event: priced.event,
                 reservation: tokio::sync::OnceCell::new(),
                 unpriced: OnceLock::new(),
                 queries_only,
@@ -115,6 +118,10 @@ pub(crate) struct Pricing {
     pub(crate) costs: bool,
     /// `refuse_over_estimate`.
     pub(crate) refuse_over: bool,
+    /// An event of a WebSocket connection: when the client's read quota
+    /// has less than the reservation asks, the event reserves what it has
+    /// (none: its reads are refused at their fields) and still runs.
+    pub(crate) event: bool,
 }
 
 impl Drop for Scope {
@@ -200,7 +207,13 @@ impl FanoutRequest {
                 } else {
                     budget.ceiling()
                 };
-                let reservation = ticket.reserve(reads).await?;
+                let reservation = match ticket.reserve(reads).await {
+                    // An event runs on what the quota has.
+                    Err(Rejection::QuotaExhausted { remaining, .. }) if self.inner.event => {
+                        ticket.reserve(remaining).await?
+                    }
+                    reserved => reserved?,
+                };
                 budget.reserved(reservation.reserved(), Box::new(reservation.extend()));
                 Ok(reservation)
             })

@@ -526,3 +526,71 @@ async fn subscribers_of_one_key_share_one_poll_and_the_charges_add_up_to_the_req
     let payers = charged.iter().filter(|&&used| used > 0).count();
     assert!(payers >= 3.min(sent as usize), "paid in turn: {charged:?}");
 }
+
+#[tokio::test]
+async fn the_same_client_shares_one_read_quota_over_http_and_websocket() {
+    let mut config = Config::default();
+    config.quota.reads = 3;
+    config.quota.period_secs = 3600;
+    config.subscriptions = self::config().burst(100);
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    // Two reads over the socket, from the client's quota of three.
+    subscribe(
+        &mut socket,
+        "a",
+        "subscription { items(first: 1, n: 2) { detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "a").await;
+    assert!(
+        events.iter().all(|e| e["payload"]["errors"].is_null()),
+        "{events:?}"
+    );
+    let quota = &events[1]["payload"]["extensions"]["fanout"]["quota"];
+    assert_eq!(quota["remaining"], 1, "{quota}");
+    // Over HTTP the same client finds the one read left (an HTTP request
+    // without a cost table reserves its budget: refused whole).
+    let body = json!({ "query": "{ a: item(id: 8) { detail { value } } }" });
+    let answer: Value = reqwest_post(&server.address, &body).await;
+    let refusal = &answer["errors"][0]["extensions"];
+    assert_eq!(refusal["code"], "QUOTA_EXHAUSTED", "{answer}");
+    assert_eq!(refusal["remaining"], 1, "{answer}");
+    // The socket spends it, then runs its events on nothing: delivered,
+    // each read refused at its field.
+    subscribe(
+        &mut socket,
+        "b",
+        "subscription { items(first: 5, n: 2) { detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "b").await;
+    assert_eq!(events.len(), 2);
+    assert_eq!(
+        events[0]["payload"]["data"]["items"]["detail"]["value"],
+        "item-5"
+    );
+    assert_eq!(
+        events[1]["payload"]["errors"][0]["extensions"]["code"], "FANOUT_BUDGET_EXHAUSTED",
+        "{events:?}"
+    );
+    assert_eq!(
+        server.upstream.requests(),
+        3,
+        "three reads in all, the quota"
+    );
+}
+
+/// POSTs `body` to the server's `/graphql` over loopback.
+async fn reqwest_post(address: &str, body: &Value) -> Value {
+    let client = fanout_budget::reqwest::Client::new();
+    let response = client
+        .post(format!("http://{address}/graphql"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+}

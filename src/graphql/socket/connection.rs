@@ -26,7 +26,7 @@
 use crate::engine::Engine;
 use crate::inbound::identity::Caller;
 use crate::inbound::quota::{Rate, Ticket};
-use crate::request::FanoutRequest;
+use crate::request::{FanoutRequest, Pricing};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -155,7 +155,11 @@ impl FanoutConnection {
             inner.extensions.clone(),
             false,
             inner.ticket.clone(),
-            false,
+            Pricing {
+                costs: false,
+                refuse_over: false,
+                event: true,
+            },
         );
         let connection = self.clone();
         event.budget().paid_by(Box::new(move || connection.pay()));
