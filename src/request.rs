@@ -499,8 +499,9 @@ impl FanoutContext for Context<'_> {
     }
 }
 
-const NO_SCOPE: &str =
-    "no fanout-budget scope: serve the schema with FanoutGraphQL or mount FanoutExtension::new(&engine)";
+const NO_SCOPE: &str = "no fanout-budget scope: serve the schema with FanoutGraphQL or mount \
+    FanoutExtension::new(&engine); in a subscription's own stream, read through a scope of its \
+    connection (ctx.data::<FanoutConnection>()?.open_event()) or a SharedPoll";
 
 fn operation<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a Operation> {
     ctx.data_opt::<Arc<Operation>>()

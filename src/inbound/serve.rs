@@ -63,6 +63,14 @@
 //! - **Connect info.** Each request carries `ConnectInfo<SocketAddr>` (the
 //!   TCP peer), as axum's `into_make_service_with_connect_info` gives, so the
 //!   rate limiter keys by the peer.
+//! - **Upgrades** (WebSockets, `graphql/socket.rs`): hyper serves each
+//!   connection `with_upgrades`; a request asking for one carries the
+//!   connection's place in the table (`ConnectionLease`), which the socket it
+//!   becomes keeps. The socket therefore counts against
+//!   `http.max_connections` and its client's share for as long as it lives,
+//!   marks itself busy while it holds a subscription (idle without one: it
+//!   may then be closed for a newcomer, as an idle keep-alive connection is),
+//!   and is closed when the server stops; writes keep the write timeout.
 //! - **Graceful shutdown** ([`Serve::with_graceful_shutdown`]): on the
 //!   signal the listener is closed, the waiting connections are closed,
 //!   every served one gets hyper's graceful shutdown (idle ones close,

@@ -65,10 +65,12 @@ pub struct RequestBudget {
     /// Takes one more read from the client's quota at once, if it has one;
     /// one read at a time asks (the limit is raised under the lock).
     extend: OnceLock<std::sync::Mutex<Extend>>,
-    /// Who else pays each read, if anyone: a WebSocket connection's budget
+    /// Who else pays each read, if anyone — a WebSocket connection's budget
     /// over time, for the scope of one of its events
-    /// ([`paid_by`](Self::paid_by)).
-    pay: OnceLock<Pay>,
+    /// ([`paid_by`](Self::paid_by)) — and its limit.
+    pay: OnceLock<(Pay, u64)>,
+    /// The payer refused a read: its limit is the one a refusal names.
+    payer_refused: std::sync::atomic::AtomicBool,
     used: ChargeCounter,
     requested: AtomicU64,
     deadline: Instant,
@@ -169,6 +171,7 @@ impl RequestBudget {
             ceiling: limit,
             extend: OnceLock::new(),
             pay: OnceLock::new(),
+            payer_refused: std::sync::atomic::AtomicBool::new(false),
             used: ChargeCounter::new(0),
             requested: AtomicU64::new(0),
             deadline,
@@ -204,8 +207,9 @@ impl RequestBudget {
     /// budget); refused there, the charge is taken back.
     fn paid(&self) -> Result<(), Exhausted> {
         match self.pay.get() {
-            Some(pay) if !pay() => {
+            Some((pay, _)) if !pay() => {
                 self.used.fetch_sub(1, Relaxed);
+                self.payer_refused.store(true, Relaxed);
                 Err(Exhausted)
             }
             _ => Ok(()),
@@ -213,9 +217,19 @@ impl RequestBudget {
     }
 
     /// Makes `pay` pay each read as well, before the first read: a read it
-    /// refuses is refused (`FANOUT_BUDGET_EXHAUSTED`), and uncharged.
-    pub(crate) fn paid_by(&self, pay: Pay) {
-        let _ = self.pay.set(pay);
+    /// refuses is refused (`FANOUT_BUDGET_EXHAUSTED` naming `limit`, the
+    /// payer's), and uncharged.
+    pub(crate) fn paid_by(&self, pay: Pay, limit: u64) {
+        let _ = self.pay.set((pay, limit));
+    }
+
+    /// The limit a refused read names: the payer's once it refused one,
+    /// else the request's.
+    pub(crate) fn refusing_limit(&self) -> u64 {
+        match self.pay.get() {
+            Some((_, limit)) if self.payer_refused.load(Relaxed) => *limit,
+            _ => self.limit(),
+        }
     }
 
     /// Raises the limit past `seen` by one read the quota gave at once;

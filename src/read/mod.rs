@@ -565,7 +565,7 @@ impl<'a> Upstream<'a> {
 
     fn exhausted(&self) -> ReadError {
         ReadError::BudgetExhausted {
-            limit: self.reads.budget.limit(),
+            limit: self.reads.budget.refusing_limit(),
         }
     }
 

@@ -162,7 +162,10 @@ impl FanoutConnection {
             },
         );
         let connection = self.clone();
-        event.budget().paid_by(Box::new(move || connection.pay()));
+        let limit = self.limit();
+        event
+            .budget()
+            .paid_by(Box::new(move || connection.pay()), limit);
         event
     }
 
