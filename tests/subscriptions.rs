@@ -37,6 +37,11 @@ impl Subscription {
         futures::stream::iter((first..first + n).map(|id| Item { id }))
     }
 
+    /// One item, then nothing until the client stops it.
+    async fn once(&self, id: u64) -> impl Stream<Item = Item> {
+        futures::stream::iter([Item { id }]).chain(futures::stream::pending())
+    }
+
     /// Never an event, until the client stops it.
     async fn quiet(&self) -> impl Stream<Item = u64> {
         futures::stream::pending()
@@ -593,4 +598,72 @@ async fn reqwest_post(address: &str, body: &Value) -> Value {
         .await
         .unwrap();
     serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn an_event_gives_its_memory_back_when_it_is_answered_not_when_the_next_one_comes() {
+    // Room for two requests' first blocks (64 KiB each), no more.
+    let mut config = Config::default();
+    config.http.max_inflight_bytes = 2 * 64 * 1024;
+    let server = server_with(config).await;
+    let mut sockets = Vec::new();
+    for n in 0..6 {
+        let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+        init(&mut socket, json!({})).await;
+        // One event that reads, and the subscription stays open.
+        let query = format!("subscription {{ once(id: {n}) {{ detail {{ value }} }} }}");
+        subscribe(&mut socket, "once", &query).await;
+        let event = receive(&mut socket).await.unwrap();
+        assert!(event["payload"]["errors"].is_null(), "{event}");
+        sockets.push(socket);
+    }
+    // Six answered events hold nothing: a request still fits.
+    let answer = reqwest_post(
+        &server.address,
+        &json!({ "query": "{ item(id: 1) { detail { value } } }" }),
+    )
+    .await;
+    assert!(answer["errors"].is_null(), "{answer}");
+}
+
+#[tokio::test]
+async fn an_event_past_the_answer_bound_is_answered_with_its_code_and_the_connection_goes_on() {
+    let mut config = Config::default();
+    config.http.max_answer_bytes = 1000;
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "big",
+        "subscription { items(first: 1, n: 2) { id detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "big").await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    for event in &events {
+        assert_eq!(
+            event["payload"]["errors"][0]["extensions"]["code"], "RESPONSE_TOO_LARGE",
+            "{event}"
+        );
+    }
+    // The connection still serves.
+    subscribe(&mut socket, "small", "{ __typename }").await;
+    assert_eq!(until_complete(&mut socket, "small").await.len(), 1);
+}
+
+#[tokio::test]
+async fn an_event_the_memory_pool_cannot_hold_is_replaced_by_one_saying_so() {
+    let mut config = Config::default();
+    config.http.max_inflight_bytes = 1;
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(&mut socket, "x", "subscription { once(id: 1) { id } }").await;
+    let event = receive(&mut socket).await.unwrap();
+    assert_eq!(event["type"], "next");
+    assert_eq!(
+        event["payload"]["errors"][0]["extensions"]["code"], "OVERLOADED",
+        "{event}"
+    );
 }

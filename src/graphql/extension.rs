@@ -380,6 +380,9 @@ impl PerOperation {
         let types = self.types(ctx);
         let execute = next.run_with_data(ctx, operation_name, data);
         let mut response = op.run_event(&event, &operation, &types, execute).await;
+        // The event is over: what its memory took from the pool goes back
+        // now, not when the next event comes (hours, maybe).
+        *lock(&self.event) = None;
         report_connection(&mut response, connection);
         response
     }

@@ -6,6 +6,7 @@ use super::connection::FanoutConnection;
 use super::message::{self, close, ClientMessage, Protocol};
 use super::outbox::Outbox;
 use crate::engine::Engine;
+use crate::error::{stopped, Rejection};
 use crate::inbound::identity::Caller;
 use crate::inbound::serve::{ConnectionLease, Wanted};
 use async_graphql::{Data, Executor, Response};
@@ -259,8 +260,12 @@ impl<E: Executor> Driver<E> {
         let id = &self.subscriptions[at].id;
         match event {
             Some(response) => {
-                let text = self.protocol.next(id, &response);
-                if !self.outbox.event(id, text) {
+                let protocol = self.protocol;
+                let text = protocol.next(id, &response);
+                drop(response);
+                let max = self.engine.config().http.max_inflight_bytes;
+                let overloaded = || protocol.next(id, &stopped(&Rejection::Overloaded { max }));
+                if !self.outbox.event(id, text, overloaded) {
                     crate::metrics::subscription_event_dropped();
                 }
             }

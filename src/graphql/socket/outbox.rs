@@ -11,7 +11,9 @@
 //!   past it the oldest is dropped (a subscription's newest state is what a
 //!   client wants; the count is in `fanout_subscription_events_dropped_total`),
 //!   and each waiting event holds its bytes in the process's memory pool
-//!   (`http.max_inflight_bytes`): an event the pool cannot take is dropped.
+//!   (`http.max_inflight_bytes`): an event the pool cannot take is replaced
+//!   by a small `next` saying so (`OVERLOADED`), so the client knows it
+//!   missed one.
 //!
 //! A client that does not read at all is closed by the write timeout
 //! (`http.write_timeout_ms`), and everything waiting is dropped with it.
@@ -60,11 +62,30 @@ impl Outbox {
         self.replies.push_back(text);
     }
 
-    /// An event of subscription `id`; `false`: an older one (or this one)
-    /// was dropped.
-    pub(crate) fn event(&mut self, id: &str, text: String) -> bool {
-        let Some(held) = self.pool.lease(text.len()) else {
-            return false;
+    /// An event of subscription `id`; `false`: an older one was dropped,
+    /// or the pool could not hold this one and `overloaded` (a small frame
+    /// saying so, held outside the pool) waits in its place.
+    pub(crate) fn event(
+        &mut self,
+        id: &str,
+        text: String,
+        overloaded: impl FnOnce() -> String,
+    ) -> bool {
+        let (pending, mut kept) = match self.pool.lease(text.len()) {
+            Some(held) => (
+                Pending {
+                    text,
+                    _held: Some(held),
+                },
+                true,
+            ),
+            None => (
+                Pending {
+                    text: overloaded(),
+                    _held: None,
+                },
+                false,
+            ),
         };
         let queue = match self.events.get_mut(id) {
             Some(queue) => queue,
@@ -73,15 +94,11 @@ impl Outbox {
                 self.events.entry(id.to_owned()).or_default()
             }
         };
-        let mut kept = true;
         if queue.len() >= self.max_events {
             queue.pop_front();
             kept = false;
         }
-        queue.push_back(Pending {
-            text,
-            _held: Some(held),
-        });
+        queue.push_back(pending);
         kept
     }
 
@@ -127,10 +144,14 @@ mod tests {
     fn a_subscription_keeps_its_newest_events_and_replies_go_first() {
         let pool = Arc::new(MemoryPool::new(1 << 20));
         let mut outbox = Outbox::new(2, pool.clone());
-        assert!(outbox.event("a", "a1".into()));
-        assert!(outbox.event("a", "a2".into()));
-        assert!(!outbox.event("a", "a3".into()), "the oldest is dropped");
-        assert!(outbox.event("b", "b1".into()));
+        let full = || unreachable!("the pool has room");
+        assert!(outbox.event("a", "a1".into(), full));
+        assert!(outbox.event("a", "a2".into(), full));
+        assert!(
+            !outbox.event("a", "a3".into(), full),
+            "the oldest is dropped"
+        );
+        assert!(outbox.event("b", "b1".into(), full));
         outbox.reply("ack".into());
         let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
         assert_eq!(order, ["ack", "a2", "b1", "a3"]);
@@ -141,9 +162,21 @@ mod tests {
     fn waiting_events_hold_their_bytes_in_the_pool() {
         let pool = Arc::new(MemoryPool::new(10));
         let mut outbox = Outbox::new(4, pool.clone());
-        assert!(outbox.event("a", "123456".into()));
+        assert!(outbox.event("a", "123456".into(), || unreachable!()));
         assert_eq!(pool.used(), 6);
-        assert!(!outbox.event("a", "123456".into()), "past the pool");
+        assert!(
+            !outbox.event("a", "123456".into(), || "full".into()),
+            "past the pool"
+        );
+        assert_eq!(
+            pool.used(),
+            6,
+            "the frame in its place is held outside the pool"
+        );
+        assert_eq!(outbox.next().as_deref(), Some("123456"));
+        assert_eq!(outbox.next().as_deref(), Some("full"));
+        assert_eq!(pool.used(), 0);
+        assert!(outbox.event("a", "123456".into(), || unreachable!()));
         outbox.forget("a");
         assert_eq!(pool.used(), 0);
         assert!(outbox.next().is_none());
