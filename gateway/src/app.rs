@@ -38,6 +38,8 @@ pub struct Gateway {
     /// engine's host caps, quota gates and read quotas, and the per-IP
     /// limit; `None`: in-process.
     pub shared: Option<SharedLimits>,
+    /// The shared polls of `tagChanges` (how many tags are polled now).
+    pub tag_polls: TagPolls,
 }
 
 /// Renders `/metrics`; the binary installs a Prometheus recorder and passes
@@ -130,6 +132,7 @@ fn assemble(
     upstream: reqwest::Url,
     metrics: Option<MetricsRender>,
 ) -> Gateway {
+    let tag_polls = TagPolls::new(engine.config().subscriptions.poll_interval());
     let schema = schema::builder()
         // Counts each answer as it is built (`http.max_answer_bytes`).
         .extension(FanoutExtension::new(&engine))
@@ -140,7 +143,7 @@ fn assemble(
         .data(Registries::from_config(engine.config(), &upstream))
         .data(RegistryUrl(upstream))
         .data(DigestlessHeads::default())
-        .data(TagPolls::new(engine.config().subscriptions.poll_interval()))
+        .data(tag_polls.clone())
         .finish();
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
     // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.
@@ -160,5 +163,6 @@ fn assemble(
         engine,
         schema,
         shared,
+        tag_polls,
     }
 }

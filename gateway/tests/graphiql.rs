@@ -1,21 +1,27 @@
 //! GraphiQL in a real browser, offline: Debian's Chromium, driven by
 //! playwright-core (`tests/browser/graphiql.mjs`), opens the page the gateway
 //! serves on a loopback port, runs a query with the execute button and reads
-//! the answer, with every request that is not for loopback aborted. Skipped
+//! the answer, then runs a `tagChanges` subscription (over a WebSocket to the
+//! same endpoint) and reads its first event and the one a change pushed to the
+//! registry makes, with every request that is not for loopback aborted. Skipped
 //! (`SKIPPED: …`) without chromium, node or the browser project's
 //! `node_modules`; under `FANOUT_REQUIRE_EXTERNAL=1` each of those fails.
 mod common;
 
-use common::Fixture;
+use common::{Fixture, Image};
+use fanout_budget::Config;
 use serde_json::Value;
 use std::future::IntoFuture;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 /// The whole browser run (the script bounds itself at 90 s).
 const BOUND: Duration = Duration::from_secs(120);
 const QUERY: &str = "{ repositories(first: 5) { nodes { name } } }";
+const SUBSCRIPTION: &str =
+    r#"subscription { tagChanges(repository: "acme/app", tag: "t07") { tag digest } }"#;
 /// The fixture's catalog, first page of 5 (gateway/src/embedded/store.rs).
 const FIRST_FIVE: [&str; 5] = [
     "acme/app",
@@ -66,11 +72,16 @@ fn references(html: &str) -> Vec<&str> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn graphiql_runs_a_query_in_chromium_offline() {
+async fn graphiql_runs_a_query_and_a_subscription_in_chromium_offline() {
     let Some((chromium, node, project)) = tools() else {
         return;
     };
-    let fixture = Fixture::default().await;
+    let mut config = Config::default();
+    config.subscriptions.poll_interval_ms = 1000;
+    let fixture = Fixture::new(config).await;
+    let before = fixture
+        .registry
+        .with_store(|s| s.repos["acme/app"].tags["t07"].clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let serve = fanout_budget::inbound::serve(
@@ -119,10 +130,11 @@ async fn graphiql_runs_a_query_in_chromium_offline() {
     }
     assert_eq!(fixture.reads(), 0);
 
-    let child = tokio::process::Command::new(node)
+    let mut child = tokio::process::Command::new(node)
         .arg(project.join("graphiql.mjs"))
         .arg(&base)
         .arg(QUERY)
+        .arg(SUBSCRIPTION)
         .env("CHROMIUM", &chromium)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -132,12 +144,36 @@ async fn graphiql_runs_a_query_in_chromium_offline() {
         .spawn()
         .unwrap();
     let _group = Group(child.id().unwrap());
-    let output = tokio::time::timeout(BOUND, child.wait_with_output())
-        .await
-        .unwrap_or_else(|_| panic!("the browser run took over {BOUND:?}"))
-        .unwrap();
-    let (status, out) = (output.status, String::from_utf8_lossy(&output.stdout));
-    let err = String::from_utf8_lossy(&output.stderr);
+    // Its lines as they come: at `PUSH <digest>` (the subscription's first
+    // event is in the pane) a new image goes under the tag.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut stderr = child.stderr.take().unwrap();
+    let (mut out, mut err, mut pushed) = (String::new(), Vec::new(), None);
+    let status = tokio::time::timeout(BOUND, async {
+        let read_out = async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if line.starts_with("PUSH ") {
+                    pushed = Some(fixture.registry.with_store(|s| {
+                        s.put_image(
+                            "acme/app",
+                            Some("t07"),
+                            &Image::demo("linux", "amd64", "new"),
+                        )
+                        .0
+                    }));
+                }
+                out.push_str(&line);
+                out.push('\n');
+            }
+        };
+        let (_, read_err, status) =
+            tokio::join!(read_out, stderr.read_to_end(&mut err), child.wait());
+        read_err.unwrap();
+        status.unwrap()
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the browser run took over {BOUND:?}"));
+    let err = String::from_utf8_lossy(&err);
     let report: Value = out
         .lines()
         .last()
@@ -165,6 +201,30 @@ async fn graphiql_runs_a_query_in_chromium_offline() {
         .collect();
     assert_eq!(names, FIRST_FIVE, "{result:#}");
     assert!(fixture.reads() > 0, "the embedded registry was not read");
+
+    // The subscription's events as the result pane showed them: the tag's
+    // digest, then the one pushed while the page waited.
+    let events: Vec<Value> = report["events"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no events: {report:#}"))
+        .iter()
+        .map(|text| serde_json::from_str(text.as_str().unwrap()).unwrap())
+        .collect();
+    let digests: Vec<&Value> = events
+        .iter()
+        .map(|event| &event["data"]["tagChanges"]["digest"])
+        .collect();
+    let pushed = pushed.expect("the page showed the first event");
+    assert_eq!(
+        digests,
+        [&Value::from(before), &Value::from(pushed)],
+        "{events:#?}"
+    );
+    assert_eq!(
+        report["websockets"],
+        serde_json::json!([format!("{}/graphql", base.replace("http://", "ws://"))]),
+        "the subscription went over one WebSocket to the endpoint: {report:#}"
+    );
 }
 
 /// Aborts the server task when the test ends, however it ends.

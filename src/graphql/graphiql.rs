@@ -6,8 +6,11 @@
 //! `assets/graphiql/`: GraphiQL 3.9.0 and React 18.3.1 as published on npm
 //! (that folder's README says where each file came from and how to update
 //! them), and `init.js`, which mounts GraphiQL with
-//! `GraphiQL.createFetcher({ url })`. No inline script, so the page runs
-//! under [`CONTENT_SECURITY_POLICY`] (`script-src 'self'`).
+//! `GraphiQL.createFetcher({ url, subscriptionUrl })`: queries over HTTP,
+//! subscriptions over a WebSocket to the same endpoint (`ws:`/`wss:`), by the
+//! graphql-ws client GraphiQL's bundle already holds. No inline script, so
+//! the page runs under [`CONTENT_SECURITY_POLICY`] (`script-src 'self'`;
+//! `connect-src 'self'` covers the page's own origin's WebSocket).
 //!
 //! Why offline: the stock async-graphql page loads React and GraphiQL from a
 //! CDN, so it is blank on a machine without internet access or under a CSP

@@ -3,9 +3,15 @@
 // Every request that is not for a loopback address is aborted and recorded.
 // Opens <url>/graphql, waits for the editor, runs the query (argument 2,
 // default below) with the execute button, waits for the answer, opens the
-// docs and the settings dialog, and prints one JSON line:
-//   {"blocked":[...],"consoleErrors":[...],"cspViolations":[...],"result":"..."}
-// (plus "requests", the loopback URLs fetched). Exit 0 when it got that far,
+// docs and the settings dialog. With a subscription (argument 3), it then
+// runs that in the same editor (GraphiQL opens a WebSocket to the endpoint),
+// waits for the result pane to show an event with a digest (any field named
+// "digest" in its data), prints the line `PUSH <digest>`, and waits for the
+// pane to show an event with another digest (the caller pushes a change when
+// it reads the line). Last, it prints one JSON line:
+//   {"blocked":[...],"consoleErrors":[...],"cspViolations":[...],"result":"...","events":[...]}
+// (plus "requests", the loopback URLs fetched; "websockets", the URLs of the
+// WebSockets the page opened, which routing does not see; "events" the panes' texts). Exit 0 when it got that far,
 // 1 on a failure (the line then carries "error"). Each step is bounded, and
 // so is the whole run; the browser is closed on every path.
 // CHROMIUM overrides the browser (default /usr/bin/chromium).
@@ -16,18 +22,26 @@ import { join } from "node:path";
 
 const base = process.argv[2];
 const query = process.argv[3] ?? "{ repositories(first: 5) { nodes { name } } }";
+const subscription = process.argv[4];
 const STEP_MS = 30_000;
 const RUN_MS = 90_000;
 
-const out = { blocked: [], consoleErrors: [], cspViolations: [], requests: [], result: null };
+const out = { blocked: [], consoleErrors: [], cspViolations: [], requests: [], websockets: [], result: null, events: [] };
 const profile = mkdtempSync(join(tmpdir(), "fanout-graphiql-"));
 let context;
+let page;
 let finished = false;
 
 async function finish(code, error) {
   if (finished) return;
   finished = true;
   if (error) out.error = String(error?.stack ?? error);
+  // What the result pane showed when it failed.
+  if (error && page) {
+    out.pane = await page
+      .evaluate(() => document.querySelector(".graphiql-response .CodeMirror")?.CodeMirror?.getValue() ?? null)
+      .catch(() => null);
+  }
   try {
     await context?.close();
   } catch {}
@@ -93,7 +107,7 @@ try {
     });
   });
 
-  const page = context.pages()[0] ?? (await context.newPage());
+  page = context.pages()[0] ?? (await context.newPage());
   page.on("console", (message) => {
     if (message.type() !== "error") return;
     out.consoleErrors.push(message.text());
@@ -101,6 +115,7 @@ try {
       out.cspViolations.push({ console: message.text() });
     }
   });
+  page.on("websocket", (socket) => out.websockets.push(socket.url()));
   page.on("pageerror", (error) => out.consoleErrors.push(`uncaught: ${error.message}`));
 
   // A navigation: Chromium sends its own Accept (text/html,...).
@@ -134,6 +149,43 @@ try {
   await page.waitForSelector(".graphiql-dialog");
   await page.keyboard.press("Escape");
   await page.waitForSelector(".graphiql-dialog", { state: "detached" });
+  if (subscription) {
+    await page.evaluate(
+      ([selector, text]) => document.querySelector(selector).CodeMirror.setValue(text),
+      [editor, subscription],
+    );
+    // GraphiQL parses the editor's text after a debounce and keeps the
+    // document on the editor; its fetcher picks the WebSocket by that
+    // document: wait until it is the subscription.
+    await page.waitForFunction(
+      (selector) =>
+        document
+          .querySelector(selector)
+          .CodeMirror.documentAST?.definitions?.some((d) => d.operation === "subscription"),
+      editor,
+    );
+    await page.click(".graphiql-execute-button");
+    // An event in the pane whose data has a digest other than `seen`'s.
+    const event = (seen) =>
+      page.waitForFunction((seen) => {
+        const text = document.querySelector(".graphiql-response .CodeMirror")?.CodeMirror?.getValue();
+        let digest = null;
+        try {
+          JSON.stringify(JSON.parse(text).data, (key, value) => {
+            if (key === "digest" && typeof value === "string") digest = value;
+            return value;
+          });
+        } catch {
+          return null;
+        }
+        return digest && digest !== seen ? { text, digest } : null;
+      }, seen);
+    const first = await (await event(null)).jsonValue();
+    out.events.push(first.text);
+    process.stdout.write(`PUSH ${first.digest}\n`);
+    const changed = await (await event(first.digest)).jsonValue();
+    out.events.push(changed.text);
+  }
   // Violation events are queued tasks: let those already queued run.
   await page.evaluate(() => new Promise((resolve) => setTimeout(resolve, 0)));
   clearTimeout(deadline);
