@@ -64,6 +64,13 @@ fn server() {
         .unwrap();
     runtime.block_on(async {
         let registry = EmbeddedRegistry::fixture().await.unwrap();
+        // The fixture's acme/app has t00..t59: a hundred tags.
+        registry.with_store(|store| {
+            for t in 0..100 {
+                let image = Image::demo("linux", "amd64", &tag_name(t));
+                store.put_image("acme/app", Some(&tag_name(t)), &image);
+            }
+        });
         let mut config = Config::default();
         config.subscriptions.poll_interval_ms = INTERVAL.as_millis() as u64;
         config.rate_limit.internal_token = TOKEN.into();
@@ -209,11 +216,18 @@ async fn subscriber(addr: SocketAddr, k: usize, tag: &str) -> Socket {
     let socket = TcpSocket::new_v4().unwrap();
     socket.bind(SocketAddr::from((source(k), 0))).unwrap();
     let stream = socket.connect(addr).await.unwrap();
-    let mut request = format!("ws://{addr}/graphql").into_client_request().unwrap();
+    let mut request = format!("ws://{addr}/graphql")
+        .into_client_request()
+        .unwrap();
     let headers = request.headers_mut();
-    headers.insert("sec-websocket-protocol", "graphql-transport-ws".parse().unwrap());
+    headers.insert(
+        "sec-websocket-protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
     headers.insert("x-internal-token", TOKEN.parse().unwrap());
-    let (mut socket, _) = tokio_tungstenite::client_async(request, stream).await.unwrap();
+    let (mut socket, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .unwrap();
     let init = json!({ "type": "connection_init" });
     socket.send(Message::text(init.to_string())).await.unwrap();
     let query = format!(
