@@ -415,7 +415,7 @@ async fn an_idle_socket_is_closed_for_a_newcomer_when_the_table_is_full() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_never_initialise_are_closed_at_the_timeout_and_free_their_slots() {
-    let mut config = config(SubscriptionsConfig::default().init_timeout_ms(1500));
+    let mut config = config(SubscriptionsConfig::default().init_timeout_ms(3000));
     config.http.max_connections = 201;
     config.http.max_connections_per_client = 1000;
     let server = start(config).await;
@@ -433,7 +433,7 @@ async fn connections_that_never_initialise_are_closed_at_the_timeout_and_free_th
     subscribe(&mut normal, "t", "subscription { triples(n: 2) { id } }").await;
     assert_eq!(until_complete(&mut normal, "t").await.len(), 2);
     assert!(
-        opened.elapsed() < Duration::from_millis(1500),
+        opened.elapsed() < Duration::from_millis(3000),
         "served before the silent ones' timeout ({:?})",
         opened.elapsed()
     );
@@ -445,7 +445,7 @@ async fn connections_that_never_initialise_are_closed_at_the_timeout_and_free_th
         &codes[..3]
     );
     assert!(
-        closed_after >= Duration::from_millis(1400),
+        closed_after >= Duration::from_millis(2900),
         "{closed_after:?}"
     );
     drop(sockets);
@@ -479,7 +479,7 @@ async fn malformed_and_oversized_frames_close_with_4400_and_the_server_goes_on()
         ),
         (
             "a binary frame past the bound",
-            Message::binary(vec![0u8; 1 << 20]),
+            Message::binary(vec![0u8; 4096]),
             true,
         ),
         (
@@ -512,6 +512,14 @@ async fn malformed_and_oversized_frames_close_with_4400_and_the_server_goes_on()
         socket.send(frame).await.unwrap();
         assert_eq!(receive(&mut socket).await, Err(Some(4400)), "{what}");
     }
+    // A megabyte: the server closes while the client is still sending, so
+    // the client may see a reset rather than the close frame; either way
+    // the connection ends.
+    let mut socket = connect(&server).await;
+    init(&mut socket).await;
+    let _ = socket.send(Message::binary(vec![0u8; 1 << 20])).await;
+    let ended = receive(&mut socket).await;
+    assert!(matches!(ended, Err(None | Some(4400))), "{ended:?}");
     // Bytes that are not a WebSocket frame at all (a reserved opcode).
     let mut raw = TcpStream::connect(server.addr).await.unwrap();
     let key = "dGhlIHNhbXBsZSBub25jZQ==";
