@@ -32,6 +32,9 @@
 //!    `http.write_timeout_ms` (else the connection ends); meanwhile events go
 //!    on resolving, at most `subscriptions.max_pending_events` waiting per
 //!    subscription (the oldest dropped), their bytes held in the memory pool.
+//!    Each event spends from the task's cooperative budget (tokio's
+//!    `coop`), so a subscription whose stream is always ready yields the
+//!    thread to the runtime's other tasks and timers like any I/O does.
 //! 5. **Keep-alive**: a ping every `subscriptions.keepalive_ms` (a WebSocket
 //!    ping frame, which every client answers, and the legacy protocol's
 //!    `ka`); a client heard from in none of three is closed (1001).

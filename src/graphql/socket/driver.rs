@@ -159,6 +159,11 @@ impl<E: Executor> Driver<E> {
                 message = incoming.next(), if reading => self.on_frame(message),
                 (at, event) = next_event(&mut self.subscriptions, &mut self.turn), if resolving => {
                     self.on_event(at, event);
+                    // A subscription whose events are always ready would
+                    // otherwise keep this task running for good: the
+                    // runtime's other tasks (and its timers, the write
+                    // timeout's included) would wait.
+                    tokio::task::coop::consume_budget().await;
                     Next::Go
                 }
             };
