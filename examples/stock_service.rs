@@ -9,6 +9,7 @@
 //! — two operations, one budget, one read (`tests/stock_service.rs`).
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
+use fanout_budget::graphql::FanoutSubscription;
 use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutLayer, OrNull, Read};
 
 struct Upstream(reqwest::Url);
@@ -35,7 +36,9 @@ pub fn app(engine: Engine, upstream: reqwest::Url) -> Router {
         .extension(FanoutExtension::new(&engine)) // counts reads, codes errors
         .finish();
     Router::new()
-        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema))
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema.clone()))
+        // Subscriptions over WebSocket: one budget per socket.
+        .route_service("/graphql/ws", FanoutSubscription::new(schema, engine.clone()))
         .layer(FanoutLayer::new(engine)) // one scope per HTTP request
 }
 

@@ -124,7 +124,16 @@ async fn server_with(mut config: Config) -> Server {
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
 async fn connect(server: &Server, protocol: &str, headers: &[(&str, &str)]) -> Socket {
-    let mut request = format!("ws://{}/graphql", server.address)
+    connect_to(server, "/graphql", protocol, headers).await
+}
+
+async fn connect_to(
+    server: &Server,
+    path: &str,
+    protocol: &str,
+    headers: &[(&str, &str)],
+) -> Socket {
+    let mut request = format!("ws://{}{path}", server.address)
         .into_client_request()
         .unwrap();
     request
@@ -665,5 +674,64 @@ async fn an_event_the_memory_pool_cannot_hold_is_replaced_by_one_saying_so() {
     assert_eq!(
         event["payload"]["errors"][0]["extensions"]["code"], "OVERLOADED",
         "{event}"
+    );
+}
+
+#[tokio::test]
+async fn under_fanout_layer_the_companion_serves_subscriptions_on_the_same_path() {
+    use fanout_budget::graphql::FanoutSubscription;
+    use fanout_budget::FanoutLayer;
+    let mut config = Config::default();
+    config.subscriptions = self::config().burst(7);
+    let upstream = Upstream::start().await;
+    let engine = Engine::new(config.clone());
+    let schema: SubSchema = Schema::build(Query, EmptyMutation, Subscription)
+        .extension(FanoutExtension::new(&engine))
+        .data(Base(upstream.base()))
+        .finish();
+    let router = axum::Router::new()
+        .route_service("/graphql", async_graphql_axum::GraphQL::new(schema.clone()))
+        .route_service(
+            "/graphql/ws",
+            FanoutSubscription::new(schema, engine.clone()),
+        )
+        .layer(FanoutLayer::new(engine));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let serving = fanout_budget::inbound::serve(listener, router, &config).into_future();
+    let task = tokio::spawn(async move {
+        let _ = serving.await;
+    });
+    let server = Server {
+        address,
+        upstream,
+        polls: SharedPoll::new(Duration::from_secs(1)),
+        polls_run: Arc::default(),
+        task,
+    };
+    let mut socket = connect_to(&server, "/graphql/ws", "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "1",
+        "subscription { items(first: 1, n: 2) { detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "1").await;
+    let used: Vec<_> = events
+        .iter()
+        .map(|e| e["payload"]["extensions"]["fanout"]["used"].clone())
+        .collect();
+    assert_eq!(used, [json!(1), json!(2)], "{events:?}");
+    assert_eq!(events[0]["payload"]["extensions"]["fanout"]["limit"], 7);
+    // The stock service still answers queries.
+    let answer = reqwest_post(
+        &server.address,
+        &json!({ "query": "{ item(id: 3) { detail { value } } }" }),
+    )
+    .await;
+    assert_eq!(
+        answer["data"]["item"]["detail"]["value"], "item-3",
+        "{answer}"
     );
 }

@@ -14,12 +14,12 @@ use std::task::{Context, Poll};
 /// Subscriptions over WebSocket as a `tower::Service`, under the engine's
 /// bounds: what [`FanoutGraphQL`](crate::FanoutGraphQL) serves to an upgrade
 /// request, for an app whose queries go through a stock service under
-/// [`FanoutLayer`](crate::FanoutLayer). Mount it for `GET` on the same path:
+/// [`FanoutLayer`](crate::FanoutLayer). Mount it on a path of its own
+/// beside the stock service (a client's WebSocket URL):
 ///
 /// ```
 /// use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
 /// use async_graphql_axum::GraphQL;
-/// use axum::routing::{get_service, post_service};
 /// use fanout_budget::{Config, Engine, FanoutExtension, FanoutLayer};
 /// use fanout_budget::graphql::FanoutSubscription;
 ///
@@ -36,12 +36,10 @@ use std::task::{Context, Poll};
 /// let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
 ///     .extension(FanoutExtension::new(&engine))
 ///     .finish();
-/// let app: axum::Router = axum::Router::new().route(
-///     "/graphql",
-///     get_service(FanoutSubscription::new(schema.clone(), engine.clone()))
-///         .post_service(GraphQL::new(schema))
-///         .layer(FanoutLayer::new(engine)),
-/// );
+/// let app: axum::Router = axum::Router::new()
+///     .route_service("/graphql", GraphQL::new(schema.clone()))
+///     .route_service("/graphql/ws", FanoutSubscription::new(schema, engine.clone()))
+///     .layer(FanoutLayer::new(engine));
 /// # drop(app);
 /// ```
 ///
