@@ -38,7 +38,10 @@ pub fn app(engine: Engine, upstream: reqwest::Url) -> Router {
     Router::new()
         .route_service("/graphql", async_graphql_axum::GraphQL::new(schema.clone()))
         // Subscriptions over WebSocket: one budget per socket.
-        .route_service("/graphql/ws", FanoutSubscription::new(schema, engine.clone()))
+        .route_service(
+            "/graphql/ws",
+            FanoutSubscription::new(schema, engine.clone()),
+        )
         .layer(FanoutLayer::new(engine)) // one scope per HTTP request
 }
 

@@ -104,8 +104,11 @@ async fn server_with(mut config: Config) -> Server {
         .data(polls.clone())
         .data(Polls(polls_run.clone()))
         .finish();
-    let router =
-        axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine.clone()));
+    let router = axum::Router::new()
+        .route_service("/graphql", FanoutGraphQL::new(schema, engine.clone()))
+        .route_layer(fanout_budget::inbound::RateLimitLayer::new(
+            &config.rate_limit,
+        ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap().to_string();
     let serving = fanout_budget::inbound::serve(listener, router, &config).into_future();
@@ -734,4 +737,51 @@ async fn under_fanout_layer_the_companion_serves_subscriptions_on_the_same_path(
         answer["data"]["item"]["detail"]["value"], "item-3",
         "{answer}"
     );
+}
+
+#[tokio::test]
+async fn each_operation_on_a_socket_is_a_request_under_the_per_ip_limit() {
+    let mut config = Config::default();
+    // The upgrade is one request; two operations more, then refused.
+    config.rate_limit.requests_per_minute = 3;
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    for id in ["1", "2"] {
+        subscribe(&mut socket, id, "{ __typename }").await;
+        assert_eq!(until_complete(&mut socket, id).await.len(), 1);
+    }
+    subscribe(&mut socket, "3", "{ __typename }").await;
+    let refusal = receive(&mut socket).await.unwrap();
+    assert_eq!(
+        (refusal["type"].as_str(), refusal["id"].as_str()),
+        (Some("error"), Some("3")),
+        "{refusal}"
+    );
+    assert_eq!(
+        refusal["payload"][0]["extensions"]["code"], "RATE_LIMITED",
+        "{refusal}"
+    );
+    // The same client over HTTP is limited too: the socket spent its requests.
+    let answer = reqwest_post(&server.address, &json!({ "query": "{ __typename }" })).await;
+    assert_eq!(
+        answer["errors"][0]["extensions"]["code"], "RATE_LIMITED",
+        "{answer}"
+    );
+    // An internal caller (the token in connection_init) is exempt. Its
+    // upgrade carries no token header, so it is counted: a fresh server.
+    let mut config = Config::default();
+    config.rate_limit.requests_per_minute = 1;
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({ "x-internal-token": TOKEN })).await;
+    for n in 0..5 {
+        let id = n.to_string();
+        subscribe(&mut socket, &id, "{ __typename }").await;
+        assert_eq!(
+            until_complete(&mut socket, &id).await.len(),
+            1,
+            "operation {n}"
+        );
+    }
 }

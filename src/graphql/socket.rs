@@ -23,7 +23,10 @@
 //!    ([`FanoutConnection`], `connection.rs`: a read budget that refills).
 //! 3. **`subscribe`** (before the ack: 4401; an id already active: 4409;
 //!    past `subscriptions.max_per_connection`: an `error` for that id,
-//!    `TOO_MANY_SUBSCRIPTIONS`, the others untouched): the operation runs on
+//!    `TOO_MANY_SUBSCRIPTIONS`, the others untouched; a public caller's
+//!    operation counted as one request of its client by the per-IP limit the
+//!    upgrade passed, `inbound/limiter.rs`'s `SocketLimit`: refused, an
+//!    `error` with `RATE_LIMITED`): the operation runs on
 //!    the executor with the connection in its session data. The engine's
 //!    extension admits it once and runs **each event in a scope of its own**
 //!    opened on the connection (`extension.rs`): its own de-duplication,

@@ -410,6 +410,15 @@ where
                     Ok(response)
                 }
                 Decision::Allow { remaining, reset } => {
+                    // A WebSocket: each operation it starts is a request of
+                    // this client's too (`graphql/socket/driver.rs`).
+                    if request.headers().contains_key(http::header::UPGRADE) {
+                        let limit = SocketLimit {
+                            layer: layer.clone(),
+                            client,
+                        };
+                        request.extensions_mut().insert(limit);
+                    }
                     let mut response = inner.call(request).await?;
                     layer.headers(&mut response, remaining, ceil_seconds(reset));
                     Ok(response)
@@ -472,6 +481,40 @@ fn policy(limit: u32) -> String {
 
 fn ceil_seconds(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The per-IP limit of a public client's WebSocket, left in the upgrade
+/// request's extensions: every operation the socket starts (a subscribe)
+/// is checked and counted as one request of the client, so a socket is no
+/// way around the limit.
+#[derive(Clone)]
+pub(crate) struct SocketLimit {
+    layer: Arc<RateLimitLayer>,
+    client: IpAddr,
+}
+
+impl std::fmt::Debug for SocketLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketLimit")
+            .field("client", &self.client)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SocketLimit {
+    /// Counts one operation; `Err`: refused (`RATE_LIMITED`, or the shared
+    /// limiter down with `failure_mode = "closed"`).
+    pub(crate) async fn check(&self) -> Result<(), Rejection> {
+        match self.layer.decide(self.client).await? {
+            Decision::Allow { .. } => Ok(()),
+            Decision::Deny { retry_after } => {
+                metrics::rate_limited();
+                Err(Rejection::RateLimited {
+                    retry_after_secs: whole_seconds(retry_after),
+                })
+            }
+        }
+    }
 }
 
 /// `Retry-After` is whole seconds, at least 1.

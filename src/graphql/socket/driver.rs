@@ -8,6 +8,7 @@ use super::outbox::Outbox;
 use crate::engine::Engine;
 use crate::error::{stopped, Rejection};
 use crate::inbound::identity::Caller;
+use crate::inbound::limiter::SocketLimit;
 use crate::inbound::serve::{ConnectionLease, Wanted};
 use async_graphql::{Data, Executor, Response};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
@@ -42,6 +43,9 @@ pub(super) struct Driver<E> {
     /// The upgrade request: its client keys the read quota.
     parts: http::request::Parts,
     lease: Option<ConnectionLease>,
+    /// The client's per-IP limit, which counts each operation (none for an
+    /// internal caller, or outside the rate-limit layer).
+    limit: Option<SocketLimit>,
     /// The session data, with the connection's scope, once initialised.
     session: Option<Arc<Data>>,
     subscriptions: Vec<Subscription>,
@@ -63,16 +67,21 @@ type Sink = SplitSink<WebSocket, Message>;
 
 impl<E: Executor> Driver<E> {
     /// The driver of a connection upgraded by the request whose parts are
-    /// `parts`, from `caller` (as its headers say).
+    /// `parts`: the caller its headers say (or the rate-limit layer found),
+    /// its place in `serve`'s table and its client's per-IP limit, if they
+    /// came with it.
     pub(super) fn new(
         executor: E,
         engine: Engine,
         protocol: Protocol,
-        caller: Caller,
-        parts: http::request::Parts,
-        lease: Option<ConnectionLease>,
-        outbox: Outbox,
+        mut parts: http::request::Parts,
     ) -> Self {
+        let lease = parts.extensions.remove::<ConnectionLease>();
+        let limit = parts.extensions.remove::<SocketLimit>();
+        let caller = (parts.extensions.get::<Caller>().copied())
+            .unwrap_or_else(|| engine.identify(&parts.headers));
+        let max_pending = engine.config().subscriptions.max_pending_events;
+        let outbox = Outbox::new(max_pending, engine.memory_pool().clone());
         Self {
             executor,
             engine,
@@ -80,6 +89,7 @@ impl<E: Executor> Driver<E> {
             caller,
             parts,
             lease,
+            limit,
             session: None,
             subscriptions: Vec::new(),
             turn: 0,
@@ -156,7 +166,7 @@ impl<E: Executor> Driver<E> {
                         Next::Go
                     }
                 }
-                message = incoming.next(), if reading => self.on_frame(message),
+                message = incoming.next(), if reading => self.on_frame(message).await,
                 (at, event) = next_event(&mut self.subscriptions, &mut self.turn), if resolving => {
                     self.on_event(at, event);
                     // A subscription whose events are always ready would
@@ -177,7 +187,7 @@ impl<E: Executor> Driver<E> {
     }
 
     /// One frame from the client.
-    fn on_frame(&mut self, frame: Option<Result<Message, axum::Error>>) -> Next {
+    async fn on_frame(&mut self, frame: Option<Result<Message, axum::Error>>) -> Next {
         self.heard = Instant::now();
         match frame {
             None | Some(Ok(Message::Close(_))) => Next::End,
@@ -185,13 +195,13 @@ impl<E: Executor> Driver<E> {
             // a WebSocket frame at all.
             Some(Err(_)) => Next::Close(close::BAD_MESSAGE, "message too large or malformed"),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => Next::Go,
-            Some(Ok(Message::Text(text))) => self.on_message(text.as_bytes()),
-            Some(Ok(Message::Binary(bytes))) => self.on_message(&bytes),
+            Some(Ok(Message::Text(text))) => self.on_message(text.as_bytes()).await,
+            Some(Ok(Message::Binary(bytes))) => self.on_message(&bytes).await,
         }
     }
 
     /// One protocol message.
-    fn on_message(&mut self, bytes: &[u8]) -> Next {
+    async fn on_message(&mut self, bytes: &[u8]) -> Next {
         let Ok(message) = ClientMessage::from_bytes(bytes) else {
             return Next::Close(close::BAD_MESSAGE, "not a message of the protocol");
         };
@@ -209,6 +219,10 @@ impl<E: Executor> Driver<E> {
                 let mut data = Data::default();
                 data.insert(connection);
                 self.session = Some(Arc::new(data));
+                if caller == Caller::Internal {
+                    // Exempt from the per-IP limit, as over HTTP.
+                    self.limit = None;
+                }
                 self.outbox.reply(self.protocol.ack());
                 Next::Go
             }
@@ -230,7 +244,18 @@ impl<E: Executor> Driver<E> {
                     self.outbox.reply(refusal);
                     return Next::Go;
                 }
-                let events = self.executor.execute_stream(payload, Some(session.clone()));
+                // Each operation is a request of the client's, under the
+                // per-IP limit like one sent over HTTP.
+                let session = session.clone();
+                if let Some(limit) = &self.limit {
+                    if let Err(refused) = limit.check().await {
+                        let message = refused.to_string();
+                        self.outbox
+                            .reply(self.protocol.error(&id, &message, refused.code()));
+                        return Next::Go;
+                    }
+                }
+                let events = self.executor.execute_stream(payload, Some(session));
                 self.subscriptions.push(Subscription { id, events });
                 if let Some(lease) = &self.lease {
                     lease.busy();

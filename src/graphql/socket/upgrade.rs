@@ -4,11 +4,8 @@
 
 use super::driver::{Driver, READ_BUFFER};
 use super::message::{self, Protocol};
-use super::outbox::Outbox;
 use crate::engine::Engine;
 use crate::error::Rejection;
-use crate::inbound::identity::Caller;
-use crate::inbound::serve::ConnectionLease;
 use async_graphql::Executor;
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::FromRequestParts;
@@ -54,10 +51,6 @@ pub(crate) async fn upgrade<E: Executor>(
         }
         .unread();
     };
-    let lease = parts.extensions.remove::<ConnectionLease>();
-    let caller = (parts.extensions.get::<Caller>().copied())
-        .unwrap_or_else(|| engine.identify(&parts.headers));
-    let outbox = Outbox::new(s.max_pending_events, engine.memory_pool().clone());
-    let driver = Driver::new(executor, engine, protocol, caller, parts, lease, outbox);
+    let driver = Driver::new(executor, engine, protocol, parts);
     upgrade.on_upgrade(move |socket| driver.run(socket))
 }
