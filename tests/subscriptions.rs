@@ -37,6 +37,12 @@ impl Subscription {
         futures::stream::iter((first..first + n).map(|id| Item { id }))
     }
 
+    /// One event (item `id`, whose `detail` reads it), then none until
+    /// the client stops it.
+    async fn once(&self, id: u64) -> impl Stream<Item = Item> {
+        futures::stream::iter([Item { id }]).chain(futures::stream::pending())
+    }
+
     /// Never an event, until the client stops it.
     async fn quiet(&self) -> impl Stream<Item = u64> {
         futures::stream::pending()
@@ -148,8 +154,10 @@ async fn send(socket: &mut Socket, message: Value) {
 /// The next protocol message (pings skipped); `Err` with the close code
 /// when the server closed.
 async fn receive(socket: &mut Socket) -> Result<Value, Option<u16>> {
+    // One deadline for the message, however many pings come before it.
+    let until = tokio::time::Instant::now() + LIMIT;
     loop {
-        let frame = tokio::time::timeout(LIMIT, socket.next())
+        let frame = tokio::time::timeout_at(until, socket.next())
             .await
             .expect("a message within the limit");
         match frame {
@@ -593,4 +601,60 @@ async fn reqwest_post(address: &str, body: &Value) -> Value {
         .await
         .unwrap();
     serde_json::from_slice(&response.bytes().await.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn an_idle_subscription_gives_back_the_read_quota_its_last_event_reserved() {
+    let mut config = Config::default();
+    config.budget.max_reads = 5;
+    config.quota.reads = 6;
+    config.quota.period_secs = 3600;
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    // One event that reads once (it reserved its budget, five), then idle.
+    subscribe(
+        &mut socket,
+        "o",
+        "subscription { once(id: 1) { detail { value } } }",
+    )
+    .await;
+    let event = receive(&mut socket).await.unwrap();
+    assert_eq!(event["type"], "next", "{event}");
+    assert_eq!(
+        event["payload"]["extensions"]["fanout"]["operationReads"], 1,
+        "{event}"
+    );
+    // The event is over: what it did not spend is back on the quota, so an
+    // HTTP request from the same client reserves its five.
+    let body = json!({ "query": "{ a: item(id: 8) { detail { value } } }" });
+    let answer = reqwest_post(&server.address, &body).await;
+    assert!(answer["errors"].is_null(), "{answer}");
+    assert_eq!(answer["data"]["a"]["detail"]["value"], "item-8");
+    drop(socket);
+}
+
+#[tokio::test]
+async fn idle_subscriptions_hold_no_memory_of_the_process_pool() {
+    let mut config = Config::default();
+    // Room for four requests' first blocks (64 KiB each) and a few queued
+    // events, no more.
+    config.http.max_inflight_bytes = (4 << 16) + (16 << 10);
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    for id in 1..=4 {
+        let id_text = id.to_string();
+        let query = format!("subscription {{ once(id: {id}) {{ detail {{ value }} }} }}");
+        subscribe(&mut socket, &id_text, &query).await;
+        let event = receive(&mut socket).await.unwrap();
+        assert_eq!(event["id"], id_text, "{event}");
+        assert!(event["payload"]["errors"].is_null(), "{event}");
+    }
+    // Four subscriptions, each idle after its event: the process still
+    // serves an HTTP request.
+    let body = json!({ "query": "{ a: item(id: 8) { detail { value } } }" });
+    let answer = reqwest_post(&server.address, &body).await;
+    assert!(answer["errors"].is_null(), "{answer}");
+    drop(socket);
 }
