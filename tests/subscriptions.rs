@@ -658,3 +658,66 @@ async fn idle_subscriptions_hold_no_memory_of_the_process_pool() {
     assert!(answer["errors"].is_null(), "{answer}");
     drop(socket);
 }
+
+#[tokio::test]
+async fn a_client_that_never_reads_cannot_fill_the_pool_with_finished_queries() {
+    let mut config = Config::default();
+    config.http.max_inflight_bytes = 8 << 20;
+    // The connection is not cut for its stalled writes during the test.
+    config.http.write_timeout_ms = 120_000;
+    let server = server_with(config).await;
+    // A client that reads nothing once acked, behind a small receive buffer
+    // (the server's writes stall early).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket
+        .connect(server.address.parse().unwrap())
+        .await
+        .unwrap();
+    let mut request = format!("ws://{}/graphql", server.address)
+        .into_client_request()
+        .unwrap();
+    let protocol = "graphql-transport-ws".parse().unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol);
+    let stream = MaybeTlsStream::Plain(stream);
+    let (mut hostile, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .unwrap();
+    send(&mut hostile, json!({ "type": "connection_init" })).await;
+    assert_eq!(
+        receive(&mut hostile).await.unwrap()["type"],
+        "connection_ack"
+    );
+    // Thousands of one-event queries, each with a 16 KiB id: every one
+    // ends at once, its event and its `complete` left to write.
+    let writer = tokio::spawn(async move {
+        let mut sent = 0;
+        for n in 0..3_000 {
+            let id = format!("{n:0>16384}");
+            let message =
+                json!({ "type": "subscribe", "id": id, "payload": { "query": "{ __typename }" } });
+            let sending = hostile.send(Message::text(message.to_string()));
+            // A send that stalls: the server stopped reading.
+            match tokio::time::timeout(Duration::from_secs(3), sending).await {
+                Ok(Ok(())) => sent += 1,
+                _ => break,
+            }
+        }
+        (sent, hostile)
+    });
+    let (sent, hostile) = writer.await.unwrap();
+    // Meanwhile and after, another client's request finds memory in the
+    // pool: what waits for the hostile client is bounded per connection.
+    let body = json!({ "query": "{ a: item(id: 8) { detail { value } } }" });
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        let answer = reqwest_post(&server.address, &body).await;
+        assert!(
+            answer["errors"].is_null(),
+            "after {sent} subscribes from a client that reads nothing: {answer}"
+        );
+    }
+    drop(hostile);
+}

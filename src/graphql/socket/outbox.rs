@@ -5,8 +5,11 @@
 //! events, so what they produce waits here:
 //!
 //! - **replies** (acks, pongs, refusals, completions): at most
-//!   [`MAX_REPLIES`]; while that many wait, no client message is read (the
-//!   client's own sending is slowed to its reading);
+//!   [`MAX_REPLIES`], counting the subscriptions that ended with frames
+//!   still to write (a query sent over the socket ends at once, its event
+//!   and its `complete` left here); while that many wait, no client message
+//!   is read (the client's own sending is slowed to its reading, and what
+//!   waits for it stays bounded however many operations it sends);
 //! - **events**, per subscription: at most `subscriptions.max_pending_events`;
 //!   past it the oldest is dropped (a subscription's newest state is what a
 //!   client wants; the count is in `fanout_subscription_events_dropped_total`),
@@ -27,6 +30,8 @@ pub(crate) const MAX_REPLIES: usize = 32;
 struct Pending {
     text: String,
     _held: Option<PoolBytes>,
+    /// The subscription's `complete`, its last frame.
+    last: bool,
 }
 
 /// What a connection has to write (see the module docs).
@@ -35,6 +40,8 @@ pub(crate) struct Outbox {
     events: HashMap<String, VecDeque<Pending>>,
     /// Subscriptions with events waiting, in the order they are written.
     turn: VecDeque<String>,
+    /// `complete` frames waiting (subscriptions over, frames to write).
+    finished: usize,
     max_events: usize,
     pool: Arc<MemoryPool>,
 }
@@ -45,14 +52,16 @@ impl Outbox {
             replies: VecDeque::new(),
             events: HashMap::new(),
             turn: VecDeque::new(),
+            finished: 0,
             max_events,
             pool,
         }
     }
 
-    /// Whether another reply may wait (else no client message is read).
+    /// Whether another reply may wait (else no client message is read):
+    /// fewer than [`MAX_REPLIES`] replies and ended subscriptions wait.
     pub(crate) fn takes_replies(&self) -> bool {
-        self.replies.len() < MAX_REPLIES
+        self.replies.len() + self.finished < MAX_REPLIES
     }
 
     /// A reply to write after those waiting.
@@ -81,6 +90,7 @@ impl Outbox {
         queue.push_back(Pending {
             text,
             _held: Some(held),
+            last: false,
         });
         kept
     }
@@ -92,12 +102,19 @@ impl Outbox {
             self.turn.push_back(id.to_owned());
         }
         let queue = self.events.entry(id.to_owned()).or_default();
-        queue.push_back(Pending { text, _held: None });
+        queue.push_back(Pending {
+            text,
+            _held: None,
+            last: true,
+        });
+        self.finished += 1;
     }
 
     /// Drops subscription `id`'s waiting events (the client stopped it).
     pub(crate) fn forget(&mut self, id: &str) {
-        self.events.remove(id);
+        if let Some(queue) = self.events.remove(id) {
+            self.finished -= queue.iter().filter(|p| p.last).count();
+        }
         self.turn.retain(|waiting| waiting != id);
     }
 
@@ -110,6 +127,9 @@ impl Outbox {
         let id = self.turn.pop_front()?;
         let queue = self.events.get_mut(&id)?;
         let pending = queue.pop_front()?;
+        if pending.last {
+            self.finished -= 1;
+        }
         if queue.is_empty() {
             self.events.remove(&id);
         } else {
@@ -135,6 +155,25 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
         assert_eq!(order, ["ack", "a2", "b1", "a3"]);
         assert_eq!(pool.used(), 0, "written events give their bytes back");
+    }
+
+    #[test]
+    fn ended_subscriptions_waiting_to_be_written_count_as_replies() {
+        let pool = Arc::new(MemoryPool::new(1 << 20));
+        let mut outbox = Outbox::new(4, pool);
+        for n in 0..MAX_REPLIES {
+            assert!(outbox.takes_replies());
+            let id = n.to_string();
+            assert!(outbox.event(&id, format!("next {id}")));
+            outbox.finish(&id, format!("complete {id}"));
+        }
+        assert!(!outbox.takes_replies(), "no message read past the bound");
+        let written = std::iter::from_fn(|| outbox.next()).count();
+        assert_eq!(written, 2 * MAX_REPLIES);
+        assert!(outbox.takes_replies(), "every complete written");
+        outbox.finish("again", "complete again".into());
+        outbox.forget("again");
+        assert!(outbox.takes_replies());
     }
 
     #[test]
