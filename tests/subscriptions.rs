@@ -721,3 +721,61 @@ async fn a_client_that_never_reads_cannot_fill_the_pool_with_finished_queries() 
     }
     drop(hostile);
 }
+
+/// The upgrade's answer status for a request with these headers.
+async fn upgrade_status(server: &Server, headers: &[(&str, &str)]) -> u16 {
+    let mut request = format!("ws://{}/graphql", server.address)
+        .into_client_request()
+        .unwrap();
+    let protocol = "graphql-transport-ws".parse().unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol);
+    for (name, value) in headers {
+        let name: http::HeaderName = name.parse().unwrap();
+        request.headers_mut().insert(name, value.parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((_, response)) => response.status().as_u16(),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn a_page_on_another_site_cannot_open_a_socket_with_its_visitors_cookies() {
+    let mut config = Config::default();
+    config.http.cors_allowed_origins = vec!["https://app.example".into()];
+    let server = server_with(config).await;
+    let same = format!("http://{}", server.address);
+    // A browser names the page's origin; the library's default (as for a
+    // cross-site GET, `http.csrf_get`) refuses another site's.
+    let cookie = ("cookie", "session=visitor");
+    assert_eq!(
+        upgrade_status(&server, &[("origin", "https://evil.example"), cookie]).await,
+        400,
+        "a page on another site"
+    );
+    // Its own origin, an origin CORS allows, or no browser at all: served.
+    for origin in [same.as_str(), "https://app.example"] {
+        assert_eq!(
+            upgrade_status(&server, &[("origin", origin), cookie]).await,
+            101,
+            "{origin}"
+        );
+    }
+    assert_eq!(
+        upgrade_status(&server, &[]).await,
+        101,
+        "no Origin: not a browser"
+    );
+    // With `csrf_get = "allow"` (an endpoint without ambient credentials),
+    // any page may.
+    let mut config = Config::default();
+    config.http.csrf_get = Some(fanout_budget::config::CsrfGet::Allow);
+    let open = server_with(config).await;
+    assert_eq!(
+        upgrade_status(&open, &[("origin", "https://evil.example")]).await,
+        101
+    );
+}
