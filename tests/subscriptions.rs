@@ -779,3 +779,55 @@ async fn a_page_on_another_site_cannot_open_a_socket_with_its_visitors_cookies()
         101
     );
 }
+
+#[tokio::test]
+async fn a_stock_service_under_the_layer_serves_subscriptions_beside_it() {
+    let mut config = Config::default();
+    config.subscriptions = self::config().burst(7);
+    let upstream = Upstream::start().await;
+    let engine = Engine::new(config.clone());
+    let schema: SubSchema = Schema::build(Query, EmptyMutation, Subscription)
+        .extension(FanoutExtension::new(&engine))
+        .data(Base(upstream.base()))
+        .finish();
+    let router = axum::Router::new().route(
+        "/graphql",
+        axum::routing::get_service(fanout_budget::graphql::FanoutSubscription::new(
+            schema.clone(),
+            engine.clone(),
+        ))
+        .post_service(async_graphql_axum::GraphQL::new(schema))
+        .layer(fanout_budget::FanoutLayer::new(engine)),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let serving = fanout_budget::inbound::serve(listener, router, &config).into_future();
+    let task = tokio::spawn(async move {
+        let _ = serving.await;
+    });
+    let server = Server {
+        address,
+        upstream,
+        polls: SharedPoll::new(Duration::from_secs(1)),
+        polls_run: Arc::default(),
+        task,
+    };
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "1",
+        "subscription { items(first: 1, n: 2) { detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "1").await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    let fanout = &events[1]["payload"]["extensions"]["fanout"];
+    assert_eq!(fanout["limit"], 7, "the connection's budget: {fanout}");
+    assert_eq!(fanout["used"], 2, "{fanout}");
+    assert_eq!(server.upstream.requests(), 2);
+    // The stock service still answers queries over HTTP beside it.
+    let body = json!({ "query": "{ a: item(id: 8) { detail { value } } }" });
+    let answer = reqwest_post(&server.address, &body).await;
+    assert_eq!(answer["data"]["a"]["detail"]["value"], "item-8", "{answer}");
+}
