@@ -165,8 +165,10 @@ async fn send(socket: &mut Socket, message: Value) {
 /// The next protocol message (pings skipped); `Err` with the close code
 /// when the server closed.
 async fn receive(socket: &mut Socket) -> Result<Value, Option<u16>> {
+    // One deadline for the message, however many pings come before it.
+    let until = tokio::time::Instant::now() + LIMIT;
     loop {
-        let frame = tokio::time::timeout(LIMIT, socket.next())
+        let frame = tokio::time::timeout_at(until, socket.next())
             .await
             .expect("a message within the limit");
         match frame {
@@ -784,4 +786,156 @@ async fn each_operation_on_a_socket_is_a_request_under_the_per_ip_limit() {
             "operation {n}"
         );
     }
+}
+
+#[tokio::test]
+async fn an_idle_subscription_gives_back_the_read_quota_its_last_event_reserved() {
+    let mut config = Config::default();
+    config.budget.max_reads = 5;
+    config.quota.reads = 6;
+    config.quota.period_secs = 3600;
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    // One event that reads once (it reserved its budget, five), then idle.
+    subscribe(
+        &mut socket,
+        "o",
+        "subscription { once(id: 1) { detail { value } } }",
+    )
+    .await;
+    let event = receive(&mut socket).await.unwrap();
+    assert_eq!(event["type"], "next", "{event}");
+    assert_eq!(
+        event["payload"]["extensions"]["fanout"]["operationReads"], 1,
+        "{event}"
+    );
+    // The event is over: what it did not spend is back on the quota, so an
+    // HTTP request from the same client reserves its five.
+    let body = json!({ "query": "{ a: item(id: 8) { detail { value } } }" });
+    let answer = reqwest_post(&server.address, &body).await;
+    assert!(answer["errors"].is_null(), "{answer}");
+    assert_eq!(answer["data"]["a"]["detail"]["value"], "item-8");
+    drop(socket);
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_cannot_fill_the_pool_with_finished_queries() {
+    let mut config = Config::default();
+    config.http.max_inflight_bytes = 8 << 20;
+    // The connection is not cut for its stalled writes during the test.
+    config.http.write_timeout_ms = 120_000;
+    let server = server_with(config).await;
+    // A client that reads nothing once acked, behind a small receive buffer
+    // (the server's writes stall early).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let stream = socket
+        .connect(server.address.parse().unwrap())
+        .await
+        .unwrap();
+    let mut request = format!("ws://{}/graphql", server.address)
+        .into_client_request()
+        .unwrap();
+    let protocol = "graphql-transport-ws".parse().unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol);
+    let stream = MaybeTlsStream::Plain(stream);
+    let (mut hostile, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .unwrap();
+    send(&mut hostile, json!({ "type": "connection_init" })).await;
+    assert_eq!(
+        receive(&mut hostile).await.unwrap()["type"],
+        "connection_ack"
+    );
+    // Thousands of one-event queries, each with a 16 KiB id: every one
+    // ends at once, its event and its `complete` left to write.
+    let writer = tokio::spawn(async move {
+        let mut sent = 0;
+        for n in 0..3_000 {
+            let id = format!("{n:0>16384}");
+            let message =
+                json!({ "type": "subscribe", "id": id, "payload": { "query": "{ __typename }" } });
+            let sending = hostile.send(Message::text(message.to_string()));
+            // A send that stalls: the server stopped reading.
+            match tokio::time::timeout(Duration::from_secs(3), sending).await {
+                Ok(Ok(())) => sent += 1,
+                _ => break,
+            }
+        }
+        (sent, hostile)
+    });
+    let (sent, hostile) = writer.await.unwrap();
+    // Meanwhile and after, another client's request finds memory in the
+    // pool: what waits for the hostile client is bounded per connection.
+    let body = json!({ "query": "{ a: item(id: 8) { detail { value } } }" });
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < until {
+        let answer = reqwest_post(&server.address, &body).await;
+        assert!(
+            answer["errors"].is_null(),
+            "after {sent} subscribes from a client that reads nothing: {answer}"
+        );
+    }
+    drop(hostile);
+}
+
+/// The upgrade's answer status for a request with these headers.
+async fn upgrade_status(server: &Server, headers: &[(&str, &str)]) -> u16 {
+    let mut request = format!("ws://{}/graphql", server.address)
+        .into_client_request()
+        .unwrap();
+    let protocol = "graphql-transport-ws".parse().unwrap();
+    request
+        .headers_mut()
+        .insert("sec-websocket-protocol", protocol);
+    for (name, value) in headers {
+        let name: http::HeaderName = name.parse().unwrap();
+        request.headers_mut().insert(name, value.parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((_, response)) => response.status().as_u16(),
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => response.status().as_u16(),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn a_page_on_another_site_cannot_open_a_socket_with_its_visitors_cookies() {
+    let mut config = Config::default();
+    config.http.cors_allowed_origins = vec!["https://app.example".into()];
+    let server = server_with(config).await;
+    let same = format!("http://{}", server.address);
+    // A browser names the page's origin; the library's default (as for a
+    // cross-site GET, `http.csrf_get`) refuses another site's.
+    let cookie = ("cookie", "session=visitor");
+    assert_eq!(
+        upgrade_status(&server, &[("origin", "https://evil.example"), cookie]).await,
+        400,
+        "a page on another site"
+    );
+    // Its own origin, an origin CORS allows, or no browser at all: served.
+    for origin in [same.as_str(), "https://app.example"] {
+        assert_eq!(
+            upgrade_status(&server, &[("origin", origin), cookie]).await,
+            101,
+            "{origin}"
+        );
+    }
+    assert_eq!(
+        upgrade_status(&server, &[]).await,
+        101,
+        "no Origin: not a browser"
+    );
+    // With `csrf_get = "allow"` (an endpoint without ambient credentials),
+    // any page may.
+    let mut config = Config::default();
+    config.http.csrf_get = Some(fanout_budget::config::CsrfGet::Allow);
+    let open = server_with(config).await;
+    assert_eq!(
+        upgrade_status(&open, &[("origin", "https://evil.example")]).await,
+        101
+    );
 }

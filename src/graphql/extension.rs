@@ -380,9 +380,11 @@ impl PerOperation {
         let types = self.types(ctx);
         let execute = next.run_with_data(ctx, operation_name, data);
         let mut response = op.run_event(&event, &operation, &types, execute).await;
-        // The event is over: what its memory took from the pool goes back
-        // now, not when the next event comes (hours, maybe).
+        // The event is over: its scope goes now — its memory blocks back to
+        // the pool, its reservation settled on the client's read quota —
+        // not when the next event comes, hours later perhaps.
         *lock(&self.event) = None;
+        drop((event, operation));
         report_connection(&mut response, connection);
         response
     }

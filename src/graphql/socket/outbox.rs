@@ -5,8 +5,11 @@
 //! events, so what they produce waits here:
 //!
 //! - **replies** (acks, pongs, refusals, completions): at most
-//!   [`MAX_REPLIES`]; while that many wait, no client message is read (the
-//!   client's own sending is slowed to its reading);
+//!   [`MAX_REPLIES`], counting the subscriptions that ended with frames
+//!   still to write (a query sent over the socket ends at once, its event
+//!   and its `complete` left here); while that many wait, no client message
+//!   is read (the client's own sending is slowed to its reading, and what
+//!   waits for it stays bounded however many operations it sends);
 //! - **events**, per subscription: at most `subscriptions.max_pending_events`;
 //!   past it the oldest is dropped (a subscription's newest state is what a
 //!   client wants; the count is in `fanout_subscription_events_dropped_total`),
@@ -29,6 +32,8 @@ pub(crate) const MAX_REPLIES: usize = 32;
 struct Pending {
     text: String,
     _held: Option<PoolBytes>,
+    /// The subscription's `complete`, its last frame (never dropped).
+    last: bool,
 }
 
 /// What a connection has to write (see the module docs).
@@ -37,6 +42,8 @@ pub(crate) struct Outbox {
     events: HashMap<String, VecDeque<Pending>>,
     /// Subscriptions with events waiting, in the order they are written.
     turn: VecDeque<String>,
+    /// `complete` frames waiting (subscriptions over, frames to write).
+    finished: usize,
     max_events: usize,
     pool: Arc<MemoryPool>,
 }
@@ -47,14 +54,16 @@ impl Outbox {
             replies: VecDeque::new(),
             events: HashMap::new(),
             turn: VecDeque::new(),
+            finished: 0,
             max_events,
             pool,
         }
     }
 
-    /// Whether another reply may wait (else no client message is read).
+    /// Whether another reply may wait (else no client message is read):
+    /// fewer than [`MAX_REPLIES`] replies and ended subscriptions wait.
     pub(crate) fn takes_replies(&self) -> bool {
-        self.replies.len() < MAX_REPLIES
+        self.replies.len() + self.finished < MAX_REPLIES
     }
 
     /// A reply to write after those waiting.
@@ -76,6 +85,7 @@ impl Outbox {
                 Pending {
                     text,
                     _held: Some(held),
+                    last: false,
                 },
                 true,
             ),
@@ -83,6 +93,7 @@ impl Outbox {
                 Pending {
                     text: overloaded(),
                     _held: None,
+                    last: false,
                 },
                 false,
             ),
@@ -94,8 +105,12 @@ impl Outbox {
                 self.events.entry(id.to_owned()).or_default()
             }
         };
-        if queue.len() >= self.max_events {
-            queue.pop_front();
+        // The oldest event goes; a `complete` (the id's earlier
+        // subscription's) stays.
+        if queue.iter().filter(|p| !p.last).count() >= self.max_events {
+            if let Some(oldest) = queue.iter().position(|p| !p.last) {
+                queue.remove(oldest);
+            }
             kept = false;
         }
         queue.push_back(pending);
@@ -109,12 +124,19 @@ impl Outbox {
             self.turn.push_back(id.to_owned());
         }
         let queue = self.events.entry(id.to_owned()).or_default();
-        queue.push_back(Pending { text, _held: None });
+        queue.push_back(Pending {
+            text,
+            _held: None,
+            last: true,
+        });
+        self.finished += 1;
     }
 
     /// Drops subscription `id`'s waiting events (the client stopped it).
     pub(crate) fn forget(&mut self, id: &str) {
-        self.events.remove(id);
+        if let Some(queue) = self.events.remove(id) {
+            self.finished -= queue.iter().filter(|p| p.last).count();
+        }
         self.turn.retain(|waiting| waiting != id);
     }
 
@@ -127,6 +149,9 @@ impl Outbox {
         let id = self.turn.pop_front()?;
         let queue = self.events.get_mut(&id)?;
         let pending = queue.pop_front()?;
+        if pending.last {
+            self.finished -= 1;
+        }
         if queue.is_empty() {
             self.events.remove(&id);
         } else {
@@ -156,6 +181,42 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
         assert_eq!(order, ["ack", "a2", "b1", "a3"]);
         assert_eq!(pool.used(), 0, "written events give their bytes back");
+    }
+
+    #[test]
+    fn ended_subscriptions_waiting_to_be_written_count_as_replies() {
+        let pool = Arc::new(MemoryPool::new(1 << 20));
+        let mut outbox = Outbox::new(4, pool);
+        let full = || unreachable!("the pool has room");
+        for n in 0..MAX_REPLIES {
+            assert!(outbox.takes_replies());
+            let id = n.to_string();
+            assert!(outbox.event(&id, format!("next {id}"), full));
+            outbox.finish(&id, format!("complete {id}"));
+        }
+        assert!(!outbox.takes_replies(), "no message read past the bound");
+        let written = std::iter::from_fn(|| outbox.next()).count();
+        assert_eq!(written, 2 * MAX_REPLIES);
+        assert!(outbox.takes_replies(), "every complete written");
+        outbox.finish("again", "complete again".into());
+        outbox.forget("again");
+        assert!(outbox.takes_replies());
+    }
+
+    #[test]
+    fn a_complete_is_never_dropped_for_a_later_event_of_its_id() {
+        let pool = Arc::new(MemoryPool::new(1 << 20));
+        let mut outbox = Outbox::new(1, pool);
+        let full = || unreachable!("the pool has room");
+        assert!(outbox.event("a", "a1".into(), full));
+        outbox.finish("a", "complete".into());
+        // The id subscribed again before the client read anything: its
+        // events push out the oldest event, never the `complete`.
+        assert!(!outbox.event("a", "b1".into(), full));
+        assert!(!outbox.event("a", "b2".into(), full));
+        let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
+        assert_eq!(order, ["complete", "b2"]);
+        assert!(outbox.takes_replies());
     }
 
     #[test]

@@ -1,9 +1,21 @@
 //! The upgrade: an HTTP request that asks for a WebSocket answered
 //! `101 Switching Protocols` in one of the two subprotocols, the socket's
 //! frames bounded, and the connection handed to its driver (`driver.rs`).
+//!
+//! **Cross-site.** A page on any site may open a WebSocket to any host, and
+//! the browser sends the visitor's cookies with the upgrade and no CORS
+//! preflight; the page then reads every answer, and anything runs over a
+//! socket, mutations included. So, under `http.csrf_get`'s default
+//! (`"require_preflight"`: an app with ambient credentials), an upgrade
+//! whose `Origin` (every browser sends one) is neither the endpoint's own
+//! (its `Host`) nor one listed in `http.cors_allowed_origins` (`"*"` does
+//! not count: CORS never lets it carry cookies) is refused with 400
+//! `BAD_REQUEST`, as a cross-site `GET` is. An upgrade without `Origin`
+//! (not a browser) is served; `"allow"` serves every one.
 
 use super::driver::{Driver, READ_BUFFER};
 use super::message::{self, Protocol};
+use crate::config::CsrfGet;
 use crate::engine::Engine;
 use crate::error::Rejection;
 use async_graphql::Executor;
@@ -28,6 +40,9 @@ pub(crate) async fn upgrade<E: Executor>(
     request: http::Request<axum::body::Body>,
 ) -> HttpResponse {
     let (mut parts, _body) = request.into_parts();
+    if let Err(refused) = check_origin(&parts.headers, &engine.config().http) {
+        return refused.unread();
+    }
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
         Ok(upgrade) => upgrade,
         Err(rejection) => return rejection.into_response(),
@@ -53,4 +68,35 @@ pub(crate) async fn upgrade<E: Executor>(
     };
     let driver = Driver::new(executor, engine, protocol, parts);
     upgrade.on_upgrade(move |socket| driver.run(socket))
+}
+
+/// Refuses an upgrade a page on another site sent (see the module docs).
+fn check_origin(
+    headers: &http::HeaderMap,
+    http: &crate::config::HttpConfig,
+) -> Result<(), Rejection> {
+    if http.csrf_get_or_default() == CsrfGet::Allow {
+        return Ok(());
+    }
+    let Some(origin) = headers.get(http::header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or_default();
+    let host = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok());
+    let own = origin
+        .split_once("://")
+        .is_some_and(|(_, authority)| host.is_some_and(|h| h.eq_ignore_ascii_case(authority)));
+    let listed =
+        (http.cors_allowed_origins.iter()).any(|o| o != "*" && o.eq_ignore_ascii_case(origin));
+    if own || listed {
+        return Ok(());
+    }
+    Err(Rejection::BadRequest {
+        message: format!(
+            "this WebSocket has been blocked as a possible cross-site request forgery: \
+             its Origin ({origin}) is neither this endpoint's nor in http.cors_allowed_origins"
+        ),
+    })
 }
