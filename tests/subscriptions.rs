@@ -417,6 +417,11 @@ async fn protocol_violations_close_with_their_codes() {
     let big = format!("subscription {{ quiet }} # {}", "x".repeat(4096));
     subscribe(&mut socket, "big", &big).await;
     assert_eq!(receive(&mut socket).await, Err(Some(4400)));
+    // An id past 128 bytes.
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(&mut socket, &"i".repeat(129), "subscription { quiet }").await;
+    assert_eq!(receive(&mut socket).await, Err(Some(4400)));
     // Not a message of the protocol.
     let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
     socket.send(Message::text("{not json")).await.unwrap();
@@ -668,8 +673,10 @@ async fn an_event_past_the_answer_bound_is_answered_with_its_code_and_the_connec
 
 #[tokio::test]
 async fn an_event_the_memory_pool_cannot_hold_is_replaced_by_one_saying_so() {
+    // Room for the subscription (8 KiB and its text), not for its event's
+    // first 64 KiB block.
     let mut config = Config::default();
-    config.http.max_inflight_bytes = 1;
+    config.http.max_inflight_bytes = 16 << 10;
     let server = server_with(config).await;
     let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
     init(&mut socket, json!({})).await;
@@ -850,12 +857,12 @@ async fn a_client_that_never_reads_cannot_fill_the_pool_with_finished_queries() 
         receive(&mut hostile).await.unwrap()["type"],
         "connection_ack"
     );
-    // Thousands of one-event queries, each with a 16 KiB id: every one
-    // ends at once, its event and its `complete` left to write.
+    // Thousands of one-event queries, each with the longest id taken: every
+    // one ends at once, its event and its `complete` left to write.
     let writer = tokio::spawn(async move {
         let mut sent = 0;
         for n in 0..3_000 {
-            let id = format!("{n:0>16384}");
+            let id = format!("{n:0>128}");
             let message =
                 json!({ "type": "subscribe", "id": id, "payload": { "query": "{ __typename }" } });
             let sending = hostile.send(Message::text(message.to_string()));
@@ -938,4 +945,36 @@ async fn a_page_on_another_site_cannot_open_a_socket_with_its_visitors_cookies()
         upgrade_status(&open, &[("origin", "https://evil.example")]).await,
         101
     );
+}
+
+#[tokio::test]
+async fn each_active_subscription_holds_its_weight_in_the_memory_pool() {
+    // Room for three subscriptions (8 KiB each, and their texts), not four.
+    let mut config = Config::default();
+    config.http.max_inflight_bytes = 30 << 10;
+    let server = server_with(config).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    for id in ["1", "2", "3", "4"] {
+        subscribe(&mut socket, id, "subscription { quiet }").await;
+    }
+    let refusal = receive(&mut socket).await.unwrap();
+    assert_eq!(
+        (refusal["type"].as_str(), refusal["id"].as_str()),
+        (Some("error"), Some("4")),
+        "{refusal}"
+    );
+    assert_eq!(
+        refusal["payload"][0]["extensions"]["code"], "OVERLOADED",
+        "{refusal}"
+    );
+    // One stopped gives its weight back: a fourth fits again.
+    send(&mut socket, json!({ "type": "complete", "id": "1" })).await;
+    subscribe(
+        &mut socket,
+        "5",
+        "subscription { items(first: 1, n: 1) { id } }",
+    )
+    .await;
+    assert_eq!(until_complete(&mut socket, "5").await.len(), 1);
 }

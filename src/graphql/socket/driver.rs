@@ -10,6 +10,7 @@ use crate::error::{stopped, Rejection};
 use crate::inbound::identity::Caller;
 use crate::inbound::limiter::SocketLimit;
 use crate::inbound::serve::{ConnectionLease, Wanted};
+use crate::memory::PoolBytes;
 use async_graphql::{Data, Executor, Response};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures::future::BoxFuture;
@@ -31,7 +32,21 @@ const SILENT_INTERVALS: u32 = 3;
 struct Subscription {
     id: String,
     events: BoxStream<'static, Response>,
+    /// What it holds while active — its id and its operation's text, kept
+    /// by async-graphql in a few copies — in the memory pool.
+    _held: PoolBytes,
 }
+
+/// The longest subscription id taken (graphql-ws sends UUIDs: 36 bytes).
+const MAX_ID_BYTES: usize = 128;
+
+/// What an active subscription holds beyond its text: async-graphql's
+/// stream, its query environment and the extension's state.
+const SUBSCRIPTION_WEIGHT: usize = 8 << 10;
+
+/// Copies of its operation's text an active subscription keeps (the
+/// request's, the parsed document's names, the extension's).
+const TEXT_COPIES: usize = 3;
 
 /// One connection's state, driven by one task.
 pub(super) struct Driver<E> {
@@ -77,6 +92,9 @@ impl<E: Executor> Driver<E> {
         mut parts: http::request::Parts,
     ) -> Self {
         let lease = parts.extensions.remove::<ConnectionLease>();
+        // A `FanoutLayer`'s scope for the upgrade request itself: each event
+        // has its own.
+        parts.extensions.remove::<crate::request::FanoutRequest>();
         let limit = parts.extensions.remove::<SocketLimit>();
         let caller = (parts.extensions.get::<Caller>().copied())
             .unwrap_or_else(|| engine.identify(&parts.headers));
@@ -230,6 +248,9 @@ impl<E: Executor> Driver<E> {
                 let Some(session) = &self.session else {
                     return Next::Close(close::UNAUTHORIZED, "Unauthorized");
                 };
+                if id.len() > MAX_ID_BYTES {
+                    return Next::Close(close::BAD_MESSAGE, "a subscription id past 128 bytes");
+                }
                 if self.subscriptions.iter().any(|s| s.id == id) {
                     return Next::Close(
                         close::DUPLICATE_ID,
@@ -255,8 +276,20 @@ impl<E: Executor> Driver<E> {
                         return Next::Go;
                     }
                 }
+                let weight = SUBSCRIPTION_WEIGHT + TEXT_COPIES * payload.query.len();
+                let Some(held) = self.engine.memory_pool().lease(weight) else {
+                    let max = self.engine.config().http.max_inflight_bytes;
+                    let full = Rejection::Overloaded { max };
+                    let refusal = self.protocol.error(&id, &full.to_string(), full.code());
+                    self.outbox.reply(refusal);
+                    return Next::Go;
+                };
                 let events = self.executor.execute_stream(payload, Some(session));
-                self.subscriptions.push(Subscription { id, events });
+                self.subscriptions.push(Subscription {
+                    id,
+                    events,
+                    _held: held,
+                });
                 if let Some(lease) = &self.lease {
                     lease.busy();
                 }

@@ -21,6 +21,8 @@
 //!   the answer, that the poll could not be paid.
 //! - A subscriber whose own budget is empty still receives what the others
 //!   paid for: an answer is the resource's state, whoever paid to learn it.
+//! - A read that panics costs that poll only (logged); the next runs at the
+//!   next tick.
 
 use super::connection::FanoutConnection;
 use crate::request::Operation;
@@ -223,7 +225,13 @@ where
             return;
         };
         let event = payer.open_event().await;
-        let answer = read(event.operation()).await;
+        // A read that panics costs its poll, not the key's: the next one
+        // runs at the next tick.
+        let answer = std::panic::AssertUnwindSafe(read(event.operation()));
+        let Ok(answer) = futures::FutureExt::catch_unwind(answer).await else {
+            tracing::error!("a shared poll's read panicked; polling again at the next tick");
+            continue;
+        };
         let paid = event.budget().used() > 0;
         crate::metrics::shared_poll(if paid { "paid" } else { "unpaid" });
         drop(event);
@@ -262,4 +270,60 @@ impl<T> Drop for Shared<T> {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inbound::identity::Caller;
+    use crate::{Config, Engine};
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+    fn connection(engine: &Engine) -> FanoutConnection {
+        let (parts, ()) = http::Request::new(()).into_parts();
+        FanoutConnection::open(engine, Caller::Public, &parts)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_that_panics_costs_its_poll_not_the_key() {
+        let engine = Engine::new(Config::default());
+        let polls: SharedPoll<&str, u64> = SharedPoll::new(Duration::from_secs(1));
+        let runs = Arc::new(AtomicU64::new(0));
+        let counted = runs.clone();
+        let mut answers = polls.subscribe("key", &connection(&engine), move |_operation| {
+            let run = counted.fetch_add(1, SeqCst) + 1;
+            async move {
+                assert!(run > 1, "the first poll's read panics");
+                run
+            }
+        });
+        let second = tokio::time::timeout(Duration::from_secs(10), answers.next()).await;
+        assert_eq!(second, Ok(Some(2)), "the second poll answers");
+        assert_eq!(polls.keys(), 1);
+        drop(answers);
+        assert_eq!(
+            polls.keys(),
+            0,
+            "the last subscriber gone, the key is forgotten"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_subscriber_that_joins_gets_the_last_answer_at_once_and_one_poll_serves_both() {
+        let engine = Engine::new(Config::default());
+        let polls: SharedPoll<&str, u64> = SharedPoll::new(Duration::from_secs(60));
+        let runs = Arc::new(AtomicU64::new(0));
+        let read = {
+            let runs = runs.clone();
+            move |_operation| {
+                let run = runs.fetch_add(1, SeqCst) + 1;
+                async move { run }
+            }
+        };
+        let mut first = polls.subscribe("key", &connection(&engine), read.clone());
+        assert_eq!(first.next().await, Some(1));
+        let mut second = polls.subscribe("key", &connection(&engine), read);
+        assert_eq!(second.next().await, Some(1), "the last answer, at once");
+        assert_eq!(runs.load(SeqCst), 1, "no read of its own");
+    }
 }
