@@ -276,7 +276,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::inbound::identity::Caller;
-    use crate::{Config, Engine};
+    use crate::config::Config;
+    use crate::engine::Engine;
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
     fn connection(engine: &Engine) -> FanoutConnection {
