@@ -32,6 +32,8 @@ const SILENT_INTERVALS: u32 = 3;
 struct Subscription {
     id: String,
     events: BoxStream<'static, Response>,
+    /// Whether an event of it has been answered yet.
+    answered: bool,
     /// What it holds while active — its id and its operation's text, kept
     /// by async-graphql in a few copies — in the memory pool.
     _held: PoolBytes,
@@ -288,6 +290,7 @@ impl<E: Executor> Driver<E> {
                 self.subscriptions.push(Subscription {
                     id,
                     events,
+                    answered: false,
                     _held: held,
                 });
                 if let Some(lease) = &self.lease {
@@ -320,7 +323,19 @@ impl<E: Executor> Driver<E> {
 
     /// An event of the subscription at `at`, or its end.
     fn on_event(&mut self, at: usize, event: Option<Response>) {
+        let answered = std::mem::replace(&mut self.subscriptions[at].answered, true);
         let id = &self.subscriptions[at].id;
+        let refused = match &event {
+            Some(response) if !answered => self.protocol.refused(id, response),
+            _ => None,
+        };
+        if let Some(error) = refused {
+            // Refused before it ran: its `error` is its last message.
+            let id = self.subscriptions.swap_remove(at).id;
+            self.outbox.finish(&id, error);
+            self.idle_if_none();
+            return;
+        }
         match event {
             Some(response) => {
                 let protocol = self.protocol;

@@ -117,8 +117,9 @@ impl Outbox {
         kept
     }
 
-    /// Subscription `id`'s last frame (`complete`), written after its
-    /// waiting events and never dropped.
+    /// Subscription `id`'s last frame (`complete`, or the `error` of an
+    /// operation refused before it ran), written after its waiting events
+    /// and never dropped.
     pub(crate) fn finish(&mut self, id: &str, text: String) {
         if !self.events.contains_key(id) {
             self.turn.push_back(id.to_owned());

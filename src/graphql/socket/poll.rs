@@ -275,9 +275,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inbound::identity::Caller;
     use crate::config::Config;
     use crate::engine::Engine;
+    use crate::inbound::identity::Caller;
     use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
     fn connection(engine: &Engine) -> FanoutConnection {

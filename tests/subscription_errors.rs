@@ -1,0 +1,207 @@
+//! Operations over a WebSocket that fail: an operation refused before it
+//! runs (it does not validate, or the engine's admission refuses it) is
+//! answered with graphql-transport-ws's `error` message — errors without a
+//! path, no `next`, no `complete` — while an operation that ran and failed
+//! (a non-null root field's error, which has a path) is a `next` then
+//! `complete`, as is every such answer in the legacy protocol.
+
+mod common;
+
+use async_graphql::{EmptyMutation, Schema, Subscription};
+use common::Query;
+use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
+use futures::{SinkExt, Stream, StreamExt};
+use serde_json::{json, Value};
+use std::future::IntoFuture;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+struct Subscription;
+
+#[Subscription]
+impl Subscription {
+    /// `n` numbers, one event each.
+    async fn count(&self, n: u64) -> impl Stream<Item = u64> {
+        futures::stream::iter(0..n)
+    }
+
+    /// One event whose (non-null) root field fails.
+    async fn failing(&self) -> impl Stream<Item = async_graphql::Result<u64>> {
+        futures::stream::iter([Err("the source failed".into())])
+    }
+}
+
+struct Server {
+    address: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn server() -> Server {
+    let config = Config::default();
+    let engine = Engine::new(config.clone());
+    let schema = Schema::build(Query, EmptyMutation, Subscription)
+        .extension(FanoutExtension::new(&engine))
+        .finish();
+    let router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let serving = fanout_budget::inbound::serve(listener, router, &config).into_future();
+    let task = tokio::spawn(async move {
+        let _ = serving.await;
+    });
+    Server { address, task }
+}
+
+type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+async fn connect(server: &Server, protocol: &str) -> Socket {
+    let mut request = format!("ws://{}/graphql", server.address)
+        .into_client_request()
+        .unwrap();
+    (request.headers_mut()).insert("sec-websocket-protocol", protocol.parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    send(&mut socket, json!({ "type": "connection_init" })).await;
+    assert_eq!(receive(&mut socket).await["type"], "connection_ack");
+    socket
+}
+
+async fn send(socket: &mut Socket, message: Value) {
+    let text = message.to_string();
+    socket.send(Message::text(text)).await.unwrap();
+}
+
+/// The next protocol message (keep-alives skipped).
+async fn receive(socket: &mut Socket) -> Value {
+    let until = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let frame = tokio::time::timeout_at(until, socket.next())
+            .await
+            .expect("a message within the limit");
+        match frame {
+            Some(Ok(Message::Text(text))) => {
+                let value: Value = serde_json::from_str(&text).unwrap();
+                if value["type"] != "ping" && value["type"] != "ka" {
+                    return value;
+                }
+            }
+            Some(Ok(Message::Close(frame))) => panic!("closed: {frame:?}"),
+            Some(Ok(_)) => {}
+            other => panic!("the socket ended: {other:?}"),
+        }
+    }
+}
+
+/// Every message until (and with) subscription `marker`'s `complete`: the
+/// messages of the operations sent before it, in order.
+async fn until_complete_of(socket: &mut Socket, marker: &str) -> Vec<Value> {
+    let mut messages = Vec::new();
+    loop {
+        let message = receive(socket).await;
+        let done = message["id"] == marker && message["type"] == "complete";
+        messages.push(message);
+        if done {
+            return messages;
+        }
+    }
+}
+
+fn subscribe(id: &str, query: &str, ty: &str) -> Value {
+    json!({ "type": ty, "id": id, "payload": { "query": query } })
+}
+
+/// The messages of `id` among `messages`, by type.
+fn types_of(messages: &[Value], id: &str) -> Vec<String> {
+    (messages.iter())
+        .filter(|m| m["id"] == id)
+        .map(|m| m["type"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn an_operation_that_does_not_validate_is_an_error_message_without_next_or_complete() {
+    let server = server().await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    let ty = "subscribe";
+    // A field the schema does not have (async-graphql's validation), and a
+    // required variable missing (the engine's admission).
+    send(&mut socket, subscribe("bad", "subscription { nope }", ty)).await;
+    let missing = "subscription ($n: Int!) { count(n: $n) }";
+    send(&mut socket, subscribe("novar", missing, ty)).await;
+    // After both, an operation that runs: its `complete` marks the end.
+    send(
+        &mut socket,
+        subscribe("ok", "subscription { count(n: 1) }", ty),
+    )
+    .await;
+    let messages = until_complete_of(&mut socket, "ok").await;
+    for id in ["bad", "novar"] {
+        assert_eq!(types_of(&messages, id), ["error"], "{id}: {messages:#?}");
+        let error = messages.iter().find(|m| m["id"] == id).unwrap();
+        let errors = error["payload"].as_array().expect("an array of errors");
+        assert!(!errors.is_empty(), "{error}");
+        for e in errors {
+            assert!(e["message"].is_string(), "{error}");
+            assert!(e.get("path").is_none(), "no path: {error}");
+        }
+    }
+    assert_eq!(types_of(&messages, "ok"), ["next", "complete"]);
+    // The id is free again once its `error` is sent.
+    send(
+        &mut socket,
+        subscribe("bad", "subscription { count(n: 1) }", ty),
+    )
+    .await;
+    let messages = until_complete_of(&mut socket, "bad").await;
+    assert_eq!(types_of(&messages, "bad"), ["next", "complete"]);
+}
+
+#[tokio::test]
+async fn an_operation_that_ran_and_failed_at_its_root_field_is_a_next_then_complete() {
+    let server = server().await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    let ty = "subscribe";
+    send(
+        &mut socket,
+        subscribe("sub", "subscription { failing }", ty),
+    )
+    .await;
+    let messages = until_complete_of(&mut socket, "sub").await;
+    assert_eq!(types_of(&messages, "sub"), ["next", "complete"]);
+    assert_eq!(
+        messages[0]["payload"]["errors"][0]["path"],
+        json!(["failing"])
+    );
+    assert!(messages[0]["payload"]["extensions"]["fanout"].is_object());
+    // A query over the socket whose non-null root field fails.
+    send(&mut socket, subscribe("q", "{ exhausted }", ty)).await;
+    let messages = until_complete_of(&mut socket, "q").await;
+    assert_eq!(types_of(&messages, "q"), ["next", "complete"]);
+    let payload = &messages[0]["payload"];
+    assert_eq!(payload["errors"][0]["path"], json!(["exhausted"]));
+    assert_eq!(payload["data"], Value::Null);
+}
+
+#[tokio::test]
+async fn the_legacy_protocol_answers_an_invalid_operation_with_data_then_complete() {
+    let server = server().await;
+    let mut socket = connect(&server, "graphql-ws").await;
+    send(
+        &mut socket,
+        subscribe("bad", "subscription { nope }", "start"),
+    )
+    .await;
+    let messages = until_complete_of(&mut socket, "bad").await;
+    assert_eq!(types_of(&messages, "bad"), ["data", "complete"]);
+    assert!(messages[0]["payload"]["errors"][0]["message"].is_string());
+}
