@@ -22,8 +22,12 @@
 //! field, at once, never a wait). With `[quota]` on for the caller's class,
 //! the event also reserves on its client's read quota as an HTTP request
 //! does, so the same client shares one quota over HTTP and over WebSocket.
+//! With `budget.refuse_over_estimate` and a cost table, an operation whose
+//! worst case one event cannot read is refused before it runs
+//! ([`over_estimate`](FanoutConnection::over_estimate)).
 
 use crate::engine::Engine;
+use crate::error::OperationError;
 use crate::inbound::identity::Caller;
 use crate::inbound::quota::{Rate, Ticket};
 use crate::request::{FanoutRequest, Pricing};
@@ -167,6 +171,24 @@ impl FanoutConnection {
             .budget()
             .paid_by(Box::new(move || connection.pay()), limit);
         event
+    }
+
+    /// Why an operation of this connection priced at `requested` reads is
+    /// refused before it runs, if it is: with `budget.refuse_over_estimate`,
+    /// a worst case past what one event can read — its `max_reads` (the
+    /// caller's), the connection's burst, the client's read-quota burst —
+    /// as an HTTP request priced past its budget is.
+    pub(crate) fn over_estimate(&self, requested: Option<u64>) -> Option<OperationError> {
+        let inner = &self.inner;
+        let b = &inner.engine.config().budget;
+        let requested = requested.filter(|_| b.refuse_over_estimate)?;
+        let max_reads = match inner.caller {
+            Caller::Internal => b.internal_max_reads,
+            Caller::Public => b.max_reads,
+        };
+        let quota = inner.ticket.as_ref().map_or(u64::MAX, Ticket::burst);
+        let limit = max_reads.min(self.limit()).min(quota);
+        (requested > limit).then_some(OperationError::EstimateExceedsBudget { requested, limit })
     }
 
     /// Whether the two handles are the same connection.

@@ -4,11 +4,16 @@
 //! path, no `next`, no `complete` — while an operation that ran and failed
 //! (a non-null root field's error, which has a path) is a `next` then
 //! `complete`, as is every such answer in the legacy protocol.
+//!
+//! Pricing: with `budget.refuse_over_estimate` and a cost table, an
+//! operation whose worst case exceeds what one event may read is refused
+//! before it runs over a socket as over HTTP.
 
 mod common;
 
 use async_graphql::{EmptyMutation, Schema, Subscription};
-use common::Query;
+use common::{Base, Query, Upstream};
+use fanout_budget::cost::{CostTable, FieldCost};
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
 use futures::{SinkExt, Stream, StreamExt};
 use serde_json::{json, Value};
@@ -38,6 +43,7 @@ impl Subscription {
 
 struct Server {
     address: String,
+    upstream: Upstream,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -48,10 +54,18 @@ impl Drop for Server {
 }
 
 async fn server() -> Server {
-    let config = Config::default();
-    let engine = Engine::new(config.clone());
+    server_with(Config::default(), None).await
+}
+
+async fn server_with(config: Config, costs: Option<CostTable>) -> Server {
+    let upstream = Upstream::start().await;
+    let engine = match costs {
+        Some(costs) => Engine::builder(config.clone()).costs(costs).build(),
+        None => Engine::new(config.clone()),
+    };
     let schema = Schema::build(Query, EmptyMutation, Subscription)
         .extension(FanoutExtension::new(&engine))
+        .data(Base(upstream.base()))
         .finish();
     let router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -60,7 +74,11 @@ async fn server() -> Server {
     let task = tokio::spawn(async move {
         let _ = serving.await;
     });
-    Server { address, task }
+    Server {
+        address,
+        upstream,
+        task,
+    }
 }
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -204,4 +222,31 @@ async fn the_legacy_protocol_answers_an_invalid_operation_with_data_then_complet
     let messages = until_complete_of(&mut socket, "bad").await;
     assert_eq!(types_of(&messages, "bad"), ["data", "complete"]);
     assert!(messages[0]["payload"]["errors"][0]["message"].is_string());
+}
+
+#[tokio::test]
+async fn an_operation_priced_past_what_an_event_may_read_is_refused_before_it_runs() {
+    let mut config = Config::default();
+    config.budget.max_reads = 3;
+    config.budget.refuse_over_estimate = true;
+    let costs = CostTable::new().field("Query", "items", FieldCost::reads(1));
+    let server = server_with(config, Some(costs)).await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    // Four reads at worst, one event may read three.
+    let over = "{ a: items(first: 1) { id } b: items(first: 2) { id } \
+                c: items(first: 3) { id } d: items(first: 4) { id } }";
+    send(&mut socket, subscribe("over", over, "subscribe")).await;
+    let within = "{ a: items(first: 1) { id } }";
+    send(&mut socket, subscribe("within", within, "subscribe")).await;
+    let messages = until_complete_of(&mut socket, "within").await;
+    assert_eq!(types_of(&messages, "over"), ["error"], "{messages:#?}");
+    let error = messages.iter().find(|m| m["id"] == "over").unwrap();
+    let refusal = &error["payload"][0]["extensions"];
+    assert_eq!(refusal["code"], "FANOUT_ESTIMATE_EXCEEDS_BUDGET", "{error}");
+    assert_eq!(
+        (&refusal["requested"], &refusal["limit"]),
+        (&json!(4), &json!(3))
+    );
+    assert_eq!(types_of(&messages, "within"), ["next", "complete"]);
+    assert_eq!(server.upstream.requests(), 1, "only the one within");
 }
