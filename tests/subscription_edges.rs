@@ -35,6 +35,11 @@ impl Subscription {
         futures::stream::iter(0..n)
     }
 
+    /// Panics while its first event resolves.
+    async fn boom(&self) -> impl Stream<Item = u64> {
+        futures::stream::iter([0]).map(|_| panic!("a resolver that panics"))
+    }
+
     /// One event whose (non-null) root field fails.
     async fn failing(&self) -> impl Stream<Item = async_graphql::Result<u64>> {
         futures::stream::iter([Err("the source failed".into())])
@@ -249,4 +254,27 @@ async fn an_operation_priced_past_what_an_event_may_read_is_refused_before_it_ru
     );
     assert_eq!(types_of(&messages, "within"), ["next", "complete"]);
     assert_eq!(server.upstream.requests(), 1, "only the one within");
+}
+
+#[tokio::test]
+async fn a_socket_whose_task_panics_gives_its_connection_slot_back() {
+    let mut config = Config::default();
+    config.http.max_connections_per_client = 1;
+    let server = server_with(config, None).await;
+    for round in 0..3 {
+        // Each socket is served only if the one before gave its slot back.
+        let mut socket = connect(&server, "graphql-transport-ws").await;
+        send(&mut socket, subscribe("b", "subscription { boom }", "subscribe")).await;
+        let until = tokio::time::Instant::now() + LIMIT;
+        loop {
+            let frame = tokio::time::timeout_at(until, socket.next()).await;
+            match frame.expect("the socket ends within the limit") {
+                Some(Ok(Message::Text(text))) => {
+                    assert!(!text.contains("\"next\""), "round {round}: {text}")
+                }
+                Some(Ok(_)) => {}
+                Some(Err(_)) | None => break,
+            }
+        }
+    }
 }
