@@ -5,6 +5,10 @@
 //! (a non-null root field's error, which has a path) is a `next` then
 //! `complete`, as is every such answer in the legacy protocol.
 //!
+//! Persisted queries: a subscribe may carry Apollo's
+//! `extensions.persistedQuery` as a request over HTTP may — a text kept
+//! by its hash runs from the hash alone.
+//!
 //! Pricing: with `budget.refuse_over_estimate` and a cost table, an
 //! operation whose worst case exceeds what one event may read is refused
 //! before it runs over a socket as over HTTP.
@@ -125,13 +129,14 @@ async fn receive(socket: &mut Socket) -> Value {
     }
 }
 
-/// Every message until (and with) subscription `marker`'s `complete`: the
-/// messages of the operations sent before it, in order.
+/// Every message until (and with) subscription `marker`'s last (`complete`
+/// or `error`): the messages of the operations sent before it, in order.
 async fn until_complete_of(socket: &mut Socket, marker: &str) -> Vec<Value> {
     let mut messages = Vec::new();
     loop {
         let message = receive(socket).await;
-        let done = message["id"] == marker && message["type"] == "complete";
+        let last = message["type"] == "complete" || message["type"] == "error";
+        let done = message["id"] == marker && last;
         messages.push(message);
         if done {
             return messages;
@@ -264,7 +269,11 @@ async fn a_socket_whose_task_panics_gives_its_connection_slot_back() {
     for round in 0..3 {
         // Each socket is served only if the one before gave its slot back.
         let mut socket = connect(&server, "graphql-transport-ws").await;
-        send(&mut socket, subscribe("b", "subscription { boom }", "subscribe")).await;
+        send(
+            &mut socket,
+            subscribe("b", "subscription { boom }", "subscribe"),
+        )
+        .await;
         let until = tokio::time::Instant::now() + LIMIT;
         loop {
             let frame = tokio::time::timeout_at(until, socket.next()).await;
@@ -276,5 +285,55 @@ async fn a_socket_whose_task_panics_gives_its_connection_slot_back() {
                 Some(Err(_)) | None => break,
             }
         }
+    }
+}
+
+fn persisted(id: &str, query: Option<&str>, hash: &str) -> Value {
+    let extensions = json!({ "persistedQuery": { "version": 1, "sha256Hash": hash } });
+    let mut payload = json!({ "extensions": extensions });
+    if let Some(query) = query {
+        payload["query"] = json!(query);
+    }
+    json!({ "type": "subscribe", "id": id, "payload": payload })
+}
+
+#[tokio::test]
+async fn a_persisted_query_runs_over_the_socket_from_its_hash() {
+    use sha2::Digest;
+    let server = server().await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    let query = "subscription { count(n: 2) }";
+    let hash = format!("{:x}", sha2::Sha256::digest(query.as_bytes()));
+    // The text with its hash: kept.
+    send(&mut socket, persisted("text", Some(query), &hash)).await;
+    let messages = until_complete_of(&mut socket, "text").await;
+    assert_eq!(types_of(&messages, "text"), ["next", "next", "complete"]);
+    // The hash alone: the kept text runs.
+    send(&mut socket, persisted("hash", None, &hash)).await;
+    let messages = until_complete_of(&mut socket, "hash").await;
+    assert_eq!(
+        types_of(&messages, "hash"),
+        ["next", "next", "complete"],
+        "{messages:#?}"
+    );
+    assert_eq!(messages[1]["payload"]["data"]["count"], 1);
+    // A hash never sent with its text: Apollo's code, so its link resends.
+    let unknown = "0".repeat(64);
+    send(&mut socket, persisted("unknown", None, &unknown)).await;
+    let wrong = persisted("wrong", Some("subscription { count(n: 1) }"), &hash);
+    send(&mut socket, wrong).await;
+    send(
+        &mut socket,
+        subscribe("end", "subscription { count(n: 1) }", "subscribe"),
+    )
+    .await;
+    let messages = until_complete_of(&mut socket, "end").await;
+    for (id, code) in [
+        ("unknown", "PERSISTED_QUERY_NOT_FOUND"),
+        ("wrong", "PERSISTED_QUERY_HASH_MISMATCH"),
+    ] {
+        assert_eq!(types_of(&messages, id), ["error"], "{messages:#?}");
+        let error = messages.iter().find(|m| m["id"] == id).unwrap();
+        assert_eq!(error["payload"][0]["extensions"]["code"], code, "{error}");
     }
 }
