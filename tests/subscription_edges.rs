@@ -32,11 +32,37 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 struct Subscription;
 
+/// Holds an event of `held` while it resolves: `entered` once its field
+/// runs, which then waits for `release`.
+#[derive(Default)]
+struct Gate {
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+struct Held;
+
+#[async_graphql::Object]
+impl Held {
+    /// Waits at the gate (priced one read).
+    async fn value(&self, ctx: &async_graphql::Context<'_>) -> u64 {
+        let gate = ctx.data_unchecked::<std::sync::Arc<Gate>>();
+        gate.entered.notify_one();
+        gate.release.notified().await;
+        1
+    }
+}
+
 #[Subscription]
 impl Subscription {
     /// `n` numbers, one event each.
     async fn count(&self, n: u64) -> impl Stream<Item = u64> {
         futures::stream::iter(0..n)
+    }
+
+    /// One event, held at the gate while it resolves.
+    async fn held(&self) -> impl Stream<Item = Held> {
+        futures::stream::iter([Held])
     }
 
     /// Panics while its first event resolves.
@@ -52,6 +78,7 @@ impl Subscription {
 
 struct Server {
     address: String,
+    gate: std::sync::Arc<Gate>,
     upstream: Upstream,
     task: tokio::task::JoinHandle<()>,
 }
@@ -67,6 +94,7 @@ async fn server() -> Server {
 }
 
 async fn server_with(config: Config, costs: Option<CostTable>) -> Server {
+    let gate = std::sync::Arc::new(Gate::default());
     let upstream = Upstream::start().await;
     let engine = match costs {
         Some(costs) => Engine::builder(config.clone()).costs(costs).build(),
@@ -75,6 +103,7 @@ async fn server_with(config: Config, costs: Option<CostTable>) -> Server {
     let schema = Schema::build(Query, EmptyMutation, Subscription)
         .extension(FanoutExtension::new(&engine))
         .data(Base(upstream.base()))
+        .data(gate.clone())
         .finish();
     let router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -85,6 +114,7 @@ async fn server_with(config: Config, costs: Option<CostTable>) -> Server {
     });
     Server {
         address,
+        gate,
         upstream,
         task,
     }
@@ -336,4 +366,43 @@ async fn a_persisted_query_runs_over_the_socket_from_its_hash() {
         let error = messages.iter().find(|m| m["id"] == id).unwrap();
         assert_eq!(error["payload"][0]["extensions"]["code"], code, "{error}");
     }
+}
+
+#[tokio::test]
+async fn an_event_reserves_its_priced_worst_case_on_the_read_quota_not_its_budget() {
+    let mut config = Config::default();
+    config.quota.reads = 10;
+    config.budget.max_reads = 8;
+    let costs = CostTable::new()
+        .field("Held", "value", FieldCost::reads(1))
+        .field("Query", "items", FieldCost::reads(1));
+    let server = server_with(config, Some(costs)).await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    send(
+        &mut socket,
+        subscribe("h", "subscription { held { value } }", "subscribe"),
+    )
+    .await;
+    let entered = server.gate.entered.notified();
+    tokio::time::timeout(LIMIT, entered)
+        .await
+        .expect("the event runs");
+    // While the event (one read at worst) resolves, the same client asks
+    // for three over HTTP: the quota of ten has nine for it, not two.
+    let body = json!({ "query": "{ a: items(first: 1) { id } b: items(first: 2) { id } c: items(first: 3) { id } }" });
+    let client = fanout_budget::reqwest::Client::new();
+    let response = (client.post(format!("http://{}/graphql", server.address)))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send();
+    let response = tokio::time::timeout(LIMIT, response)
+        .await
+        .unwrap()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    assert!(answer["errors"].is_null(), "{answer}");
+    server.gate.release.notify_one();
+    let messages = until_complete_of(&mut socket, "h").await;
+    assert_eq!(types_of(&messages, "h"), ["next", "complete"]);
+    assert_eq!(messages[0]["payload"]["data"]["held"]["value"], 1);
 }

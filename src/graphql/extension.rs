@@ -384,7 +384,7 @@ impl PerOperation {
         connection: &FanoutConnection,
         op: &Op,
     ) -> Response {
-        let event = connection.open_unreserved();
+        let event = connection.open_priced(op.requested());
         let operation = event.operation();
         operation.mark_metered();
         let mut data = Data::default();

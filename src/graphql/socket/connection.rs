@@ -153,6 +153,15 @@ impl FanoutConnection {
     /// [`open_event`](Self::open_event) before the reservation (the
     /// extension's event path takes it itself, to answer a refusal).
     pub(crate) fn open_unreserved(&self) -> FanoutRequest {
+        self.open_priced(None)
+    }
+
+    /// [`open_unreserved`](Self::open_unreserved) for an event of an
+    /// operation priced at `requested` reads (its worst case, when a cost
+    /// table priced it): with a read quota the event reserves that, as an
+    /// HTTP request priced so does, not its whole budget — what it holds
+    /// while it resolves is not taken from the client's other requests.
+    pub(crate) fn open_priced(&self, requested: Option<u64>) -> FanoutRequest {
         let inner = &self.inner;
         let event = inner.engine.open_with(
             inner.caller,
@@ -160,11 +169,14 @@ impl FanoutConnection {
             false,
             inner.ticket.clone(),
             Pricing {
-                costs: false,
+                costs: requested.is_some(),
                 refuse_over: false,
                 event: true,
             },
         );
+        if let Some(requested) = requested {
+            event.priced(requested);
+        }
         let connection = self.clone();
         let limit = self.limit();
         event
