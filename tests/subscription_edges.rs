@@ -65,6 +65,11 @@ impl Subscription {
         futures::stream::iter([Held])
     }
 
+    /// Never an event, until the client stops it.
+    async fn quiet(&self) -> impl Stream<Item = u64> {
+        futures::stream::pending()
+    }
+
     /// Panics while its first event resolves.
     async fn boom(&self) -> impl Stream<Item = u64> {
         futures::stream::iter([0]).map(|_| panic!("a resolver that panics"))
@@ -405,4 +410,35 @@ async fn an_event_reserves_its_priced_worst_case_on_the_read_quota_not_its_budge
     let messages = until_complete_of(&mut socket, "h").await;
     assert_eq!(types_of(&messages, "h"), ["next", "complete"]);
     assert_eq!(messages[0]["payload"]["data"]["held"]["value"], 1);
+}
+
+#[tokio::test]
+async fn a_subscription_by_hash_holds_the_weight_of_the_text_it_runs() {
+    use sha2::Digest;
+    // 8 KiB and three copies of a 12 KiB text: two such subscriptions fit.
+    let mut config = Config::default();
+    config.http.max_inflight_bytes = 100 << 10;
+    let server = server_with(config, None).await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    let query = format!("subscription {{ quiet }}\n#{}\n", "x".repeat(12 << 10));
+    let hash = format!("{:x}", sha2::Sha256::digest(query.as_bytes()));
+    send(&mut socket, persisted("text", Some(&query), &hash)).await;
+    send(&mut socket, persisted("hash", None, &hash)).await;
+    // The third, by its hash alone, finds no room.
+    send(&mut socket, persisted("again", None, &hash)).await;
+    send(
+        &mut socket,
+        subscribe("mark", "{ __typename }", "subscribe"),
+    )
+    .await;
+    let messages = until_complete_of(&mut socket, "mark").await;
+    assert_eq!(types_of(&messages, "again"), ["error"], "{messages:#?}");
+    let refusal = messages.iter().find(|m| m["id"] == "again").unwrap();
+    assert_eq!(refusal["payload"][0]["extensions"]["code"], "OVERLOADED");
+    // Stopped, the one by hash gives its room back.
+    send(&mut socket, json!({ "type": "complete", "id": "hash" })).await;
+    send(&mut socket, persisted("after", None, &hash)).await;
+    send(&mut socket, subscribe("end", "{ __typename }", "subscribe")).await;
+    let messages = until_complete_of(&mut socket, "end").await;
+    assert!(types_of(&messages, "after").is_empty(), "{messages:#?}");
 }

@@ -240,20 +240,12 @@ impl Extension for PerOperation {
         let mut request = next.run(ctx, request).await.inspect_err(|_| {
             self.price(&scope, 0);
         })?;
-        // On a WebSocket, a persisted query's hash is looked up (or its
-        // text checked and kept) as `FanoutGraphQL` does over HTTP.
-        let persisted = match connection {
-            Some(_) => self.factory.engine.persisted().resolve(&mut request),
-            None => Ok(()),
-        };
         request.query.clone_into(&mut lock(&self.query));
         // The text that runs, whatever a persisted-query lookup put there,
         // is bounded as the body is.
-        let text = persisted.and_then(|()| {
-            scope
-                .run_text(request.query.len())
-                .map_err(|max| OperationError::QueryTooLarge { max })
-        });
+        let text = scope
+            .run_text(request.query.len())
+            .map_err(|max| OperationError::QueryTooLarge { max });
         let types = self.types(ctx);
         let engine = &self.factory.engine;
         let op = Op::admit(engine, &types, &scope, &mut request, text);
