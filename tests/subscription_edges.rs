@@ -1,17 +1,26 @@
-//! Operations over a WebSocket that fail: an operation refused before it
+//! Subscriptions at their edges, over a real WebSocket on loopback.
+//!
+//! Operations that fail: an operation refused before it
 //! runs (it does not validate, or the engine's admission refuses it) is
 //! answered with graphql-transport-ws's `error` message — errors without a
 //! path, no `next`, no `complete` — while an operation that ran and failed
 //! (a non-null root field's error, which has a path) is a `next` then
 //! `complete`, as is every such answer in the legacy protocol.
 //!
+//! The guard: a cyclic or deeply nested subscribe is refused before it
+//! runs, and the socket goes on.
+//!
+//! A socket whose task panics gives its connection slot back.
+//!
 //! Persisted queries: a subscribe may carry Apollo's
 //! `extensions.persistedQuery` as a request over HTTP may — a text kept
-//! by its hash runs from the hash alone.
+//! by its hash runs from the hash alone, and holds the weight of that text
+//! in the memory pool.
 //!
 //! Pricing: with `budget.refuse_over_estimate` and a cost table, an
 //! operation whose worst case exceeds what one event may read is refused
-//! before it runs over a socket as over HTTP.
+//! before it runs over a socket as over HTTP; with a read quota, an event
+//! reserves its priced worst case, not its whole budget.
 
 mod common;
 
@@ -441,4 +450,28 @@ async fn a_subscription_by_hash_holds_the_weight_of_the_text_it_runs() {
     send(&mut socket, subscribe("end", "{ __typename }", "subscribe")).await;
     let messages = until_complete_of(&mut socket, "end").await;
     assert!(types_of(&messages, "after").is_empty(), "{messages:#?}");
+}
+
+#[tokio::test]
+async fn a_cyclic_or_deeply_nested_subscribe_is_refused_before_it_runs_and_the_socket_goes_on() {
+    let server = server().await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    let cyclic = "fragment A on Subscription { ...A } subscription { ...A }";
+    let deep = format!(
+        "subscription {{ {} quiet {} }}",
+        "a { ".repeat(10_000),
+        "} ".repeat(10_000)
+    );
+    send(&mut socket, subscribe("cyclic", cyclic, "subscribe")).await;
+    send(&mut socket, subscribe("deep", &deep, "subscribe")).await;
+    send(
+        &mut socket,
+        subscribe("end", "subscription { count(n: 1) }", "subscribe"),
+    )
+    .await;
+    let messages = until_complete_of(&mut socket, "end").await;
+    for id in ["cyclic", "deep"] {
+        assert_eq!(types_of(&messages, id), ["error"], "{messages:#?}");
+    }
+    assert_eq!(types_of(&messages, "end"), ["next", "complete"]);
 }
