@@ -552,6 +552,37 @@ async fn subscribers_of_one_key_share_one_poll_and_the_charges_add_up_to_the_req
 }
 
 #[tokio::test]
+async fn a_subscriber_whose_read_quota_is_empty_never_makes_a_shared_poll_fail() {
+    let mut config = Config::default();
+    // One read an hour for the public client: its first poll spends it.
+    config.quota.reads = 1;
+    config.quota.period_secs = 3600;
+    let server = server_with(config).await;
+    let mut public = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut public, json!({})).await;
+    subscribe(&mut public, "p", "subscription { polled(id: 9) }").await;
+    assert_eq!(receive(&mut public).await.unwrap()["type"], "next");
+    // The internal caller (no quota) subscribes too: the two pay in turn.
+    let mut internal = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut internal, json!({ "x-internal-token": TOKEN })).await;
+    subscribe(&mut internal, "p", "subscription { polled(id: 9) }").await;
+    let polls = server.polls_run.load(SeqCst);
+    fanout_testkit::until("five more polls", LIMIT, async || {
+        server.polls_run.load(SeqCst) >= polls + 5
+    })
+    .await;
+    drop((public, internal));
+    fanout_testkit::until("the poll stops", LIMIT, async || server.polls.keys() == 0).await;
+    // Every poll was sent: one the public client could not pay for was
+    // paid by the other subscriber, not refused for everyone.
+    let (sent, polls) = (
+        server.upstream.seen.count("/item/9"),
+        server.polls_run.load(SeqCst),
+    );
+    assert_eq!(sent, polls, "{sent} requests for {polls} polls");
+}
+
+#[tokio::test]
 async fn the_same_client_shares_one_read_quota_over_http_and_websocket() {
     let mut config = Config::default();
     config.quota.reads = 3;

@@ -256,6 +256,11 @@ impl Extension for PerOperation {
         }
         match connection {
             Some(connection) => {
+                // Each event may read what one request may: priced past
+                // it, refused now (`refuse_over_estimate`), as over HTTP.
+                if let Some(refusal) = connection.over_estimate(op.requested()) {
+                    return Err(operation_error(&refusal));
+                }
                 let _ = self.socket.set((connection, op));
             }
             None => {
@@ -371,7 +376,7 @@ impl PerOperation {
         connection: &FanoutConnection,
         op: &Op,
     ) -> Response {
-        let event = connection.open_unreserved();
+        let event = connection.open_priced(op.requested());
         let operation = event.operation();
         operation.mark_metered();
         let mut data = Data::default();

@@ -108,6 +108,11 @@ impl Op {
         self.refused.as_ref()
     }
 
+    /// The operation's worst case in reads, when a cost table priced it.
+    pub(crate) fn requested(&self) -> Option<u64> {
+        self.requested
+    }
+
     /// The operation's handle.
     pub(crate) fn operation(&self) -> &Arc<Operation> {
         &self.operation

@@ -22,8 +22,12 @@
 //! field, at once, never a wait). With `[quota]` on for the caller's class,
 //! the event also reserves on its client's read quota as an HTTP request
 //! does, so the same client shares one quota over HTTP and over WebSocket.
+//! With `budget.refuse_over_estimate` and a cost table, an operation whose
+//! worst case one event cannot read is refused before it runs
+//! ([`over_estimate`](FanoutConnection::over_estimate)).
 
 use crate::engine::Engine;
+use crate::error::OperationError;
 use crate::inbound::identity::Caller;
 use crate::inbound::quota::{Rate, Ticket};
 use crate::request::{FanoutRequest, Pricing};
@@ -149,6 +153,15 @@ impl FanoutConnection {
     /// [`open_event`](Self::open_event) before the reservation (the
     /// extension's event path takes it itself, to answer a refusal).
     pub(crate) fn open_unreserved(&self) -> FanoutRequest {
+        self.open_priced(None)
+    }
+
+    /// [`open_unreserved`](Self::open_unreserved) for an event of an
+    /// operation priced at `requested` reads (its worst case, when a cost
+    /// table priced it): with a read quota the event reserves that, as an
+    /// HTTP request priced so does, not its whole budget — what it holds
+    /// while it resolves is not taken from the client's other requests.
+    pub(crate) fn open_priced(&self, requested: Option<u64>) -> FanoutRequest {
         let inner = &self.inner;
         let event = inner.engine.open_with(
             inner.caller,
@@ -156,17 +169,38 @@ impl FanoutConnection {
             false,
             inner.ticket.clone(),
             Pricing {
-                costs: false,
+                costs: requested.is_some(),
                 refuse_over: false,
                 event: true,
             },
         );
+        if let Some(requested) = requested {
+            event.priced(requested);
+        }
         let connection = self.clone();
         let limit = self.limit();
         event
             .budget()
             .paid_by(Box::new(move || connection.pay()), limit);
         event
+    }
+
+    /// Why an operation of this connection priced at `requested` reads is
+    /// refused before it runs, if it is: with `budget.refuse_over_estimate`,
+    /// a worst case past what one event can read — its `max_reads` (the
+    /// caller's), the connection's burst, the client's read-quota burst —
+    /// as an HTTP request priced past its budget is.
+    pub(crate) fn over_estimate(&self, requested: Option<u64>) -> Option<OperationError> {
+        let inner = &self.inner;
+        let b = &inner.engine.config().budget;
+        let requested = requested.filter(|_| b.refuse_over_estimate)?;
+        let max_reads = match inner.caller {
+            Caller::Internal => b.internal_max_reads,
+            Caller::Public => b.max_reads,
+        };
+        let quota = inner.ticket.as_ref().map_or(u64::MAX, Ticket::burst);
+        let limit = max_reads.min(self.limit()).min(quota);
+        (requested > limit).then_some(OperationError::EstimateExceedsBudget { requested, limit })
     }
 
     /// Whether the two handles are the same connection.

@@ -6,7 +6,7 @@ use super::connection::FanoutConnection;
 use super::message::{self, close, ClientMessage, Protocol};
 use super::outbox::Outbox;
 use crate::engine::Engine;
-use crate::error::{stopped, Rejection};
+use crate::error::{operation_error, stopped, Rejection};
 use crate::inbound::identity::Caller;
 use crate::inbound::limiter::SocketLimit;
 use crate::inbound::serve::{ConnectionLease, Wanted};
@@ -32,6 +32,8 @@ const SILENT_INTERVALS: u32 = 3;
 struct Subscription {
     id: String,
     events: BoxStream<'static, Response>,
+    /// Whether an event of it has been answered yet.
+    answered: bool,
     /// What it holds while active — its id and its operation's text, kept
     /// by async-graphql in a few copies — in the memory pool.
     _held: PoolBytes,
@@ -276,6 +278,15 @@ impl<E: Executor> Driver<E> {
                         return Next::Go;
                     }
                 }
+                // A persisted query's hash is looked up (or its text
+                // checked and kept) as `FanoutGraphQL` does over HTTP,
+                // before the text it runs is weighed.
+                let mut payload = payload;
+                if let Err(refusal) = self.engine.persisted().resolve(&mut payload) {
+                    let answer = Response::from_errors(vec![operation_error(&refusal)]);
+                    self.answer_refused(&id, &answer);
+                    return Next::Go;
+                }
                 let weight = SUBSCRIPTION_WEIGHT + TEXT_COPIES * payload.query.len();
                 let Some(held) = self.engine.memory_pool().lease(weight) else {
                     let max = self.engine.config().http.max_inflight_bytes;
@@ -288,6 +299,7 @@ impl<E: Executor> Driver<E> {
                 self.subscriptions.push(Subscription {
                     id,
                     events,
+                    answered: false,
                     _held: held,
                 });
                 if let Some(lease) = &self.lease {
@@ -320,7 +332,19 @@ impl<E: Executor> Driver<E> {
 
     /// An event of the subscription at `at`, or its end.
     fn on_event(&mut self, at: usize, event: Option<Response>) {
+        let answered = std::mem::replace(&mut self.subscriptions[at].answered, true);
         let id = &self.subscriptions[at].id;
+        let refused = match &event {
+            Some(response) if !answered => self.protocol.refused(id, response),
+            _ => None,
+        };
+        if let Some(error) = refused {
+            // Refused before it ran: its `error` is its last message.
+            let id = self.subscriptions.swap_remove(at).id;
+            self.outbox.finish(&id, error);
+            self.idle_if_none();
+            return;
+        }
         match event {
             Some(response) => {
                 let protocol = self.protocol;
@@ -336,6 +360,19 @@ impl<E: Executor> Driver<E> {
                 let id = self.subscriptions.swap_remove(at).id;
                 self.outbox.finish(&id, self.protocol.complete(&id));
                 self.idle_if_none();
+            }
+        }
+    }
+
+    /// Answers subscribe `id`, refused before it ran with `answer`: an
+    /// `error` message, or in the legacy protocol `data` then `complete`.
+    fn answer_refused(&mut self, id: &str, answer: &Response) {
+        let protocol = self.protocol;
+        match protocol.refused(id, answer) {
+            Some(error) => self.outbox.reply(error),
+            None => {
+                self.outbox.reply(protocol.next(id, answer));
+                self.outbox.reply(protocol.complete(id));
             }
         }
     }

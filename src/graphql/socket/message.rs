@@ -4,7 +4,9 @@
 //!
 //! - `graphql-transport-ws`, the `graphql-ws` library's (Apollo Client's
 //!   `GraphQLWsLink`, urql, GraphiQL): `connection_init` → `connection_ack`;
-//!   `subscribe` → `next`… `complete`, or `error`; `ping` ↔ `pong` either way.
+//!   `subscribe` → `next`… `complete`, or `error` (an operation refused
+//!   before it ran: it does not validate, or the engine's admission refused
+//!   it); `ping` ↔ `pong` either way.
 //! - `graphql-ws`, the legacy `subscriptions-transport-ws`: `connection_init`
 //!   → `connection_ack` and `ka` keep-alives; `start` → `data`… `complete`,
 //!   or `error`; `stop`; `connection_terminate`.
@@ -76,6 +78,18 @@ impl Protocol {
         json!({ "type": "error", "id": id, "payload": payload }).to_string()
     }
 
+    /// Subscription `id`'s answer when its operation was refused before it
+    /// ran (see [`ran`]): graphql-transport-ws's `error` message, its
+    /// errors as the payload, the operation's last message (no
+    /// `complete`); `None` in the legacy protocol, whose clients read such
+    /// an answer as `data` then `complete`, or when the operation ran.
+    pub(crate) fn refused(self, id: &str, answer: &Response) -> Option<String> {
+        if self == Self::Legacy || ran(answer) {
+            return None;
+        }
+        Some(json!({ "type": "error", "id": id, "payload": answer.errors }).to_string())
+    }
+
     /// Subscription `id` is over.
     pub(crate) fn complete(self, id: &str) -> String {
         json!({ "type": "complete", "id": id }).to_string()
@@ -102,6 +116,19 @@ impl Protocol {
     pub(crate) fn confirms_stop(self) -> bool {
         self == Self::Legacy
     }
+}
+
+/// Whether `answer`, an operation's first, comes from running it. One
+/// refused before it ran — it does not parse or validate, or the engine's
+/// admission refused it — has no data and only errors without a path, and
+/// no `extensions.fanout`, which every event that ran reports (an event
+/// refused its read quota included); an error of a field that ran, a
+/// non-null root field's included, has a path.
+fn ran(answer: &Response) -> bool {
+    answer.data != async_graphql::Value::Null
+        || answer.errors.is_empty()
+        || answer.errors.iter().any(|e| !e.path.is_empty())
+        || answer.extensions.contains_key("fanout")
 }
 
 /// The internal token in a `connection_init` payload, if any.

@@ -18,6 +18,10 @@
 //!   by a small `next` saying so (`OVERLOADED`), so the client knows it
 //!   missed one.
 //!
+//! Replies are written first, then the events in the order they were
+//! resolved, whatever their subscription: each carries the connection's
+//! `used` at its resolution, which the client so never sees go back.
+//!
 //! A client that does not read at all is closed by the write timeout
 //! (`http.write_timeout_ms`), and everything waiting is dropped with it.
 
@@ -30,6 +34,8 @@ pub(crate) const MAX_REPLIES: usize = 32;
 
 /// A frame waiting, with the pool's bytes it holds.
 struct Pending {
+    /// When it was made, among the connection's frames.
+    seq: u64,
     text: String,
     _held: Option<PoolBytes>,
     /// The subscription's `complete`, its last frame (never dropped).
@@ -40,8 +46,8 @@ struct Pending {
 pub(crate) struct Outbox {
     replies: VecDeque<String>,
     events: HashMap<String, VecDeque<Pending>>,
-    /// Subscriptions with events waiting, in the order they are written.
-    turn: VecDeque<String>,
+    /// The next frame's `seq`.
+    made: u64,
     /// `complete` frames waiting (subscriptions over, frames to write).
     finished: usize,
     max_events: usize,
@@ -53,7 +59,7 @@ impl Outbox {
         Self {
             replies: VecDeque::new(),
             events: HashMap::new(),
-            turn: VecDeque::new(),
+            made: 0,
             finished: 0,
             max_events,
             pool,
@@ -80,9 +86,11 @@ impl Outbox {
         text: String,
         overloaded: impl FnOnce() -> String,
     ) -> bool {
+        let seq = self.seq();
         let (pending, mut kept) = match self.pool.lease(text.len()) {
             Some(held) => (
                 Pending {
+                    seq,
                     text,
                     _held: Some(held),
                     last: false,
@@ -91,6 +99,7 @@ impl Outbox {
             ),
             None => (
                 Pending {
+                    seq,
                     text: overloaded(),
                     _held: None,
                     last: false,
@@ -98,13 +107,7 @@ impl Outbox {
                 false,
             ),
         };
-        let queue = match self.events.get_mut(id) {
-            Some(queue) => queue,
-            None => {
-                self.turn.push_back(id.to_owned());
-                self.events.entry(id.to_owned()).or_default()
-            }
-        };
+        let queue = self.events.entry(id.to_owned()).or_default();
         // The oldest event goes; a `complete` (the id's earlier
         // subscription's) stays.
         if queue.iter().filter(|p| !p.last).count() >= self.max_events {
@@ -117,14 +120,14 @@ impl Outbox {
         kept
     }
 
-    /// Subscription `id`'s last frame (`complete`), written after its
-    /// waiting events and never dropped.
+    /// Subscription `id`'s last frame (`complete`, or the `error` of an
+    /// operation refused before it ran), written after its waiting events
+    /// and never dropped.
     pub(crate) fn finish(&mut self, id: &str, text: String) {
-        if !self.events.contains_key(id) {
-            self.turn.push_back(id.to_owned());
-        }
+        let seq = self.seq();
         let queue = self.events.entry(id.to_owned()).or_default();
         queue.push_back(Pending {
+            seq,
             text,
             _held: None,
             last: true,
@@ -137,16 +140,29 @@ impl Outbox {
         if let Some(queue) = self.events.remove(id) {
             self.finished -= queue.iter().filter(|p| p.last).count();
         }
-        self.turn.retain(|waiting| waiting != id);
     }
 
-    /// The next frame to write: replies first, then one event of each
-    /// subscription in turn.
+    fn seq(&mut self) -> u64 {
+        self.made += 1;
+        self.made
+    }
+
+    /// The next frame to write: replies first, then the events (and
+    /// last frames) in the order they were made, whichever subscription
+    /// made them — each event's `extensions.fanout.used` is the
+    /// connection's when it was resolved, so the client never sees it go
+    /// back. (A subscription cannot crowd the others out: each keeps at
+    /// most `max_pending_events` waiting.)
     pub(crate) fn next(&mut self) -> Option<String> {
         if let Some(reply) = self.replies.pop_front() {
             return Some(reply);
         }
-        let id = self.turn.pop_front()?;
+        // The oldest among the subscriptions' oldest (a few dozen at most).
+        let id = (self.events.iter())
+            .filter_map(|(id, queue)| Some((queue.front()?.seq, id)))
+            .min()?
+            .1
+            .clone();
         let queue = self.events.get_mut(&id)?;
         let pending = queue.pop_front()?;
         if pending.last {
@@ -154,8 +170,6 @@ impl Outbox {
         }
         if queue.is_empty() {
             self.events.remove(&id);
-        } else {
-            self.turn.push_back(id);
         }
         Some(pending.text)
     }
@@ -179,8 +193,27 @@ mod tests {
         assert!(outbox.event("b", "b1".into(), full));
         outbox.reply("ack".into());
         let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
-        assert_eq!(order, ["ack", "a2", "b1", "a3"]);
+        assert_eq!(order, ["ack", "a2", "a3", "b1"]);
         assert_eq!(pool.used(), 0, "written events give their bytes back");
+    }
+
+    #[test]
+    fn frames_are_written_in_the_order_their_events_were_resolved() {
+        // Each event reports the connection's `used` when it was resolved:
+        // written out of that order, a client would see it go back.
+        let pool = Arc::new(MemoryPool::new(1 << 20));
+        let mut outbox = Outbox::new(4, pool);
+        let full = || unreachable!("the pool has room");
+        assert!(outbox.event("a", "a used=1".into(), full));
+        assert!(outbox.event("a", "a used=2".into(), full));
+        assert!(outbox.event("b", "b used=3".into(), full));
+        outbox.finish("b", "b complete".into());
+        assert!(outbox.event("a", "a used=4".into(), full));
+        let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
+        assert_eq!(
+            order,
+            ["a used=1", "a used=2", "b used=3", "b complete", "a used=4"]
+        );
     }
 
     #[test]

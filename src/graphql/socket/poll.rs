@@ -19,6 +19,9 @@
 //!   on the next one in turn anyway and its read is refused before anything
 //!   is sent (`FANOUT_BUDGET_EXHAUSTED`): every subscriber is told, through
 //!   the answer, that the poll could not be paid.
+//!   A subscriber whose client's read quota is empty is passed over too
+//!   (up to eight asked per poll), so it never makes the poll fail for the
+//!   others.
 //! - A subscriber whose own budget is empty still receives what the others
 //!   paid for: an answer is the resource's state, whoever paid to learn it.
 //! - A read that panics costs that poll only (logged); the next runs at the
@@ -214,17 +217,9 @@ where
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let payer = {
-            let Some(shared) = shared.upgrade() else {
-                return;
-            };
-            let payer = lock(&shared.payers).next();
-            payer
-        };
-        let Some(payer) = payer else {
+        let Some(event) = paid_event(&shared).await else {
             return;
         };
-        let event = payer.open_event().await;
         // A read that panics costs its poll, not the key's: the next one
         // runs at the next tick.
         let answer = std::panic::AssertUnwindSafe(read(event.operation()));
@@ -239,6 +234,31 @@ where
             return;
         };
         shared.latest.send_replace(Some(answer));
+    }
+}
+
+/// Subscribers asked at most, for one poll, before it runs unpaid.
+const MAX_ASKED: usize = 8;
+
+/// The scope of one poll's read, opened on the next subscriber in turn
+/// that can pay: a read left in its connection's budget and in its client's
+/// read quota (one whose quota is empty would make the poll fail for every
+/// subscriber). After [`MAX_ASKED`] that cannot, the last one asked: its
+/// read is refused. `None`: no subscriber is left.
+async fn paid_event<T>(shared: &Weak<Shared<T>>) -> Option<crate::request::FanoutRequest> {
+    let mut asked = 0;
+    loop {
+        let (payer, payers) = {
+            let shared = shared.upgrade()?;
+            let mut payers = lock(&shared.payers);
+            (payers.next()?, payers.all.len())
+        };
+        let event = payer.open_event().await;
+        asked += 1;
+        if event.budget().remaining() > 0 || asked >= payers.min(MAX_ASKED) {
+            return Some(event);
+        }
+        // Dropped, the scope gives its (empty) reservation back.
     }
 }
 
