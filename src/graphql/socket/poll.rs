@@ -6,7 +6,8 @@
 //! replica, as coalescing makes identical reads in flight one:
 //!
 //! - **One task per key**, started by the first subscriber, stopped when the
-//!   last one leaves. It reads once at once, then once per interval, and
+//!   last one leaves — at once if it waits for its next tick, else after the
+//!   read under way (charged, so finished, never cut). It reads once at once, then once per interval, and
 //!   publishes each answer; a subscriber that joins meanwhile gets the last
 //!   answer at once. A subscriber slower than the answers gets the newest
 //!   (a `tokio::sync::watch`: nothing queues per subscriber).
@@ -35,7 +36,7 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// One upstream poll per key, shared by its subscribers (see the module docs).
 ///
@@ -74,11 +75,10 @@ struct Polls<K, T> {
 
 /// One key's poll: its subscribers (the payers) and its last answer.
 struct Shared<T> {
-    /// Forgets the key in the map (run when the last subscriber leaves).
-    forget: Option<Box<dyn FnOnce() + Send + Sync>>,
     latest: watch::Sender<Option<T>>,
     payers: Mutex<Payers>,
-    task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Told when the last subscriber leaves (`Drop`): the task stops.
+    gone: Arc<Notify>,
 }
 
 /// The subscribers' connections, in turn.
@@ -165,12 +165,11 @@ where
         .boxed()
     }
 
-    /// Keys polled now (a subscriber or more each).
+    /// Keys polled now: a subscriber or more each, or a last read still
+    /// under way (a poll's read in flight when its last subscriber left is
+    /// finished, not cut: it was charged).
     pub fn keys(&self) -> usize {
-        let keys = lock(&self.inner.keys);
-        keys.values()
-            .filter(|shared| shared.strong_count() > 0)
-            .count()
+        lock(&self.inner.keys).len()
     }
 
     /// `key`'s poll, started with `read` if none runs.
@@ -193,22 +192,28 @@ where
                 }
             }
         };
+        let gone = Arc::new(tokio::sync::Notify::new());
         let shared = Arc::new(Shared {
-            forget: Some(Box::new(forget)),
             latest: watch::Sender::new(None),
             payers: Mutex::new(Payers::default()),
-            task: Mutex::new(None),
+            gone: gone.clone(),
         });
         keys.insert(key, Arc::downgrade(&shared));
         drop(keys);
-        let task = tokio::spawn(run(Arc::downgrade(&shared), self.inner.every, read));
-        *lock(&shared.task) = Some(task.abort_handle());
+        let every = self.inner.every;
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            run(weak, every, read, gone).await;
+            forget();
+        });
         shared
     }
 }
 
-/// The poll of one key, for as long as it has a subscriber.
-async fn run<T, F, Fut>(shared: Weak<Shared<T>>, every: Duration, read: F)
+/// The poll of one key, for as long as it has a subscriber: when the last
+/// one leaves (`gone`), it stops at once if it is waiting for its next
+/// tick, or after the read under way.
+async fn run<T, F, Fut>(shared: Weak<Shared<T>>, every: Duration, read: F, gone: Arc<Notify>)
 where
     F: Fn(Arc<Operation>) -> Fut,
     Fut: Future<Output = T>,
@@ -216,7 +221,10 @@ where
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        ticks.tick().await;
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = gone.notified() => return,
+        }
         let Some(event) = paid_event(&shared).await else {
             return;
         };
@@ -277,14 +285,10 @@ impl<T> Drop for Subscriber<T> {
 }
 
 impl<T> Drop for Shared<T> {
-    /// The last subscriber left: the poll stops, and its key is forgotten.
+    /// The last subscriber left: the poll stops (after a read under way,
+    /// which was charged and is finished), and forgets its key.
     fn drop(&mut self) {
-        if let Some(task) = lock(&self.task).take() {
-            task.abort();
-        }
-        if let Some(forget) = self.forget.take() {
-            forget();
-        }
+        self.gone.notify_one();
     }
 }
 
@@ -322,6 +326,14 @@ mod tests {
         assert_eq!(second, Ok(Some(2)), "the second poll answers");
         assert_eq!(polls.keys(), 1);
         drop(answers);
+        // The task stops at once (it waits for its next tick) and forgets
+        // the key: a few turns of the scheduler.
+        for _ in 0..100 {
+            if polls.keys() == 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
         assert_eq!(
             polls.keys(),
             0,
