@@ -7,7 +7,8 @@
 //! One file per section, each with its keys, their defaults and the rules
 //! they must keep: `budget.rs` (`[budget]`), `http.rs` (`[http]`),
 //! `hosts.rs` (`[hosts."HOST:PORT"]`), `quota.rs` (`[quota]`), `rate_limit.rs` (`[rate_limit]`),
-//! `redis.rs` (`[redis]`), `subscriptions.rs` (`[subscriptions]`), `upstream.rs` (`[upstream]`), `upstreams.rs`
+//! `redis.rs` (`[redis]`), `subscriptions.rs` (`[subscriptions]`), `telemetry.rs`
+//! (`[telemetry]`), `upstream.rs` (`[upstream]`), `upstreams.rs`
 //! (`[upstreams."NAME"]`); `error.rs` the
 //! error, how a TOML error finds its key, and the rule they share (`at
 //! least 1`). The sections name `error.rs` and nothing else here. This file
@@ -103,6 +104,7 @@ mod quota;
 mod rate_limit;
 mod redis;
 mod subscriptions;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -118,6 +120,7 @@ pub use rate_limit::RateLimitConfig;
 pub(crate) use redis::share_use;
 pub use redis::{FailureMode, RedisConfig};
 pub use subscriptions::SubscriptionsConfig;
+pub use telemetry::TelemetryConfig;
 pub use upstream::UpstreamConfig;
 pub use upstreams::{Secret, UpstreamTable};
 
@@ -161,6 +164,9 @@ section! {
         /// `[subscriptions]`: subscriptions over WebSocket, one budget per
         /// connection that refills over time.
         pub subscriptions: SubscriptionsConfig = SubscriptionsConfig::default(),
+        /// `[telemetry]`: traces exported over OTLP (off by default; exported
+        /// only by a build with the `otel` feature).
+        pub telemetry: TelemetryConfig = TelemetryConfig::default(),
     }
 }
 
@@ -208,6 +214,7 @@ impl Config {
         self.quota.check()?;
         self.redis.check()?;
         self.subscriptions.check()?;
+        self.telemetry.check()?;
         for (name, table) in &self.upstreams {
             table.check(name)?;
         }
