@@ -49,6 +49,8 @@ mod metrics;
 pub mod read;
 pub mod request;
 mod seed;
+#[cfg(feature = "otel")]
+pub mod telemetry;
 
 pub use config::Config;
 pub use engine::{Engine, EngineBuilder};

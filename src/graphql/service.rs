@@ -201,18 +201,33 @@ impl<E: Executor> FanoutGraphQL<E> {
             Ok(BatchRequest::Batch(requests)) => (false, requests),
             Err(err) => return err.into_response(),
         };
+        // The HTTP server span of the request's trace (OpenTelemetry's
+        // HTTP semantic conventions, `telemetry`), its parent the caller's
+        // `traceparent`.
         let span = tracing::info_span!(
             "graphql.request",
+            otel.name = if get { "GET /graphql" } else { "POST /graphql" },
+            otel.kind = "server",
+            http.request.method = if get { "GET" } else { "POST" },
+            http.route = parts.uri.path(),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
             caller = ?caller,
             operations = requests.len(),
             reads = tracing::field::Empty,
         );
+        #[cfg(feature = "otel")]
+        crate::telemetry::adopt_parent(&span, &parts.headers);
         let responses = self.run(&fanout, requests).instrument(span.clone()).await;
         span.record("reads", fanout.budget().used());
         let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
             Err(refused) => refused.into_response(),
         };
+        span.record("http.response.status_code", answer.status().as_u16());
+        if answer.status().is_server_error() {
+            span.record("otel.status_code", "error");
+        }
         // Until the client has read it, the answer holds its bytes in the
         // process's memory pool.
         fanout.memory().lease_body(answer)

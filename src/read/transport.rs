@@ -104,6 +104,13 @@ async fn fetch(
     for (name, value) in headers {
         request = request.header(name, value);
     }
+    #[cfg(feature = "otel")]
+    {
+        // The trace's context, when spans are exported (`telemetry`).
+        let mut trace = http::HeaderMap::new();
+        crate::telemetry::inject_current(&mut trace);
+        request = request.headers(trace);
+    }
     if !body.is_empty() {
         request = request.body(body);
     }

@@ -1,0 +1,69 @@
+//! W3C trace context across the hop: `traceparent` read from the inbound
+//! request, written on every upstream request sent.
+//!
+//! Only `traceparent` is written (a version, the trace's and the span's ids
+//! and the sampled flag: no secret), to every origin, so a registry's own
+//! traces join the request's. A client's `tracestate` is not forwarded.
+//!
+//! Both are skipped, at the cost of one atomic load, until a
+//! [`Telemetry`](super::Telemetry) layer has been made in this process.
+
+use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry_http::HeaderExtractor;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+/// How many [`Telemetry`](super::Telemetry) values that made a layer are
+/// alive in this process.
+static ACTIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// One more telemetry exports spans.
+pub(crate) fn activate() {
+    ACTIVE.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One telemetry that exported spans is gone.
+pub(crate) fn deactivate() {
+    ACTIVE.fetch_sub(1, Ordering::Relaxed);
+}
+
+fn active() -> bool {
+    ACTIVE.load(Ordering::Relaxed) > 0
+}
+
+/// Makes the trace context `headers` carry (`traceparent`) the parent of
+/// `span`, which must not have been entered yet. An absent or malformed
+/// header leaves the span a root.
+pub(crate) fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
+    if !active() || !headers.contains_key("traceparent") {
+        return;
+    }
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    // Not exported (filtered out, no layer): nothing to parent.
+    let _ = span.set_parent(parent);
+}
+
+/// Adds `traceparent` naming the current span to `headers`, when spans are
+/// exported and there is one.
+pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
+    if !active() {
+        return;
+    }
+    let cx = tracing::Span::current().context();
+    TraceContextPropagator::new().inject_context(&cx, &mut TraceparentOnly(headers));
+}
+
+/// Writes `traceparent` and nothing else (no `tracestate`).
+struct TraceparentOnly<'a>(&'a mut http::HeaderMap);
+
+impl Injector for TraceparentOnly<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if key == "traceparent" {
+            if let Ok(value) = http::HeaderValue::from_str(&value) {
+                self.0
+                    .insert(http::header::HeaderName::from_static("traceparent"), value);
+            }
+        }
+    }
+}

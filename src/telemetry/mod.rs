@@ -1,0 +1,234 @@
+//! Traces exported over OTLP (the `otel` feature): what a binary installs so
+//! the engine's `tracing` spans reach an OpenTelemetry collector.
+//!
+//! The engine records `tracing` spans whatever the build; this module turns
+//! them into OpenTelemetry spans and ships them. A binary builds a
+//! [`Telemetry`] from `[telemetry]` (the standard `OTEL_*` variables
+//! resolved first), adds its [`layer`](Telemetry::layer) to its subscriber,
+//! and keeps it alive: dropped, it sends the spans still queued.
+//!
+//! How a span travels:
+//! - `tracing-opentelemetry`'s layer builds the OpenTelemetry span from the
+//!   `tracing` one (`otel.kind`, `otel.name` and the semantic-convention
+//!   fields set where the engine opens its spans). The layer sees only the
+//!   engine's targets, at `DEBUG` and above, whatever the log's own filter.
+//! - The sampler keeps `sample_ratio` of the traces starting here and
+//!   follows an inbound `traceparent`'s decision (`provider.rs`).
+//! - An ended span is queued without blocking; past `max_queued_spans` it is
+//!   dropped and counted (`processor.rs`). A thread of the SDK exports
+//!   batches over OTLP/HTTP protobuf with the engine's HTTP stack on the
+//!   application's runtime, each export bounded by a timeout
+//!   (`export_client.rs`). A collector that is down or slow costs dropped
+//!   spans, never a slower request or memory without bound.
+//! - `traceparent` is read from the inbound request and written on every
+//!   upstream request (`context.rs`).
+//!
+//! ```no_run
+//! use fanout_budget::{config::TelemetryConfig, telemetry::Telemetry};
+//! use tracing_subscriber::layer::SubscriberExt as _;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = TelemetryConfig::default().otlp_endpoint("http://collector:4318").with_env()?;
+//! let telemetry = Telemetry::builder(config).service_name("my-gateway").build()?;
+//! let subscriber = tracing_subscriber::registry().with(telemetry.as_ref().map(Telemetry::layer));
+//! tracing::subscriber::set_global_default(subscriber)?;
+//! // … serve; `telemetry` dropped last sends what is queued.
+//! # Ok(()) }
+//! ```
+
+mod context;
+mod export_client;
+mod processor;
+mod provider;
+
+pub(crate) use context::{adopt_parent, inject_current};
+
+use crate::config::TelemetryConfig;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+/// How long dropping a [`Telemetry`] waits for the queued spans to leave.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why telemetry could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// Built outside a tokio runtime: exports run on the runtime.
+    NoRuntime,
+    /// The exporter or its HTTP client could not be built.
+    Exporter(String),
+}
+
+impl std::fmt::Display for TelemetryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoRuntime => f.write_str("telemetry must be built inside a tokio runtime"),
+            Self::Exporter(why) => write!(f, "the OTLP exporter could not be built: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for TelemetryError {}
+
+/// The export queue's bounds and pace.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub(crate) max_queued_spans: usize,
+    pub(crate) max_batch_spans: usize,
+    pub(crate) export_interval: Duration,
+    pub(crate) export_timeout: Duration,
+}
+
+/// Builds a [`Telemetry`]: [`Telemetry::builder`].
+#[derive(Debug)]
+pub struct TelemetryBuilder {
+    config: TelemetryConfig,
+    service_name: String,
+    targets: Vec<String>,
+    limits: Limits,
+}
+
+impl TelemetryBuilder {
+    /// The `service.name` when `[telemetry] service_name` is empty
+    /// (default: `fanout-budget`); a binary passes its own name.
+    #[must_use]
+    pub fn service_name(mut self, name: impl Into<String>) -> Self {
+        self.service_name = name.into();
+        self
+    }
+
+    /// Also exports the spans of `target` (a crate's name, `my_app`) at
+    /// `DEBUG` and above; the engine's (`fanout_budget`) always are.
+    #[must_use]
+    pub fn target(mut self, target: impl Into<String>) -> Self {
+        self.targets.push(target.into());
+        self
+    }
+
+    /// Spans queued or being exported at most (default 2048); past it an
+    /// ended span is dropped and counted.
+    #[must_use]
+    pub fn max_queued_spans(mut self, spans: usize) -> Self {
+        self.limits.max_queued_spans = spans.max(1);
+        self
+    }
+
+    /// How often queued spans are exported (default 1 s); a full batch
+    /// (512 spans) leaves at once.
+    #[must_use]
+    pub fn export_interval(mut self, interval: Duration) -> Self {
+        self.limits.export_interval = interval;
+        self
+    }
+
+    /// How long one export may take (default 5 s): connection, request and
+    /// answer; past it the batch is dropped and counted.
+    #[must_use]
+    pub fn export_timeout(mut self, timeout: Duration) -> Self {
+        self.limits.export_timeout = timeout;
+        self
+    }
+
+    /// The exporting telemetry, or `None` when no endpoint is configured.
+    /// Call inside the tokio runtime that serves: exports run on it.
+    pub fn build(self) -> Result<Option<Telemetry>, TelemetryError> {
+        if !self.config.is_enabled() {
+            return Ok(None);
+        }
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
+        let provider = provider::build(&self.config, &self.service_name, &self.limits, runtime)?;
+        Ok(Some(Telemetry {
+            provider,
+            targets: self.targets,
+            layered: AtomicBool::new(false),
+        }))
+    }
+}
+
+/// The tracer provider exporting over OTLP, and the guard that sends what is
+/// queued when dropped.
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: SdkTracerProvider,
+    targets: Vec<String>,
+    /// A layer was made: propagation is on while this lives.
+    layered: AtomicBool,
+}
+
+impl Telemetry {
+    /// Starts from `config`, its `OTEL_*` variables already applied
+    /// ([`TelemetryConfig::with_env`]).
+    pub fn builder(config: TelemetryConfig) -> TelemetryBuilder {
+        TelemetryBuilder {
+            config,
+            service_name: env!("CARGO_PKG_NAME").to_owned(),
+            targets: vec![env!("CARGO_CRATE_NAME").to_owned()],
+            limits: Limits {
+                max_queued_spans: 2048,
+                max_batch_spans: 512,
+                export_interval: Duration::from_secs(1),
+                export_timeout: Duration::from_secs(5),
+            },
+        }
+    }
+
+    /// The layer to add to the application's subscriber: the engine's spans
+    /// (and the builder's targets') at `DEBUG` and above become OpenTelemetry
+    /// spans, whatever the other layers' filters. Making it turns
+    /// `traceparent` propagation on.
+    pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
+    where
+        S: tracing::Subscriber + for<'span> LookupSpan<'span> + Send + Sync + 'static,
+    {
+        let targets = self.targets.iter().fold(Targets::new(), |t, target| {
+            t.with_target(target.clone(), tracing::Level::DEBUG)
+        });
+        if !self.layered.swap(true, Ordering::Relaxed) {
+            context::activate();
+        }
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer(env!("CARGO_PKG_NAME")))
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_filter(targets)
+    }
+
+    /// Exports every span ended so far and waits for it (blocking: call
+    /// from `spawn_blocking` or a thread of its own).
+    pub fn flush(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        self.provider.force_flush().map_err(Into::into)
+    }
+}
+
+impl Drop for Telemetry {
+    /// Sends the queued spans, waiting up to 5 s. On a multi-threaded
+    /// runtime's worker the wait lets the other workers run the export; on
+    /// a current-thread runtime the export cannot run while it waits, so
+    /// drop it off the runtime (or outside its `block_on`).
+    fn drop(&mut self) {
+        if *self.layered.get_mut() {
+            context::deactivate();
+        }
+        let provider = self.provider.clone();
+        let shutdown = move || {
+            let _ = provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime)
+                if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread =>
+            {
+                tokio::task::block_in_place(shutdown);
+            }
+            _ => shutdown(),
+        }
+    }
+}

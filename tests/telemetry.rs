@@ -1,0 +1,309 @@
+//! Traces over OTLP (`telemetry`, the `otel` feature), received by an
+//! OTLP/HTTP protobuf collector on loopback inside the test: a request
+//! through `FanoutGraphQL` is one trace whose SERVER span has the caller's
+//! `traceparent` for parent, and the upstream sees the trace's id; a
+//! collector that is down costs the request nothing, its spans dropped and
+//! counted.
+//!
+//! Each test installs its subscriber for its own thread (a current-thread
+//! runtime), so the tests of this binary do not see each other's spans. The
+//! dropped-span counter is read from the process's Prometheus recorder.
+#![cfg(feature = "otel")]
+mod common;
+
+use async_graphql::{EmptyMutation, EmptySubscription, Schema};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use fanout_budget::config::TelemetryConfig;
+use fanout_budget::telemetry::Telemetry;
+use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
+use fanout_testkit::prometheus::value;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use serde_json::json;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tracing_subscriber::layer::SubscriberExt as _;
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT_ID: &str = "00f067aa0ba902b7";
+
+/// The process's Prometheus recorder (installed once).
+fn recorder() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().unwrap())
+}
+
+/// A span as received, with its resource's `service.name`.
+struct Received {
+    span: Span,
+    service: String,
+}
+
+/// What the collector received, and a wake-up on each export.
+#[derive(Default)]
+struct Collector {
+    spans: Mutex<Vec<Received>>,
+    exports: tokio::sync::Notify,
+}
+
+/// An OTLP/HTTP protobuf collector on a loopback port: `POST /v1/traces`.
+async fn start_collector() -> (String, Arc<Collector>, tokio::task::JoinHandle<()>) {
+    async fn traces(State(seen): State<Arc<Collector>>, body: Bytes) -> StatusCode {
+        let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
+        let mut spans = seen.spans.lock().unwrap();
+        for resource in request.resource_spans {
+            let service = resource
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .map(text)
+                .unwrap_or_default();
+            for scope in resource.scope_spans {
+                spans.extend(scope.spans.into_iter().map(|span| Received {
+                    span,
+                    service: service.clone(),
+                }));
+            }
+        }
+        seen.exports.notify_waiters();
+        StatusCode::OK
+    }
+    let seen = Arc::new(Collector::default());
+    let app = Router::new()
+        .route("/v1/traces", post(traces))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, seen, task)
+}
+
+/// An upstream that answers the test schema's `/list` and `/item/{id}` and
+/// keeps the `traceparent` of every request.
+async fn start_upstream() -> (String, Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
+    type Seen = State<Arc<Mutex<Vec<String>>>>;
+    fn keep(seen: &Seen, headers: &HeaderMap) {
+        let parent = headers
+            .get("traceparent")
+            .map(|v| v.to_str().unwrap().to_owned());
+        seen.lock().unwrap().push(parent.unwrap_or_default());
+        assert!(
+            headers.get("tracestate").is_none(),
+            "only traceparent is sent"
+        );
+    }
+    async fn list(seen: Seen, headers: HeaderMap) -> Json<serde_json::Value> {
+        keep(&seen, &headers);
+        Json(json!({ "ids": [1, 2] }))
+    }
+    async fn item(seen: Seen, headers: HeaderMap) -> Json<serde_json::Value> {
+        keep(&seen, &headers);
+        Json(json!({ "value": "v" }))
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let app = Router::new()
+        .route("/list", get(list))
+        .route("/item/{id}", get(item))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, seen, task)
+}
+
+fn app(upstream: &str) -> Router {
+    let engine = Engine::new(Config::default());
+    let schema = Schema::build(common::Query, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .data(common::Base(upstream.to_owned()))
+        .finish();
+    Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
+}
+
+const QUERY: &str = r#"{"query":"{ items(first: 2) { id detail { value } } }"}"#;
+
+fn text(kv: &KeyValue) -> String {
+    match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(Any::StringValue(s)) => s.clone(),
+        Some(Any::IntValue(i)) => i.to_string(),
+        Some(Any::BoolValue(b)) => b.to_string(),
+        Some(Any::DoubleValue(d)) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn attribute(span: &Span, key: &str) -> Option<String> {
+    span.attributes.iter().find(|kv| kv.key == key).map(text)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Flushes off the runtime's thread (the export runs on it) and gives the
+/// telemetry back. (The SDK's flush reports no export failure.)
+async fn flush(telemetry: Telemetry) -> Telemetry {
+    tokio::task::spawn_blocking(move || {
+        let _ = telemetry.flush();
+        telemetry
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_is_one_trace_under_the_callers_traceparent() {
+    let (collector_url, collector, _collector) = start_collector().await;
+    let (upstream_url, upstream_saw, _upstream) = start_upstream().await;
+    let config = TelemetryConfig::default()
+        .otlp_endpoint(collector_url)
+        .service_name("telemetry-test");
+    let telemetry = Telemetry::builder(config)
+        .export_interval(Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .expect("an endpoint turns export on");
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    let answer =
+        fanout_testkit::post(&app(&upstream_url), QUERY, &[("traceparent", &traceparent)]).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+    assert_eq!(answer.json()["data"]["items"][1]["detail"]["value"], "v");
+
+    let telemetry = flush(telemetry).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let server = loop {
+        let notified = collector.exports.notified();
+        if let Some(server) = collector
+            .spans
+            .lock()
+            .unwrap()
+            .iter()
+            .position(|r| r.span.kind == SpanKind::Server as i32)
+        {
+            break server;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no SERVER span reached the collector"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+    };
+    let spans = std::mem::take(&mut *collector.spans.lock().unwrap());
+    let servers: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Server as i32)
+        .collect();
+    assert_eq!(servers.len(), 1, "one SERVER span per request");
+    let root = &spans[server];
+    assert_eq!(
+        root.service, "telemetry-test",
+        "the resource reaches the collector"
+    );
+    assert_eq!(root.span.name, "POST /graphql");
+    assert_eq!(hex(&root.span.trace_id), TRACE_ID, "the caller's trace");
+    assert_eq!(
+        hex(&root.span.parent_span_id),
+        PARENT_ID,
+        "the caller's span is the parent"
+    );
+    assert_eq!(
+        attribute(&root.span, "http.request.method").as_deref(),
+        Some("POST")
+    );
+    assert_eq!(
+        attribute(&root.span, "http.route").as_deref(),
+        Some("/graphql")
+    );
+    assert_eq!(
+        attribute(&root.span, "http.response.status_code").as_deref(),
+        Some("200")
+    );
+    assert!(
+        spans.iter().all(|r| hex(&r.span.trace_id) == TRACE_ID),
+        "every span is of the one trace"
+    );
+    assert!(
+        spans.len() > 1,
+        "the request's inner spans are exported too"
+    );
+
+    // Three reads (the list, two items), each carrying the trace's id.
+    let sent = upstream_saw.lock().unwrap().clone();
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    for parent in &sent {
+        let fields: Vec<_> = parent.split('-').collect();
+        assert_eq!(fields.len(), 4, "a traceparent on every read: {sent:?}");
+        assert_eq!(fields[1], TRACE_ID, "{sent:?}");
+        assert_ne!(fields[2], PARENT_ID, "a span of this service is the parent");
+        assert!(
+            spans.iter().any(|r| hex(&r.span.span_id) == fields[2]),
+            "the read's parent span is exported: {parent}"
+        );
+    }
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_collector_that_is_down_costs_the_request_nothing() {
+    let page = recorder();
+    let dropped = |reason: &str| {
+        value(
+            &page.render(),
+            "fanout_telemetry_spans_dropped_total",
+            &[&format!("reason=\"{reason}\"")],
+        )
+        .unwrap_or(0.0)
+    };
+    let (queue_full, failed) = (dropped("queue_full"), dropped("export_failed"));
+    // A port nothing listens on: each export is refused at once.
+    let down = format!("http://127.0.0.1:{}", fanout_testkit::free_port());
+    let (upstream_url, _upstream_saw, _upstream) = start_upstream().await;
+    let telemetry = Telemetry::builder(TelemetryConfig::default().otlp_endpoint(down))
+        // One span queued at most, none exported before the flush: the
+        // request's other spans find the queue full.
+        .max_queued_spans(1)
+        .export_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+        .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let started = Instant::now();
+    let answer = fanout_testkit::post(&app(&upstream_url), QUERY, &[]).await;
+    let took = started.elapsed();
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+    assert_eq!(answer.json()["data"]["items"][0]["detail"]["value"], "v");
+    assert!(
+        took < Duration::from_secs(5),
+        "the request waited on the collector: {took:?}"
+    );
+
+    let telemetry = flush(telemetry).await;
+    assert!(
+        dropped("queue_full") > queue_full,
+        "spans past the queue are counted dropped"
+    );
+    assert!(
+        dropped("export_failed") > failed,
+        "the queued span whose export failed is counted dropped"
+    );
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+}
