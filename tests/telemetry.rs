@@ -176,11 +176,14 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
 
+    // A batch of the same operation twice: the second's reads are the
+    // first's, de-duplicated (sent once).
     let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    let batch = format!("[{QUERY},{QUERY}]");
     let answer =
-        fanout_testkit::post(&app(&upstream_url), QUERY, &[("traceparent", &traceparent)]).await;
+        fanout_testkit::post(&app(&upstream_url), batch, &[("traceparent", &traceparent)]).await;
     assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
-    assert_eq!(answer.json()["data"]["items"][1]["detail"]["value"], "v");
+    assert_eq!(answer.json()[1]["data"]["items"][1]["detail"]["value"], "v");
 
     let telemetry = flush(telemetry).await;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -240,17 +243,81 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
         "the request's inner spans are exported too"
     );
 
-    // Three reads (the list, two items), each carrying the trace's id.
+    // Two operation spans under the server span, named by their type.
+    let by_id = |id: &[u8]| spans.iter().find(|r| r.span.span_id == id);
+    let under_server = |span: &Span| {
+        let mut at = span;
+        for _ in 0..16 {
+            if at.span_id == root.span.span_id {
+                return true;
+            }
+            match by_id(&at.parent_span_id) {
+                Some(parent) => at = &parent.span,
+                None => return false,
+            }
+        }
+        false
+    };
+    let operations: Vec<_> = spans
+        .iter()
+        .filter(|r| attribute(&r.span, "graphql.operation.type").is_some())
+        .collect();
+    assert_eq!(operations.len(), 2, "one span per operation");
+    let mut reads = 0;
+    for op in &operations {
+        assert_eq!(op.span.name, "query");
+        assert_eq!(op.span.kind, SpanKind::Internal as i32);
+        assert_eq!(
+            op.span.parent_span_id, root.span.span_id,
+            "under the server span"
+        );
+        reads += attribute(&op.span, "fanout.reads")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+    }
+    assert_eq!(reads, 3, "the operations sent three reads between them");
+
+    // One CLIENT span per request sent (the list, two items), none for the
+    // de-duplicated reads, each under the server span.
+    let clients: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Client as i32)
+        .collect();
+    assert_eq!(clients.len(), 3, "one CLIENT span per read sent");
+    let upstream = upstream_url.trim_start_matches("http://");
+    for client in &clients {
+        let span = &client.span;
+        assert_eq!(span.name, "GET");
+        assert!(
+            under_server(span),
+            "a CLIENT span outside the request's tree"
+        );
+        assert_eq!(
+            attribute(span, "http.request.method").as_deref(),
+            Some("GET")
+        );
+        assert_eq!(
+            attribute(span, "http.response.status_code").as_deref(),
+            Some("200")
+        );
+        let address = attribute(span, "server.address").unwrap();
+        let port = attribute(span, "server.port").unwrap();
+        assert_eq!(format!("{address}:{port}"), upstream);
+        let url = attribute(span, "url.full").unwrap();
+        assert!(url.starts_with(&upstream_url), "{url}");
+    }
+
+    // Each request sent carries the trace's id and its CLIENT span's.
     let sent = upstream_saw.lock().unwrap().clone();
     assert_eq!(sent.len(), 3, "{sent:?}");
     for parent in &sent {
         let fields: Vec<_> = parent.split('-').collect();
         assert_eq!(fields.len(), 4, "a traceparent on every read: {sent:?}");
         assert_eq!(fields[1], TRACE_ID, "{sent:?}");
-        assert_ne!(fields[2], PARENT_ID, "a span of this service is the parent");
         assert!(
-            spans.iter().any(|r| hex(&r.span.span_id) == fields[2]),
-            "the read's parent span is exported: {parent}"
+            clients.iter().any(|c| hex(&c.span.span_id) == fields[2]),
+            "the request's parent is its CLIENT span: {parent}"
         );
     }
     tokio::task::spawn_blocking(move || drop(telemetry))

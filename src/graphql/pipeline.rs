@@ -47,6 +47,9 @@ pub(crate) struct Op {
     requested: Option<u64>,
     query: String,
     name: Option<String>,
+    /// `query`, `mutation` or `subscription`, when the document names the
+    /// operation to run.
+    kind: Option<&'static str>,
 }
 
 impl Op {
@@ -64,10 +67,16 @@ impl Op {
         let mut requested = costs.map(|_| 0);
         let max = engine.config().http.max_selections;
         let name = request.operation_name.as_deref();
+        let mut kind = None;
         let admitted = prior
             .and_then(|()| guard::admit(engine.documents(), &request.query, max))
             .and_then(|(doc, shape)| {
                 let op = guard::operation(&doc, name);
+                kind = op.map(|op| match op.ty {
+                    OperationType::Query => "query",
+                    OperationType::Mutation => "mutation",
+                    OperationType::Subscription => "subscription",
+                });
                 // A page on another site can make a browser send a GET
                 // without asking first: only a query runs over one.
                 if scope.queries_only() && op.is_some_and(|op| op.ty != OperationType::Query) {
@@ -100,6 +109,7 @@ impl Op {
             requested,
             query: request.query.clone(),
             name: request.operation_name.clone(),
+            kind,
         }
     }
 
@@ -160,27 +170,57 @@ impl Op {
         response
     }
 
+    /// The operation's span, in OpenTelemetry's GraphQL conventions: named
+    /// after its type (its name is an attribute: names are many), INTERNAL
+    /// under the request's SERVER span; what it was priced, and after it ran
+    /// ([`record`](Self::record)) what it sent.
+    fn span(&self) -> tracing::Span {
+        tracing::debug_span!(
+            "graphql.operation",
+            otel.name = self.kind.unwrap_or("GraphQL Operation"),
+            graphql.operation.type = self.kind,
+            graphql.operation.name = self.name.as_deref(),
+            fanout.requested = self.requested,
+            fanout.reads = tracing::field::Empty,
+            fanout.cache_hits = tracing::field::Empty,
+            fanout.delta = tracing::field::Empty,
+        )
+    }
+
+    /// What the operation sent, on its span: `fanout.reads`,
+    /// `fanout.cache_hits`, and `fanout.delta` (requested − reads) when it
+    /// was priced.
+    fn record(&self, span: &tracing::Span) {
+        if span.is_disabled() {
+            return;
+        }
+        let reads = self.operation.reads();
+        span.record("fanout.reads", reads);
+        span.record("fanout.cache_hits", self.operation.cache_hits());
+        if let Some(requested) = self.requested {
+            span.record("fanout.delta", requested as i64 - reads as i64);
+        }
+    }
+
     /// Steps 3 to 5: refused at the batch's barrier (or before, at step 1),
     /// else `execute` — the operation running with [`data`](Self::data) —
     /// within the request's bounds; then finished.
     pub(crate) async fn run(
-        self,
+        mut self,
         types: &SchemaTypes,
         execute: impl Future<Output = Response>,
     ) -> Response {
         let scope = self.operation.request();
-        let refusal = scope.refusal().await.or(self.refused);
+        let refusal = scope.refusal().await.or(self.refused.take());
         let mut response = match refusal {
             Some(refusal) => refused(&refusal),
             None => match scope.reserve().await {
                 Some(rejection) => stopped(&rejection),
                 None => {
-                    let span = tracing::debug_span!(
-                        "graphql.operation",
-                        name = self.name.as_deref(),
-                        requested = self.requested.unwrap_or(0)
-                    );
-                    scope.within_bounds(execute.instrument(span)).await
+                    let span = self.span();
+                    let response = scope.within_bounds(execute.instrument(span.clone())).await;
+                    self.record(&span);
+                    response
                 }
             },
         };

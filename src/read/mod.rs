@@ -29,6 +29,7 @@
 pub(crate) mod auth;
 pub(crate) mod budget;
 pub(crate) mod cache;
+mod client_span;
 pub(crate) mod coalesce;
 pub(crate) mod dedup;
 pub(crate) mod hosts;
@@ -457,16 +458,17 @@ impl<'a> Upstream<'a> {
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
+        let span = client_span::client_span(&read);
         let fetch = self.reads.parts.transport.fetch(read, &host.name);
         let quotas = &self.reads.parts.quotas;
-        let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
+        let sent = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
             // What the answer says of the host's quota (`quota.rs`).
             match quotas.observe(&host.name, r.status, &r.headers, admitted.now) {
                 Some(spent) => Err(spent),
                 None => self.keep(Arc::new(r)),
             }
-        })
-        .await;
+        });
+        let outcome = client_span::traced(span, sent).await;
         pending.finish(&outcome);
         outcome
     }
@@ -589,17 +591,19 @@ impl<'a> Upstream<'a> {
             let parts = self.reads.parts.clone();
             let transport = parts.transport.clone();
             let (host, read_timeout) = (host.clone(), self.reads.parts.read_timeout);
+            let span = client_span::client_span(&read);
             Ok(async move {
                 let _host_slot = host_slot;
                 let limit = Limit::read_timeout(now, read_timeout);
                 let fetch = transport.fetch(read, &host.name);
-                timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
-                    match parts.quotas.observe(&host.name, r.status, &r.headers, now) {
-                        Some(spent) => Err(spent),
-                        None => Ok(Arc::new(r)),
-                    }
-                })
-                .await
+                let sent = timeout::send(fetch, host.metrics(), &host.name, limit, |r| match parts
+                    .quotas
+                    .observe(&host.name, r.status, &r.headers, now)
+                {
+                    Some(spent) => Err(spent),
+                    None => Ok(Arc::new(r)),
+                });
+                client_span::traced(span, sent).await
             })
         };
         match table.join_or_lead(key, lead)? {

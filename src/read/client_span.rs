@@ -1,0 +1,112 @@
+//! The CLIENT span of each upstream request sent, in OpenTelemetry's HTTP
+//! client conventions: `GET` (the method is the name), `http.request.method`,
+//! `server.address`, `server.port`, `url.full`, then
+//! `http.response.status_code` or `error.type` (the read's error code).
+//!
+//! One per request the transport sends: a read answered by the request's
+//! de-duplication, by an identical read in flight or by the engine's cache
+//! sends nothing and has none. The transport runs inside it, so the
+//! `traceparent` it writes (`telemetry`) names it.
+//!
+//! `url.full` is the scheme, host, port and path only: userinfo and a query
+//! string may carry secrets. Like the engine's other spans, it is
+//! `Span::none()` when no subscriber wants it, so a process that exports
+//! nothing formats nothing.
+
+use super::message::Read;
+use crate::error::ReadError;
+use std::fmt;
+use std::future::Future;
+use tracing::Instrument;
+
+/// The span of one request about to be sent to `read.url`.
+pub(crate) fn client_span(read: &Read) -> tracing::Span {
+    let url = &read.url;
+    let span = tracing::debug_span!(
+        "upstream.request",
+        otel.name = read.method.as_str(),
+        otel.kind = "client",
+        http.request.method = read.method.as_str(),
+        server.address = url.host_str(),
+        server.port = url.port_or_known_default(),
+        url.full = %SafeUrl(url),
+        http.response.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    // As `upstream.read`: a disabled span still feeds `log` when tracing's
+    // `log` feature is on.
+    if span.is_disabled() {
+        tracing::Span::none()
+    } else {
+        span
+    }
+}
+
+/// Runs `send` (the request and its answer, within its time limit) inside
+/// `span`, then records how it ended.
+pub(crate) async fn traced<T: Answered>(
+    span: tracing::Span,
+    send: impl Future<Output = Result<T, ReadError>>,
+) -> Result<T, ReadError> {
+    let outcome = send.instrument(span.clone()).await;
+    if !span.is_none() {
+        match &outcome {
+            Ok(answer) => {
+                span.record("http.response.status_code", answer.status());
+            }
+            Err(err) => {
+                if let ReadError::Upstream {
+                    status: Some(status),
+                    ..
+                } = err
+                {
+                    span.record("http.response.status_code", status);
+                }
+                span.record("error.type", err.code());
+            }
+        }
+    }
+    outcome
+}
+
+/// An answer with an HTTP status.
+pub(crate) trait Answered {
+    /// Its status code.
+    fn status(&self) -> u16;
+}
+
+impl<R: std::ops::Deref<Target = super::UpstreamResponse>> Answered for R {
+    fn status(&self) -> u16 {
+        self.status.as_u16()
+    }
+}
+
+/// A URL without its userinfo, query or fragment.
+struct SafeUrl<'a>(&'a reqwest::Url);
+
+impl fmt::Display for SafeUrl<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let url = self.0;
+        write!(f, "{}://{}", url.scheme(), url.host_str().unwrap_or(""))?;
+        if let Some(port) = url.port() {
+            write!(f, ":{port}")?;
+        }
+        f.write_str(url.path())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SafeUrl;
+
+    #[test]
+    fn url_full_drops_credentials_and_the_query() {
+        let url = "https://user:secret@registry.test:5000/v2/x/manifests/1?token=abc#f"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            SafeUrl(&url).to_string(),
+            "https://registry.test:5000/v2/x/manifests/1"
+        );
+    }
+}
