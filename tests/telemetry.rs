@@ -234,6 +234,19 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
         attribute(&root.span, "http.response.status_code").as_deref(),
         Some("200")
     );
+    assert_eq!(
+        attribute(&root.span, "client.address").as_deref(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(
+        attribute(&root.span, "fanout.caller").as_deref(),
+        Some("public")
+    );
+    assert_eq!(
+        attribute(&root.span, "fanout.operations").as_deref(),
+        Some("2")
+    );
+    assert_eq!(attribute(&root.span, "fanout.reads").as_deref(), Some("3"));
     assert!(
         spans.iter().all(|r| hex(&r.span.trace_id) == TRACE_ID),
         "every span is of the one trace"
@@ -325,8 +338,23 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
         .unwrap();
 }
 
+/// The request runs with `telemetry` exporting (its layer the thread's
+/// subscriber); how long it took.
+async fn request_with(telemetry: &Telemetry, upstream_url: &str) -> Duration {
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let started = Instant::now();
+    let answer = fanout_testkit::post(&app(upstream_url), QUERY, &[]).await;
+    let took = started.elapsed();
+    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+    assert_eq!(answer.json()["data"]["items"][0]["detail"]["value"], "v");
+    took
+}
+
+/// One test, so that no other test of this binary moves the counter while
+/// it reads it.
 #[tokio::test(flavor = "current_thread")]
-async fn a_collector_that_is_down_costs_the_request_nothing() {
+async fn a_collector_down_or_hanging_costs_the_request_nothing() {
     let page = recorder();
     let dropped = |reason: &str| {
         value(
@@ -336,31 +364,24 @@ async fn a_collector_that_is_down_costs_the_request_nothing() {
         )
         .unwrap_or(0.0)
     };
-    let (queue_full, failed) = (dropped("queue_full"), dropped("export_failed"));
-    // A port nothing listens on: each export is refused at once.
-    let down = format!("http://127.0.0.1:{}", fanout_testkit::free_port());
     let (upstream_url, _upstream_saw, _upstream) = start_upstream().await;
+
+    // Down: a port nothing listens on, each export refused at once. One
+    // span queued at most and none exported before the flush: the
+    // request's other spans find the queue full.
+    let (queue_full, failed) = (dropped("queue_full"), dropped("export_failed"));
+    let down = format!("http://127.0.0.1:{}", fanout_testkit::free_port());
     let telemetry = Telemetry::builder(TelemetryConfig::default().otlp_endpoint(down))
-        // One span queued at most, none exported before the flush: the
-        // request's other spans find the queue full.
         .max_queued_spans(1)
         .export_interval(Duration::from_secs(3600))
         .build()
         .unwrap()
         .unwrap();
-    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
-    let _default = tracing::subscriber::set_default(subscriber);
-
-    let started = Instant::now();
-    let answer = fanout_testkit::post(&app(&upstream_url), QUERY, &[]).await;
-    let took = started.elapsed();
-    assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
-    assert_eq!(answer.json()["data"]["items"][0]["detail"]["value"], "v");
+    let took = request_with(&telemetry, &upstream_url).await;
     assert!(
         took < Duration::from_secs(5),
         "the request waited on the collector: {took:?}"
     );
-
     let telemetry = flush(telemetry).await;
     assert!(
         dropped("queue_full") > queue_full,
@@ -369,6 +390,39 @@ async fn a_collector_that_is_down_costs_the_request_nothing() {
     assert!(
         dropped("export_failed") > failed,
         "the queued span whose export failed is counted dropped"
+    );
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+
+    // Hanging: a collector that takes connections and never answers, an
+    // export every 10 ms, each given up after 300 ms. The request does not
+    // wait for the export under way; its spans are dropped and counted.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hanging = format!("http://{}", listener.local_addr().unwrap());
+    let _hang = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let failed = dropped("export_failed");
+    let telemetry = Telemetry::builder(TelemetryConfig::default().otlp_endpoint(hanging))
+        .max_queued_spans(2)
+        .export_interval(Duration::from_millis(10))
+        .export_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+        .unwrap();
+    let took = request_with(&telemetry, &upstream_url).await;
+    assert!(
+        took < Duration::from_secs(5),
+        "the request waited on the collector: {took:?}"
+    );
+    let telemetry = flush(telemetry).await;
+    assert!(
+        dropped("export_failed") > failed,
+        "the spans of the export given up are counted dropped"
     );
     tokio::task::spawn_blocking(move || drop(telemetry))
         .await

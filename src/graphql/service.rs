@@ -27,6 +27,7 @@ use super::protocol;
 use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{OperationError, Rejection};
+use crate::inbound::Caller;
 use crate::request::{FanoutRequest, Operation, OperationData};
 use async_graphql::{
     BatchRequest, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
@@ -212,14 +213,21 @@ impl<E: Executor> FanoutGraphQL<E> {
             http.route = parts.uri.path(),
             http.response.status_code = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
-            caller = ?caller,
-            operations = requests.len(),
-            reads = tracing::field::Empty,
+            client.address = parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map(|peer| tracing::field::display(peer.0.ip())),
+            fanout.caller = match caller {
+                Caller::Internal => "internal",
+                Caller::Public => "public",
+            },
+            fanout.operations = requests.len(),
+            fanout.reads = tracing::field::Empty,
         );
         #[cfg(feature = "otel")]
         crate::telemetry::adopt_parent(&span, &parts.headers);
         let responses = self.run(&fanout, requests).instrument(span.clone()).await;
-        span.record("reads", fanout.budget().used());
+        span.record("fanout.reads", fanout.budget().used());
         let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
             Err(refused) => refused.into_response(),
