@@ -34,22 +34,62 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
     }
     .with_env();
     config.validate().map_err(|e| e.to_string())?;
+    // OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME and
+    // OTEL_TRACES_SAMPLER_ARG override `[telemetry]`.
+    let mut config = config;
+    config.telemetry = config.telemetry.with_env().map_err(|e| e.to_string())?;
     Ok(config)
+}
+
+/// The log (`RUST_LOG`, default `info`) and, when an OTLP endpoint is set,
+/// the trace export, whose guard sends the queued spans when dropped.
+#[cfg(feature = "otel")]
+fn install_subscriber(
+    config: &Config,
+) -> Result<Option<fanout_budget::telemetry::Telemetry>, String> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
+    let telemetry = fanout_budget::telemetry::Telemetry::builder(config.telemetry.clone())
+        .service_name("fanout-gateway")
+        .target("fanout_gateway")
+        .build()
+        .map_err(|e| e.to_string())?;
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_filter(log_filter()))
+        .with(telemetry.as_ref().map(|t| t.layer()))
+        .init();
+    Ok(telemetry)
+}
+
+#[cfg(not(feature = "otel"))]
+fn install_subscriber(_config: &Config) -> Result<Option<()>, String> {
+    tracing_subscriber::fmt()
+        .with_env_filter(log_filter())
+        .init();
+    Ok(None)
+}
+
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let args = Args::parse();
     let config = match load_config(args.config.as_deref()) {
         Ok(config) => config,
         Err(message) => {
             eprintln!("fanout-gateway: {message}");
             return ExitCode::from(2);
+        }
+    };
+    // Kept to the end: dropped, it sends the spans still queued.
+    let _telemetry = match install_subscriber(&config) {
+        Ok(telemetry) => telemetry,
+        Err(message) => {
+            eprintln!("fanout-gateway: {message}");
+            return ExitCode::FAILURE;
         }
     };
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder();
