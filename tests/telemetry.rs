@@ -14,20 +14,14 @@ mod common;
 use async_graphql::{EmptyMutation, EmptySubscription, Schema};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
-use bytes::Bytes;
 use fanout_budget::config::TelemetryConfig;
 use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
+use fanout_testkit::otlp::{attribute, hex, Collector, Span, SpanKind};
 use fanout_testkit::prometheus::value;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-use opentelemetry_proto::tonic::common::v1::KeyValue;
-use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
-use opentelemetry_proto::tonic::trace::v1::Span;
-use prost::Message;
 use serde_json::json;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -40,52 +34,6 @@ const PARENT_ID: &str = "00f067aa0ba902b7";
 fn recorder() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().unwrap())
-}
-
-/// A span as received, with its resource's `service.name`.
-struct Received {
-    span: Span,
-    service: String,
-}
-
-/// What the collector received, and a wake-up on each export.
-#[derive(Default)]
-struct Collector {
-    spans: Mutex<Vec<Received>>,
-    exports: tokio::sync::Notify,
-}
-
-/// An OTLP/HTTP protobuf collector on a loopback port: `POST /v1/traces`.
-async fn start_collector() -> (String, Arc<Collector>, tokio::task::JoinHandle<()>) {
-    async fn traces(State(seen): State<Arc<Collector>>, body: Bytes) -> StatusCode {
-        let request = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf body");
-        let mut spans = seen.spans.lock().unwrap();
-        for resource in request.resource_spans {
-            let service = resource
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|kv| kv.key == "service.name")
-                .map(text)
-                .unwrap_or_default();
-            for scope in resource.scope_spans {
-                spans.extend(scope.spans.into_iter().map(|span| Received {
-                    span,
-                    service: service.clone(),
-                }));
-            }
-        }
-        seen.exports.notify_waiters();
-        StatusCode::OK
-    }
-    let seen = Arc::new(Collector::default());
-    let app = Router::new()
-        .route("/v1/traces", post(traces))
-        .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (base, seen, task)
 }
 
 /// An upstream that answers the test schema's `/list` and `/item/{id}` and
@@ -132,24 +80,6 @@ fn app(upstream: &str) -> Router {
 
 const QUERY: &str = r#"{"query":"{ items(first: 2) { id detail { value } } }"}"#;
 
-fn text(kv: &KeyValue) -> String {
-    match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-        Some(Any::StringValue(s)) => s.clone(),
-        Some(Any::IntValue(i)) => i.to_string(),
-        Some(Any::BoolValue(b)) => b.to_string(),
-        Some(Any::DoubleValue(d)) => d.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-fn attribute(span: &Span, key: &str) -> Option<String> {
-    span.attributes.iter().find(|kv| kv.key == key).map(text)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Flushes off the runtime's thread (the export runs on it) and gives the
 /// telemetry back. (The SDK's flush reports no export failure.)
 async fn flush(telemetry: Telemetry) -> Telemetry {
@@ -163,10 +93,10 @@ async fn flush(telemetry: Telemetry) -> Telemetry {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_is_one_trace_under_the_callers_traceparent() {
-    let (collector_url, collector, _collector) = start_collector().await;
+    let collector = Collector::start().await;
     let (upstream_url, upstream_saw, _upstream) = start_upstream().await;
     let config = TelemetryConfig::default()
-        .otlp_endpoint(collector_url)
+        .otlp_endpoint(collector.base.clone())
         .service_name("telemetry-test");
     let telemetry = Telemetry::builder(config)
         .export_interval(Duration::from_millis(50))
@@ -186,25 +116,17 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
     assert_eq!(answer.json()[1]["data"]["items"][1]["detail"]["value"], "v");
 
     let telemetry = flush(telemetry).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let server = loop {
-        let notified = collector.exports.notified();
-        if let Some(server) = collector
-            .spans
-            .lock()
-            .unwrap()
-            .iter()
-            .position(|r| r.span.kind == SpanKind::Server as i32)
-        {
-            break server;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no SERVER span reached the collector"
-        );
-        let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
-    };
-    let spans = std::mem::take(&mut *collector.spans.lock().unwrap());
+    let spans = collector
+        .wait_for(
+            Duration::from_secs(10),
+            "the request's SERVER span",
+            |spans| spans.iter().any(|r| r.span.kind == SpanKind::Server as i32),
+        )
+        .await;
+    let server = spans
+        .iter()
+        .position(|r| r.span.kind == SpanKind::Server as i32)
+        .unwrap();
     let servers: Vec<_> = spans
         .iter()
         .filter(|r| r.span.kind == SpanKind::Server as i32)

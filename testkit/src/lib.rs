@@ -19,6 +19,7 @@ mod transport;
 mod upstream;
 
 pub mod child;
+pub mod otlp;
 pub mod prometheus;
 pub use poll::until;
 pub use post::{call, graphql_request, metrics_page, post, Answer, PEER};
