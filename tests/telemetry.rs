@@ -350,3 +350,36 @@ async fn a_collector_down_or_hanging_costs_the_request_nothing() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_refused_before_it_runs_has_its_server_span() {
+    let collector = Collector::start().await;
+    let (upstream_url, _upstream_saw, _upstream) = start_upstream().await;
+    let telemetry =
+        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
+            .build()
+            .unwrap()
+            .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let answer = fanout_testkit::post(&app(&upstream_url), r#"{"query":"#, &[]).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+
+    let telemetry = flush(telemetry).await;
+    let spans = collector
+        .wait_for(Duration::from_secs(10), "the SERVER span", |spans| {
+            spans.iter().any(|r| r.span.kind == SpanKind::Server as i32)
+        })
+        .await;
+    let root = &spans[0].span;
+    assert_eq!(spans.len(), 1, "nothing ran");
+    assert_eq!(root.name, "POST /graphql");
+    assert_eq!(
+        attribute(root, "http.response.status_code").as_deref(),
+        Some("400")
+    );
+    assert_eq!(attribute(root, "fanout.caller").as_deref(), Some("public"));
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+}

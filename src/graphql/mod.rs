@@ -7,6 +7,7 @@ pub(crate) mod layer;
 pub(crate) mod nulls;
 pub(crate) mod pipeline;
 pub(crate) mod protocol;
+pub(crate) mod server_span;
 pub(crate) mod service;
 pub(crate) mod socket;
 

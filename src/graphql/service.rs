@@ -24,10 +24,10 @@
 
 use super::pipeline::Op;
 use super::protocol;
+use super::server_span;
 use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{OperationError, Rejection};
-use crate::inbound::Caller;
 use crate::request::{FanoutRequest, Operation, OperationData};
 use async_graphql::{
     BatchRequest, Executor, ObjectType, Request, Response, Schema, SubscriptionType,
@@ -40,7 +40,7 @@ use http::{header, Method, StatusCode};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tracing::Instrument;
+use tracing::{Instrument, Span};
 
 /// The GraphQL endpoint as a `tower::Service`.
 ///
@@ -159,6 +159,17 @@ impl<E: Executor> FanoutGraphQL<E> {
             }
             .unread();
         }
+        let span = server_span::open(&request, get);
+        let answer = self
+            .answer(request, get, &span)
+            .instrument(span.clone())
+            .await;
+        server_span::close(&span, answer.status());
+        answer
+    }
+
+    /// A GraphQL request over HTTP, answered (`span`: its own).
+    async fn answer(&self, request: http::Request<Body>, get: bool, span: &Span) -> HttpResponse {
         let Some(media) = protocol::negotiate(request.headers()) else {
             return Rejection::NotAcceptable.unread();
         };
@@ -179,7 +190,7 @@ impl<E: Executor> FanoutGraphQL<E> {
         }
         let (parts, body) = request.into_parts();
         let fanout = self.engine.open_request(&parts);
-        let caller = fanout.caller();
+        server_span::caller(span, fanout.caller());
         let http = &self.engine.config().http;
         let batch = if get {
             // The query string carries what a body would: bounded like one.
@@ -202,40 +213,13 @@ impl<E: Executor> FanoutGraphQL<E> {
             Ok(BatchRequest::Batch(requests)) => (false, requests),
             Err(err) => return err.into_response(),
         };
-        // The HTTP server span of the request's trace (OpenTelemetry's
-        // HTTP semantic conventions, `telemetry`), its parent the caller's
-        // `traceparent`.
-        let span = tracing::info_span!(
-            "graphql.request",
-            otel.name = if get { "GET /graphql" } else { "POST /graphql" },
-            otel.kind = "server",
-            http.request.method = if get { "GET" } else { "POST" },
-            http.route = parts.uri.path(),
-            http.response.status_code = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-            client.address = parts
-                .extensions
-                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                .map(|peer| tracing::field::display(peer.0.ip())),
-            fanout.caller = match caller {
-                Caller::Internal => "internal",
-                Caller::Public => "public",
-            },
-            fanout.operations = requests.len(),
-            fanout.reads = tracing::field::Empty,
-        );
-        #[cfg(feature = "otel")]
-        crate::telemetry::adopt_parent(&span, &parts.headers);
-        let responses = self.run(&fanout, requests).instrument(span.clone()).await;
+        span.record("fanout.operations", requests.len());
+        let responses = self.run(&fanout, requests).await;
         span.record("fanout.reads", fanout.budget().used());
         let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
             Err(refused) => refused.into_response(),
         };
-        span.record("http.response.status_code", answer.status().as_u16());
-        if answer.status().is_server_error() {
-            span.record("otel.status_code", "error");
-        }
         // Until the client has read it, the answer holds its bytes in the
         // process's memory pool.
         fanout.memory().lease_body(answer)
