@@ -383,3 +383,104 @@ async fn a_request_refused_before_it_runs_has_its_server_span() {
         .await
         .unwrap();
 }
+
+/// A registry-like upstream that answers `/private` only to Basic
+/// credentials (401 with a Basic challenge else).
+async fn start_private() -> (String, tokio::task::JoinHandle<()>) {
+    async fn private(headers: HeaderMap) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        match headers.get("authorization") {
+            Some(_) => Json(json!({ "ok": true })).into_response(),
+            None => (
+                StatusCode::UNAUTHORIZED,
+                [("www-authenticate", "Basic realm=\"private\"")],
+            )
+                .into_response(),
+        }
+    }
+    let app = Router::new().route("/private", get(private));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, task)
+}
+
+struct Private;
+
+#[async_graphql::Object]
+impl Private {
+    /// One read of `/private`, a secret in its query string.
+    async fn private(&self, ctx: &async_graphql::Context<'_>) -> async_graphql::Result<u16> {
+        use fanout_budget::FanoutContext as _;
+        let base = &ctx.data::<common::Base>()?.0;
+        let url = format!("{base}/private?token=query-s3cret").parse()?;
+        let response = ctx.upstream()?.read(fanout_budget::Read::get(url)).await?;
+        Ok(response.status.as_u16())
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn no_credential_reaches_a_span() {
+    const PASSWORD: &str = "pw-s3cret";
+    let collector = Collector::start().await;
+    let (private_url, _private) = start_private().await;
+    let config = Config::default().upstream_named(
+        "private",
+        fanout_budget::config::UpstreamTable::default()
+            .url(private_url.clone())
+            .username("ci")
+            .password(PASSWORD),
+    );
+    let engine = Engine::new(config);
+    let schema = Schema::build(Private, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .data(common::Base(private_url))
+        .finish();
+    let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
+    let telemetry =
+        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
+            .build()
+            .unwrap()
+            .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let answer = fanout_testkit::post(
+        &app,
+        r#"{"query":"{ private }"}"#,
+        &[("authorization", "Bearer inbound-s3cret")],
+    )
+    .await;
+    assert_eq!(answer.json()["data"]["private"], 200, "{:?}", answer.json());
+
+    let telemetry = flush(telemetry).await;
+    let spans = collector
+        .wait_for(Duration::from_secs(10), "the request's spans", |spans| {
+            spans.iter().any(|r| r.span.kind == SpanKind::Server as i32)
+        })
+        .await;
+    let clients = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Client as i32)
+        .count();
+    assert_eq!(clients, 2, "the challenged request and the one sent again");
+    let basic = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(format!("ci:{PASSWORD}"))
+    };
+    for received in &spans {
+        let text = fanout_testkit::otlp::all_text(&received.span);
+        for secret in [
+            PASSWORD,
+            "query-s3cret",
+            "inbound-s3cret",
+            &basic,
+            "Basic ",
+            "Bearer ",
+        ] {
+            assert!(!text.contains(secret), "{secret:?} in a span: {text}");
+        }
+    }
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+}
