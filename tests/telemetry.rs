@@ -463,6 +463,14 @@ async fn no_credential_reaches_a_span() {
         .filter(|r| r.span.kind == SpanKind::Client as i32)
         .count();
     assert_eq!(clients, 2, "the challenged request and the one sent again");
+    let challenged = spans
+        .iter()
+        .find(|r| attribute(&r.span, "http.response.status_code").as_deref() == Some("401"))
+        .expect("the challenged request's span");
+    assert_eq!(
+        attribute(&challenged.span, "error.type").as_deref(),
+        Some("401")
+    );
     let basic = {
         use base64::Engine as _;
         base64::engine::general_purpose::STANDARD.encode(format!("ci:{PASSWORD}"))

@@ -1,7 +1,9 @@
 //! The CLIENT span of each upstream request sent, in OpenTelemetry's HTTP
 //! client conventions: `GET` (the method is the name), `http.request.method`,
 //! `server.address`, `server.port`, `url.full`, then
-//! `http.response.status_code` or `error.type` (the read's error code).
+//! `http.response.status_code` and, for an answer of 400 or more or a read
+//! that failed, `error.type` (the status, or the read's error code) and the
+//! error status.
 //!
 //! One per request the transport sends: a read answered by the request's
 //! de-duplication, by an identical read in flight or by the engine's cache
@@ -32,6 +34,7 @@ pub(crate) fn client_span(read: &Read) -> tracing::Span {
         url.full = %SafeUrl(url),
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     );
     // As `upstream.read`: a disabled span still feeds `log` when tracing's
     // `log` feature is on.
@@ -52,7 +55,13 @@ pub(crate) async fn traced<T: Answered>(
     if !span.is_none() {
         match &outcome {
             Ok(answer) => {
-                span.record("http.response.status_code", answer.status());
+                let status = answer.status();
+                span.record("http.response.status_code", status);
+                if status >= 400 {
+                    // The conventions' `error.type` of an HTTP error answer.
+                    span.record("error.type", status);
+                    span.record("otel.status_code", "error");
+                }
             }
             Err(err) => {
                 if let ReadError::Upstream {
@@ -63,6 +72,7 @@ pub(crate) async fn traced<T: Answered>(
                     span.record("http.response.status_code", status);
                 }
                 span.record("error.type", err.code());
+                span.record("otel.status_code", "error");
             }
         }
     }
