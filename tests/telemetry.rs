@@ -243,6 +243,35 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
         assert!(url.starts_with(&upstream_url), "{url}");
     }
 
+    // Every read has its span; the de-duplicated ones say so, and send
+    // nothing (no CLIENT span under them).
+    let reads: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.name == "upstream.read")
+        .collect();
+    assert_eq!(reads.len(), 6, "three reads per operation");
+    let shared: Vec<_> = reads
+        .iter()
+        .filter(|r| attribute(&r.span, "fanout.dedup").as_deref() == Some("true"))
+        .collect();
+    assert_eq!(
+        shared.len(),
+        3,
+        "the second operation's reads are the first's"
+    );
+    for read in &shared {
+        assert!(
+            clients
+                .iter()
+                .all(|c| c.span.parent_span_id != read.span.span_id),
+            "a de-duplicated read sent nothing"
+        );
+        assert_eq!(
+            attribute(&read.span, "fanout.outcome").as_deref(),
+            Some("ok")
+        );
+    }
+
     // Each request sent carries the trace's id and its CLIENT span's.
     let sent = upstream_saw.lock().unwrap().clone();
     assert_eq!(sent.len(), 3, "{sent:?}");

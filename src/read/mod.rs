@@ -399,9 +399,9 @@ impl<'a> Upstream<'a> {
             "upstream.read",
             host = read.url.host_str(),
             path = read.url.path(),
-            dedup = tracing::field::Empty,
-            coalesced = tracing::field::Empty,
-            outcome = tracing::field::Empty,
+            fanout.dedup = tracing::field::Empty,
+            fanout.coalesced = tracing::field::Empty,
+            fanout.outcome = tracing::field::Empty,
         );
         // A span no subscriber wants is dropped for `Span::none()`: with
         // tracing's `log` feature on (axum's default turns it on), a disabled
@@ -427,9 +427,9 @@ impl<'a> Upstream<'a> {
                 Origin::Ran,
             ),
         };
-        span.record("dedup", origin == Origin::Shared);
+        span.record("fanout.dedup", origin == Origin::Shared);
         span.record(
-            "outcome",
+            "fanout.outcome",
             result.as_ref().map_or_else(|e| e.code(), |_| "ok"),
         );
         if origin == Origin::Shared {
@@ -630,7 +630,7 @@ impl<'a> Upstream<'a> {
     async fn join(&self, flight: Flight<ReadResult>, host: &HostEntry) -> ReadResult {
         bump(&self.reads.budget.stats().coalesced);
         host.metrics().coalesced.increment(1);
-        tracing::Span::current().record("coalesced", true);
+        tracing::Span::current().record("fanout.coalesced", true);
         let answer = self.wait(flight, host, Instant::now()).await?;
         // Its own response (what it derives is its own), found unusable
         // whenever the leader's is.
