@@ -521,3 +521,46 @@ async fn no_credential_reaches_a_span() {
         .await
         .unwrap();
 }
+
+/// A transport of one's own writes `traceparent` with the public call, and
+/// only while a layer exports spans.
+#[tokio::test(flavor = "current_thread")]
+async fn a_transport_of_ones_own_can_carry_traceparent() {
+    use fanout_budget::telemetry::inject_traceparent;
+    let mut headers = HeaderMap::new();
+    inject_traceparent(&mut headers);
+    assert!(headers.is_empty(), "no layer, no traceparent");
+
+    let collector = Collector::start().await;
+    let telemetry =
+        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
+            .target("telemetry")
+            .build()
+            .unwrap()
+            .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let span = tracing::info_span!("custom.transport");
+    {
+        let _entered = span.enter();
+        inject_traceparent(&mut headers);
+    }
+    drop(span);
+    let sent = headers["traceparent"].to_str().unwrap().to_owned();
+    assert_eq!(headers.len(), 1, "traceparent only");
+
+    let telemetry = flush(telemetry).await;
+    let spans = collector
+        .wait_for(Duration::from_secs(10), "the transport's span", |spans| {
+            !spans.is_empty()
+        })
+        .await;
+    let span = &spans[0].span;
+    assert_eq!(
+        sent,
+        format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id))
+    );
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+}

@@ -108,7 +108,7 @@ async fn fetch(
     {
         // The trace's context, when spans are exported (`telemetry`).
         let mut trace = http::HeaderMap::new();
-        crate::telemetry::inject_current(&mut trace);
+        crate::telemetry::inject_traceparent(&mut trace);
         request = request.headers(trace);
     }
     if !body.is_empty() {

@@ -41,7 +41,16 @@ mod export_client;
 mod processor;
 mod provider;
 
-pub(crate) use context::{adopt_parent, inject_current};
+pub(crate) use context::adopt_parent;
+
+/// Adds `traceparent`, naming the current span, to `headers` (an upstream
+/// request's) while a [`Telemetry`] layer exports spans; else nothing.
+/// [`HttpTransport`](crate::read::HttpTransport) does it for every request
+/// it sends; a [`Transport`](crate::read::Transport) of your own calls it
+/// as it builds each request (it runs inside the request's CLIENT span).
+pub fn inject_traceparent(headers: &mut http::HeaderMap) {
+    context::inject_current(headers);
+}
 
 use crate::config::TelemetryConfig;
 use opentelemetry::trace::TracerProvider as _;
