@@ -564,3 +564,47 @@ async fn a_transport_of_ones_own_can_carry_traceparent() {
         .await
         .unwrap();
 }
+
+/// `sample_ratio = 0`: a trace that starts here is not exported, yet the
+/// upstream still learns its ids (unsampled, `-00`); a caller's sampled
+/// `traceparent` is followed.
+#[tokio::test(flavor = "current_thread")]
+async fn sample_ratio_zero_exports_only_what_a_caller_sampled() {
+    let collector = Collector::start().await;
+    let (upstream_url, upstream_saw, _upstream) = start_upstream().await;
+    let config = TelemetryConfig::default()
+        .otlp_endpoint(collector.base.clone())
+        .sample_ratio(0.0);
+    let telemetry = Telemetry::builder(config).build().unwrap().unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let app = app(&upstream_url);
+
+    let answer = fanout_testkit::post(&app, QUERY, &[]).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let unsampled = upstream_saw.lock().unwrap().clone();
+    assert_eq!(unsampled.len(), 3);
+    assert!(
+        unsampled.iter().all(|p| p.ends_with("-00")),
+        "{unsampled:?}"
+    );
+    let telemetry = flush(telemetry).await;
+    assert!(
+        collector.spans().is_empty(),
+        "an unsampled trace is not exported"
+    );
+
+    let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    let answer = fanout_testkit::post(&app, QUERY, &[("traceparent", &traceparent)]).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let telemetry = flush(telemetry).await;
+    let spans = collector
+        .wait_for(Duration::from_secs(10), "the sampled trace", |spans| {
+            spans.iter().any(|r| r.span.kind == SpanKind::Server as i32)
+        })
+        .await;
+    assert!(spans.iter().all(|r| hex(&r.span.trace_id) == TRACE_ID));
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+}
