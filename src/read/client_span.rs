@@ -21,8 +21,68 @@ use std::fmt;
 use std::future::Future;
 use tracing::Instrument;
 
+/// The span of one request about to be sent, and (with the `otel`
+/// feature, while telemetry lives) what its duration is recorded with.
+pub(crate) struct ClientSpan {
+    span: tracing::Span,
+    #[cfg(feature = "otel")]
+    metric: Option<Metric>,
+}
+
+/// `http.client.request.duration`'s instrument, attributes and start.
+#[cfg(feature = "otel")]
+struct Metric {
+    instruments: std::sync::Arc<crate::telemetry::Instruments>,
+    attributes: Vec<opentelemetry::KeyValue>,
+    started: std::time::Instant,
+}
+
+#[cfg(feature = "otel")]
+impl Metric {
+    fn of(read: &Read) -> Option<Metric> {
+        use opentelemetry::KeyValue;
+        let instruments = crate::telemetry::instruments()?;
+        let url = &read.url;
+        let mut attributes = vec![
+            KeyValue::new("http.request.method", read.method.as_str().to_owned()),
+            KeyValue::new("server.address", url.host_str().unwrap_or("").to_owned()),
+        ];
+        if let Some(port) = url.port_or_known_default() {
+            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        Some(Metric {
+            instruments,
+            attributes,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    fn record(mut self, status: Option<u16>, error: Option<String>) {
+        use opentelemetry::KeyValue;
+        if let Some(status) = status {
+            self.attributes.push(KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            ));
+        }
+        if let Some(error) = error {
+            self.attributes.push(KeyValue::new("error.type", error));
+        }
+        self.instruments
+            .client_request(self.started.elapsed(), &self.attributes);
+    }
+}
+
 /// The span of one request about to be sent to `read.url`.
-pub(crate) fn client_span(read: &Read) -> tracing::Span {
+pub(crate) fn client_span(read: &Read) -> ClientSpan {
+    ClientSpan {
+        span: span(read),
+        #[cfg(feature = "otel")]
+        metric: Metric::of(read),
+    }
+}
+
+fn span(read: &Read) -> tracing::Span {
     let url = &read.url;
     let span = tracing::debug_span!(
         "upstream.request",
@@ -46,12 +106,30 @@ pub(crate) fn client_span(read: &Read) -> tracing::Span {
 }
 
 /// Runs `send` (the request and its answer, within its time limit) inside
-/// `span`, then records how it ended.
+/// its span, then records how it ended (and, while telemetry lives, how
+/// long it took).
 pub(crate) async fn traced<T: Answered>(
-    span: tracing::Span,
+    sent: ClientSpan,
     send: impl Future<Output = Result<T, ReadError>>,
 ) -> Result<T, ReadError> {
+    let span = sent.span;
     let outcome = send.instrument(span.clone()).await;
+    #[cfg(feature = "otel")]
+    if let Some(metric) = sent.metric {
+        match &outcome {
+            Ok(answer) => {
+                let status = answer.status();
+                metric.record(Some(status), (status >= 400).then(|| status.to_string()));
+            }
+            Err(err) => {
+                let status = match err {
+                    ReadError::Upstream { status, .. } => *status,
+                    _ => None,
+                };
+                metric.record(status, Some(err.code().to_owned()));
+            }
+        }
+    }
     if !span.is_none() {
         match &outcome {
             Ok(answer) => {

@@ -28,7 +28,7 @@ pub(crate) fn deactivate() {
     ACTIVE.fetch_sub(1, Ordering::Relaxed);
 }
 
-fn active() -> bool {
+fn is_active() -> bool {
     ACTIVE.load(Ordering::Relaxed) > 0
 }
 
@@ -36,7 +36,7 @@ fn active() -> bool {
 /// `span`, which must not have been entered yet. An absent or malformed
 /// header leaves the span a root.
 pub(crate) fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
-    if !active() || !headers.contains_key("traceparent") {
+    if !is_active() || !headers.contains_key("traceparent") {
         return;
     }
     let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
@@ -47,7 +47,7 @@ pub(crate) fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
 /// Adds `traceparent` naming the current span to `headers`, when spans are
 /// exported and there is one.
 pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
-    if !active() {
+    if !is_active() {
         return;
     }
     let cx = tracing::Span::current().context();

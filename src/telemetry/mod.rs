@@ -22,6 +22,9 @@
 //!   spans, never a slower request or memory without bound.
 //! - `traceparent` is read from the inbound request and written on every
 //!   upstream request (`context.rs`).
+//! - Metrics (`http.client.request.duration`, `fanout.request.reads`) are
+//!   recorded while a telemetry lives and exported over OTLP every
+//!   `metric_interval` (`instruments.rs`).
 //!
 //! ```no_run
 //! use fanout_budget::{config::TelemetryConfig, telemetry::Telemetry};
@@ -38,10 +41,12 @@
 
 mod context;
 mod export_client;
+mod instruments;
 mod processor;
 mod provider;
 
 pub(crate) use context::adopt_parent;
+pub(crate) use instruments::{current as instruments, Instruments};
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream
 /// request's) while a [`Telemetry`] layer exports spans; else nothing.
@@ -53,9 +58,12 @@ pub fn inject_traceparent(headers: &mut http::HeaderMap) {
 }
 
 use crate::config::TelemetryConfig;
+use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
@@ -92,6 +100,7 @@ pub(crate) struct Limits {
     pub(crate) max_batch_spans: usize,
     pub(crate) export_interval: Duration,
     pub(crate) export_timeout: Duration,
+    pub(crate) metric_interval: Duration,
 }
 
 /// Builds a [`Telemetry`]: [`Telemetry::builder`].
@@ -144,6 +153,13 @@ impl TelemetryBuilder {
         self
     }
 
+    /// How often the metrics are exported (default 10 s).
+    #[must_use]
+    pub fn metric_interval(mut self, interval: Duration) -> Self {
+        self.limits.metric_interval = interval;
+        self
+    }
+
     /// The exporting telemetry, or `None` when no endpoint is configured.
     /// Call inside the tokio runtime that serves: exports run on it.
     pub fn build(self) -> Result<Option<Telemetry>, TelemetryError> {
@@ -152,9 +168,13 @@ impl TelemetryBuilder {
         }
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
-        let provider = provider::build(&self.config, &self.service_name, &self.limits, runtime)?;
+        let (provider, meters) =
+            provider::build(&self.config, &self.service_name, &self.limits, runtime)?;
+        let instruments = Instruments::publish(&meters.meter(env!("CARGO_PKG_NAME")));
         Ok(Some(Telemetry {
             provider,
+            meters,
+            instruments,
             targets: self.targets,
             layered: AtomicBool::new(false),
         }))
@@ -166,6 +186,8 @@ impl TelemetryBuilder {
 #[derive(Debug)]
 pub struct Telemetry {
     provider: SdkTracerProvider,
+    meters: SdkMeterProvider,
+    instruments: Arc<Instruments>,
     targets: Vec<String>,
     /// A layer was made: propagation is on while this lives.
     layered: AtomicBool,
@@ -184,6 +206,7 @@ impl Telemetry {
                 max_batch_spans: 512,
                 export_interval: Duration::from_secs(1),
                 export_timeout: Duration::from_secs(5),
+                metric_interval: Duration::from_secs(10),
             },
         }
     }
@@ -211,10 +234,12 @@ impl Telemetry {
             .with_filter(targets)
     }
 
-    /// Exports every span ended so far and waits for it (blocking: call
-    /// from `spawn_blocking` or a thread of its own).
+    /// Exports every span ended so far and the metrics, and waits for it
+    /// (blocking: call from `spawn_blocking` or a thread of its own).
     pub fn flush(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        self.provider.force_flush().map_err(Into::into)
+        let spans = self.provider.force_flush();
+        self.meters.force_flush()?;
+        spans.map_err(Into::into)
     }
 }
 
@@ -227,9 +252,11 @@ impl Drop for Telemetry {
         if *self.layered.get_mut() {
             context::deactivate();
         }
-        let provider = self.provider.clone();
+        Instruments::withdraw(&self.instruments);
+        let (provider, meters) = (self.provider.clone(), self.meters.clone());
         let shutdown = move || {
             let _ = provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT);
+            let _ = meters.shutdown_with_timeout(SHUTDOWN_TIMEOUT);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime)

@@ -1,11 +1,15 @@
-//! The tracer provider: the OTLP/HTTP protobuf exporter on our client, the
-//! bounded batch processor, the resource (`service.name`) and the sampler.
+//! The tracer and meter providers: the OTLP/HTTP protobuf exporters on our
+//! client, the bounded batch processor, the periodic metric reader, the
+//! resource (`service.name`) and the sampler.
 
 use super::export_client::ExportClient;
 use super::processor::{CountingExporter, CountingProcessor};
 use super::{Limits, TelemetryError};
 use crate::config::TelemetryConfig;
-use opentelemetry_otlp::{Protocol, RetryPolicy, SpanExporter, WithExportConfig, WithHttpConfig};
+use opentelemetry_otlp::{
+    MetricExporter, Protocol, RetryPolicy, SpanExporter, WithExportConfig, WithHttpConfig,
+};
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
 };
@@ -14,21 +18,40 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use tokio::runtime::Handle;
 
-/// Builds the provider exporting to `config.otlp_endpoint` (already
+/// Builds the providers exporting to `config.otlp_endpoint` (already
 /// resolved against the environment), `service_name` when the
-/// configuration names none.
-///
-/// The sampler keeps `sample_ratio` of the traces that start here and
-/// follows the caller's decision for a request that carries a sampled (or
-/// unsampled) `traceparent`, so a trace is kept or dropped whole.
+/// configuration names none; both send with one client.
 pub(crate) fn build(
     config: &TelemetryConfig,
     service_name: &str,
     limits: &Limits,
     runtime: Handle,
-) -> Result<SdkTracerProvider, TelemetryError> {
+) -> Result<(SdkTracerProvider, SdkMeterProvider), TelemetryError> {
     let client = ExportClient::new(runtime, limits.export_timeout)
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let name = if config.service_name.is_empty() {
+        service_name
+    } else {
+        &config.service_name
+    };
+    let resource = Resource::builder()
+        .with_service_name(name.to_owned())
+        .build();
+    let meters = meters(config, limits, client.clone(), resource.clone())?;
+    Ok((traces(config, limits, client, resource)?, meters))
+}
+
+/// The tracer provider: spans through the counting batch queue.
+///
+/// The sampler keeps `sample_ratio` of the traces that start here and
+/// follows the caller's decision for a request that carries a sampled (or
+/// unsampled) `traceparent`, so a trace is kept or dropped whole.
+fn traces(
+    config: &TelemetryConfig,
+    limits: &Limits,
+    client: ExportClient,
+    resource: Resource,
+) -> Result<SdkTracerProvider, TelemetryError> {
     let exporter = SpanExporter::builder()
         .with_http()
         .with_http_client(client)
@@ -50,19 +73,37 @@ pub(crate) fn build(
         .with_batch_config(batches)
         .build();
     let processor = CountingProcessor::new(batch, in_flight, limits.max_queued_spans);
-    let name = if config.service_name.is_empty() {
-        service_name
-    } else {
-        &config.service_name
-    };
-    let resource = Resource::builder()
-        .with_service_name(name.to_owned())
-        .build();
     Ok(SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(resource)
         .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
             config.sample_ratio,
         ))))
+        .build())
+}
+
+/// The meter provider: a reader that exports every `metric_interval` (and
+/// at a flush), cumulative, a failed export dropped.
+fn meters(
+    config: &TelemetryConfig,
+    limits: &Limits,
+    client: ExportClient,
+    resource: Resource,
+) -> Result<SdkMeterProvider, TelemetryError> {
+    let exporter = MetricExporter::builder()
+        .with_http()
+        .with_http_client(client)
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(config.signal_endpoint("/v1/metrics"))
+        .with_timeout(limits.export_timeout)
+        .with_retry_policy(RetryPolicy::disabled())
+        .build()
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let reader = PeriodicReader::builder(exporter)
+        .with_interval(limits.metric_interval)
+        .build();
+    Ok(SdkMeterProvider::builder()
+        .with_reader(reader)
+        .with_resource(resource)
         .build())
 }

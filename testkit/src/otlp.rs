@@ -1,15 +1,18 @@
-//! An OTLP/HTTP (protobuf) trace collector on a loopback port for the tests:
-//! `POST /v1/traces` decoded with `opentelemetry-proto`, every span kept with
-//! its resource's `service.name`.
+//! An OTLP/HTTP (protobuf) collector on a loopback port for the tests:
+//! `POST /v1/traces` and `POST /v1/metrics` decoded with
+//! `opentelemetry-proto`, every span kept with its resource's
+//! `service.name`, every metric as exported.
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::common::v1::KeyValue;
+pub use opentelemetry_proto::tonic::metrics::v1::{metric::Data, Metric};
 pub use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 pub use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
@@ -28,6 +31,7 @@ pub struct Received {
 #[derive(Default)]
 struct Seen {
     spans: Mutex<Vec<Received>>,
+    metrics: Mutex<Vec<Metric>>,
     exports: tokio::sync::Notify,
 }
 
@@ -51,6 +55,7 @@ impl Collector {
         let seen = Arc::new(Seen::default());
         let app = Router::new()
             .route("/v1/traces", post(traces))
+            .route("/v1/metrics", post(metrics))
             .with_state(seen.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -61,6 +66,11 @@ impl Collector {
     /// Every span received so far.
     pub fn spans(&self) -> Vec<Received> {
         self.seen.spans.lock().unwrap().clone()
+    }
+
+    /// Every metric received so far (each export's, cumulative).
+    pub fn metrics(&self) -> Vec<Metric> {
+        self.seen.metrics.lock().unwrap().clone()
     }
 
     /// Waits (at most `within`) until the spans received satisfy `done`;
@@ -109,6 +119,18 @@ async fn traces(State(seen): State<Arc<Seen>>, body: Bytes) -> StatusCode {
     StatusCode::OK
 }
 
+async fn metrics(State(seen): State<Arc<Seen>>, body: Bytes) -> StatusCode {
+    let request = ExportMetricsServiceRequest::decode(body).expect("an OTLP protobuf body");
+    let mut metrics = seen.metrics.lock().unwrap();
+    for resource in request.resource_metrics {
+        for scope in resource.scope_metrics {
+            metrics.extend(scope.metrics);
+        }
+    }
+    seen.exports.notify_waiters();
+    StatusCode::OK
+}
+
 /// An attribute's value as text.
 pub fn text(kv: &KeyValue) -> String {
     match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
@@ -118,6 +140,11 @@ pub fn text(kv: &KeyValue) -> String {
         Some(Any::DoubleValue(d)) => d.to_string(),
         other => format!("{other:?}"),
     }
+}
+
+/// An attribute as (key, value as text).
+pub fn attribute_of(kv: &KeyValue) -> (String, String) {
+    (kv.key.clone(), text(kv))
 }
 
 /// The span's attribute `key`, as text.
