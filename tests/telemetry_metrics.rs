@@ -2,21 +2,24 @@
 //! lives, each upstream request sent is recorded in
 //! `http.client.request.duration` (seconds, with its method, server and
 //! status) and each inbound request's reads in `fanout.request.reads`,
-//! exported to an OTLP/HTTP collector inside the test. Its own binary: the
-//! instruments are process-wide.
+//! exported to an OTLP/HTTP collector inside the test. A host without a
+//! `[hosts]` table is `server.address = "other"`, as on the Prometheus
+//! page. Its own binary: the instruments are process-wide.
 #![cfg(feature = "otel")]
 mod common;
 
-use fanout_budget::config::TelemetryConfig;
+use fanout_budget::config::{HostConfig, TelemetryConfig};
 use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine};
 use fanout_testkit::otlp::{attribute_of, Collector, Data, Metric};
 use std::time::Duration;
 
-fn histogram_count(metrics: &[Metric], name: &str) -> (u64, f64, Vec<Vec<(String, String)>>) {
-    let mut count = 0;
-    let mut sum = 0.0;
-    let mut attributes = Vec::new();
+/// Per data point, its count and its sorted attributes.
+type Points = Vec<(u64, Vec<(String, String)>)>;
+
+/// A histogram's total count and sum, and its data points.
+fn histogram(metrics: &[Metric], name: &str) -> (u64, f64, Points) {
+    let (mut count, mut sum, mut points) = (0, 0.0, Vec::new());
     // Cumulative: the last export of the metric holds the totals.
     if let Some(Data::Histogram(histogram)) = metrics
         .iter()
@@ -27,10 +30,17 @@ fn histogram_count(metrics: &[Metric], name: &str) -> (u64, f64, Vec<Vec<(String
         for point in histogram.data_points {
             count += point.count;
             sum += point.sum.unwrap_or(0.0);
-            attributes.push(point.attributes.iter().map(attribute_of).collect());
+            let mut attributes: Vec<_> = point.attributes.iter().map(attribute_of).collect();
+            attributes.sort();
+            points.push((point.count, attributes));
         }
     }
-    (count, sum, attributes)
+    points.sort();
+    (count, sum, points)
+}
+
+fn kv(key: &str, value: &str) -> (String, String) {
+    (key.to_owned(), value.to_owned())
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -43,14 +53,15 @@ async fn reads_and_their_durations_are_exported() {
             .build()
             .unwrap()
             .unwrap();
-    let engine = Engine::new(Config::default());
-    let app = common::app(&engine, &upstream);
-    let (status, body) = common::post(
-        &app,
-        r#"{"query":"{ items(first: 2) { id detail { value } } }"}"#,
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    // The same reads through an engine whose `[hosts]` names the upstream,
+    // and through one that does not.
+    let query = r#"{"query":"{ items(first: 2) { id detail { value } } }"}"#;
+    let named = Config::default().host(upstream.host(), HostConfig::default());
+    for config in [named, Config::default()] {
+        let engine = Engine::new(config);
+        let (status, body) = common::post(&common::app(&engine, &upstream), query).await;
+        assert_eq!(status, 200, "{body}");
+    }
 
     let telemetry = tokio::task::spawn_blocking(move || {
         telemetry.flush().unwrap();
@@ -59,25 +70,33 @@ async fn reads_and_their_durations_are_exported() {
     .await
     .unwrap();
     let metrics = collector.metrics();
-    let (sent, seconds, attributes) = histogram_count(&metrics, "http.client.request.duration");
-    assert_eq!(sent, 3, "the list and two items");
+    let (sent, seconds, points) = histogram(&metrics, "http.client.request.duration");
+    assert_eq!(sent, 6, "the list and two items, twice");
     assert!(seconds > 0.0 && seconds < 30.0, "{seconds} s");
-    let host = upstream.addr.ip().to_string();
-    let port = upstream.addr.port().to_string();
-    for point in &attributes {
-        let get = |key: &str| {
-            point
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.as_str())
-        };
-        assert_eq!(get("http.request.method"), Some("GET"), "{point:?}");
-        assert_eq!(get("server.address"), Some(host.as_str()), "{point:?}");
-        assert_eq!(get("server.port"), Some(port.as_str()), "{point:?}");
-        assert_eq!(get("http.response.status_code"), Some("200"), "{point:?}");
-    }
-    let (requests, reads, _) = histogram_count(&metrics, "fanout.request.reads");
-    assert_eq!((requests, reads), (1, 3.0), "one request, three reads");
+    let mut named = vec![
+        kv("http.request.method", "GET"),
+        kv("http.response.status_code", "200"),
+        kv("server.address", &upstream.addr.ip().to_string()),
+        kv("server.port", &upstream.addr.port().to_string()),
+    ];
+    named.sort();
+    let other = vec![
+        kv("http.request.method", "GET"),
+        kv("http.response.status_code", "200"),
+        kv("server.address", "other"),
+    ];
+    let mut expected = vec![(3, named), (3, other)];
+    expected.sort();
+    assert_eq!(
+        points, expected,
+        "a configured host by name, any other as `other`"
+    );
+    let (requests, reads, _) = histogram(&metrics, "fanout.request.reads");
+    assert_eq!(
+        (requests, reads),
+        (2, 6.0),
+        "two requests, three reads each"
+    );
     tokio::task::spawn_blocking(move || drop(telemetry))
         .await
         .unwrap();

@@ -15,6 +15,7 @@
 //! `Span::none()` when no subscriber wants it, so a process that exports
 //! nothing formats nothing.
 
+use super::hosts::HostEntry;
 use super::message::Read;
 use crate::error::ReadError;
 use std::fmt;
@@ -39,16 +40,25 @@ struct Metric {
 
 #[cfg(feature = "otel")]
 impl Metric {
-    fn of(read: &Read) -> Option<Metric> {
+    /// A host without an entry of its own is `server.address = "other"`,
+    /// without a port: the series stay bounded by the configuration, as the
+    /// Prometheus `host` label does.
+    fn of(read: &Read, host: &HostEntry) -> Option<Metric> {
         use opentelemetry::KeyValue;
         let instruments = crate::telemetry::instruments()?;
         let url = &read.url;
-        let mut attributes = vec![
-            KeyValue::new("http.request.method", read.method.as_str().to_owned()),
-            KeyValue::new("server.address", url.host_str().unwrap_or("").to_owned()),
-        ];
-        if let Some(port) = url.port_or_known_default() {
-            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        let mut attributes = vec![KeyValue::new(
+            "http.request.method",
+            read.method.as_str().to_owned(),
+        )];
+        if host.is_other() {
+            attributes.push(KeyValue::new("server.address", super::OTHER_HOSTS));
+        } else {
+            let address = url.host_str().unwrap_or("").to_owned();
+            attributes.push(KeyValue::new("server.address", address));
+            if let Some(port) = url.port_or_known_default() {
+                attributes.push(KeyValue::new("server.port", i64::from(port)));
+            }
         }
         Some(Metric {
             instruments,
@@ -74,11 +84,14 @@ impl Metric {
 }
 
 /// The span of one request about to be sent to `read.url`.
-pub(crate) fn client_span(read: &Read) -> ClientSpan {
+/// `host`: the host table's entry of its host.
+pub(crate) fn client_span(read: &Read, host: &HostEntry) -> ClientSpan {
+    #[cfg(not(feature = "otel"))]
+    let _ = host;
     ClientSpan {
         span: span(read),
         #[cfg(feature = "otel")]
-        metric: Metric::of(read),
+        metric: Metric::of(read, host),
     }
 }
 

@@ -9,9 +9,10 @@
 //! The instruments are built once, when a [`Telemetry`](super::Telemetry)
 //! is, and published process-wide: the read path takes them with one
 //! atomic load when no telemetry lives (nothing recorded), else a read
-//! lock. `server.address` is the host a read was sent to: its values are
-//! the upstreams the engine is configured to read (and their redirects'
-//! targets).
+//! lock. `server.address` (and `server.port`) is the host a read was sent
+//! to when it has a `[hosts]` table or is known to the engine, else
+//! `other` (no port): the series stay bounded by the configuration, as the
+//! Prometheus `host` label does (`src/metrics.rs`).
 
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::KeyValue;
