@@ -91,6 +91,15 @@ async fn reads_and_their_durations_are_exported() {
         points, expected,
         "a configured host by name, any other as `other`"
     );
+    let (answered, seconds, points) = histogram(&metrics, "http.server.request.duration");
+    assert!(seconds > 0.0 && seconds < 30.0, "{seconds} s");
+    let mut server = vec![
+        kv("http.request.method", "POST"),
+        kv("http.response.status_code", "200"),
+        kv("http.route", "/graphql"),
+    ];
+    server.sort();
+    assert_eq!((answered, points), (2, vec![(2, server)]));
     let (requests, reads, _) = histogram(&metrics, "fanout.request.reads");
     assert_eq!(
         (requests, reads),

@@ -59,10 +59,73 @@ pub(super) fn caller(span: &Span, caller: Caller) {
     );
 }
 
-/// The answer's status.
-pub(super) fn close(span: &Span, status: http::StatusCode) {
+/// The answer's status; and, while telemetry lives, how long the request
+/// took (`http.server.request.duration`).
+pub(super) fn close(span: &Span, opened: Opened, status: http::StatusCode) {
     span.record("http.response.status_code", status.as_u16());
     if status.is_server_error() {
         span.record("otel.status_code", "error");
+    }
+    #[cfg(feature = "otel")]
+    if let Some(metric) = opened.metric {
+        metric.record(status);
+    }
+    #[cfg(not(feature = "otel"))]
+    let _ = opened;
+}
+
+/// What [`close`] records of a request once it is consumed: nothing unless
+/// telemetry lives.
+pub(super) struct Opened {
+    #[cfg(feature = "otel")]
+    metric: Option<Metric>,
+}
+
+impl Opened {
+    /// `request` (a `GET` when `get`) begins now.
+    pub(super) fn now(request: &http::Request<Body>, get: bool) -> Self {
+        #[cfg(not(feature = "otel"))]
+        let _ = (request, get);
+        Opened {
+            #[cfg(feature = "otel")]
+            metric: Metric::of(request, get),
+        }
+    }
+}
+
+/// `http.server.request.duration`'s instrument, attributes and start.
+#[cfg(feature = "otel")]
+struct Metric {
+    instruments: std::sync::Arc<crate::telemetry::Instruments>,
+    attributes: Vec<opentelemetry::KeyValue>,
+    started: std::time::Instant,
+}
+
+#[cfg(feature = "otel")]
+impl Metric {
+    fn of(request: &http::Request<Body>, get: bool) -> Option<Metric> {
+        use opentelemetry::KeyValue;
+        let instruments = crate::telemetry::instruments()?;
+        let mut attributes = vec![KeyValue::new(
+            "http.request.method",
+            if get { "GET" } else { "POST" },
+        )];
+        if let Some(route) = request.extensions().get::<MatchedPath>() {
+            attributes.push(KeyValue::new("http.route", route.as_str().to_owned()));
+        }
+        Some(Metric {
+            instruments,
+            attributes,
+            started: std::time::Instant::now(),
+        })
+    }
+
+    fn record(mut self, status: http::StatusCode) {
+        self.attributes.push(opentelemetry::KeyValue::new(
+            "http.response.status_code",
+            i64::from(status.as_u16()),
+        ));
+        self.instruments
+            .server_request(self.started.elapsed(), &self.attributes);
     }
 }

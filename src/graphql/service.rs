@@ -159,12 +159,13 @@ impl<E: Executor> FanoutGraphQL<E> {
             }
             .unread();
         }
+        let opened = server_span::Opened::now(&request, get);
         let span = server_span::open(&request, get);
         let answer = self
             .answer(request, get, &span)
             .instrument(span.clone())
             .await;
-        server_span::close(&span, answer.status());
+        server_span::close(&span, opened, answer.status());
         answer
     }
 

@@ -4,6 +4,7 @@
 //! | name | kind | unit | attributes |
 //! |---|---|---|---|
 //! | `http.client.request.duration` | histogram | `s` | `http.request.method`, `server.address`, `server.port`, `http.response.status_code` or `error.type` |
+//! | `http.server.request.duration` | histogram | `s` | `http.request.method`, `http.route`, `http.response.status_code` |
 //! | `fanout.request.reads` | histogram | `{read}` | — |
 //!
 //! The instruments are built once, when a [`Telemetry`](super::Telemetry)
@@ -24,6 +25,7 @@ use std::time::Duration;
 #[derive(Debug)]
 pub(crate) struct Instruments {
     client_duration: Histogram<f64>,
+    server_duration: Histogram<f64>,
     request_reads: Histogram<u64>,
 }
 
@@ -46,6 +48,12 @@ impl Instruments {
                 .f64_histogram("http.client.request.duration")
                 .with_unit("s")
                 .with_description("Duration of the upstream HTTP requests sent")
+                .with_boundaries(DURATION_BOUNDS.to_vec())
+                .build(),
+            server_duration: meter
+                .f64_histogram("http.server.request.duration")
+                .with_unit("s")
+                .with_description("Duration of the inbound GraphQL requests over HTTP")
                 .with_boundaries(DURATION_BOUNDS.to_vec())
                 .build(),
             request_reads: meter
@@ -74,6 +82,11 @@ impl Instruments {
     /// One upstream request: how long it took, and its attributes.
     pub(crate) fn client_request(&self, took: Duration, attributes: &[KeyValue]) {
         self.client_duration.record(took.as_secs_f64(), attributes);
+    }
+
+    /// One inbound request: how long it took to answer, and its attributes.
+    pub(crate) fn server_request(&self, took: Duration, attributes: &[KeyValue]) {
+        self.server_duration.record(took.as_secs_f64(), attributes);
     }
 
     /// The reads one inbound request was charged.
