@@ -17,8 +17,9 @@ use fanout_budget::config::SubscriptionsConfig;
 use fanout_budget::graphql::{FanoutConnection, SharedPoll};
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL, Read};
 use fanout_testkit::child;
+use fanout_testkit::ws::{receive, send, subscribe, until_complete};
 use futures::{SinkExt, Stream, StreamExt};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
@@ -145,60 +146,6 @@ async fn connect(server: &Server) -> Socket {
         .unwrap()
 }
 
-async fn send(socket: &mut Socket, message: Value) {
-    socket
-        .send(Message::text(message.to_string()))
-        .await
-        .unwrap();
-}
-
-/// The next protocol message (pings skipped); `Err` with the close code
-/// when the server closed (`None`: no close frame).
-async fn receive(socket: &mut Socket) -> Result<Value, Option<u16>> {
-    loop {
-        let frame = tokio::time::timeout(LIMIT, socket.next())
-            .await
-            .expect("a message within the limit");
-        match frame {
-            Some(Ok(Message::Text(text))) => {
-                let value: Value = serde_json::from_str(&text).unwrap();
-                if value["type"] == "ping" {
-                    continue;
-                }
-                return Ok(value);
-            }
-            Some(Ok(Message::Close(frame))) => return Err(frame.map(|f| u16::from(f.code))),
-            Some(Ok(_)) => continue,
-            Some(Err(_)) | None => return Err(None),
-        }
-    }
-}
-
-async fn init(socket: &mut Socket) {
-    send(socket, json!({ "type": "connection_init" })).await;
-    assert_eq!(receive(socket).await.unwrap()["type"], "connection_ack");
-}
-
-async fn subscribe(socket: &mut Socket, id: &str, query: &str) {
-    let message = json!({ "type": "subscribe", "id": id, "payload": { "query": query } });
-    send(socket, message).await;
-}
-
-/// Every message of subscription `id` until its `complete`.
-async fn until_complete(socket: &mut Socket, id: &str) -> Vec<Value> {
-    let mut events = Vec::new();
-    loop {
-        let message = receive(socket).await.expect("no close");
-        if message["id"] != id {
-            continue;
-        }
-        if message["type"] == "complete" {
-            return events;
-        }
-        events.push(message);
-    }
-}
-
 /// A client served: initialised, and a query over the socket answered.
 async fn served(socket: &mut Socket) {
     init(socket).await;
@@ -210,6 +157,10 @@ async fn probe(socket: &mut Socket) {
     subscribe(socket, "probe", "{ item(id: 3) { id } }").await;
     let events = until_complete(socket, "probe").await;
     assert_eq!(events[0]["payload"]["data"]["item"]["id"], 3, "{events:?}");
+}
+
+async fn init(socket: &mut Socket) {
+    fanout_testkit::ws::init(socket, json!({})).await;
 }
 
 fn config(subscriptions: SubscriptionsConfig) -> Config {

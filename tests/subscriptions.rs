@@ -10,6 +10,7 @@ use common::{Base, Item, Query, Upstream};
 use fanout_budget::config::SubscriptionsConfig;
 use fanout_budget::graphql::{FanoutConnection, SharedPoll};
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL, Read};
+use fanout_testkit::ws::{init, receive, send, subscribe, until_complete};
 use futures::{SinkExt, Stream, StreamExt};
 use serde_json::{json, Value};
 use std::future::IntoFuture;
@@ -153,66 +154,6 @@ async fn connect_to(
         "the subprotocol asked for"
     );
     socket
-}
-
-async fn send(socket: &mut Socket, message: Value) {
-    socket
-        .send(Message::text(message.to_string()))
-        .await
-        .unwrap();
-}
-
-/// The next protocol message (pings skipped); `Err` with the close code
-/// when the server closed.
-async fn receive(socket: &mut Socket) -> Result<Value, Option<u16>> {
-    // One deadline for the message, however many pings come before it.
-    let until = tokio::time::Instant::now() + LIMIT;
-    loop {
-        let frame = tokio::time::timeout_at(until, socket.next())
-            .await
-            .expect("a message within the limit");
-        match frame {
-            Some(Ok(Message::Text(text))) => {
-                let value: Value = serde_json::from_str(&text).unwrap();
-                if value["type"] == "ping" || value["type"] == "ka" {
-                    continue;
-                }
-                return Ok(value);
-            }
-            Some(Ok(Message::Close(frame))) => return Err(frame.map(|f| u16::from(f.code))),
-            Some(Ok(_)) => continue,
-            Some(Err(_)) | None => return Err(None),
-        }
-    }
-}
-
-async fn init(socket: &mut Socket, payload: Value) {
-    send(
-        socket,
-        json!({ "type": "connection_init", "payload": payload }),
-    )
-    .await;
-    assert_eq!(receive(socket).await.unwrap()["type"], "connection_ack");
-}
-
-async fn subscribe(socket: &mut Socket, id: &str, query: &str) {
-    let message = json!({ "type": "subscribe", "id": id, "payload": { "query": query } });
-    send(socket, message).await;
-}
-
-/// Every message of subscription `id` until its `complete` (others' kept out).
-async fn until_complete(socket: &mut Socket, id: &str) -> Vec<Value> {
-    let mut events = Vec::new();
-    loop {
-        let message = receive(socket).await.expect("no close");
-        if message["id"] != id {
-            continue;
-        }
-        if message["type"] == "complete" {
-            return events;
-        }
-        events.push(message);
-    }
 }
 
 fn config() -> SubscriptionsConfig {

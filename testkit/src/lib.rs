@@ -21,6 +21,7 @@ mod upstream;
 pub mod child;
 pub mod otlp;
 pub mod prometheus;
+pub mod ws;
 pub use poll::until;
 pub use post::{call, graphql_request, metrics_page, post, Answer, PEER};
 pub use redis_cluster::{ClusterNode, RedisCluster};
