@@ -138,23 +138,6 @@ mod tests {
     }
 
     #[test]
-    fn the_section_parses_and_is_checked_with_the_file() {
-        let config = crate::Config::from_toml(
-            "[telemetry]\notlp_endpoint = \"http://collector:4318\"\nservice_name = \"gw\"\nsample_ratio = 0.25\n",
-        )
-        .unwrap();
-        assert_eq!(
-            config.telemetry,
-            TelemetryConfig::default()
-                .otlp_endpoint("http://collector:4318")
-                .service_name("gw")
-                .sample_ratio(0.25)
-        );
-        let error = crate::Config::from_toml("[telemetry]\nsample_ratio = 2.0\n").unwrap_err();
-        assert_eq!(error.key(), Some("telemetry.sample_ratio"));
-    }
-
-    #[test]
     fn the_environment_overrides_the_file() {
         let file = TelemetryConfig::default()
             .otlp_endpoint("http://file:4318")

@@ -312,3 +312,20 @@ fn two_upstream_names_equal_but_for_case_are_refused_naming_both() {
     assert!(err.to_string().contains("reg.io"), "{err}");
     assert!(err.message().contains("case"), "{err}");
 }
+
+#[test]
+fn the_telemetry_section_parses_and_is_checked_with_the_file() {
+    let config = Config::from_toml(
+        "[telemetry]\notlp_endpoint = \"http://collector:4318\"\nservice_name = \"gw\"\nsample_ratio = 0.25\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.telemetry,
+        TelemetryConfig::default()
+            .otlp_endpoint("http://collector:4318")
+            .service_name("gw")
+            .sample_ratio(0.25)
+    );
+    let error = Config::from_toml("[telemetry]\nsample_ratio = 2.0\n").unwrap_err();
+    assert_eq!(error.key(), Some("telemetry.sample_ratio"));
+}

@@ -15,8 +15,7 @@
 //! `Span::none()` when no subscriber wants it, so a process that exports
 //! nothing formats nothing.
 
-use super::hosts::HostEntry;
-use super::message::Read;
+use super::message::{Read, UpstreamResponse};
 use crate::error::ReadError;
 use std::fmt;
 use std::future::Future;
@@ -40,10 +39,10 @@ struct Metric {
 
 #[cfg(feature = "otel")]
 impl Metric {
-    /// A host without an entry of its own is `server.address = "other"`,
-    /// without a port: the series stay bounded by the configuration, as the
-    /// Prometheus `host` label does.
-    fn of(read: &Read, host: &HostEntry) -> Option<Metric> {
+    /// A host without an entry of its own is named by `shared_label`
+    /// (`server.address = "other"`), without a port: the series stay
+    /// bounded by the configuration, as the Prometheus `host` label does.
+    fn of(read: &Read, shared_label: Option<&'static str>) -> Option<Metric> {
         use opentelemetry::KeyValue;
         let instruments = crate::telemetry::instruments()?;
         let url = &read.url;
@@ -51,8 +50,8 @@ impl Metric {
             "http.request.method",
             read.method.as_str().to_owned(),
         )];
-        if host.is_other() {
-            attributes.push(KeyValue::new("server.address", super::OTHER_HOSTS));
+        if let Some(label) = shared_label {
+            attributes.push(KeyValue::new("server.address", label));
         } else {
             let address = url.host_str().unwrap_or("").to_owned();
             attributes.push(KeyValue::new("server.address", address));
@@ -84,14 +83,15 @@ impl Metric {
 }
 
 /// The span of one request about to be sent to `read.url`.
-/// `host`: the host table's entry of its host.
-pub(crate) fn client_span(read: &Read, host: &HostEntry) -> ClientSpan {
+/// `shared_label`: the label its host's metrics go under when the host has
+/// no entry of its own in the host table (`None`: it has one, and is named).
+pub(crate) fn client_span(read: &Read, shared_label: Option<&'static str>) -> ClientSpan {
     #[cfg(not(feature = "otel"))]
-    let _ = host;
+    let _ = shared_label;
     ClientSpan {
         span: span(read),
         #[cfg(feature = "otel")]
-        metric: Metric::of(read, host),
+        metric: Metric::of(read, shared_label),
     }
 }
 
@@ -176,7 +176,7 @@ pub(crate) trait Answered {
     fn status(&self) -> u16;
 }
 
-impl<R: std::ops::Deref<Target = super::UpstreamResponse>> Answered for R {
+impl<R: std::ops::Deref<Target = UpstreamResponse>> Answered for R {
     fn status(&self) -> u16 {
         self.status.as_u16()
     }

@@ -458,7 +458,7 @@ impl<'a> Upstream<'a> {
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
-        let span = client_span::client_span(&read, &host);
+        let span = client_span::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
         let fetch = self.reads.parts.transport.fetch(read, &host.name);
         let quotas = &self.reads.parts.quotas;
         let sent = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
@@ -591,7 +591,7 @@ impl<'a> Upstream<'a> {
             let parts = self.reads.parts.clone();
             let transport = parts.transport.clone();
             let (host, read_timeout) = (host.clone(), self.reads.parts.read_timeout);
-            let span = client_span::client_span(&read, &host);
+            let span = client_span::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
             Ok(async move {
                 let _host_slot = host_slot;
                 let limit = Limit::read_timeout(now, read_timeout);

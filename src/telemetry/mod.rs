@@ -40,8 +40,10 @@
 //! ```
 
 mod context;
+mod error;
 mod export_client;
 mod instruments;
+mod limits;
 mod processor;
 mod provider;
 
@@ -58,6 +60,8 @@ pub fn inject_traceparent(headers: &mut http::HeaderMap) {
 }
 
 use crate::config::TelemetryConfig;
+pub use error::TelemetryError;
+use limits::Limits;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
@@ -71,37 +75,6 @@ use tracing_subscriber::Layer;
 
 /// How long dropping a [`Telemetry`] waits for the queued spans to leave.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why telemetry could not start.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum TelemetryError {
-    /// Built outside a tokio runtime: exports run on the runtime.
-    NoRuntime,
-    /// The exporter or its HTTP client could not be built.
-    Exporter(String),
-}
-
-impl std::fmt::Display for TelemetryError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::NoRuntime => f.write_str("telemetry must be built inside a tokio runtime"),
-            Self::Exporter(why) => write!(f, "the OTLP exporter could not be built: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for TelemetryError {}
-
-/// The export queue's bounds and pace.
-#[derive(Clone, Debug)]
-pub(crate) struct Limits {
-    pub(crate) max_queued_spans: usize,
-    pub(crate) max_batch_spans: usize,
-    pub(crate) export_interval: Duration,
-    pub(crate) export_timeout: Duration,
-    pub(crate) metric_interval: Duration,
-}
 
 /// Builds a [`Telemetry`]: [`Telemetry::builder`].
 #[derive(Debug)]

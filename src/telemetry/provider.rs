@@ -2,9 +2,10 @@
 //! client, the bounded batch processor, the periodic metric reader, the
 //! resource (`service.name`) and the sampler.
 
+use super::error::TelemetryError;
 use super::export_client::ExportClient;
+use super::limits::Limits;
 use super::processor::{CountingExporter, CountingProcessor};
-use super::{Limits, TelemetryError};
 use crate::config::TelemetryConfig;
 use opentelemetry_otlp::{
     MetricExporter, Protocol, RetryPolicy, SpanExporter, WithExportConfig, WithHttpConfig,

@@ -1,0 +1,13 @@
+//! The export queue's bounds and pace, as the builder set them.
+
+use std::time::Duration;
+
+/// The export queue's bounds and pace.
+#[derive(Clone, Debug)]
+pub(crate) struct Limits {
+    pub(crate) max_queued_spans: usize,
+    pub(crate) max_batch_spans: usize,
+    pub(crate) export_interval: Duration,
+    pub(crate) export_timeout: Duration,
+    pub(crate) metric_interval: Duration,
+}
