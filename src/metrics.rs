@@ -29,6 +29,10 @@
 //! | `fanout_coalesced_reads_total` | counter | `host` | reads answered by an identical read another request had in flight (`[hosts] coalesce`): not sent, not charged |
 //! | `fanout_cache_total` | counter | `host`, `outcome` | reads the engine's cache may answer (declared immutable or fresh, or to a host with `cache_control`): answered from it (`hit`: not sent, not charged) or not (`miss`), and answers it kept (`stored`: once per entry) |
 //! | `fanout_requests_total` | counter | `caller` | inbound HTTP requests that ran |
+//! | `fanout_request_reads` | histogram | — | reads charged to each inbound request (and WebSocket event) |
+//! | `fanout_request_seconds` | histogram | — | how long each inbound GraphQL request over HTTP took to answer |
+//! | `fanout_operation_reads` | histogram | `type` | reads each operation sent (`query`, `mutation`, `subscription`) |
+//! | `fanout_operation_delta` | histogram | `type` | requested − reads, for each operation priced (negative: the estimate was low) |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_quota_reads_total` | counter | `class`, `outcome` | reads of the clients' read quotas (`[quota]`), by class (`reads`, `internal-reads`): `reserved` before requests ran, `refunded` after (reserved, not spent), `refused` (asked by requests answered 429 `QUOTA_EXHAUSTED`) |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
@@ -115,6 +119,26 @@ pub(crate) fn dedup_hit() {
 pub(crate) fn request(internal: bool) {
     counter!("fanout_requests_total", "caller" => if internal { "internal" } else { "public" })
         .increment(1);
+}
+
+/// The reads one inbound request (or WebSocket event) was charged, when its
+/// scope ends.
+pub(crate) fn request_reads(reads: u64) {
+    histogram!("fanout_request_reads").record(reads as f64);
+}
+
+/// How long an inbound GraphQL request over HTTP took to answer.
+pub(crate) fn request_seconds(took: std::time::Duration) {
+    histogram!("fanout_request_seconds").record(took.as_secs_f64());
+}
+
+/// What one operation (`kind`: `query`, `mutation`, `subscription`) sent,
+/// and, when it was priced, `requested − reads` (`delta`).
+pub(crate) fn operation(kind: &'static str, reads: u64, delta: Option<f64>) {
+    histogram!("fanout_operation_reads", "type" => kind).record(reads as f64);
+    if let Some(delta) = delta {
+        histogram!("fanout_operation_delta", "type" => kind).record(delta);
+    }
 }
 
 /// A subscribe refused past `subscriptions.max_per_connection`.

@@ -127,9 +127,16 @@ pub(crate) struct Pricing {
 impl Drop for Scope {
     /// Settles the reservation: what was reserved and not charged goes
     /// back (a read charged is spent, answered or not).
+    /// Records the reads the scope was charged (`fanout_request_reads`).
     fn drop(&mut self) {
+        let used = self.reads.budget().used();
         if let Some(Ok(reservation)) = self.reservation.take() {
-            reservation.settle(self.reads.budget().used());
+            reservation.settle(used);
+        }
+        crate::metrics::request_reads(used);
+        #[cfg(feature = "otel")]
+        if let Some(instruments) = crate::telemetry::instruments() {
+            instruments.request_reads(used);
         }
     }
 }

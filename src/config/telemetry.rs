@@ -33,6 +33,10 @@ section! {
         pub service_name: String = String::new() => into,
         /// The share of traces kept, from 0.0 to 1.0.
         pub sample_ratio: f64 = 1.0,
+        /// Whether an operation's span carries its document (the query
+        /// text) as `graphql.document`. Off: a document may hold a user's
+        /// data in its literals. Variables are never recorded.
+        pub record_document: bool = false,
     }
 }
 

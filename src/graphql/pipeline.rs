@@ -50,6 +50,8 @@ pub(crate) struct Op {
     /// `query`, `mutation` or `subscription`, when the document names the
     /// operation to run.
     kind: Option<&'static str>,
+    /// Whether its span carries its document (`telemetry.record_document`).
+    record_document: bool,
 }
 
 impl Op {
@@ -110,6 +112,7 @@ impl Op {
             query: request.query.clone(),
             name: request.operation_name.clone(),
             kind,
+            record_document: engine.config().telemetry.record_document,
         }
     }
 
@@ -150,12 +153,22 @@ impl Op {
         let mut response = match event.reserve().await {
             Some(rejection) => stopped(&rejection),
             None => {
-                let span = tracing::debug_span!(
-                    "graphql.event",
-                    name = self.name.as_deref(),
-                    requested = self.requested.unwrap_or(0)
-                );
-                event.within_bounds(execute.instrument(span)).await
+                let span = self.described(tracing::debug_span!(
+                    parent: None,
+                    "graphql.operation",
+                    otel.name = self.kind.unwrap_or("GraphQL Operation"),
+                    otel.kind = "server",
+                    graphql.operation.type = self.kind,
+                    graphql.operation.name = self.name.as_deref(),
+                    graphql.document = tracing::field::Empty,
+                    fanout.requested = self.requested,
+                    fanout.reads = tracing::field::Empty,
+                    fanout.cache_hits = tracing::field::Empty,
+                    fanout.delta = tracing::field::Empty,
+                ));
+                let response = event.within_bounds(execute.instrument(span.clone())).await;
+                self.record(&span);
+                response
             }
         };
         let name = self.name.as_deref();
@@ -173,28 +186,52 @@ impl Op {
     /// The operation's span, in OpenTelemetry's GraphQL conventions: named
     /// after its type (its name is an attribute: names are many), INTERNAL
     /// under the request's SERVER span; what it was priced, and after it ran
-    /// ([`record`](Self::record)) what it sent.
+    /// ([`record`](Self::record)) what it sent. An event of a WebSocket
+    /// connection has the same span, but as the SERVER span of a trace of
+    /// its own ([`run_event`](Self::run_event)): a connection lives for
+    /// hours, and a trace per event is what a tracing backend can show.
     fn span(&self) -> tracing::Span {
-        tracing::debug_span!(
+        self.described(tracing::debug_span!(
             "graphql.operation",
             otel.name = self.kind.unwrap_or("GraphQL Operation"),
             graphql.operation.type = self.kind,
             graphql.operation.name = self.name.as_deref(),
+            graphql.document = tracing::field::Empty,
             fanout.requested = self.requested,
             fanout.reads = tracing::field::Empty,
             fanout.cache_hits = tracing::field::Empty,
             fanout.delta = tracing::field::Empty,
-        )
+        ))
     }
 
-    /// What the operation sent, on its span: `fanout.reads`,
+    /// `span` with the operation's document, when
+    /// `telemetry.record_document` asks for it.
+    fn described(&self, span: tracing::Span) -> tracing::Span {
+        if self.record_document && !span.is_disabled() {
+            span.record("graphql.document", self.query.as_str());
+        }
+        span
+    }
+
+    /// What the operation sent, in the metrics (`fanout_operation_reads`,
+    /// `fanout_operation_delta`) and on its span: `fanout.reads`,
     /// `fanout.cache_hits`, and `fanout.delta` (requested − reads) when it
     /// was priced.
     fn record(&self, span: &tracing::Span) {
+        let reads = self.operation.reads();
+        if let Some(kind) = self.kind {
+            let delta = self
+                .requested
+                .map(|requested| requested as f64 - reads as f64);
+            crate::metrics::operation(kind, reads, delta);
+            #[cfg(feature = "otel")]
+            if let Some(instruments) = crate::telemetry::instruments() {
+                instruments.operation(kind, reads, delta);
+            }
+        }
         if span.is_disabled() {
             return;
         }
-        let reads = self.operation.reads();
         span.record("fanout.reads", reads);
         span.record("fanout.cache_hits", self.operation.cache_hits());
         if let Some(requested) = self.requested {

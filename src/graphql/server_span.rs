@@ -66,17 +66,17 @@ pub(super) fn close(span: &Span, opened: Opened, status: http::StatusCode) {
     if status.is_server_error() {
         span.record("otel.status_code", "error");
     }
+    crate::metrics::request_seconds(opened.started.elapsed());
     #[cfg(feature = "otel")]
     if let Some(metric) = opened.metric {
         metric.record(status);
     }
-    #[cfg(not(feature = "otel"))]
-    let _ = opened;
 }
 
 /// What [`close`] records of a request once it is consumed: nothing unless
 /// telemetry lives.
 pub(super) struct Opened {
+    started: std::time::Instant,
     #[cfg(feature = "otel")]
     metric: Option<Metric>,
 }
@@ -87,6 +87,7 @@ impl Opened {
         #[cfg(not(feature = "otel"))]
         let _ = (request, get);
         Opened {
+            started: std::time::Instant::now(),
             #[cfg(feature = "otel")]
             metric: Metric::of(request, get),
         }

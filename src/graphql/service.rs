@@ -217,10 +217,6 @@ impl<E: Executor> FanoutGraphQL<E> {
         span.record("fanout.operations", requests.len());
         let responses = self.run(&fanout, requests).await;
         span.record("fanout.reads", fanout.budget().used());
-        #[cfg(feature = "otel")]
-        if let Some(instruments) = crate::telemetry::instruments() {
-            instruments.request_reads(fanout.budget().used());
-        }
         let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
             Err(refused) => refused.into_response(),

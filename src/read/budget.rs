@@ -232,6 +232,20 @@ impl RequestBudget {
         }
     }
 
+    /// Which limit a read refused for want of a read met, as a trace names
+    /// it: `connection` (the payer, a WebSocket connection's budget),
+    /// `quota` (the client's read quota reserved less than `max_reads`),
+    /// else `budget`.
+    pub(crate) fn spent_on(&self) -> &'static str {
+        if self.payer_refused.load(Relaxed) {
+            "connection"
+        } else if self.limit() < self.ceiling {
+            "quota"
+        } else {
+            "budget"
+        }
+    }
+
     /// Raises the limit past `seen` by one read the quota gave at once;
     /// `false` when it gave none or the limit is the request's own.
     #[cold]

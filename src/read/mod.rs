@@ -29,7 +29,6 @@
 pub(crate) mod auth;
 pub(crate) mod budget;
 pub(crate) mod cache;
-mod client_span;
 pub(crate) mod coalesce;
 pub(crate) mod dedup;
 pub(crate) mod hosts;
@@ -37,6 +36,7 @@ pub(crate) mod message;
 pub(crate) mod permit;
 pub(crate) mod quota;
 pub(crate) mod redirect;
+mod spans;
 pub(crate) mod timeout;
 pub(crate) mod transport;
 
@@ -184,7 +184,15 @@ impl<'a> Upstream<'a> {
     /// host with `coalesce = true`, a read another request has in flight is
     /// joined (`coalesce.rs`); a `401` with a challenge is answered
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
-    pub async fn read(&self, mut read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
+    pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
+        let span = spans::read_span(&read);
+        let outcome = self.resolve(read).instrument(span.clone()).await;
+        spans::outcome(&span, &outcome);
+        outcome
+    }
+
+    /// [`read`](Self::read), inside the read's span.
+    async fn resolve(&self, mut read: Read) -> ReadResult {
         let parts = &self.reads.parts;
         let by_headers = !read.cache_done() && parts.host_table.cache_control(&read.url);
         if read.is_checked() || by_headers {
@@ -222,7 +230,7 @@ impl<'a> Upstream<'a> {
         let parts = &self.reads.parts;
         let expected = read.take_check();
         let host = lookup.as_ref().map(|_| parts.host_table.resolve(&read.url));
-        let answer = cache::verified(self.read(read).await?, expected.as_deref())?;
+        let answer = cache::verified(self.resolve(read).await?, expected.as_deref())?;
         if let (Some(lookup), Some(host)) = (lookup, host) {
             if let Some(kept) = parts.cache.keep(lookup, &answer, expected) {
                 host.metrics().cache_stored.increment(1);
@@ -245,6 +253,7 @@ impl<'a> Upstream<'a> {
         };
         self.op.cache_hits.fetch_add(1, Relaxed);
         bump(&self.reads.budget.stats().cache_hits);
+        spans::note("fanout.cache_hit", true);
         host.metrics().cache_hits.increment(1);
         let kept = match kept {
             Ok(kept) => kept,
@@ -367,7 +376,9 @@ impl<'a> Upstream<'a> {
     async fn fetch_token(&self, ask: &Read, ran: &AtomicBool) -> Result<auth::Token, FetchError> {
         ran.store(true, Relaxed);
         let mut ask = ask.clone();
-        let response = self.follow(&mut ask).await.map_err(FetchError::read)?;
+        let span = spans::token_span(&ask);
+        let response = self.follow(&mut ask).instrument(span).await;
+        let response = response.map_err(FetchError::read)?;
         let token = auth::token(&response)?;
         if self.reads.rejected.has(&token.header) {
             // The request's de-duplicated answer: the token rejected.
@@ -394,47 +405,20 @@ impl<'a> Upstream<'a> {
 
     /// Step 1, then steps 2–6 unless an identical read answers.
     async fn read_once(&self, read: &Read) -> ReadResult {
-        // Host and path only: a query string or userinfo may carry secrets.
-        let span = tracing::debug_span!(
-            "upstream.read",
-            host = read.url.host_str(),
-            path = read.url.path(),
-            fanout.dedup = tracing::field::Empty,
-            fanout.coalesced = tracing::field::Empty,
-            fanout.outcome = tracing::field::Empty,
-        );
-        // A span no subscriber wants is dropped for `Span::none()`: with
-        // tracing's `log` feature on (axum's default turns it on), a disabled
-        // span still offers every enter, exit and record to `log`.
-        let span = if span.is_disabled() {
-            tracing::Span::none()
-        } else {
-            span
-        };
         let (result, origin) = match ReadKey::of(read) {
             Some(key) => {
                 self.reads
                     .dedup
                     .get_or_run(key, || Box::pin(self.send(read.clone())))
-                    .instrument(span.clone())
                     .await
             }
             // Not safe to share: sent every time.
-            None => (
-                Box::pin(self.send(read.clone()))
-                    .instrument(span.clone())
-                    .await,
-                Origin::Ran,
-            ),
+            None => (Box::pin(self.send(read.clone())).await, Origin::Ran),
         };
-        span.record("fanout.dedup", origin == Origin::Shared);
-        span.record(
-            "fanout.outcome",
-            result.as_ref().map_or_else(|e| e.code(), |_| "ok"),
-        );
         if origin == Origin::Shared {
             bump(&self.reads.budget.stats().dedup_hits);
             metrics::dedup_hit();
+            spans::note("fanout.dedup", true);
         }
         // A read answered at once (de-duplicated, refused) never waits, and
         // the many fields woken together when one shared read lands all go on
@@ -458,7 +442,7 @@ impl<'a> Upstream<'a> {
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
-        let span = client_span::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
+        let span = spans::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
         let fetch = self.reads.parts.transport.fetch(read, &host.name);
         let quotas = &self.reads.parts.quotas;
         let sent = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
@@ -468,7 +452,7 @@ impl<'a> Upstream<'a> {
                 None => self.keep(Arc::new(r)),
             }
         });
-        let outcome = client_span::traced(span, sent).await;
+        let outcome = spans::traced(span, sent).await;
         pending.finish(&outcome);
         outcome
     }
@@ -543,25 +527,40 @@ impl<'a> Upstream<'a> {
         }
         self.op.sent.fetch_add(1, Relaxed);
         bump(&budget.stats().issued);
+        spans::note("fanout.charged", true);
         Ok(now)
     }
 
     /// `err`, counted as the refusal of a read to `host`.
     fn refused(&self, host: &HostEntry, err: ReadError) -> ReadError {
-        let stats = self.reads.budget.stats();
-        match &err {
+        let budget = &self.reads.budget;
+        let stats = budget.stats();
+        let why = match &err {
             ReadError::BudgetExhausted { .. } => {
                 bump(&stats.refused_budget);
                 metrics::budget_exhausted();
+                budget.spent_on()
             }
-            ReadError::DeadlineExceeded => bump(&stats.refused_deadline),
+            ReadError::DeadlineExceeded => {
+                bump(&stats.refused_deadline);
+                "deadline"
+            }
             // Refused a host slot: saturated, or the shared caps down.
             ReadError::HostSaturated { .. } => {
                 bump(&stats.refused_host);
                 host.metrics().rejections.increment(1);
+                "host_cap"
             }
-            _ => bump(&stats.refused_host),
-        }
+            ReadError::QuotaExhausted { .. } => {
+                bump(&stats.refused_host);
+                "upstream_quota"
+            }
+            _ => {
+                bump(&stats.refused_host);
+                "host_cap"
+            }
+        };
+        spans::note("fanout.refused", why);
         err
     }
 
@@ -591,7 +590,7 @@ impl<'a> Upstream<'a> {
             let parts = self.reads.parts.clone();
             let transport = parts.transport.clone();
             let (host, read_timeout) = (host.clone(), self.reads.parts.read_timeout);
-            let span = client_span::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
+            let span = spans::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
             Ok(async move {
                 let _host_slot = host_slot;
                 let limit = Limit::read_timeout(now, read_timeout);
@@ -603,7 +602,7 @@ impl<'a> Upstream<'a> {
                     Some(spent) => Err(spent),
                     None => Ok(Arc::new(r)),
                 });
-                client_span::traced(span, sent).await
+                spans::traced(span, sent).await
             })
         };
         match table.join_or_lead(key, lead)? {
@@ -630,7 +629,7 @@ impl<'a> Upstream<'a> {
     async fn join(&self, flight: Flight<ReadResult>, host: &HostEntry) -> ReadResult {
         bump(&self.reads.budget.stats().coalesced);
         host.metrics().coalesced.increment(1);
-        tracing::Span::current().record("fanout.coalesced", true);
+        spans::note("fanout.coalesced", true);
         let answer = self.wait(flight, host, Instant::now()).await?;
         // Its own response (what it derives is its own), found unusable
         // whenever the leader's is.

@@ -6,6 +6,8 @@
 //! | `http.client.request.duration` | histogram | `s` | `http.request.method`, `server.address`, `server.port`, `http.response.status_code` or `error.type` |
 //! | `http.server.request.duration` | histogram | `s` | `http.request.method`, `http.route`, `http.response.status_code` |
 //! | `fanout.request.reads` | histogram | `{read}` | — |
+//! | `fanout.operation.reads` | histogram | `{read}` | `graphql.operation.type` |
+//! | `fanout.operation.delta` | histogram | `{read}` | `graphql.operation.type` (requested − reads; negative: the estimate was low) |
 //!
 //! The instruments are built once, when a [`Telemetry`](super::Telemetry)
 //! is, and published process-wide: the read path takes them with one
@@ -27,7 +29,19 @@ pub(crate) struct Instruments {
     client_duration: Histogram<f64>,
     server_duration: Histogram<f64>,
     request_reads: Histogram<u64>,
+    operation_reads: Histogram<u64>,
+    operation_delta: Histogram<f64>,
 }
+
+/// Boundaries for counts of reads.
+const READ_BOUNDS: [f64; 11] = [
+    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
+];
+
+/// Boundaries for `requested − reads`.
+const DELTA_BOUNDS: [f64; 13] = [
+    -100.0, -10.0, -5.0, -1.0, 0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0,
+];
 
 /// The semantic conventions' advised boundaries for HTTP durations, in
 /// seconds.
@@ -60,9 +74,19 @@ impl Instruments {
                 .u64_histogram("fanout.request.reads")
                 .with_unit("{read}")
                 .with_description("Upstream reads charged to one inbound request")
-                .with_boundaries(vec![
-                    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
-                ])
+                .with_boundaries(READ_BOUNDS.to_vec())
+                .build(),
+            operation_reads: meter
+                .u64_histogram("fanout.operation.reads")
+                .with_unit("{read}")
+                .with_description("Upstream reads one GraphQL operation sent")
+                .with_boundaries(READ_BOUNDS.to_vec())
+                .build(),
+            operation_delta: meter
+                .f64_histogram("fanout.operation.delta")
+                .with_unit("{read}")
+                .with_description("Reads an operation was priced at less the reads it sent")
+                .with_boundaries(DELTA_BOUNDS.to_vec())
                 .build(),
         });
         *CURRENT.write().unwrap_or_else(|e| e.into_inner()) = Some(instruments.clone());
@@ -92,6 +116,16 @@ impl Instruments {
     /// The reads one inbound request was charged.
     pub(crate) fn request_reads(&self, reads: u64) {
         self.request_reads.record(reads, &[]);
+    }
+
+    /// What one operation of type `kind` sent, and `requested − reads`
+    /// when it was priced.
+    pub(crate) fn operation(&self, kind: &'static str, reads: u64, delta: Option<f64>) {
+        let attributes = [KeyValue::new("graphql.operation.type", kind)];
+        self.operation_reads.record(reads, &attributes);
+        if let Some(delta) = delta {
+            self.operation_delta.record(delta, &attributes);
+        }
     }
 }
 

@@ -1,19 +1,32 @@
-//! The CLIENT span of each upstream request sent, in OpenTelemetry's HTTP
-//! client conventions: `GET` (the method is the name), `http.request.method`,
-//! `server.address`, `server.port`, `url.full`, then
-//! `http.response.status_code` and, for an answer of 400 or more or a read
-//! that failed, `error.type` (the status, or the read's error code) and the
-//! error status.
+//! The spans of a read, in OpenTelemetry's terms (`telemetry`, the `otel`
+//! feature) and the log's:
 //!
-//! One per request the transport sends: a read answered by the request's
-//! de-duplication, by an identical read in flight or by the engine's cache
-//! sends nothing and has none. The transport runs inside it, so the
-//! `traceparent` it writes (`telemetry`) names it.
+//! - `upstream.read` ([`read_span`]): one per read a resolver asks for,
+//!   answered or refused, sent or not. What answered it is recorded on it as
+//!   the read goes ([`note`]): `fanout.cache_hit`, `fanout.dedup`,
+//!   `fanout.coalesced`, `fanout.charged` (each `true`, present only when
+//!   so: an exporter keeps every value recorded, so a field set `false`
+//!   first would be exported twice), `fanout.refused` (why it was refused
+//!   before it was sent), then `fanout.outcome` (`ok` or the error code). The requests the read sends — a redirect hop, a `401` sent again
+//!   with credentials — are its children, and so is `upstream.token`
+//!   ([`token_span`]), a token fetch it ran.
+//! - a CLIENT span ([`client_span`]) per upstream request sent, in the HTTP
+//!   client conventions: `GET` (the method is the name),
+//!   `http.request.method`, `server.address`, `server.port`, `url.full`,
+//!   then `http.response.status_code` and, for an answer of 400 or more or a
+//!   request that failed, `error.type` (the status, or the error code) and
+//!   the error status. A read answered by the request's de-duplication, by
+//!   an identical read in flight or by the engine's cache sends nothing and
+//!   has none. The transport runs inside it, so the `traceparent` it writes
+//!   (`telemetry`) names it.
 //!
-//! `url.full` is the scheme, host, port and path only: userinfo and a query
-//! string may carry secrets. Like the engine's other spans, it is
-//! `Span::none()` when no subscriber wants it, so a process that exports
-//! nothing formats nothing.
+//! `url.full` is the scheme, host, port and path only, and `upstream.read`
+//! names the path alone: userinfo and a query string may carry secrets.
+//! A span no subscriber wants is `Span::none()` (with tracing's `log`
+//! feature on, a disabled span still offers every enter, exit and record to
+//! `log`), and [`note`] looks for the current span only when some
+//! subscriber takes debug spans: a process that exports nothing formats
+//! nothing.
 
 use super::message::{Read, UpstreamResponse};
 use crate::error::ReadError;
@@ -97,7 +110,7 @@ pub(crate) fn client_span(read: &Read, shared_label: Option<&'static str>) -> Cl
 
 fn span(read: &Read) -> tracing::Span {
     let url = &read.url;
-    let span = tracing::debug_span!(
+    enabled(tracing::debug_span!(
         "upstream.request",
         otel.name = read.method.as_str(),
         otel.kind = "client",
@@ -108,9 +121,56 @@ fn span(read: &Read) -> tracing::Span {
         http.response.status_code = tracing::field::Empty,
         error.type = tracing::field::Empty,
         otel.status_code = tracing::field::Empty,
-    );
-    // As `upstream.read`: a disabled span still feeds `log` when tracing's
-    // `log` feature is on.
+    ))
+}
+
+/// The span of one read a resolver asks for (see the module docs).
+pub(crate) fn read_span(read: &Read) -> tracing::Span {
+    enabled(tracing::debug_span!(
+        "upstream.read",
+        server.address = read.url.host_str(),
+        url.path = read.url.path(),
+        fanout.cache_hit = tracing::field::Empty,
+        fanout.dedup = tracing::field::Empty,
+        fanout.coalesced = tracing::field::Empty,
+        fanout.charged = tracing::field::Empty,
+        fanout.refused = tracing::field::Empty,
+        fanout.outcome = tracing::field::Empty,
+    ))
+}
+
+/// The span of a token fetch `ask` runs for the read it is under.
+pub(crate) fn token_span(ask: &Read) -> tracing::Span {
+    enabled(tracing::debug_span!(
+        "upstream.token",
+        server.address = ask.url.host_str(),
+        url.path = ask.url.path(),
+        fanout.charged = tracing::field::Empty,
+        fanout.refused = tracing::field::Empty,
+    ))
+}
+
+/// How the read under `span` ended: `fanout.outcome`, `ok` or its code.
+pub(crate) fn outcome<T>(span: &tracing::Span, outcome: &Result<T, ReadError>) {
+    if !span.is_none() {
+        span.record(
+            "fanout.outcome",
+            outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
+        );
+    }
+}
+
+/// Records `value` as `field` of the read's span (or token fetch's) the
+/// caller is in — when some subscriber takes debug spans at all: else one
+/// atomic load.
+pub(crate) fn note(field: &str, value: impl tracing::Value) {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        tracing::Span::current().record(field, value);
+    }
+}
+
+/// `span`, or `Span::none()` when no subscriber wants it.
+fn enabled(span: tracing::Span) -> tracing::Span {
     if span.is_disabled() {
         tracing::Span::none()
     } else {

@@ -1,0 +1,325 @@
+//! Each read's span in an exported trace (`telemetry`, the `otel` feature),
+//! received by an OTLP/HTTP collector on loopback inside the test: what
+//! answered it (`fanout.dedup`, `fanout.cache_hit`, `fanout.charged`), why
+//! it was refused (`fanout.refused`), and the requests it sent — a
+//! redirect's hop, a `401` and the request sent again, its token fetch
+//! (`upstream.token`) — as its children; an operation's document only when
+//! `telemetry.record_document` asks for it; the per-operation histograms on
+//! the Prometheus page.
+//!
+//! Each test installs its subscriber for its own thread (a current-thread
+//! runtime), so the tests of this binary do not see each other's spans.
+#![cfg(feature = "otel")]
+
+use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use fanout_budget::config::TelemetryConfig;
+use fanout_budget::telemetry::Telemetry;
+use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
+use fanout_testkit::otlp::{attribute, Collector, Received, SpanKind};
+use serde_json::json;
+use std::time::Duration;
+use tracing_subscriber::layer::SubscriberExt as _;
+
+/// An upstream with items, a redirect to one, and a resource behind a
+/// Bearer challenge whose realm is on the same origin.
+async fn start_upstream() -> (String, tokio::task::JoinHandle<()>) {
+    async fn item() -> Json<serde_json::Value> {
+        Json(json!({ "value": "v" }))
+    }
+    async fn moved() -> Response {
+        (StatusCode::TEMPORARY_REDIRECT, [("location", "/item/2")]).into_response()
+    }
+    async fn private(headers: HeaderMap) -> Response {
+        let host = headers["host"].to_str().unwrap().to_owned();
+        match headers.get("authorization") {
+            Some(value) if value == "Bearer tok-s3cret" => {
+                Json(json!({ "ok": true })).into_response()
+            }
+            _ => (
+                StatusCode::UNAUTHORIZED,
+                [(
+                    "www-authenticate",
+                    format!("Bearer realm=\"http://{host}/token\",service=\"test\""),
+                )],
+            )
+                .into_response(),
+        }
+    }
+    async fn token() -> Json<serde_json::Value> {
+        Json(json!({ "token": "tok-s3cret", "expires_in": 300 }))
+    }
+    let app = Router::new()
+        .route("/item/{id}", get(item))
+        .route("/moved", get(moved))
+        .route("/private", get(private))
+        .route("/token", get(token));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, task)
+}
+
+struct Base(String);
+
+struct Query;
+
+#[Object]
+impl Query {
+    /// One read of `path`, kept by the engine's cache when `immutable`:
+    /// the status it ended with.
+    async fn get(
+        &self,
+        ctx: &Context<'_>,
+        path: String,
+        immutable: Option<bool>,
+    ) -> async_graphql::Result<u16> {
+        let url = format!("{}{path}", ctx.data::<Base>()?.0).parse()?;
+        let mut read = Read::get(url);
+        if immutable == Some(true) {
+            read = read.immutable();
+        }
+        Ok(ctx.upstream()?.read(read).await?.status.as_u16())
+    }
+}
+
+fn app(config: Config, upstream: &str) -> Router {
+    let engine = Engine::new(config);
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .data(Base(upstream.to_owned()))
+        .finish();
+    Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
+}
+
+/// Runs `requests` against `app` (each a JSON body) with a telemetry
+/// exporting to a collector of its own; every span received once the last
+/// request's SERVER span arrived.
+async fn traced(app: &Router, requests: &[&str]) -> Vec<Received> {
+    let collector = Collector::start().await;
+    let telemetry =
+        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
+            .export_interval(Duration::from_millis(50))
+            .build()
+            .unwrap()
+            .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    for body in requests {
+        let answer = fanout_testkit::post(app, body.to_string(), &[]).await;
+        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+    }
+    let telemetry = tokio::task::spawn_blocking(move || {
+        let _ = telemetry.flush();
+        telemetry
+    })
+    .await
+    .unwrap();
+    let servers = requests.len();
+    let spans = collector
+        .wait_for(
+            Duration::from_secs(10),
+            "every request's SERVER span",
+            |spans| {
+                spans
+                    .iter()
+                    .filter(|r| r.span.kind == SpanKind::Server as i32)
+                    .count()
+                    == servers
+            },
+        )
+        .await;
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+    spans
+}
+
+/// The spans whose parent is `parent`, in the order they started.
+fn children<'a>(spans: &'a [Received], parent: &Received) -> Vec<&'a Received> {
+    let mut under: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.parent_span_id == parent.span.span_id)
+        .collect();
+    under.sort_by_key(|r| r.span.start_time_unix_nano);
+    under
+}
+
+/// The `upstream.read` span of the read of `path`.
+fn read_of<'a>(spans: &'a [Received], path: &str) -> Vec<&'a Received> {
+    spans
+        .iter()
+        .filter(|r| r.span.name == "upstream.read")
+        .filter(|r| attribute(&r.span, "url.path").as_deref() == Some(path))
+        .collect()
+}
+
+fn statuses(spans: &[&Received]) -> Vec<String> {
+    spans
+        .iter()
+        .map(|r| match r.span.kind == SpanKind::Client as i32 {
+            true => format!(
+                "GET {}",
+                attribute(&r.span, "http.response.status_code").unwrap_or_default()
+            ),
+            false => r.span.name.clone(),
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_read_says_what_answered_it_and_its_requests_are_its_children() {
+    let (upstream, _task) = start_upstream().await;
+    let app = app(Config::default(), &upstream);
+    let query = r#"{"query":"{ a: get(path: \"/item/1\") b: get(path: \"/item/1\") moved: get(path: \"/moved\") private: get(path: \"/private\") }"}"#;
+    let spans = traced(&app, &[query]).await;
+
+    // De-duplicated: one of the two reads of /item/1 sent it, the other
+    // nothing.
+    let item = read_of(&spans, "/item/1");
+    assert_eq!(item.len(), 2, "a span per read a resolver asked for");
+    let (mut sent, mut shared) = (0, 0);
+    for read in &item {
+        match attribute(&read.span, "fanout.dedup").as_deref() {
+            Some("true") => {
+                shared += 1;
+                assert_eq!(
+                    children(&spans, read).len(),
+                    0,
+                    "a de-duplicated read sends nothing"
+                );
+                assert_eq!(attribute(&read.span, "fanout.charged"), None);
+            }
+            _ => {
+                sent += 1;
+                assert_eq!(statuses(&children(&spans, read)), ["GET 200"]);
+                assert_eq!(
+                    attribute(&read.span, "fanout.charged").as_deref(),
+                    Some("true")
+                );
+            }
+        }
+        assert_eq!(
+            attribute(&read.span, "fanout.outcome").as_deref(),
+            Some("ok")
+        );
+    }
+    assert_eq!((sent, shared), (1, 1));
+
+    // A redirect: its hop is the read's second request.
+    let moved = read_of(&spans, "/moved");
+    assert_eq!(moved.len(), 1, "the hop is no read of its own");
+    assert_eq!(
+        statuses(&children(&spans, moved[0])),
+        ["GET 307", "GET 200"]
+    );
+
+    // A challenge: the 401, the token fetch under its own span (its
+    // request under it), then the request sent again with the token.
+    let private = read_of(&spans, "/private");
+    assert_eq!(private.len(), 1);
+    let under = children(&spans, private[0]);
+    assert_eq!(
+        statuses(&under),
+        ["GET 401", "upstream.token", "GET 200"],
+        "the read's requests, in order"
+    );
+    let fetch = under[1];
+    assert_eq!(
+        attribute(&fetch.span, "url.path").as_deref(),
+        Some("/token")
+    );
+    assert_eq!(statuses(&children(&spans, fetch)), ["GET 200"]);
+    assert_eq!(
+        attribute(&fetch.span, "fanout.charged").as_deref(),
+        Some("true")
+    );
+
+    // Every request sent is under a read; none carries the token.
+    let clients = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Client as i32);
+    for client in clients {
+        let parent = spans
+            .iter()
+            .find(|r| r.span.span_id == client.span.parent_span_id)
+            .expect("a CLIENT span's parent is exported");
+        assert!(
+            ["upstream.read", "upstream.token"].contains(&parent.span.name.as_str()),
+            "a request outside a read: under {}",
+            parent.span.name
+        );
+    }
+    for received in &spans {
+        let text = fanout_testkit::otlp::all_text(&received.span);
+        assert!(!text.contains("tok-s3cret"), "the token in a span: {text}");
+    }
+    // The document is not recorded unless asked for.
+    let operation = spans
+        .iter()
+        .find(|r| attribute(&r.span, "graphql.operation.type").is_some())
+        .unwrap();
+    assert_eq!(attribute(&operation.span, "graphql.document"), None);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_answered_by_the_cache_or_refused_sends_nothing_and_says_why() {
+    let (upstream, _task) = start_upstream().await;
+    let mut config = Config::default();
+    config.budget.max_reads = 1;
+    let app = app(config, &upstream);
+    let cached = r#"{"query":"{ c: get(path: \"/item/7\", immutable: true) }"}"#;
+    let over_budget = r#"{"query":"{ a: get(path: \"/item/1\") b: get(path: \"/item/2\") }"}"#;
+    let spans = traced(&app, &[cached, cached, over_budget]).await;
+
+    let seven = read_of(&spans, "/item/7");
+    assert_eq!(seven.len(), 2);
+    let hits: Vec<_> = seven
+        .iter()
+        .filter(|r| attribute(&r.span, "fanout.cache_hit").as_deref() == Some("true"))
+        .collect();
+    assert_eq!(hits.len(), 1, "the second request's read is the cache's");
+    assert_eq!(children(&spans, hits[0]).len(), 0, "a hit sends nothing");
+    assert_eq!(attribute(&hits[0].span, "fanout.charged"), None);
+
+    let mut refused: Vec<_> = ["/item/1", "/item/2"]
+        .iter()
+        .flat_map(|path| read_of(&spans, path))
+        .filter(|r| attribute(&r.span, "fanout.refused").is_some())
+        .collect();
+    assert_eq!(refused.len(), 1, "one read past max_reads = 1");
+    let refused = refused.pop().unwrap();
+    assert_eq!(
+        attribute(&refused.span, "fanout.refused").as_deref(),
+        Some("budget")
+    );
+    assert_eq!(
+        attribute(&refused.span, "fanout.outcome").as_deref(),
+        Some("FANOUT_BUDGET_EXHAUSTED")
+    );
+    assert_eq!(
+        children(&spans, refused).len(),
+        0,
+        "a refused read sends nothing"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_document_is_on_the_operation_span_only_when_asked_for() {
+    let (upstream, _task) = start_upstream().await;
+    let mut config = Config::default();
+    config.telemetry.record_document = true;
+    let app = app(config, &upstream);
+    let spans = traced(&app, &[r#"{"query":"{ get(path: \"/item/1\") }"}"#]).await;
+    let operation = spans
+        .iter()
+        .find(|r| attribute(&r.span, "graphql.operation.type").is_some())
+        .unwrap();
+    assert_eq!(
+        attribute(&operation.span, "graphql.document").as_deref(),
+        Some(r#"{ get(path: "/item/1") }"#)
+    );
+}
