@@ -78,9 +78,20 @@ struct Scope {
     text_bytes: AtomicU64,
     /// `http.max_body_bytes`.
     max_text_bytes: u64,
+    /// Not a client's request (the service's check that its schema mounts
+    /// the extension): its reads are not recorded.
+    probe: std::sync::atomic::AtomicBool,
 }
 
 impl FanoutRequest {
+    /// Marks the scope as no client's request (a check the service runs
+    /// on its schema): its reads are not recorded in the metrics.
+    pub(crate) fn probe(&self) {
+        self.inner
+            .probe
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// The scope of one inbound HTTP request, its reads handed `reads`
     /// (what [`Engine`](crate::Engine) opens for each request).
     pub(crate) fn new(
@@ -106,6 +117,7 @@ impl FanoutRequest {
                 queries_only,
                 text_bytes: AtomicU64::new(0),
                 max_text_bytes: max_text_bytes as u64,
+                probe: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -132,6 +144,9 @@ impl Drop for Scope {
         let used = self.reads.budget().used();
         if let Some(Ok(reservation)) = self.reservation.take() {
             reservation.settle(used);
+        }
+        if self.probe.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
         }
         crate::metrics::request_reads(used);
         #[cfg(feature = "otel")]

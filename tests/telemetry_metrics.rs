@@ -1,7 +1,9 @@
 //! Metrics over OTLP (`telemetry`, the `otel` feature): while a telemetry
 //! lives, each upstream request sent is recorded in
 //! `http.client.request.duration` (seconds, with its method, server and
-//! status) and each inbound request's reads in `fanout.request.reads`,
+//! status), each inbound request's reads in `fanout.request.reads`, and
+//! each operation's reads and `requested − reads` in
+//! `fanout.operation.reads` and `fanout.operation.delta`,
 //! exported to an OTLP/HTTP collector inside the test. A host without a
 //! `[hosts]` table is `server.address = "other"`, as on the Prometheus
 //! page. Its own binary: the instruments are process-wide.
@@ -9,6 +11,7 @@
 mod common;
 
 use fanout_budget::config::{HostConfig, TelemetryConfig};
+use fanout_budget::cost::{CostTable, FieldCost};
 use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine};
 use fanout_testkit::otlp::{attribute_of, Collector, Data, Metric};
@@ -57,8 +60,10 @@ async fn reads_and_their_durations_are_exported() {
     // and through one that does not.
     let query = r#"{"query":"{ items(first: 2) { id detail { value } } }"}"#;
     let named = Config::default().host(upstream.host(), HostConfig::default());
+    // Priced: the list at 5 reads, its items at none (three sent).
+    let costs = CostTable::new().field("Query", "items", FieldCost::reads(5));
     for config in [named, Config::default()] {
-        let engine = Engine::new(config);
+        let engine = Engine::builder(config).costs(costs.clone()).build();
         let (status, body) = common::post(&common::app(&engine, &upstream), query).await;
         assert_eq!(status, 200, "{body}");
     }
@@ -106,6 +111,17 @@ async fn reads_and_their_durations_are_exported() {
         (2, 6.0),
         "two requests, three reads each"
     );
+    let query = vec![kv("graphql.operation.type", "query")];
+    let (operations, reads, points) = histogram(&metrics, "fanout.operation.reads");
+    assert_eq!(
+        (operations, reads),
+        (2, 6.0),
+        "two operations, three reads each"
+    );
+    assert_eq!(points, vec![(2, query.clone())]);
+    let (priced, delta, points) = histogram(&metrics, "fanout.operation.delta");
+    assert_eq!((priced, delta), (2, 4.0), "priced at 5, three sent: 2 each");
+    assert_eq!(points, vec![(2, query)]);
     tokio::task::spawn_blocking(move || drop(telemetry))
         .await
         .unwrap();

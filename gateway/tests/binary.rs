@@ -121,6 +121,28 @@ async fn serves_a_batched_query_and_stops_on_sigterm() {
             "{name} missing from /metrics:\n{metrics}"
         );
     }
+    // The histograms of what the one request cost: its reads, each
+    // operation's, and what its pricing left unspent.
+    let sample = |series: &str| -> f64 {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+            .unwrap_or_else(|| panic!("{series} missing from /metrics:\n{metrics}"));
+        line.rsplit_once(' ').unwrap().1.parse().unwrap()
+    };
+    assert_eq!(sample("fanout_request_reads_sum"), 5.0);
+    assert_eq!(sample("fanout_request_reads_count"), 1.0);
+    assert_eq!(sample("fanout_request_seconds_count"), 1.0);
+    assert_eq!(sample("fanout_operation_reads_sum{type=\"query\"}"), 5.0);
+    assert_eq!(sample("fanout_operation_reads_count{type=\"query\"}"), 2.0);
+    let requested: u64 = ops
+        .iter()
+        .map(|op| op["extensions"]["fanout"]["requested"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        sample("fanout_operation_delta_sum{type=\"query\"}"),
+        requested as f64 - 5.0
+    );
     // A browser (it accepts text/html) asking for no query gets GraphiQL.
     let page = client
         .get(format!("http://{addr}/graphql"))

@@ -298,6 +298,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             .metered
             .get_or_init(|| async {
                 let probe = self.engine.begin_request(crate::inbound::Caller::Internal);
+                probe.probe();
                 let operation = probe.operation();
                 let mut request = Request::new("{ __typename }");
                 request.data.insert(operation.clone());
