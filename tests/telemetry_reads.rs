@@ -4,14 +4,14 @@
 //! it was refused (`fanout.refused`), and the requests it sent — a
 //! redirect's hop, a `401` and the request sent again, its token fetch
 //! (`upstream.token`) — as its children; an operation's document only when
-//! `telemetry.record_document` asks for it; the per-operation histograms on
-//! the Prometheus page.
+//! `telemetry.record_document` asks for it; each event of a subscription a
+//! trace of its own.
 //!
 //! Each test installs its subscriber for its own thread (a current-thread
 //! runtime), so the tests of this binary do not see each other's spans.
 #![cfg(feature = "otel")]
 
-use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
+use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, Subscription};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -322,4 +322,120 @@ async fn the_document_is_on_the_operation_span_only_when_asked_for() {
         attribute(&operation.span, "graphql.document").as_deref(),
         Some(r#"{ get(path: "/item/1") }"#)
     );
+}
+
+/// One event of [`Events`]: a read when asked.
+struct Event;
+
+#[Object]
+impl Event {
+    /// One read of `path`: the status it ended with.
+    async fn get(&self, ctx: &Context<'_>, path: String) -> async_graphql::Result<u16> {
+        Query.get(ctx, path, None).await
+    }
+}
+
+struct Events;
+
+#[Subscription]
+impl Events {
+    /// `n` events, at once.
+    async fn events(&self, n: u64) -> impl futures::Stream<Item = Event> {
+        futures::stream::iter((0..n).map(|_| Event))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_event_of_a_subscription_is_a_trace_of_its_own() {
+    use fanout_testkit::ws::{init, subscribe, until_complete};
+    use std::future::IntoFuture as _;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+    let (upstream, _task) = start_upstream().await;
+    let collector = Collector::start().await;
+    let telemetry =
+        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
+            .export_interval(Duration::from_millis(50))
+            .build()
+            .unwrap()
+            .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let config = Config::default();
+    let engine = Engine::new(config.clone());
+    let schema = Schema::build(Query, EmptyMutation, Events)
+        .extension(FanoutExtension::new(&engine))
+        .data(Base(upstream))
+        .finish();
+    let router = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let serving = fanout_budget::inbound::serve(listener, router, &config).into_future();
+    let server = tokio::spawn(async move {
+        let _ = serving.await;
+    });
+    let mut request = format!("ws://{address}/graphql")
+        .into_client_request()
+        .unwrap();
+    request.headers_mut().insert(
+        "sec-websocket-protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
+    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "1",
+        r#"subscription Watch { events(n: 2) { get(path: "/item/1") } }"#,
+    )
+    .await;
+    let events = until_complete(&mut socket, "1").await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    drop(socket);
+
+    let telemetry = tokio::task::spawn_blocking(move || {
+        let _ = telemetry.flush();
+        telemetry
+    })
+    .await
+    .unwrap();
+    let spans = collector
+        .wait_for(Duration::from_secs(10), "both events' spans", |spans| {
+            spans
+                .iter()
+                .filter(|r| r.span.kind == SpanKind::Server as i32)
+                .count()
+                >= 2
+        })
+        .await;
+    server.abort();
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+
+    let roots: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.kind == SpanKind::Server as i32)
+        .collect();
+    assert_eq!(roots.len(), 2, "one SERVER span per event");
+    assert_ne!(
+        roots[0].span.trace_id, roots[1].span.trace_id,
+        "a trace each"
+    );
+    for root in &roots {
+        assert!(root.span.parent_span_id.is_empty(), "the root of its trace");
+        assert_eq!(root.span.name, "subscription");
+        assert_eq!(
+            attribute(&root.span, "graphql.operation.type").as_deref(),
+            Some("subscription")
+        );
+        assert_eq!(attribute(&root.span, "fanout.reads").as_deref(), Some("1"));
+        let reads = children(&spans, root);
+        assert_eq!(
+            statuses(&reads),
+            ["upstream.read"],
+            "the event's read under it"
+        );
+        assert_eq!(statuses(&children(&spans, reads[0])), ["GET 200"]);
+    }
 }

@@ -167,7 +167,7 @@ impl Op {
                     fanout.delta = tracing::field::Empty,
                 ));
                 let response = event.within_bounds(execute.instrument(span.clone())).await;
-                self.record(&span);
+                self.record(operation, &span);
                 response
             }
         };
@@ -213,12 +213,12 @@ impl Op {
         span
     }
 
-    /// What the operation sent, in the metrics (`fanout_operation_reads`,
+    /// What `operation` (this one's handle, or an event's) sent, in the metrics (`fanout_operation_reads`,
     /// `fanout_operation_delta`) and on its span: `fanout.reads`,
     /// `fanout.cache_hits`, and `fanout.delta` (requested − reads) when it
     /// was priced.
-    fn record(&self, span: &tracing::Span) {
-        let reads = self.operation.reads();
+    fn record(&self, operation: &Operation, span: &tracing::Span) {
+        let reads = operation.reads();
         if let Some(kind) = self.kind {
             let delta = self
                 .requested
@@ -233,7 +233,7 @@ impl Op {
             return;
         }
         span.record("fanout.reads", reads);
-        span.record("fanout.cache_hits", self.operation.cache_hits());
+        span.record("fanout.cache_hits", operation.cache_hits());
         if let Some(requested) = self.requested {
             span.record("fanout.delta", requested as i64 - reads as i64);
         }
@@ -256,7 +256,7 @@ impl Op {
                 None => {
                     let span = self.span();
                     let response = scope.within_bounds(execute.instrument(span.clone())).await;
-                    self.record(&span);
+                    self.record(&self.operation, &span);
                     response
                 }
             },
