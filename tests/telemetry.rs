@@ -305,7 +305,7 @@ async fn request_with(telemetry: &Telemetry, upstream_url: &str) -> Duration {
 /// One test, so that no other test of this binary moves the counter while
 /// it reads it.
 #[tokio::test(flavor = "current_thread")]
-async fn a_collector_down_or_hanging_costs_the_request_nothing() {
+async fn a_collector_down_hanging_or_failing_costs_the_request_nothing() {
     let page = recorder();
     let dropped = |reason: &str| {
         value(
@@ -374,6 +374,46 @@ async fn a_collector_down_or_hanging_costs_the_request_nothing() {
     assert!(
         dropped("export_failed") > failed,
         "the spans of the export given up are counted dropped"
+    );
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+
+    // Failing: a collector that answers every export 500. Its spans are
+    // dropped and counted, never retried.
+    let exports = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = exports.clone();
+    let failing = Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move || {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { StatusCode::INTERNAL_SERVER_ERROR }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let failing_url = format!("http://{}", listener.local_addr().unwrap());
+    let _failing = tokio::spawn(async move { axum::serve(listener, failing).await.unwrap() });
+    let failed = dropped("export_failed");
+    let telemetry = Telemetry::builder(TelemetryConfig::default().otlp_endpoint(failing_url))
+        .export_interval(Duration::from_secs(3600))
+        .build()
+        .unwrap()
+        .unwrap();
+    let took = request_with(&telemetry, &upstream_url).await;
+    assert!(
+        took < Duration::from_secs(5),
+        "the request waited on the collector: {took:?}"
+    );
+    let telemetry = flush(telemetry).await;
+    let lost = dropped("export_failed") - failed;
+    assert!(
+        lost >= 4.0,
+        "every span of the request (server, operation, reads) is counted dropped: {lost}"
+    );
+    assert_eq!(
+        exports.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one export for the one batch, not retried"
     );
     tokio::task::spawn_blocking(move || drop(telemetry))
         .await
