@@ -15,7 +15,10 @@
 //! `redis-server` the bench starts, and one with a read quota per client
 //! (`[quota]`, never reached, every request reserving) on it too, each
 //! reporting Redis round trips per request, counted on its own backend;
-//! `LOAD_ONLY=redis` loads those two sides only).
+//! `LOAD_ONLY=redis` loads those two sides only), `LOAD_TELEMETRY=1` (add
+//! the engine-on side with OpenTelemetry exporting every trace and a tenth
+//! of them to an OTLP receiver on loopback that takes and drops what it
+//! gets; `LOAD_ONLY=telemetry` loads those and engine on only).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
 //!   `FanoutGraphQL` (parsed-document cache, cost preview,
@@ -32,6 +35,13 @@
 //!   limit, no `FanoutGraphQL`), bounded by the request deadline only. (Until
 //!   the public-API refactor it was the gateway's own schema with a bench
 //!   switch in its read helper; production code no longer carries one.)
+//!
+//! - **engine on, telemetry R** (`LOAD_TELEMETRY=1`): the engine-on gateway
+//!   exporting its spans and metrics over OTLP/HTTP, sampling a share R of
+//!   the traces (1.0, 0.1). The telemetry lives only during that side's
+//!   rounds (built before, flushed and dropped after) and its subscriber is
+//!   the dispatcher of that side's requests alone, so every other side runs
+//!   as with telemetry off.
 //!
 //! Rounds alternate on/off/off/on/on/off… so drift hits both sides alike;
 //! the throughput is the median of the rounds, the latencies are pooled.
@@ -178,6 +188,8 @@ async fn round(
 struct Side {
     name: &'static str,
     url: String,
+    /// The telemetry this side's rounds export with (`LOAD_TELEMETRY=1`).
+    telemetry: Option<telemetry::Side>,
     rps: Vec<f64>,
     cpu_us: Vec<f64>,
     latencies: Vec<Duration>,
@@ -192,6 +204,7 @@ impl Side {
         Self {
             name,
             url,
+            telemetry: None,
             rps: Vec::new(),
             cpu_us: Vec::new(),
             latencies: Vec::new(),
@@ -248,6 +261,7 @@ async fn main() {
         None
     };
     let recorder = render.is_some();
+    let gateway_render = render.clone();
     let mut servers = Vec::new();
     let mut sides = Vec::new();
     let gateway = app::build(config.clone(), upstream.clone(), render);
@@ -314,6 +328,19 @@ async fn main() {
             None => println!("(no Redis side: redis-server missing)"),
         }
     }
+    let receiver = match env("LOAD_TELEMETRY", 0) {
+        1 => Some(telemetry::Receiver::start().await),
+        _ => None,
+    };
+    let mut traced = Vec::new();
+    for (name, ratio) in [(TELEMETRY_SIDE, 1.0), (TELEMETRY_TENTH_SIDE, 0.1)] {
+        if let Some(receiver) = &receiver {
+            let side = telemetry::Side::new(receiver, ratio);
+            let router = side.wrap(app::build(config.clone(), upstream.clone(), None).router);
+            routers.push((name, router));
+            traced.push((name, side));
+        }
+    }
     routers.push((
         "engine off",
         baseline_router(upstream.clone(), config.budget.deadline()),
@@ -321,7 +348,11 @@ async fn main() {
     for (name, router) in routers {
         let (url, task) = serve(router).await;
         servers.push(task);
-        sides.push(Side::new(name, url));
+        let mut side = Side::new(name, url);
+        if let Some(at) = traced.iter().position(|(traced, _)| *traced == name) {
+            side.telemetry = Some(traced.remove(at).1);
+        }
+        sides.push(side);
     }
 
     let client = reqwest::Client::builder()
@@ -379,14 +410,18 @@ async fn main() {
             Some("on") if i != 0 => continue,
             Some("off") if i != k - 1 => continue,
             Some("redis") if !sides[i].name.starts_with(REDIS_SIDE) => continue,
+            Some("telemetry") if i != 0 && i != k - 1 && sides[i].telemetry.is_none() => continue,
             _ => {}
         }
         let side = &mut sides[i];
+        let _exporting = side.telemetry.as_ref().map(telemetry::Side::start);
         let cpu_before = cpu_time();
         let backend = backends.iter().find(|(name, _)| *name == side.name);
         let calls = || backend.map_or(0, |(_, backend)| backend.calls());
         let calls_before = calls();
         let mut result = round(&client, &side.url, &body, clients, secs).await;
+        // The telemetry's export and shutdown are its side's cost.
+        drop(_exporting);
         side.redis_calls += calls() - calls_before;
         side.requests += result.ok + result.failed;
         let cpu = cpu_time()
@@ -486,8 +521,160 @@ async fn main() {
             side.requests
         );
     }
+    for (at, name) in [(TELEMETRY_SIDE, "1.0"), (TELEMETRY_TENTH_SIDE, "0.1")]
+        .iter()
+        .filter_map(|(side, ratio)| Some((sides.iter().position(|s| s.name == *side)?, ratio)))
+    {
+        let (r, c) = ratios[at];
+        let target = if *name == "1.0" { 0.95 } else { 0.99 };
+        println!(
+            "telemetry at sample ratio {name} / engine on: throughput {:.3}× (paired; target ≥ {target}: {}), CPU per request {:.3}×",
+            r / ratios[0].0,
+            if r / ratios[0].0 >= target { "met" } else { "MISSED" },
+            c / ratios[0].1,
+        );
+    }
+    if let (Some(_), Some(render)) = (&receiver, &gateway_render) {
+        let page = render();
+        let dropped = |reason: &str| {
+            let label = format!("reason=\"{reason}\"");
+            fanout_testkit::prometheus::value(
+                &page,
+                "fanout_telemetry_spans_dropped_total",
+                &[&label],
+            )
+            .unwrap_or(0.0)
+        };
+        println!(
+            "spans dropped over the telemetry rounds: {} (queue full), {} (export failed)",
+            dropped("queue_full"),
+            dropped("export_failed")
+        );
+    }
     for task in servers {
         task.abort();
+    }
+}
+
+/// The engine-on side exporting every trace (`LOAD_TELEMETRY=1`).
+const TELEMETRY_SIDE: &str = "engine on, telemetry 1.0";
+/// The engine-on side exporting a tenth of the traces (`LOAD_TELEMETRY=1`).
+const TELEMETRY_TENTH_SIDE: &str = "engine on, telemetry 0.1";
+
+/// OpenTelemetry on one side of the load (`LOAD_TELEMETRY=1`).
+mod telemetry {
+    use axum::body::Bytes;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use axum::Router;
+    use fanout_budget::config::TelemetryConfig;
+    use fanout_budget::telemetry::Telemetry;
+    use std::sync::{Arc, Mutex};
+    use tracing::instrument::WithSubscriber as _;
+    use tracing::Dispatch;
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// An OTLP/HTTP receiver on loopback that takes every export and drops
+    /// it: what a collector on another machine costs this process.
+    pub struct Receiver {
+        base: String,
+        _task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Receiver {
+        pub async fn start() -> Receiver {
+            let app = Router::new()
+                .route("/v1/traces", post(|_: Bytes| async { StatusCode::OK }))
+                .route("/v1/metrics", post(|_: Bytes| async { StatusCode::OK }));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("a loopback port");
+            let base = format!("http://{}", listener.local_addr().expect("an address"));
+            let task = tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            Receiver { base, _task: task }
+        }
+    }
+
+    /// A side's telemetry: built at the start of each of its rounds and
+    /// dropped (flushed) at the end; while it lives, the dispatcher of the
+    /// side's requests.
+    pub struct Side {
+        endpoint: String,
+        ratio: f64,
+        current: Arc<Mutex<Option<Dispatch>>>,
+    }
+
+    /// A round's telemetry, live until dropped.
+    pub struct Exporting<'a> {
+        side: &'a Side,
+        telemetry: Option<Telemetry>,
+    }
+
+    impl Side {
+        pub fn new(receiver: &Receiver, ratio: f64) -> Side {
+            Side {
+                endpoint: receiver.base.clone(),
+                ratio,
+                current: Arc::new(Mutex::new(None)),
+            }
+        }
+
+        /// `router`, each request run under the side's dispatcher while
+        /// one of its rounds runs.
+        pub fn wrap(&self, router: Router) -> Router {
+            let current = self.current.clone();
+            router.layer(axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let dispatch = current.lock().unwrap().clone();
+                    async move {
+                        match dispatch {
+                            Some(dispatch) => next.run(request).with_subscriber(dispatch).await,
+                            None => next.run(request).await,
+                        }
+                    }
+                },
+            ))
+        }
+
+        /// Builds the telemetry of one round and makes it the dispatcher.
+        pub fn start(&self) -> Exporting<'_> {
+            let config = TelemetryConfig::default()
+                .otlp_endpoint(self.endpoint.clone())
+                .sample_ratio(self.ratio);
+            let telemetry = Telemetry::builder(config)
+                .service_name("load")
+                .build()
+                .expect("telemetry")
+                .expect("an endpoint");
+            // LOAD_TELEMETRY_PART (experiments): `registry` (spans kept
+            // by a registry alone, nothing exported), `none` (no spans: only
+            // the metrics instruments live).
+            let dispatch = match std::env::var("LOAD_TELEMETRY_PART").as_deref() {
+                Ok("registry") => Some(Dispatch::new(tracing_subscriber::registry().with(
+                    tracing_subscriber::filter::Targets::new()
+                        .with_target("fanout_budget", tracing::Level::DEBUG),
+                ))),
+                Ok("none") => None,
+                _ => Some(Dispatch::new(
+                    tracing_subscriber::registry().with(telemetry.layer()),
+                )),
+            };
+            *self.current.lock().unwrap() = dispatch;
+            Exporting {
+                side: self,
+                telemetry: Some(telemetry),
+            }
+        }
+    }
+
+    impl Drop for Exporting<'_> {
+        fn drop(&mut self) {
+            *self.side.current.lock().unwrap() = None;
+            drop(self.telemetry.take()); // flushes what is queued
+            tracing::callsite::rebuild_interest_cache();
+        }
     }
 }
 
