@@ -628,6 +628,20 @@ async fn sample_ratio_zero_exports_only_what_a_caller_sampled() {
         unsampled.iter().all(|p| p.ends_with("-00")),
         "{unsampled:?}"
     );
+    let trace_of = |parent: &String| parent.split('-').nth(1).unwrap().to_owned();
+    let traces: std::collections::BTreeSet<_> = unsampled.iter().map(trace_of).collect();
+    assert_eq!(traces.len(), 1, "one trace id per request: {unsampled:?}");
+    // A caller's unsampled trace: its id goes on, unsampled.
+    upstream_saw.lock().unwrap().clear();
+    let traceparent = format!("00-{TRACE_ID}-{PARENT_ID}-00");
+    let answer = fanout_testkit::post(&app, QUERY, &[("traceparent", &traceparent)]).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let sent = upstream_saw.lock().unwrap().clone();
+    assert_eq!(sent.len(), 3);
+    for parent in &sent {
+        assert_eq!(trace_of(parent), TRACE_ID, "{sent:?}");
+        assert!(parent.ends_with("-00"), "{sent:?}");
+    }
     let telemetry = flush(telemetry).await;
     assert!(
         collector.spans().is_empty(),

@@ -84,6 +84,15 @@ impl Query {
         }
         Ok(ctx.upstream()?.read(read).await?.status.as_u16())
     }
+
+    /// Whether the resolver runs inside a span the OpenTelemetry layer
+    /// made (it has a valid span context).
+    async fn traced(&self) -> bool {
+        use opentelemetry::trace::TraceContextExt as _;
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let context = tracing::Span::current().context();
+        context.span().span_context().is_valid()
+    }
 }
 
 fn app(config: Config, upstream: &str) -> Router {
@@ -438,4 +447,35 @@ async fn each_event_of_a_subscription_is_a_trace_of_its_own() {
         );
         assert_eq!(statuses(&children(&spans, reads[0])), ["GET 200"]);
     }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_sampled_out_builds_no_opentelemetry_span() {
+    let (upstream, _task) = start_upstream().await;
+    let app = app(Config::default(), &upstream);
+    let collector = Collector::start().await;
+    let config = TelemetryConfig::default()
+        .otlp_endpoint(collector.base.clone())
+        .sample_ratio(0.0);
+    let telemetry = Telemetry::builder(config).build().unwrap().unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let query = r#"{"query":"{ traced }"}"#;
+
+    let answer = fanout_testkit::post(&app, query.to_owned(), &[]).await;
+    assert_eq!(
+        answer.json()["data"]["traced"],
+        false,
+        "sampled out: no span"
+    );
+    let sampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let answer = fanout_testkit::post(&app, query.to_owned(), &[("traceparent", sampled)]).await;
+    assert_eq!(
+        answer.json()["data"]["traced"],
+        true,
+        "a caller's sampled trace"
+    );
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
 }

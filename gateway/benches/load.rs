@@ -5,8 +5,8 @@
 //! `cargo bench --bench load` (or `cargo bench -p fanout-gateway --bench load`).
 //! Environment: `LOAD_SECS` (seconds per round, default 3), `LOAD_CLIENTS`
 //! (concurrent clients, default 32), `LOAD_ROUNDS` (rounds per side,
-//! default 5), `LOAD_ONLY=on|off` (load one side only, e.g. under a
-//! profiler), `LOAD_RECORDER=0` (no Prometheus recorder), `LOAD_ABLATION=1`
+//! default 5), `LOAD_ONLY=on|off|<a side's name>` (load one side only,
+//! e.g. under a profiler), `LOAD_RECORDER=0` (no Prometheus recorder), `LOAD_ABLATION=1`
 //! (add sides with parts of the engine taken away, to see what costs;
 //! `LOAD_ABLATION=2`: only the "read path only" side), `LOAD_ALLOCS=1` (count
 //! heap allocations per request on every side first), `LOAD_NOCAP=1` (no
@@ -411,6 +411,9 @@ async fn main() {
             Some("off") if i != k - 1 => continue,
             Some("redis") if !sides[i].name.starts_with(REDIS_SIDE) => continue,
             Some("telemetry") if i != 0 && i != k - 1 && sides[i].telemetry.is_none() => continue,
+            Some("on" | "off" | "redis" | "telemetry") | None => {}
+            // A side's name: that side alone (under a profiler).
+            Some(name) if sides[i].name != name => continue,
             _ => {}
         }
         let side = &mut sides[i];
@@ -640,6 +643,12 @@ mod telemetry {
 
         /// Builds the telemetry of one round and makes it the dispatcher.
         pub fn start(&self) -> Exporting<'_> {
+            if std::env::var("LOAD_TELEMETRY_PART").as_deref() == Ok("bare") {
+                return Exporting {
+                    side: self,
+                    telemetry: None,
+                };
+            }
             let config = TelemetryConfig::default()
                 .otlp_endpoint(self.endpoint.clone())
                 .sample_ratio(self.ratio);
@@ -652,10 +661,12 @@ mod telemetry {
             // by a registry alone, nothing exported), `none` (no spans: only
             // the metrics instruments live).
             let dispatch = match std::env::var("LOAD_TELEMETRY_PART").as_deref() {
-                Ok("registry") => Some(Dispatch::new(tracing_subscriber::registry().with(
-                    tracing_subscriber::filter::Targets::new()
-                        .with_target("fanout_budget", tracing::Level::DEBUG),
-                ))),
+                Ok("registry") => Some(Dispatch::new(
+                    tracing_subscriber::registry().with(
+                        tracing_subscriber::filter::Targets::new()
+                            .with_target("fanout_budget", tracing::Level::DEBUG),
+                    ),
+                )),
                 Ok("none") => None,
                 _ => Some(Dispatch::new(
                     tracing_subscriber::registry().with(telemetry.layer()),

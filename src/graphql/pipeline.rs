@@ -153,22 +153,25 @@ impl Op {
         let mut response = match event.reserve().await {
             Some(rejection) => stopped(&rejection),
             None => {
-                let span = self.described(tracing::debug_span!(
-                    parent: None,
-                    "graphql.operation",
-                    otel.name = self.kind.unwrap_or("GraphQL Operation"),
-                    otel.kind = "server",
-                    graphql.operation.type = self.kind,
-                    graphql.operation.name = self.name.as_deref(),
-                    graphql.document = tracing::field::Empty,
-                    fanout.requested = self.requested,
-                    fanout.reads = tracing::field::Empty,
-                    fanout.cache_hits = tracing::field::Empty,
-                    fanout.delta = tracing::field::Empty,
-                ));
-                let response = event.within_bounds(execute.instrument(span.clone())).await;
-                self.record(operation, &span);
-                response
+                super::server_span::event(async {
+                    let span = self.described(tracing::debug_span!(
+                        parent: None,
+                        "graphql.operation",
+                        otel.name = self.kind.unwrap_or("GraphQL Operation"),
+                        otel.kind = "server",
+                        graphql.operation.type = self.kind,
+                        graphql.operation.name = self.name.as_deref(),
+                        graphql.document = tracing::field::Empty,
+                        fanout.requested = self.requested,
+                        fanout.reads = tracing::field::Empty,
+                        fanout.cache_hits = tracing::field::Empty,
+                        fanout.delta = tracing::field::Empty,
+                    ));
+                    let response = event.within_bounds(execute.instrument(span.clone())).await;
+                    self.record(operation, &span);
+                    response
+                })
+                .await
             }
         };
         let name = self.name.as_deref();

@@ -7,7 +7,9 @@
 //! name (`POST /graphql`: the route, never the path a client chose), the
 //! method, the matched route, the TCP peer; then the caller class, the
 //! operations and reads as they become known; last the status, `error`
-//! for a 5xx. An inbound `traceparent` is its parent.
+//! for a 5xx. An inbound `traceparent` is its parent. With telemetry on,
+//! the request is sampled as it arrives, and runs under that decision
+//! ([`within`]): a request sampled out opens no span for the exporter.
 
 use crate::inbound::Caller;
 use axum::body::Body;
@@ -17,7 +19,38 @@ use tracing::field::Empty;
 use tracing::Span;
 
 /// The span of `request`, a GraphQL `GET` (`get`) or `POST`.
-pub(super) fn open(request: &http::Request<Body>, get: bool) -> Span {
+pub(super) fn open(request: &http::Request<Body>, get: bool, opened: &Opened) -> Span {
+    #[cfg(feature = "otel")]
+    return crate::telemetry::within_sync(opened.sampling.clone(), || span(request, get));
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = opened;
+        span(request, get)
+    }
+}
+
+/// `answer`, the request's future, under its sampling decision
+/// (`telemetry`): a request sampled out builds no span.
+pub(super) async fn within<F: std::future::Future>(opened: &Opened, answer: F) -> F::Output {
+    #[cfg(feature = "otel")]
+    return crate::telemetry::within(opened.sampling.clone(), answer).await;
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = opened;
+        answer.await
+    }
+}
+
+/// `run`, a WebSocket event (a trace that starts here), under a sampling
+/// decision of its own (`telemetry`).
+pub(super) async fn event<F: std::future::Future>(run: F) -> F::Output {
+    #[cfg(feature = "otel")]
+    return crate::telemetry::within(crate::telemetry::root_decision(), run).await;
+    #[cfg(not(feature = "otel"))]
+    run.await
+}
+
+fn span(request: &http::Request<Body>, get: bool) -> Span {
     let route = request
         .extensions()
         .get::<MatchedPath>()
@@ -77,6 +110,9 @@ pub(super) fn close(span: &Span, opened: Opened, status: http::StatusCode) {
 /// telemetry lives.
 pub(super) struct Opened {
     started: std::time::Instant,
+    /// Whether the request is sampled, while spans are exported.
+    #[cfg(feature = "otel")]
+    sampling: Option<std::sync::Arc<crate::telemetry::Sampling>>,
     #[cfg(feature = "otel")]
     metric: Option<Metric>,
 }
@@ -88,6 +124,8 @@ impl Opened {
         let _ = (request, get);
         Opened {
             started: std::time::Instant::now(),
+            #[cfg(feature = "otel")]
+            sampling: crate::telemetry::decide(request.headers()),
             #[cfg(feature = "otel")]
             metric: Metric::of(request, get),
         }

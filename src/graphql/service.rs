@@ -160,11 +160,9 @@ impl<E: Executor> FanoutGraphQL<E> {
             .unread();
         }
         let opened = server_span::Opened::now(&request, get);
-        let span = server_span::open(&request, get);
-        let answer = self
-            .answer(request, get, &span)
-            .instrument(span.clone())
-            .await;
+        let span = server_span::open(&request, get, &opened);
+        let answered = self.answer(request, get, &span).instrument(span.clone());
+        let answer = server_span::within(&opened, answered).await;
         server_span::close(&span, opened, answer.status());
         answer
     }

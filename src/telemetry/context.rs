@@ -6,11 +6,16 @@
 //! traces join the request's. A client's `tracestate` is not forwarded.
 //!
 //! Both are skipped, at the cost of one atomic load, until a
-//! [`Telemetry`](super::Telemetry) layer has been made in this process.
+//! [`Telemetry`](super::Telemetry) layer has been made in this process. A
+//! request sampled out has no span to name: its `traceparent` carries its
+//! trace id, a span id of its own and the unsampled flag
+//! (`sampling.rs`).
 
 use opentelemetry::propagation::{Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -28,7 +33,8 @@ pub(crate) fn deactivate() {
     ACTIVE.fetch_sub(1, Ordering::Relaxed);
 }
 
-fn is_active() -> bool {
+/// Whether a telemetry that made a layer lives.
+pub(crate) fn is_active() -> bool {
     ACTIVE.load(Ordering::Relaxed) > 0
 }
 
@@ -36,12 +42,22 @@ fn is_active() -> bool {
 /// `span`, which must not have been entered yet. An absent or malformed
 /// header leaves the span a root.
 pub(crate) fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
-    if !is_active() || !headers.contains_key("traceparent") {
+    if !is_active() || span.is_none() || !headers.contains_key("traceparent") {
         return;
     }
     let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
     // Not exported (filtered out, no layer): nothing to parent.
     let _ = span.set_parent(parent);
+}
+
+/// The span context an inbound `traceparent` names, when it is valid.
+pub(crate) fn inbound(headers: &http::HeaderMap) -> Option<SpanContext> {
+    if !headers.contains_key("traceparent") {
+        return None;
+    }
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let context = parent.span().span_context().clone();
+    context.is_valid().then_some(context)
 }
 
 /// Adds `traceparent` naming the current span to `headers`, when spans are
@@ -51,7 +67,18 @@ pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
         return;
     }
     let cx = tracing::Span::current().context();
-    TraceContextPropagator::new().inject_context(&cx, &mut TraceparentOnly(headers));
+    if cx.span().span_context().is_valid() {
+        TraceContextPropagator::new().inject_context(&cx, &mut TraceparentOnly(headers));
+        return;
+    }
+    // A request sampled out has no span: its trace id, unsampled.
+    if let Some(decision) = super::sampling::current() {
+        let span_id = RandomIdGenerator::default().new_span_id();
+        let value = format!("00-{}-{span_id}-00", decision.trace_id);
+        if let Ok(value) = http::HeaderValue::from_str(&value) {
+            headers.insert(http::header::HeaderName::from_static("traceparent"), value);
+        }
+    }
 }
 
 /// Writes `traceparent` and nothing else (no `tracestate`).

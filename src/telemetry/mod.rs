@@ -12,8 +12,9 @@
 //!   `tracing` one (`otel.kind`, `otel.name` and the semantic-convention
 //!   fields set where the engine opens its spans). The layer sees only the
 //!   engine's targets, at `DEBUG` and above, whatever the log's own filter.
-//! - The sampler keeps `sample_ratio` of the traces starting here and
-//!   follows an inbound `traceparent`'s decision (`provider.rs`).
+//! - Each inbound request is sampled once, as it arrives: an inbound
+//!   `traceparent`'s flag, else `sample_ratio`. A request sampled out
+//!   builds no span at all (`sampling.rs`, the layer's filter).
 //! - An ended span is queued without blocking; past `max_queued_spans` it is
 //!   dropped and counted (`processor.rs`). A thread of the SDK exports
 //!   batches over OTLP/HTTP protobuf with the engine's HTTP stack on the
@@ -46,9 +47,11 @@ mod instruments;
 mod limits;
 mod processor;
 mod provider;
+mod sampling;
 
 pub(crate) use context::adopt_parent;
 pub(crate) use instruments::{current as instruments, Instruments};
+pub(crate) use sampling::{decide, root as root_decision, within, within_sync, Sampling};
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream
 /// request's) while a [`Telemetry`] layer exports spans; else nothing.
@@ -69,6 +72,7 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing_subscriber::filter::FilterExt as _;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::Layer;
@@ -149,6 +153,7 @@ impl TelemetryBuilder {
             meters,
             instruments,
             targets: self.targets,
+            sample_ratio: self.config.sample_ratio,
             layered: AtomicBool::new(false),
         }))
     }
@@ -162,6 +167,8 @@ pub struct Telemetry {
     meters: SdkMeterProvider,
     instruments: Arc<Instruments>,
     targets: Vec<String>,
+    /// `sample_ratio`, for the requests' decisions (`sampling.rs`).
+    sample_ratio: f64,
     /// A layer was made: propagation is on while this lives.
     layered: AtomicBool,
 }
@@ -204,7 +211,14 @@ impl Telemetry {
             .with_threads(false)
             .with_target(false)
             .with_tracked_inactivity(false)
-            .with_filter(targets)
+            // No OpenTelemetry context attached at each enter of a span (a
+            // future's span is entered at every poll): nothing here reads
+            // `Context::current()`; `traceparent` is written from the
+            // tracing span's own context (`context.rs`).
+            .with_context_activation(false)
+            .with_filter(targets.and(sampling::SampledOnly {
+                ratio: self.sample_ratio,
+            }))
     }
 
     /// Exports every span ended so far and the metrics, and waits for it

@@ -6,14 +6,13 @@ use super::error::TelemetryError;
 use super::export_client::ExportClient;
 use super::limits::Limits;
 use super::processor::{CountingExporter, CountingProcessor};
+use super::sampling::RequestSampler;
 use crate::config::TelemetryConfig;
 use opentelemetry_otlp::{
     MetricExporter, Protocol, RetryPolicy, SpanExporter, WithExportConfig, WithHttpConfig,
 };
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{
-    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracerProvider,
-};
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -44,9 +43,9 @@ pub(crate) fn build(
 
 /// The tracer provider: spans through the counting batch queue.
 ///
-/// The sampler keeps `sample_ratio` of the traces that start here and
-/// follows the caller's decision for a request that carries a sampled (or
-/// unsampled) `traceparent`, so a trace is kept or dropped whole.
+/// The sampler keeps a request's root when the request's decision did
+/// (`sampling.rs`), follows the parent otherwise, so a trace is kept or
+/// dropped whole.
 fn traces(
     config: &TelemetryConfig,
     limits: &Limits,
@@ -77,9 +76,7 @@ fn traces(
     Ok(SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(resource)
-        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            config.sample_ratio,
-        ))))
+        .with_sampler(RequestSampler::new(config.sample_ratio))
         .build())
 }
 

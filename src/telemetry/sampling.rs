@@ -1,0 +1,249 @@
+//! Sampling decided once per inbound request, before its first span, so a
+//! request sampled out costs the decision and nothing more.
+//!
+//! How it works:
+//! - As a request arrives, what its caller said is kept ([`decide`]: an
+//!   inbound `traceparent`'s flag and trace id), in a task-local value
+//!   around the request's future ([`within`]). A WebSocket event, which has
+//!   no headers, starts a trace ([`root`]).
+//! - The layer's filter ([`SampledOnly`]) takes the [`Decision`] at the
+//!   request's first span, once: the caller's flag, else its own
+//!   `sample_ratio` applied to a fresh trace id (the arithmetic of
+//!   OpenTelemetry's `TraceIdRatioBased`). Every span the engine opens
+//!   while serving the request is seen by the OpenTelemetry layer only when
+//!   the request is sampled: a request sampled out costs its spans' slots
+//!   in the registry (the subscriber's, whatever layers it has) and
+//!   nothing of OpenTelemetry — no span data, no attribute formatted, no
+//!   sampler run. Without this filter every span of every request was built
+//!   as an OpenTelemetry span and then dropped at its end. A span no layer wants is
+//!   `Span::none()` (the read path checks), so a sampled-out request builds
+//!   no span at all: no registry slot, no OpenTelemetry span data, no
+//!   attribute formatted. Without this filter every span of every request
+//!   was built and then dropped at its end.
+//! - The SDK's sampler ([`RequestSampler`]) keeps the root of a request
+//!   that got through (the decision already made) and follows the parent
+//!   for the rest; a span outside any request (none here; an application's
+//!   own) falls back to a parent-based `sample_ratio`.
+//! - A sampled-out request still sends `traceparent` upstream, with its
+//!   trace id (the caller's, or the fresh one) and the unsampled flag
+//!   (`context.rs`), so an upstream's own sampling follows the decision.
+
+use opentelemetry::trace::{Link, SpanKind, TraceContextExt as _, TraceId, TraceState};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{
+    IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SamplingResult, ShouldSample,
+};
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use tracing::subscriber::Interest;
+use tracing::Metadata;
+use tracing_subscriber::layer::{Context as LayerContext, Filter};
+
+/// One request's decision, and the trace id its `traceparent` names when
+/// it is sampled out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Decision {
+    pub(crate) sampled: bool,
+    pub(crate) trace_id: TraceId,
+}
+
+/// A request's sampling: what its caller said, and the decision, taken by
+/// the layer's filter at the request's first span with the layer's own
+/// `sample_ratio` (a process may hold more than one telemetry).
+#[derive(Debug)]
+pub(crate) struct Sampling {
+    /// The inbound `traceparent`'s flag and trace id.
+    inbound: Option<Decision>,
+    decided: OnceLock<Decision>,
+}
+
+impl Sampling {
+    fn new(inbound: Option<Decision>) -> Arc<Sampling> {
+        Arc::new(Sampling {
+            inbound,
+            decided: OnceLock::new(),
+        })
+    }
+
+    fn decide(&self, ratio: f64) -> Decision {
+        *self.decided.get_or_init(|| {
+            self.inbound.unwrap_or_else(|| {
+                let trace_id = RandomIdGenerator::default().new_trace_id();
+                Decision {
+                    sampled: kept(ratio, trace_id),
+                    trace_id,
+                }
+            })
+        })
+    }
+}
+
+tokio::task_local! {
+    /// The sampling of the request the current task serves.
+    static SAMPLING: Arc<Sampling>;
+}
+
+/// The sampling of a request whose headers are `headers`, while spans are
+/// exported; `None` otherwise (nothing to decide).
+pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
+    if !super::context::is_active() {
+        return None;
+    }
+    let inbound = super::context::inbound(headers).map(|parent| Decision {
+        sampled: parent.is_sampled(),
+        trace_id: parent.trace_id(),
+    });
+    Some(Sampling::new(inbound))
+}
+
+/// The sampling of a trace that starts here (a WebSocket event), while
+/// spans are exported.
+pub(crate) fn root() -> Option<Arc<Sampling>> {
+    super::context::is_active().then(|| Sampling::new(None))
+}
+
+/// `TraceIdRatioBased`'s arithmetic: the trace id's low 63 bits under
+/// `ratio` × 2^63.
+fn kept(ratio: f64, trace_id: TraceId) -> bool {
+    if ratio >= 1.0 {
+        return true;
+    }
+    let bound = (ratio.max(0.0) * (1u64 << 63) as f64) as u64;
+    let low = u64::from_be_bytes(trace_id.to_bytes()[8..].try_into().expect("8 bytes"));
+    (low >> 1) < bound
+}
+
+/// `future` run under `sampling` (as is, without one).
+pub(crate) async fn within<F: Future>(sampling: Option<Arc<Sampling>>, future: F) -> F::Output {
+    match sampling {
+        Some(sampling) => SAMPLING.scope(sampling, future).await,
+        None => future.await,
+    }
+}
+
+/// `open` run under `sampling` (as is, without one): for the span that
+/// opens the request, before its future runs.
+pub(crate) fn within_sync<R>(sampling: Option<Arc<Sampling>>, open: impl FnOnce() -> R) -> R {
+    match sampling {
+        Some(sampling) => SAMPLING.sync_scope(sampling, open),
+        None => open(),
+    }
+}
+
+/// The decision of the request the current task serves, once taken.
+pub(crate) fn current() -> Option<Decision> {
+    SAMPLING
+        .try_with(|sampling| sampling.decided.get().copied())
+        .ok()
+        .flatten()
+}
+
+/// The OpenTelemetry layer's filter: within a request, only a sampled
+/// request's spans and events; outside any, everything (the sampler
+/// decides).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SampledOnly {
+    /// `sample_ratio`, for a request whose caller did not decide.
+    pub(crate) ratio: f64,
+}
+
+impl<S> Filter<S> for SampledOnly {
+    fn enabled(&self, _meta: &Metadata<'_>, _cx: &LayerContext<'_, S>) -> bool {
+        SAMPLING
+            .try_with(|sampling| sampling.decide(self.ratio).sampled)
+            .unwrap_or(true)
+    }
+
+    fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
+        // Decided per request, never per callsite.
+        Interest::sometimes()
+    }
+}
+
+/// The SDK's sampler: a root within a request is kept (its spans reach the
+/// SDK only when the request was sampled); anything else follows its
+/// parent, or `sample_ratio` for a root outside any request.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestSampler {
+    otherwise: Sampler,
+}
+
+impl RequestSampler {
+    pub(crate) fn new(ratio: f64) -> Self {
+        RequestSampler {
+            otherwise: Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))),
+        }
+    }
+}
+
+impl ShouldSample for RequestSampler {
+    fn should_sample(
+        &self,
+        parent_context: Option<&Context>,
+        trace_id: TraceId,
+        name: &str,
+        span_kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        let root = parent_context.is_none_or(|cx| !cx.has_active_span());
+        match current() {
+            Some(decision) if root => SamplingResult {
+                decision: if decision.sampled {
+                    SamplingDecision::RecordAndSample
+                } else {
+                    SamplingDecision::Drop
+                },
+                attributes: Vec::new(),
+                trace_state: TraceState::default(),
+            },
+            _ => self.otherwise.should_sample(
+                parent_context,
+                trace_id,
+                name,
+                span_kind,
+                attributes,
+                links,
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ratio_keeps_its_share_of_trace_ids() {
+        let ids = RandomIdGenerator::default();
+        let kept = (0..10_000)
+            .filter(|_| kept(0.1, ids.new_trace_id()))
+            .count();
+        assert!((700..1300).contains(&kept), "{kept} of 10,000 at 0.1");
+        assert!(!kept_at(0.0));
+        assert!(kept_at(1.0));
+    }
+
+    fn kept_at(ratio: f64) -> bool {
+        kept(ratio, RandomIdGenerator::default().new_trace_id())
+    }
+
+    #[test]
+    fn a_request_is_decided_once_and_a_caller_decides_for_its_own() {
+        assert_eq!(current(), None, "outside a request");
+        let (before, first, second) = SAMPLING.sync_scope(Sampling::new(None), || {
+            let before = current();
+            let sampling = SAMPLING.with(Arc::clone);
+            (before, sampling.decide(0.0), sampling.decide(1.0))
+        });
+        assert_eq!(before, None, "not decided before its first span");
+        assert!(!first.sampled);
+        assert_eq!(first, second, "decided once");
+        let caller = Decision {
+            sampled: true,
+            trace_id: TraceId::from_bytes([7; 16]),
+        };
+        let called = Sampling::new(Some(caller));
+        assert_eq!(called.decide(0.0), caller, "the caller's flag and trace");
+    }
+}
