@@ -65,6 +65,32 @@ pub(crate) struct HostMetrics {
     pub(crate) cache_misses: Counter,
     pub(crate) cache_stored: Counter,
     pub(crate) latency: Histogram,
+    /// `server.address` and `server.port` of OpenTelemetry's
+    /// `http.client.request.duration` for the label: `other` alone for the
+    /// hosts without an entry of their own (`telemetry`).
+    #[cfg(feature = "otel")]
+    pub(crate) server: Vec<opentelemetry::KeyValue>,
+}
+
+/// `server.address` (and `server.port`) for the label `host` (`host:port`,
+/// or `other`).
+#[cfg(feature = "otel")]
+fn server_attributes(host: &str) -> Vec<opentelemetry::KeyValue> {
+    use opentelemetry::{KeyValue, StringValue};
+    let (address, port) = match host.rsplit_once(':') {
+        // An IPv6 literal is bracketed: its colons are inside.
+        Some((address, port)) if !port.contains(']') => (address, port.parse::<u16>().ok()),
+        _ => (host, None),
+    };
+    let address = address.trim_start_matches('[').trim_end_matches(']');
+    let mut server = vec![KeyValue::new(
+        "server.address",
+        StringValue::from(std::sync::Arc::<str>::from(address)),
+    )];
+    if let Some(port) = port {
+        server.push(KeyValue::new("server.port", i64::from(port)));
+    }
+    server
 }
 
 impl HostMetrics {
@@ -86,6 +112,8 @@ impl HostMetrics {
             cache_misses: counter!("fanout_cache_total", "host" => h.clone(), "outcome" => "miss"),
             cache_stored: counter!("fanout_cache_total", "host" => h.clone(), "outcome" => "stored"),
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),
+            #[cfg(feature = "otel")]
+            server: server_attributes(host),
         }
     }
 }

@@ -373,13 +373,6 @@ impl HostEntry {
         state.metrics.get_or_init(|| HostMetrics::new(&state.label))
     }
 
-    /// Whether it shares the label of every host without an entry of its
-    /// own ([`OTHER_HOSTS`]): metrics must not name it.
-    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
-    pub(crate) fn is_other(&self) -> bool {
-        &*self.state.label == OTHER_HOSTS
-    }
-
     /// Its `[hosts]` table says `coalesce = true`.
     pub(crate) fn coalesce(&self) -> bool {
         self.state.coalesce

@@ -442,7 +442,7 @@ impl<'a> Upstream<'a> {
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
-        let span = spans::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
+        let span = spans::client_span(&read, host.metrics());
         let fetch = self.reads.parts.transport.fetch(read, &host.name);
         let quotas = &self.reads.parts.quotas;
         let sent = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
@@ -590,7 +590,7 @@ impl<'a> Upstream<'a> {
             let parts = self.reads.parts.clone();
             let transport = parts.transport.clone();
             let (host, read_timeout) = (host.clone(), self.reads.parts.read_timeout);
-            let span = spans::client_span(&read, host.is_other().then_some(OTHER_HOSTS));
+            let span = spans::client_span(&read, host.metrics());
             Ok(async move {
                 let _host_slot = host_slot;
                 let limit = Limit::read_timeout(now, read_timeout);

@@ -30,6 +30,7 @@
 
 use super::message::{Read, UpstreamResponse};
 use crate::error::ReadError;
+use crate::metrics::HostMetrics;
 use std::fmt;
 use std::future::Future;
 use tracing::Instrument;
@@ -42,69 +43,89 @@ pub(crate) struct ClientSpan {
     metric: Option<Metric>,
 }
 
-/// `http.client.request.duration`'s instrument, attributes and start.
+/// `http.client.request.duration`'s instrument, attributes and start:
+/// nothing allocated per request but the attributes' list at its end.
 #[cfg(feature = "otel")]
 struct Metric {
     instruments: std::sync::Arc<crate::telemetry::Instruments>,
-    attributes: Vec<opentelemetry::KeyValue>,
+    method: &'static str,
+    /// `server.address` (and `server.port`), kept per host.
+    server: [Option<opentelemetry::KeyValue>; 2],
     started: std::time::Instant,
 }
 
 #[cfg(feature = "otel")]
 impl Metric {
-    /// A host without an entry of its own is named by `shared_label`
-    /// (`server.address = "other"`), without a port: the series stay
-    /// bounded by the configuration, as the Prometheus `host` label does.
-    fn of(read: &Read, shared_label: Option<&'static str>) -> Option<Metric> {
-        use opentelemetry::KeyValue;
+    fn of(read: &Read, host: &HostMetrics) -> Option<Metric> {
         let instruments = crate::telemetry::instruments()?;
-        let url = &read.url;
-        let mut attributes = vec![KeyValue::new(
-            "http.request.method",
-            read.method.as_str().to_owned(),
-        )];
-        if let Some(label) = shared_label {
-            attributes.push(KeyValue::new("server.address", label));
-        } else {
-            let address = url.host_str().unwrap_or("").to_owned();
-            attributes.push(KeyValue::new("server.address", address));
-            if let Some(port) = url.port_or_known_default() {
-                attributes.push(KeyValue::new("server.port", i64::from(port)));
-            }
-        }
+        let mut server = host.server.iter().cloned();
         Some(Metric {
             instruments,
-            attributes,
+            method: method_name(&read.method),
+            server: [server.next(), server.next()],
             started: std::time::Instant::now(),
         })
     }
 
-    fn record(mut self, status: Option<u16>, error: Option<String>) {
+    fn record(self, status: Option<u16>, error: Option<ErrorType>) {
         use opentelemetry::KeyValue;
+        let mut attributes = Vec::with_capacity(5);
+        attributes.push(KeyValue::new("http.request.method", self.method));
+        attributes.extend(self.server.into_iter().flatten());
         if let Some(status) = status {
-            self.attributes.push(KeyValue::new(
+            attributes.push(KeyValue::new(
                 "http.response.status_code",
                 i64::from(status),
             ));
         }
-        if let Some(error) = error {
-            self.attributes.push(KeyValue::new("error.type", error));
+        match error {
+            Some(ErrorType::Status(status)) => {
+                attributes.push(KeyValue::new("error.type", status.to_string()));
+            }
+            Some(ErrorType::Code(code)) => attributes.push(KeyValue::new("error.type", code)),
+            None => {}
         }
         self.instruments
-            .client_request(self.started.elapsed(), &self.attributes);
+            .client_request(self.started.elapsed(), &attributes);
     }
 }
 
-/// The span of one request about to be sent to `read.url`.
-/// `shared_label`: the label its host's metrics go under when the host has
-/// no entry of its own in the host table (`None`: it has one, and is named).
-pub(crate) fn client_span(read: &Read, shared_label: Option<&'static str>) -> ClientSpan {
+/// A request's `error.type`: an answer's status, or a failure's code.
+#[cfg(feature = "otel")]
+enum ErrorType {
+    Status(u16),
+    Code(&'static str),
+}
+
+/// The conventions' name of a method: one of HTTP's, else `_OTHER`.
+#[cfg(feature = "otel")]
+fn method_name(method: &http::Method) -> &'static str {
+    use http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "_OTHER",
+    }
+}
+
+/// The span of one request about to be sent to `read.url`; `host`: the
+/// metric handles of its host's label (a host without an entry of its own
+/// is `server.address = "other"`, without a port: the series stay bounded
+/// by the configuration, as the Prometheus `host` label does).
+pub(crate) fn client_span(read: &Read, host: &HostMetrics) -> ClientSpan {
     #[cfg(not(feature = "otel"))]
-    let _ = shared_label;
+    let _ = host;
     ClientSpan {
         span: span(read),
         #[cfg(feature = "otel")]
-        metric: Metric::of(read, shared_label),
+        metric: Metric::of(read, host),
     }
 }
 
@@ -192,14 +213,17 @@ pub(crate) async fn traced<T: Answered>(
         match &outcome {
             Ok(answer) => {
                 let status = answer.status();
-                metric.record(Some(status), (status >= 400).then(|| status.to_string()));
+                metric.record(
+                    Some(status),
+                    (status >= 400).then_some(ErrorType::Status(status)),
+                );
             }
             Err(err) => {
                 let status = match err {
                     ReadError::Upstream { status, .. } => *status,
                     _ => None,
                 };
-                metric.record(status, Some(err.code().to_owned()));
+                metric.record(status, Some(ErrorType::Code(err.code())));
             }
         }
     }

@@ -11,32 +11,13 @@
 //! trace id, a span id of its own and the unsampled flag
 //! (`sampling.rs`).
 
+use super::live::is_active;
 use opentelemetry::propagation::{Injector, TextMapPropagator};
-use opentelemetry::trace::{SpanContext, TraceContextExt as _};
+use opentelemetry::trace::TraceContextExt as _;
 use opentelemetry_http::HeaderExtractor;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-
-/// How many [`Telemetry`](super::Telemetry) values that made a layer are
-/// alive in this process.
-static ACTIVE: AtomicUsize = AtomicUsize::new(0);
-
-/// One more telemetry exports spans.
-pub(crate) fn activate() {
-    ACTIVE.fetch_add(1, Ordering::Relaxed);
-}
-
-/// One telemetry that exported spans is gone.
-pub(crate) fn deactivate() {
-    ACTIVE.fetch_sub(1, Ordering::Relaxed);
-}
-
-/// Whether a telemetry that made a layer lives.
-pub(crate) fn is_active() -> bool {
-    ACTIVE.load(Ordering::Relaxed) > 0
-}
 
 /// Makes the trace context `headers` carry (`traceparent`) the parent of
 /// `span`, which must not have been entered yet. An absent or malformed
@@ -48,16 +29,6 @@ pub(crate) fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
     let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
     // Not exported (filtered out, no layer): nothing to parent.
     let _ = span.set_parent(parent);
-}
-
-/// The span context an inbound `traceparent` names, when it is valid.
-pub(crate) fn inbound(headers: &http::HeaderMap) -> Option<SpanContext> {
-    if !headers.contains_key("traceparent") {
-        return None;
-    }
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
-    let context = parent.span().span_context().clone();
-    context.is_valid().then_some(context)
 }
 
 /// Adds `traceparent` naming the current span to `headers`, when spans are

@@ -45,6 +45,7 @@ mod error;
 mod export_client;
 mod instruments;
 mod limits;
+mod live;
 mod processor;
 mod provider;
 mod sampling;
@@ -203,7 +204,7 @@ impl Telemetry {
             t.with_target(target.clone(), tracing::Level::DEBUG)
         });
         if !self.layered.swap(true, Ordering::Relaxed) {
-            context::activate();
+            live::activate();
         }
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer(env!("CARGO_PKG_NAME")))
@@ -237,7 +238,7 @@ impl Drop for Telemetry {
     /// drop it off the runtime (or outside its `block_on`).
     fn drop(&mut self) {
         if *self.layered.get_mut() {
-            context::deactivate();
+            live::deactivate();
         }
         Instruments::withdraw(&self.instruments);
         let (provider, meters) = (self.provider.clone(), self.meters.clone());

@@ -28,8 +28,14 @@
 //!   trace id (the caller's, or the fresh one) and the unsampled flag
 //!   (`context.rs`), so an upstream's own sampling follows the decision.
 
-use opentelemetry::trace::{Link, SpanKind, TraceContextExt as _, TraceId, TraceState};
+use super::live::is_active;
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry::trace::{
+    Link, SpanContext, SpanKind, TraceContextExt as _, TraceId, TraceState,
+};
 use opentelemetry::{Context, KeyValue};
+use opentelemetry_http::HeaderExtractor;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SamplingResult, ShouldSample,
 };
@@ -86,10 +92,10 @@ tokio::task_local! {
 /// The sampling of a request whose headers are `headers`, while spans are
 /// exported; `None` otherwise (nothing to decide).
 pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
-    if !super::context::is_active() {
+    if !is_active() {
         return None;
     }
-    let inbound = super::context::inbound(headers).map(|parent| Decision {
+    let inbound = inbound(headers).map(|parent| Decision {
         sampled: parent.is_sampled(),
         trace_id: parent.trace_id(),
     });
@@ -99,7 +105,17 @@ pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
 /// The sampling of a trace that starts here (a WebSocket event), while
 /// spans are exported.
 pub(crate) fn root() -> Option<Arc<Sampling>> {
-    super::context::is_active().then(|| Sampling::new(None))
+    is_active().then(|| Sampling::new(None))
+}
+
+/// The span context an inbound `traceparent` names, when it is valid.
+fn inbound(headers: &http::HeaderMap) -> Option<SpanContext> {
+    if !headers.contains_key("traceparent") {
+        return None;
+    }
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let context = parent.span().span_context().clone();
+    context.is_valid().then_some(context)
 }
 
 /// `TraceIdRatioBased`'s arithmetic: the trace id's low 63 bits under
