@@ -643,12 +643,6 @@ mod telemetry {
 
         /// Builds the telemetry of one round and makes it the dispatcher.
         pub fn start(&self) -> Exporting<'_> {
-            if std::env::var("LOAD_TELEMETRY_PART").as_deref() == Ok("bare") {
-                return Exporting {
-                    side: self,
-                    telemetry: None,
-                };
-            }
             let config = TelemetryConfig::default()
                 .otlp_endpoint(self.endpoint.clone())
                 .sample_ratio(self.ratio);
@@ -657,21 +651,9 @@ mod telemetry {
                 .build()
                 .expect("telemetry")
                 .expect("an endpoint");
-            // LOAD_TELEMETRY_PART (experiments): `registry` (spans kept
-            // by a registry alone, nothing exported), `none` (no spans: only
-            // the metrics instruments live).
-            let dispatch = match std::env::var("LOAD_TELEMETRY_PART").as_deref() {
-                Ok("registry") => Some(Dispatch::new(
-                    tracing_subscriber::registry().with(
-                        tracing_subscriber::filter::Targets::new()
-                            .with_target("fanout_budget", tracing::Level::DEBUG),
-                    ),
-                )),
-                Ok("none") => None,
-                _ => Some(Dispatch::new(
-                    tracing_subscriber::registry().with(telemetry.layer()),
-                )),
-            };
+            let dispatch = Some(Dispatch::new(
+                tracing_subscriber::registry().with(telemetry.layer()),
+            ));
             *self.current.lock().unwrap() = dispatch;
             Exporting {
                 side: self,
