@@ -10,16 +10,12 @@
 //!   request's first span, once: the caller's flag, else its own
 //!   `sample_ratio` applied to a fresh trace id (the arithmetic of
 //!   OpenTelemetry's `TraceIdRatioBased`). Every span the engine opens
-//!   while serving the request is seen by the OpenTelemetry layer only when
-//!   the request is sampled: a request sampled out costs its spans' slots
-//!   in the registry (the subscriber's, whatever layers it has) and
-//!   nothing of OpenTelemetry — no span data, no attribute formatted, no
-//!   sampler run. Without this filter every span of every request was built
-//!   as an OpenTelemetry span and then dropped at its end. A span no layer wants is
-//!   `Span::none()` (the read path checks), so a sampled-out request builds
-//!   no span at all: no registry slot, no OpenTelemetry span data, no
-//!   attribute formatted. Without this filter every span of every request
-//!   was built and then dropped at its end.
+//!   while serving the request reaches the OpenTelemetry layer only when
+//!   the request is sampled. A span no layer wants is `Span::none()` (the
+//!   read path checks), so a request sampled out builds no span at all: no
+//!   registry slot, no OpenTelemetry span data, no attribute formatted, no
+//!   sampler run. (Without this filter every span of every request was
+//!   built as an OpenTelemetry span, then dropped at its end.)
 //! - The SDK's sampler ([`RequestSampler`]) keeps the root of a request
 //!   that got through (the decision already made) and follows the parent
 //!   for the rest; a span outside any request (none here; an application's
