@@ -186,6 +186,10 @@ impl<'a> Upstream<'a> {
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
     pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
         let span = spans::read_span(&read);
+        if span.is_none() {
+            // No subscriber takes it: no wrapper around the read's future.
+            return self.resolve(read).await;
+        }
         let outcome = self.resolve(read).instrument(span.clone()).await;
         spans::outcome(&span, &outcome);
         outcome
@@ -442,17 +446,18 @@ impl<'a> Upstream<'a> {
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
-        let span = spans::client_span(&read, host.metrics());
-        let fetch = self.reads.parts.transport.fetch(read, &host.name);
+        let span = spans::client_span(&read);
+        let fetch = span.around(self.reads.parts.transport.fetch(read, &host.name));
         let quotas = &self.reads.parts.quotas;
-        let sent = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
+        let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
             // What the answer says of the host's quota (`quota.rs`).
             match quotas.observe(&host.name, r.status, &r.headers, admitted.now) {
                 Some(spent) => Err(spent),
                 None => self.keep(Arc::new(r)),
             }
-        });
-        let outcome = spans::traced(span, sent).await;
+        })
+        .await;
+        span.finish(&outcome, host.metrics());
         pending.finish(&outcome);
         outcome
     }
@@ -590,19 +595,20 @@ impl<'a> Upstream<'a> {
             let parts = self.reads.parts.clone();
             let transport = parts.transport.clone();
             let (host, read_timeout) = (host.clone(), self.reads.parts.read_timeout);
-            let span = spans::client_span(&read, host.metrics());
+            let span = spans::client_span(&read);
             Ok(async move {
                 let _host_slot = host_slot;
                 let limit = Limit::read_timeout(now, read_timeout);
-                let fetch = transport.fetch(read, &host.name);
-                let sent = timeout::send(fetch, host.metrics(), &host.name, limit, |r| match parts
-                    .quotas
-                    .observe(&host.name, r.status, &r.headers, now)
-                {
-                    Some(spent) => Err(spent),
-                    None => Ok(Arc::new(r)),
-                });
-                spans::traced(span, sent).await
+                let fetch = span.around(transport.fetch(read, &host.name));
+                let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
+                    match parts.quotas.observe(&host.name, r.status, &r.headers, now) {
+                        Some(spent) => Err(spent),
+                        None => Ok(Arc::new(r)),
+                    }
+                })
+                .await;
+                span.finish(&outcome, host.metrics());
+                outcome
             })
         };
         match table.join_or_lead(key, lead)? {

@@ -129,6 +129,11 @@ impl Instruments {
     }
 }
 
+/// Whether instruments are published (a telemetry lives): one atomic load.
+pub(crate) fn is_recording() -> bool {
+    PUBLISHED.load(Ordering::Acquire)
+}
+
 /// The published instruments, when a telemetry lives.
 pub(crate) fn current() -> Option<Arc<Instruments>> {
     if !PUBLISHED.load(Ordering::Acquire) {

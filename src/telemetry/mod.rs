@@ -51,7 +51,7 @@ mod provider;
 mod sampling;
 
 pub(crate) use context::adopt_parent;
-pub(crate) use instruments::{current as instruments, Instruments};
+pub(crate) use instruments::{current as instruments, is_recording, Instruments};
 pub(crate) use sampling::{decide, root as root_decision, within, within_sync, Sampling};
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream
