@@ -20,5 +20,11 @@
     url: endpoint.href,
     subscriptionUrl: socket.href,
   });
-  ReactDOM.createRoot(root).render(React.createElement(GraphiQL, { fetcher: fetcher }));
+  var props = { fetcher: fetcher };
+  // The query the editor opens on, for a visitor who has none of their own
+  // (GraphiQL keeps the last one in localStorage).
+  if (root.dataset.query) {
+    props.defaultQuery = root.dataset.query;
+  }
+  ReactDOM.createRoot(root).render(React.createElement(GraphiQL, props));
 })();

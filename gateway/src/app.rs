@@ -46,6 +46,33 @@ pub struct Gateway {
 /// its handle's `render`.
 pub type MetricsRender = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 
+/// What GraphiQL's editor opens on: the embedded registry's images, a tag
+/// list and manifests per repository, and what the request spent.
+pub const GRAPHIQL_QUERY: &str =
+    "# Three repositories of the registry, two tags each, and what this request
+# read of its fan-out budget. Run it (▶), then again: the budget is per request.
+{
+  repositories(first: 3) {
+    nodes {
+      name
+      tags(first: 2) {
+        nodes {
+          name
+          manifest {
+            digest
+          }
+        }
+      }
+    }
+  }
+  fanoutBudget {
+    limit
+    used
+    remaining
+  }
+}
+";
+
 /// The gateway for `config`, reading the registry at `upstream`.
 ///
 /// The registry's host is a known host of the engine
@@ -148,7 +175,7 @@ fn assemble(
     let render = metrics.unwrap_or_else(|| std::sync::Arc::new(String::new));
     // The inbound limiter guards /graphql only; /metrics and /healthz are never limited.
     let limiter = rate_limit_layer(engine.config(), shared.as_ref());
-    let graphql = FanoutGraphQL::new(schema.clone(), engine.clone());
+    let graphql = FanoutGraphQL::new(schema.clone(), engine.clone()).graphiql_query(GRAPHIQL_QUERY);
     let router = Router::new()
         .route_service("/graphql", graphql.clone())
         .route_layer(limiter)

@@ -201,6 +201,20 @@ async fn graphiql_runs_a_query_and_a_subscription_in_chromium_offline() {
         .collect();
     assert_eq!(names, FIRST_FIVE, "{result:#}");
     assert!(fixture.reads() > 0, "the embedded registry was not read");
+    // GraphiQL opened on the gateway's example, and its docs show the
+    // schema's descriptions.
+    assert_eq!(
+        report["initialQuery"].as_str(),
+        Some(fanout_gateway::app::GRAPHIQL_QUERY),
+        "{report:#}"
+    );
+    let docs = report["docs"].as_str().unwrap_or_default();
+    assert!(
+        docs.contains(
+            "One repository. Null, without error, when the registry answers NAME_UNKNOWN."
+        ),
+        "the query type's page without its descriptions: {docs}"
+    );
 
     // The subscription's events as the result pane showed them: the tag's
     // digest, then the one pushed while the page waited.
@@ -234,4 +248,19 @@ impl<T> Drop for AbortOnDrop<'_, T> {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// The query GraphiQL opens on answers, from the embedded registry, within
+/// the budget.
+#[tokio::test]
+async fn the_graphiql_example_runs() {
+    let fixture = Fixture::new(Config::default()).await;
+    let answer = fixture.query(fanout_gateway::app::GRAPHIQL_QUERY).await;
+    assert!(answer.get("errors").is_none(), "{answer:#}");
+    let repositories = answer["data"]["repositories"]["nodes"].as_array().unwrap();
+    assert_eq!(repositories.len(), 3, "{answer:#}");
+    assert!(
+        answer["data"]["fanoutBudget"]["used"].as_u64().unwrap() > 0,
+        "{answer:#}"
+    );
 }

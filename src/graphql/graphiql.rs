@@ -2,7 +2,7 @@
 //!
 //! [`page`] is a short HTML document: a stylesheet and four scripts at
 //! `{endpoint}/graphiql/{name}`, and a `<div>` that carries the endpoint in
-//! `data-endpoint`. [`asset`] answers those names from bytes compiled in from
+//! `data-endpoint` (and the query the editor opens on in `data-query`). [`asset`] answers those names from bytes compiled in from
 //! `assets/graphiql/`: GraphiQL 3.9.0 and React 18.3.1 as published on npm
 //! (that folder's README says where each file came from and how to update
 //! them), and `init.js`, which mounts GraphiQL with
@@ -21,13 +21,15 @@
 
 /// The page for the endpoint at `endpoint` (a path such as `/graphql`); its
 /// assets are at `{endpoint}/graphiql/{name}` (`/graphiql/{name}` for `/`).
-pub(crate) fn page(endpoint: &str) -> String {
+/// `example`: the query the editor opens on (`data-query`), when given.
+pub(crate) fn page(endpoint: &str, example: Option<&str>) -> String {
     if ASSETS.is_empty() {
         return NOT_COMPILED_IN.to_string();
     }
     // One leading slash: `//host/…` would name another host.
     let endpoint = format!("/{}", endpoint.trim_matches(['/', '\\']));
     let base = escape(endpoint.trim_end_matches('/'));
+    let query = example.map_or(String::new(), |q| format!(" data-query=\"{}\"", escape(q)));
     let scripts: String = SCRIPTS
         .iter()
         .map(|name| format!("<script src=\"{base}/graphiql/{name}\"></script>\n"))
@@ -37,7 +39,7 @@ pub(crate) fn page(endpoint: &str) -> String {
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
          <title>GraphiQL</title>\n<link rel=\"icon\" href=\"data:,\">\n\
          <link rel=\"stylesheet\" href=\"{base}/graphiql/{STYLESHEET}\">\n</head>\n<body>\n\
-         <div id=\"graphiql\" data-endpoint=\"{}\">Loading GraphiQL…</div>\n{scripts}</body>\n</html>\n",
+         <div id=\"graphiql\" data-endpoint=\"{}\"{query}>Loading GraphiQL…</div>\n{scripts}</body>\n</html>\n",
         escape(&endpoint),
     )
 }

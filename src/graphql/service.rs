@@ -72,6 +72,8 @@ pub struct FanoutGraphQL<E> {
     data: Option<OperationData>,
     /// Whether the schema mounts the engine's extension, found out once.
     metered: Arc<tokio::sync::OnceCell<bool>>,
+    /// What GraphiQL's editor opens on for a first-time visitor.
+    example: Option<Arc<str>>,
 }
 
 impl<E> std::fmt::Debug for FanoutGraphQL<E> {
@@ -107,7 +109,16 @@ impl<E: Executor> FanoutGraphQL<E> {
             types,
             data: None,
             metered: Arc::default(),
+            example: None,
         }
+    }
+
+    /// The query GraphiQL's editor opens on, for a visitor who has not
+    /// written one yet (GraphiQL keeps a visitor's own in the browser):
+    /// an example of your schema instead of GraphiQL's welcome text.
+    pub fn graphiql_query(mut self, query: impl Into<String>) -> Self {
+        self.example = Some(Arc::from(query.into()));
+        self
     }
 
     /// Adds `data(operation, data)` to each operation's data before it runs:
@@ -149,7 +160,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             return asset(name);
         }
         if get {
-            if let Some(page) = graphiql(&request) {
+            if let Some(page) = graphiql(&request, self.example.as_deref()) {
                 return page;
             }
         } else if request.method() != Method::POST {
@@ -358,12 +369,12 @@ fn asset(name: &str) -> HttpResponse {
 
 /// The GraphiQL page for a browser's `GET` without a query; `None`: a
 /// GraphQL request.
-fn graphiql(request: &http::Request<Body>) -> Option<HttpResponse> {
+fn graphiql(request: &http::Request<Body>, example: Option<&str>) -> Option<HttpResponse> {
     let path = path_of(request);
     if !protocol::wants_page(request.headers(), request.uri().query()) {
         return None;
     }
-    let page = crate::graphql::graphiql::page(path.trim_end_matches('/'));
+    let page = crate::graphql::graphiql::page(path.trim_end_matches('/'), example);
     let csp = crate::graphql::graphiql::CONTENT_SECURITY_POLICY;
     Some(
         (

@@ -8,7 +8,8 @@
 // waits for the result pane to show an event with a digest (any field named
 // "digest" in its data), prints the line `PUSH <digest>`, and waits for the
 // pane to show an event with another digest (the caller pushes a change when
-// it reads the line). Last, it prints one JSON line:
+// it reads the line). It records what the editor opened on ("initialQuery")
+// and the text of the query type's page in the docs ("docs"). Last, it prints one JSON line:
 //   {"blocked":[...],"consoleErrors":[...],"cspViolations":[...],"result":"...","events":[...]}
 // (plus "requests", the loopback URLs fetched; "websockets", the URLs of the
 // WebSockets the page opened, which routing does not see; "events" the panes' texts). Exit 0 when it got that far,
@@ -123,6 +124,8 @@ try {
   if (response.status() !== 200) throw new Error(`GET /graphql: ${response.status()}`);
   const editor = ".graphiql-query-editor .CodeMirror";
   await page.waitForSelector(editor);
+  // What the editor opened on (a fresh profile: no query of the visitor's own).
+  out.initialQuery = await page.evaluate((selector) => document.querySelector(selector).CodeMirror.getValue(), editor);
   await page.evaluate(
     ([selector, text]) => document.querySelector(selector).CodeMirror.setValue(text),
     [editor, query],
@@ -145,6 +148,10 @@ try {
   // the CSP allows is what GraphiQL does.
   await page.click('[aria-label="Show Documentation Explorer"]');
   await page.waitForSelector(".graphiql-doc-explorer-content >> text=Query");
+  // The query type's page: its fields with the schema's descriptions.
+  await page.click(".graphiql-doc-explorer-content a >> text=Query");
+  await page.waitForSelector(".graphiql-doc-explorer-content >> text=repositories");
+  out.docs = await page.textContent(".graphiql-doc-explorer-content");
   await page.click('[aria-label="Open settings dialog"]');
   await page.waitForSelector(".graphiql-dialog");
   await page.keyboard.press("Escape");
