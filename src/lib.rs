@@ -37,6 +37,8 @@
 
 #[cfg(feature = "redis")]
 pub mod backends;
+#[cfg(doctest)]
+mod book;
 pub mod config;
 pub mod cost;
 mod document;
