@@ -1,7 +1,7 @@
 //! The guide's samples stay true: every TOML sample in `book/src/*.md` and
 //! `README.md` parses as a [`Config`] (and validates, but for what names the
-//! machine's files and environment); every default in the configuration
-//! chapter's table is the code's; the README's Rust sample is the one the
+//! machine's files and environment); the configuration chapter's table
+//! lists exactly the keys `Config` accepts, each with the code's default; the README's Rust sample is the one the
 //! book compiles; and every chapter with a Rust sample is compiled as a
 //! doctest (`src/book.rs`).
 
@@ -169,6 +169,50 @@ fn the_configuration_table_gives_the_code_s_defaults() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The keys the table that `header` opens accepts (`header` = "" for the
+/// top level), read from the code itself: every config struct is
+/// `deny_unknown_fields`, and serde's error for a key it does not accept
+/// names every key it does (`expected one of …`).
+fn accepted(header: &str) -> std::collections::BTreeSet<String> {
+    let text = format!("{header}\nzz_not_a_key = 1\n");
+    let err = toml::from_str::<Config>(&text).expect_err("an unknown key is refused");
+    let message = err.message();
+    let expected = message
+        .split("expected ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("serde names the keys: {message}"));
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_configuration_table_lists_exactly_the_keys_config_accepts() {
+    let mut accepted_keys = std::collections::BTreeSet::new();
+    for section in accepted("") {
+        let (header, placeholder) = match section.as_str() {
+            "hosts" => ("[hosts.\"registry:5000\"]".to_string(), ".<host>"),
+            "upstreams" => ("[upstreams.\"registry\"]".to_string(), ".<name>"),
+            _ => (format!("[{section}]"), ""),
+        };
+        for key in accepted(&header) {
+            accepted_keys.insert(format!("{section}{placeholder}.{key}"));
+        }
+    }
+    let listed: std::collections::BTreeSet<String> =
+        config_table().into_iter().map(|(key, _)| key).collect();
+    let missing: Vec<_> = accepted_keys.difference(&listed).collect();
+    let unknown: Vec<_> = listed.difference(&accepted_keys).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "keys Config accepts that the table does not list: {missing:?}; \
+         keys it lists that Config does not accept: {unknown:?}"
+    );
 }
 
 /// A Rust block's lines as mdBook shows them: without the hidden `# ` lines.

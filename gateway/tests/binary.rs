@@ -243,3 +243,66 @@ async fn sigterm_finishes_in_flight_requests_and_refuses_new_ones() {
     assert_eq!(body["data"]["repository"]["name"], "library/redis");
     assert!(gateway.wait_exit().await.success());
 }
+
+/// The `sh` samples of README.md and the book, as a reader pastes them:
+/// each command that talks to the gateway (`curl … localhost:8080 …`) run
+/// by `sh` against the binary started here, and each must succeed with an
+/// answer — JSON without `errors` from `/graphql`, `fanout_` metrics from
+/// `/metrics`. The other lines are `cargo run --release` / `cargo test`
+/// (what CI itself runs).
+#[test]
+fn the_docs_shell_samples_run_against_the_binary() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md")];
+    let mut chapters: Vec<_> = std::fs::read_dir(root.join("book/src"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "md"))
+        .collect();
+    chapters.sort();
+    files.extend(chapters);
+    let (_gateway, addr) = start(&[]);
+    let mut ran = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for block in text.split("```sh\n").skip(1) {
+            let block = block.split("```").next().unwrap();
+            // One command per line, `\`-continued lines and an open quote
+            // joined (the batch sample spans lines inside its quotes).
+            let mut commands: Vec<String> = Vec::new();
+            let mut current = String::new();
+            for line in block.lines() {
+                current.push_str(line);
+                current.push('\n');
+                let open = current.matches('\'').count() % 2 == 1;
+                if !open && !line.ends_with('\\') {
+                    commands.push(std::mem::take(&mut current));
+                }
+            }
+            for command in commands.iter().filter(|c| c.contains("localhost:8080")) {
+                let command = command.replace("localhost:8080", &addr);
+                let out = Command::new("sh").args(["-c", &command]).output().unwrap();
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    out.status.success() && !stdout.trim().is_empty(),
+                    "{}: `{command}` failed: {stdout}",
+                    file.display()
+                );
+                if command.contains("/graphql") {
+                    let answer: serde_json::Value = serde_json::from_str(&stdout)
+                        .unwrap_or_else(|e| panic!("`{command}`: not JSON ({e}): {stdout}"));
+                    let answers = answer.as_array().cloned().unwrap_or_else(|| vec![answer]);
+                    for answer in answers {
+                        assert!(answer.get("errors").is_none(), "`{command}`: {answer:#}");
+                        assert!(answer.get("data").is_some(), "`{command}`: {answer:#}");
+                    }
+                }
+                if command.contains("/metrics") {
+                    assert!(stdout.contains("fanout_"), "`{command}`: {stdout}");
+                }
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 5, "only {ran} shell samples found");
+}
