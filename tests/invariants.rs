@@ -124,7 +124,7 @@ proptest! {
 /// request was cancelled (at most `per_request` each). They stay in flight
 /// at the upstream until it notices the closed connection, while their
 /// host slots already serve the next reads; the engine's own count never
-/// passes the cap, the upstream's may, by those (README, per-host caps).
+/// passes the cap, the upstream's may, by those (book/src/host-caps.md).
 fn hung_overlap(case: &Case) -> u64 {
     let hung = case
         .requests

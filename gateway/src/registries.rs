@@ -159,7 +159,7 @@ impl Registries {
                     None => {
                         let shown: String = first.chars().take(80).collect();
                         return Err(bad(format!(
-                            "{shown:?} names no configured registry (see [upstreams] in the README)"
+                            "{shown:?} names no configured registry (see [upstreams] in the book's configuration chapter)"
                         )));
                     }
                 }

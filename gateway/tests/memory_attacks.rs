@@ -3,7 +3,7 @@
 //! runs in a child process under a 4 GiB address-space limit (the gateway
 //! alone; the registries, with their content planted, run in this parent),
 //! which reports the answer and how far its peak resident memory rose; each
-//! must end its child normally and stay under 256 MiB, what the README
+//! must end its child normally and stay under 256 MiB, what the book (memory)
 //! promises for one request.
 //!
 //! - `typename`: 20 operations of 45 aliases × 256 layers × 8 `__typename`

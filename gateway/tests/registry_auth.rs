@@ -3,7 +3,7 @@
 //! in the test signs the JWTs), with `htpasswd`, and over TLS with a CA made
 //! here; and two registries at once by name. The images are pushed while the
 //! registry is open, then it is started again on the same storage with auth.
-//! Nothing is mocked at the HTTP layer. The configurations are the README's
+//! Nothing is mocked at the HTTP layer. The configurations are the book's (book/src/registries.md)
 //! forms ("Registries that authenticate"), with loopback URLs.
 mod common;
 

@@ -32,7 +32,7 @@
 //!   lost on Redis with no failed call (a restart between two calls,
 //!   `FLUSHALL`, eviction) is noticed only at the next claim, at most
 //!   `refresh_ms` later; until then the cap may be exceeded by the slots in
-//!   use and taken here (README).
+//!   use and taken here (the book, book/src/replicas.md).
 
 use super::claim::{Claim, Grant};
 use crate::backends::redis::backend::{down, RedisBackend, Route};

@@ -203,7 +203,7 @@ async fn cap_of_one_between_two_busy_replicas() -> [u64; 2] {
 /// claim at the latest `refresh_ms` later, here set long so the test is
 /// deterministic): until then the cap is exceeded by what the replica had
 /// in flight and what it takes. Only a round trip per read would close it;
-/// README ("Running several replicas") states the bound.
+/// The book (book/src/replicas.md) states the bound.
 #[tokio::test]
 #[ignore = "design: data lost on Redis is noticed at the next claim"]
 async fn a_restarted_redis_between_claims_lets_no_replica_pass_the_cap() {
@@ -231,7 +231,7 @@ async fn a_restarted_redis_between_claims_lets_no_replica_pass_the_cap() {
     assert!(in_flight <= 4, "{in_flight} in flight, cap 4");
 }
 
-/// README: `refresh_ms` is "how long another replica may wait for slots
+/// The book's configuration table: `refresh_ms` is "how long another replica may wait for slots
 /// this one holds idle". A replica holding spare learns at its refresh
 /// that another is short; it must give the spare back then, not at the
 /// refresh after (its claim kept the allowance as its floor, not knowing).
