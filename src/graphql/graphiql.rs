@@ -134,7 +134,7 @@ mod tests {
 
     #[test]
     fn the_page_names_its_assets_under_the_endpoint_and_escapes_it() {
-        let html = page("/graphql");
+        let html = page("/graphql", None);
         for name in SCRIPTS {
             assert!(html.contains(&format!(
                 "<script src=\"/graphql/graphiql/{name}\"></script>"
@@ -144,14 +144,24 @@ mod tests {
         assert!(html.contains("data-endpoint=\"/graphql\""));
         assert!(!html.contains("http://") && !html.contains("https://"));
         assert!(
-            page("").contains("src=\"/graphiql/init.js\"")
-                && page("").contains("data-endpoint=\"/\"")
+            page("", None).contains("src=\"/graphiql/init.js\"")
+                && page("", None).contains("data-endpoint=\"/\"")
         );
-        assert!(page("//evil.example/x").contains("src=\"/evil.example/x/graphiql/"));
-        let hostile = page("/a\"><script>alert(1)</script>");
+        assert!(page("//evil.example/x", None).contains("src=\"/evil.example/x/graphiql/"));
+        let hostile = page("/a\"><script>alert(1)</script>", None);
         assert!(hostile.contains("/a&quot;&gt;&lt;script&gt;alert(1)&lt;/script&gt;"));
         assert_eq!(hostile.matches("<script").count(), SCRIPTS.len());
         assert_eq!(asset("nope.js"), None);
         assert_eq!(asset(STYLESHEET).map(|(t, _)| t), Some(CSS));
+        assert!(!html.contains("data-query"));
+    }
+
+    #[test]
+    fn the_example_query_is_an_escaped_attribute() {
+        let html = page("/graphql", Some("{ a(x: \"<b>\") }\n# 'c' & d"));
+        assert!(
+            html.contains("data-query=\"{ a(x: &quot;&lt;b&gt;&quot;) }\n# &#39;c&#39; &amp; d\"")
+        );
+        assert_eq!(html.matches("<script").count(), SCRIPTS.len());
     }
 }

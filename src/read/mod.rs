@@ -184,15 +184,16 @@ impl<'a> Upstream<'a> {
     /// host with `coalesce = true`, a read another request has in flight is
     /// joined (`coalesce.rs`); a `401` with a challenge is answered
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
-    pub async fn read(&self, read: Read) -> Result<Arc<UpstreamResponse>, ReadError> {
-        let span = spans::read_span(&read);
-        if span.is_none() {
-            // No subscriber takes it: no wrapper around the read's future.
-            return self.resolve(read).await;
-        }
-        let outcome = self.resolve(read).instrument(span.clone()).await;
-        spans::outcome(&span, &outcome);
-        outcome
+    ///
+    /// The future runs inside the read's span (`spans.rs`): a plain
+    /// wrapper, no async layer of its own, so the read's arguments are held
+    /// once (a batch of thousands of rows holds one such future per row).
+    pub fn read(
+        &self,
+        read: Read,
+    ) -> impl std::future::Future<Output = Result<Arc<UpstreamResponse>, ReadError>> + Send + use<'_, 'a>
+    {
+        spans::Traced::new(spans::read_span(&read), self.resolve(read))
     }
 
     /// [`read`](Self::read), inside the read's span.

@@ -33,6 +33,9 @@ use crate::error::ReadError;
 use crate::metrics::HostMetrics;
 use futures::future::BoxFuture;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use tracing::Instrument;
 
 /// The span of one request about to be sent, and (with the `otel`
@@ -169,13 +172,38 @@ pub(crate) fn token_span(ask: &Read) -> tracing::Span {
     })
 }
 
-/// How the read under `span` ended: `fanout.outcome`, `ok` or its code.
-pub(crate) fn outcome<T>(span: &tracing::Span, outcome: &Result<T, ReadError>) {
-    if !span.is_none() {
-        span.record(
+pin_project_lite::pin_project! {
+    /// A read's future inside its span (entered at each poll), how it
+    /// ended recorded as `fanout.outcome` (`ok` or its code). Without a
+    /// span, the read's future polled as it is.
+    pub(crate) struct Traced<F> {
+        #[pin]
+        read: F,
+        span: tracing::Span,
+    }
+}
+
+impl<F> Traced<F> {
+    /// `read`, run inside `span`.
+    pub(crate) fn new(span: tracing::Span, read: F) -> Self {
+        Traced { read, span }
+    }
+}
+
+impl<T, F: Future<Output = Result<T, ReadError>>> Future for Traced<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        if this.span.is_none() {
+            return this.read.poll(cx);
+        }
+        let outcome = std::task::ready!(this.span.in_scope(|| this.read.poll(cx)));
+        this.span.record(
             "fanout.outcome",
             outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
         );
+        Poll::Ready(outcome)
     }
 }
 
