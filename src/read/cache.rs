@@ -61,6 +61,7 @@ mod hits;
 
 pub(crate) use hits::RequestHits;
 
+use super::hosts::HostLabel;
 use super::message::{Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
 use foldhash::fast::SeedableRandomState;
@@ -95,29 +96,30 @@ const AGE_CEILING: &str = "2147483648";
 pub(crate) struct AnswerCache {
     /// Seeded foldhash: the key (a URL, headers) hashed in a fraction of
     /// SipHash's time, and not predictable by whoever chooses the URLs.
-    entries: Option<Cache<ReadKey, Kept, SeedableRandomState>>,
+    entries: Option<Cache<ReadKey, Arc<Kept>, SeedableRandomState>>,
     /// The most one entry may weigh.
     max_entry: u64,
 }
 
 /// An answer kept (a copy of the reader's, holding only what is weighed),
-/// and for how long (`None`: for ever).
-#[derive(Clone)]
+/// and for how long (`None`: for ever). Shared: a hit clones one pointer.
 struct Kept {
     answer: Arc<UpstreamResponse>,
     ttl: Option<Duration>,
     /// The SHA-256 (lowercase hex) the body was checked against when kept.
     sha256: Option<Box<str>>,
+    /// Its host's label, to count hits on: no host looked up on a hit.
+    host: HostLabel,
 }
 
 /// Each entry lives as long as its read (or its headers) said.
 struct PerEntry;
 
-impl moka::Expiry<ReadKey, Kept> for PerEntry {
+impl moka::Expiry<ReadKey, Arc<Kept>> for PerEntry {
     fn expire_after_create(
         &self,
         _key: &ReadKey,
-        kept: &Kept,
+        kept: &Arc<Kept>,
         _created_at: std::time::Instant,
     ) -> Option<Duration> {
         kept.ttl
@@ -147,7 +149,7 @@ impl AnswerCache {
         let entries = (bytes > 0).then(|| {
             Cache::builder()
                 .max_capacity(bytes)
-                .weigher(|key: &ReadKey, kept: &Kept| {
+                .weigher(|key: &ReadKey, kept: &Arc<Kept>| {
                     u32::try_from(weight(key, &kept.answer)).unwrap_or(u32::MAX)
                 })
                 .expire_after(PerEntry)
@@ -193,7 +195,7 @@ impl AnswerCache {
         &self,
         lookup: &Lookup,
         sha256: Option<&str>,
-    ) -> Option<Result<Arc<UpstreamResponse>, ReadError>> {
+    ) -> Option<(Result<Arc<UpstreamResponse>, ReadError>, HostLabel)> {
         let entries = self.entries.as_ref()?;
         let usable = |key: &ReadKey| {
             let kept = entries.get(key)?;
@@ -210,12 +212,13 @@ impl AnswerCache {
                 Rule::Declared(_) => return None,
             },
         };
-        Some(match sha256 {
+        let answer = match sha256 {
             Some(named) if kept.sha256.as_deref() != Some(named) => {
-                verified(kept.answer, Some(named))
+                verified(kept.answer.clone(), Some(named))
             }
-            _ => Ok(kept.answer),
-        })
+            _ => Ok(kept.answer.clone()),
+        };
+        Some((answer, kept.host.clone()))
     }
 
     /// Keeps `answer` for `lookup` if it may be kept (a `2xx`; by the
@@ -226,6 +229,7 @@ impl AnswerCache {
         lookup: Lookup,
         answer: &Arc<UpstreamResponse>,
         sha256: Option<Box<str>>,
+        host: HostLabel,
     ) -> Option<Arc<UpstreamResponse>> {
         let entries = self.entries.as_ref()?;
         if !answer.status.is_success() {
@@ -243,11 +247,12 @@ impl AnswerCache {
             return None;
         }
         let kept = Arc::new(answer.compact());
-        let entry = Kept {
+        let entry = Arc::new(Kept {
             answer: kept.clone(),
             ttl,
             sha256,
-        };
+            host,
+        });
         if !entries.entry(key.clone()).or_insert(entry).is_fresh() {
             return None;
         }

@@ -354,6 +354,22 @@ impl HostState {
     }
 }
 
+/// A host's label and its metric handles ([`HostEntry::label`]).
+#[derive(Clone)]
+pub(crate) struct HostLabel(Arc<HostState>);
+
+impl HostLabel {
+    /// The metric handles of the label.
+    pub(crate) fn metrics(&self) -> &HostMetrics {
+        metrics_of(&self.0)
+    }
+}
+
+/// The metric handles of `state`'s label, registered on first use.
+fn metrics_of(state: &HostState) -> &HostMetrics {
+    state.metrics.get_or_init(|| HostMetrics::new(&state.label))
+}
+
 /// One read's host: its real name, and the state it shares — its own when
 /// the host has an entry of its own, else that of every other host.
 #[derive(Clone)]
@@ -369,8 +385,13 @@ pub(crate) struct HostEntry {
 impl HostEntry {
     /// The metric handles of the host's label.
     pub(crate) fn metrics(&self) -> &HostMetrics {
-        let state = &*self.state;
-        state.metrics.get_or_init(|| HostMetrics::new(&state.label))
+        metrics_of(&self.state)
+    }
+
+    /// The host's label alone, without its name: what a cache entry keeps
+    /// to count its hits (one pointer, shared with the table's entry).
+    pub(crate) fn label(&self) -> HostLabel {
+        HostLabel(self.state.clone())
     }
 
     /// Its `[hosts]` table says `coalesce = true`.

@@ -237,7 +237,7 @@ impl<'a> Upstream<'a> {
         let host = lookup.as_ref().map(|_| parts.host_table.resolve(&read.url));
         let answer = cache::verified(self.resolve(read).await?, expected.as_deref())?;
         if let (Some(lookup), Some(host)) = (lookup, host) {
-            if let Some(kept) = parts.cache.keep(lookup, &answer, expected) {
+            if let Some(kept) = parts.cache.keep(lookup, &answer, expected, host.label()) {
                 host.metrics().cache_stored.increment(1);
                 // The request's later hits on it are this answer.
                 self.reads.hits.filled(kept, answer.clone());
@@ -251,8 +251,8 @@ impl<'a> Upstream<'a> {
     /// by (`Continue`).
     fn hit(&self, read: &Read, lookup: cache::Lookup) -> ControlFlow<ReadResult, cache::Lookup> {
         let parts = &self.reads.parts;
-        let host = parts.host_table.resolve(&read.url);
-        let Some(kept) = parts.cache.get(&lookup, read.sha256_named()) else {
+        let Some((kept, host)) = parts.cache.get(&lookup, read.sha256_named()) else {
+            let host = parts.host_table.resolve(&read.url);
             host.metrics().cache_misses.increment(1);
             return ControlFlow::Continue(lookup);
         };
