@@ -1,16 +1,19 @@
-//! End-to-end load (issue 8, part 2): the gateway with the engine vs the same
-//! queries with the engine off, both over loopback against the embedded
-//! registry with a fixed latency, driven by many concurrent reqwest clients.
+//! End-to-end load: the gateway with the engine vs the same queries served
+//! with stock protections and with the engine off, all over loopback against
+//! the embedded registry with a fixed latency, driven by many concurrent
+//! reqwest clients.
 //!
 //! `cargo bench --bench load` (or `cargo bench -p fanout-gateway --bench load`).
 //! Environment: `LOAD_SECS` (seconds per round, default 3), `LOAD_CLIENTS`
 //! (concurrent clients, default 32), `LOAD_ROUNDS` (rounds per side,
 //! default 5), `LOAD_ONLY=on|off|<a side's name>` (load one side only,
-//! e.g. under a profiler), `LOAD_RECORDER=0` (no Prometheus recorder), `LOAD_ABLATION=1`
+//! e.g. under a profiler; `LOAD_ONLY=stock`: engine on, stock protections
+//! and engine off only), `LOAD_RECORDER=0` (no Prometheus recorder), `LOAD_ABLATION=1`
 //! (add sides with parts of the engine taken away, to see what costs;
 //! `LOAD_ABLATION=2`: only the "read path only" side), `LOAD_ALLOCS=1` (count
 //! heap allocations per request on every side first), `LOAD_NOCAP=1` (no
-//! `[hosts]` cap on the registry: what the process-wide host slot costs),
+//! `[hosts]` cap on the registry: what the process-wide host slot costs;
+//! no host semaphore on the stock side either),
 //! `LOAD_REDIS=1` (add a side with the per-IP limit and the host cap on a
 //! `redis-server` the bench starts, and one with a read quota per client
 //! (`[quota]`, never reached, every request reserving) on it too, each
@@ -29,6 +32,21 @@
 //! - **engine on, no document cache**: the same with
 //!   `http.document_cache_bytes = 0`, so every query is parsed afresh, as
 //!   on the engine-off side: what the engine costs before its cache saves;
+//! - **stock protections**: `common::stock_router` — what a team that does
+//!   not adopt fanout-budget assembles from stock parts, at the engine's
+//!   settings: engine off's schema (same fields, same reads) served by
+//!   `async_graphql_axum::GraphQL` with `limit_depth` (10) and
+//!   `limit_complexity` (500; `tags` weighs `first` times its selection),
+//!   `tower_governor` per-IP rate limiting at the same quota as engine on
+//!   (raised the same way: never reached, every request checked),
+//!   tower-http's `RequestBodyLimitLayer` (`http.max_body_bytes`) and
+//!   `TimeoutLayer` (the request deadline), a `tokio::sync::Semaphore` for
+//!   the registry host with the `[hosts]` cap's permits (256), each read
+//!   waiting at most the cap's `acquire_wait_ms` (50 ms) for one and
+//!   refused past it, and reqwest's per-read timeout (`budget.read_timeout_ms`).
+//!   No read budget, no de-duplication, no document cache. The summary
+//!   gives engine on / stock protections, paired block by block (target:
+//!   throughput ≥ 1.00);
 //! - **engine off**: `common::baseline_router` — a hand-written minimal
 //!   schema with the query's fields, reading the registry with plain reqwest
 //!   (no budget, no caps, no de-duplication, no per-read timeout, no rate
@@ -43,8 +61,11 @@
 //!   the dispatcher of that side's requests alone, so every other side runs
 //!   as with telemetry off.
 //!
-//! Rounds alternate on/off/off/on/on/off… so drift hits both sides alike;
-//! the throughput is the median of the rounds, the latencies are pooled.
+//! Sides run in the order above (ablation, Redis and telemetry sides after
+//! the engine-on ones, stock protections and engine off last), one block of
+//! rounds running each side once, forward then backward (on … off, off … on)
+//! so drift hits every side alike; the throughput is the median of the
+//! rounds, the latencies are pooled.
 
 mod common;
 
@@ -341,6 +362,10 @@ async fn main() {
             traced.push((name, side));
         }
     }
+    // Stock protections at the engine's settings (`config`: the same raised
+    // per-IP quota, body limit, deadline, read timeout and host cap), then
+    // engine off, last (`sides[k - 1]`).
+    routers.push((STOCK_SIDE, stock_router(upstream.clone(), &config)));
     routers.push((
         "engine off",
         baseline_router(upstream.clone(), config.budget.deadline()),
@@ -412,7 +437,8 @@ async fn main() {
             Some("off") if i != k - 1 => continue,
             Some("redis") if !sides[i].name.starts_with(REDIS_SIDE) => continue,
             Some("telemetry") if i != 0 && i != k - 1 && sides[i].telemetry.is_none() => continue,
-            Some("on" | "off" | "redis" | "telemetry") | None => {}
+            Some("stock") if i != 0 && i != k - 1 && sides[i].name != STOCK_SIDE => continue,
+            Some("on" | "off" | "redis" | "telemetry" | "stock") | None => {}
             // A side's name: that side alone (under a profiler).
             Some(name) if sides[i].name != name => continue,
             _ => {}
@@ -521,6 +547,20 @@ async fn main() {
         "without the document cache (every query parsed, as on the engine-off side): throughput {uncached:.3}× (paired), CPU per request {uncached_cpu:.3}× (paired)"
         );
     }
+    if let Some(stock) = sides
+        .iter()
+        .find(|s| s.name == STOCK_SIDE && !s.rps.is_empty() && !sides[0].rps.is_empty())
+    {
+        // Paired block by block: engine on's round over stock protections'.
+        let (r, c) = (
+            paired(&sides[0].rps, &stock.rps),
+            paired(&sides[0].cpu_us, &stock.cpu_us),
+        );
+        println!(
+            "engine on / stock protections: throughput {r:.3}× (paired; target ≥ 1.00: {}), CPU per request {c:.3}× (paired)",
+            if r >= 1.0 { "met" } else { "MISSED" },
+        );
+    }
     for side in sides.iter().filter(|s| s.name.starts_with(REDIS_SIDE)) {
         println!(
             "Redis round trips per request ({}): {:.3} ({} calls, {} requests, 5 reads each)",
@@ -569,6 +609,8 @@ async fn main() {
     }
 }
 
+/// What a team without fanout-budget assembles (`common::stock_router`).
+const STOCK_SIDE: &str = "stock protections";
 /// The engine-on side exporting every trace (`LOAD_TELEMETRY=1`).
 const TELEMETRY_SIDE: &str = "engine on, telemetry 1.0";
 /// The engine-on side exporting a tenth of the traces (`LOAD_TELEMETRY=1`).

@@ -2,7 +2,9 @@
 //! `Store::fixture`), the gateway served over loopback, and the "engine off"
 //! baseline — the same queries answered by a minimal schema that reads the
 //! registry with plain reqwest (no budget, no caps, no de-duplication, no
-//! per-read timeout, no rate limit; the request deadline is its only bound).
+//! per-read timeout, no rate limit; the request deadline is its only bound) —
+//! and "stock protections": the same schema behind the stock parts a team
+//! without fanout-budget would assemble (`stock_router`).
 #![allow(dead_code, unused_imports)] // each bench uses a part
 
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
@@ -10,7 +12,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use fanout_budget::{inbound::Caller, Engine, FanoutExtension, FanoutGraphQL};
+use bytes::Bytes;
+use fanout_budget::{inbound::Caller, Config, Engine, FanoutExtension, FanoutGraphQL};
 use fanout_gateway::embedded::{EmbeddedRegistry, Image, Store};
 use fanout_gateway::oci::{RegistryUrl, MANIFEST_ACCEPT};
 use fanout_gateway::schema::{self, RegistrySchema};
@@ -18,6 +21,7 @@ use serde::Deserialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// The repository every bench query reads: 60 tags, t00..t59, single images.
 pub const REPO: &str = "acme/app";
@@ -105,27 +109,76 @@ pub fn machine() -> String {
 // ---------------------------------------------------------------------------
 // The baseline: engine off.
 
-/// How the baseline reaches the registry.
+/// How the baseline reaches the registry (one per registry host). Engine
+/// off: plain reqwest. Stock protections: a slot of the host's semaphore
+/// held for each read, and a timeout on each read.
 struct Registry {
     client: reqwest::Client,
     base: reqwest::Url,
+    /// The host's in-flight cap (stock protections only).
+    slots: Option<HostSlots>,
+    /// One read's timeout, body included (stock protections only).
+    read_timeout: Option<Duration>,
+}
+
+/// A registry's answer, read whole.
+struct Answer {
+    headers: reqwest::header::HeaderMap,
+    body: Bytes,
 }
 
 impl Registry {
-    async fn get(
-        &self,
-        path: &str,
-        accept: Option<&str>,
-    ) -> async_graphql::Result<reqwest::Response> {
+    fn plain(base: reqwest::Url) -> Self {
+        Registry {
+            client: reqwest::Client::new(),
+            base,
+            slots: None,
+            read_timeout: None,
+        }
+    }
+
+    async fn get(&self, path: &str, accept: Option<&str>) -> async_graphql::Result<Answer> {
+        // Held until the body is read (stock protections).
+        let _slot = match &self.slots {
+            Some(slots) => Some(slots.acquire().await?),
+            None => None,
+        };
         let mut request = self.client.get(self.base.join(path)?);
         if let Some(accept) = accept {
             request = request.header("accept", accept);
         }
-        let response = request.send().await?;
+        if let Some(timeout) = self.read_timeout {
+            request = request.timeout(timeout);
+        }
+        let mut response = request.send().await?;
         if !response.status().is_success() {
             return Err(format!("registry answered {}", response.status()).into());
         }
-        Ok(response)
+        let headers = std::mem::take(response.headers_mut());
+        let body = response.bytes().await?;
+        Ok(Answer { headers, body })
+    }
+}
+
+/// A process-wide cap on reads in flight to one registry host: a semaphore,
+/// a read waiting at most `wait` for a slot and refused past it.
+struct HostSlots {
+    host: String,
+    permits: Semaphore,
+    wait: Duration,
+}
+
+impl HostSlots {
+    async fn acquire(&self) -> async_graphql::Result<SemaphorePermit<'_>> {
+        match tokio::time::timeout(self.wait, self.permits.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_closed)) => Err(format!("{}: no reads taken", self.host).into()),
+            Err(_elapsed) => Err(format!(
+                "{}: too many reads in flight (no slot within {:?})",
+                self.host, self.wait
+            )
+            .into()),
+        }
     }
 }
 
@@ -148,8 +201,8 @@ impl Query {
             tags: Option<Vec<String>>,
         }
         let registry = ctx.data::<Registry>()?;
-        let response = registry.get(&format!("/v2/{name}/tags/list"), None).await?;
-        let list: TagList = serde_json::from_slice(&response.bytes().await?)?;
+        let answer = registry.get(&format!("/v2/{name}/tags/list"), None).await?;
+        let list: TagList = serde_json::from_slice(&answer.body)?;
         Ok(Some(Repository {
             name,
             tags: list.tags.unwrap_or_default(),
@@ -169,6 +222,9 @@ impl Repository {
         &self.name
     }
 
+    // Its cost `first` times its selection's: what `limit_complexity` weighs
+    // on the stock-protections side (no limit on engine off).
+    #[graphql(complexity = "(first.max(0) as usize).saturating_mul(child_complexity)")]
     async fn tags(&self, #[graphql(default = 20)] first: i32) -> TagConnection {
         TagConnection {
             nodes: self
@@ -222,14 +278,14 @@ impl Tag {
         }
         let registry = ctx.data::<Registry>()?;
         let path = format!("/v2/{}/manifests/{}", self.repository, self.name);
-        let response = registry.get(&path, Some(MANIFEST_ACCEPT)).await?;
-        let digest = response
-            .headers()
+        let answer = registry.get(&path, Some(MANIFEST_ACCEPT)).await?;
+        let digest = answer
+            .headers
             .get("docker-content-digest")
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_string();
-        let _body: Body = serde_json::from_slice(&response.bytes().await?)?;
+        let _body: Body = serde_json::from_slice(&answer.body)?;
         Ok(Some(Manifest { digest }))
     }
 }
@@ -256,10 +312,7 @@ struct Baseline<E> {
 /// is a 504 with no data).
 pub fn baseline_router(registry: reqwest::Url, deadline: Duration) -> Router {
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
-        .data(Registry {
-            client: reqwest::Client::new(),
-            base: registry,
-        })
+        .data(Registry::plain(registry))
         .finish();
     deadline_router(schema, deadline)
 }
@@ -290,6 +343,107 @@ async fn baseline_graphql<E: async_graphql::Executor>(
         )
             .into_response(),
     }
+}
+
+// ---------------------------------------------------------------------------
+// Stock protections: what a team that does not adopt fanout-budget assembles.
+
+/// The stock side's depth limit: the bench query is 5 fields deep; the
+/// reference schema's deepest meaningful path (`repositories > nodes > tags
+/// > nodes > manifest > config > os`) is 7.
+pub const STOCK_MAX_DEPTH: usize = 10;
+
+/// The stock side's complexity limit (a field costs 1 plus its selection;
+/// `tags` costs `first` times its selection): the bench query weighs 17;
+/// `tags(first: 100)` with every manifest, about what the engine's default
+/// budget of 100 reads lets through, weighs 401.
+pub const STOCK_MAX_COMPLEXITY: usize = 500;
+
+/// `/graphql` for the baseline's schema (same fields, same reads) as a
+/// competent team without fanout-budget would serve it, every limit taken
+/// from `config` where the engine reads the same one:
+///
+/// - `async_graphql_axum::GraphQL`, the stock service (one operation or a
+///   batch), on a schema with `limit_depth` and `limit_complexity`;
+/// - `tower_governor`: per-IP rate limiting at `rate_limit.requests_per_minute`
+///   (GCRA, a burst of a minute's worth — the engine's own quota shape);
+/// - tower-http's `RequestBodyLimitLayer` at `http.max_body_bytes` and
+///   `TimeoutLayer` at `budget.deadline_ms` (past it the whole answer is a
+///   504, where the engine cuts fields and keeps what was read);
+/// - a `tokio::sync::Semaphore` for the registry's host with its
+///   `[hosts]` table's `max_concurrent` permits, each read waiting at most
+///   its `acquire_wait_ms` for one (refused past it) and holding it until
+///   the body is read; a host with no table has no semaphore, as the
+///   engine's is unlimited;
+/// - reqwest's per-request timeout at `budget.read_timeout_ms`.
+///
+/// No read budget and no de-duplication: stock parts have none.
+pub fn stock_router(registry: reqwest::Url, config: &Config) -> Router {
+    use async_graphql_axum::GraphQL;
+    use tower_governor::governor::GovernorConfigBuilder;
+    use tower_governor::GovernorLayer;
+    use tower_http::limit::RequestBodyLimitLayer;
+    use tower_http::timeout::TimeoutLayer;
+
+    let host = format!(
+        "{}:{}",
+        registry.host_str().unwrap_or_default(),
+        registry.port_or_known_default().unwrap_or_default()
+    );
+    let slots = config.hosts.get(&host).map(|cap| HostSlots {
+        permits: Semaphore::new(cap.max_concurrent as usize),
+        wait: cap.acquire_wait(),
+        host: host.clone(),
+    });
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .data(Registry {
+            slots,
+            read_timeout: Some(config.budget.read_timeout()),
+            ..Registry::plain(registry)
+        })
+        .limit_depth(STOCK_MAX_DEPTH)
+        .limit_complexity(STOCK_MAX_COMPLEXITY)
+        .finish();
+
+    // `requests_per_minute` per peer IP, refilled evenly over the minute
+    // with a burst of the whole minute: governor's `Quota::per_minute`, as
+    // the engine's limiter builds it. The load bench raises it to u32::MAX
+    // (every client is 127.0.0.1): one request per 13 ns, a burst of
+    // u32::MAX — a quota no load here reaches, yet every request is still
+    // checked against its key's state, as on the engine-on side.
+    let per_minute = config.rate_limit.requests_per_minute.max(1);
+    let per_ip = GovernorConfigBuilder::default()
+        .period(Duration::from_secs(60) / per_minute)
+        .burst_size(per_minute)
+        .finish()
+        .expect("a non-zero period and burst");
+    // Idle clients' state dropped now and then (tower_governor's advice).
+    let limiter = Arc::downgrade(per_ip.limiter());
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(60));
+        every.tick().await;
+        loop {
+            every.tick().await;
+            match limiter.upgrade() {
+                Some(limiter) => limiter.retain_recent(),
+                None => break,
+            }
+        }
+    });
+
+    // Outermost last: the rate limit first, then the body limit, then the
+    // deadline around the service.
+    Router::new()
+        .route(
+            "/graphql",
+            axum::routing::post_service(GraphQL::new(schema)),
+        )
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::GATEWAY_TIMEOUT,
+            config.budget.deadline(),
+        ))
+        .layer(RequestBodyLimitLayer::new(config.http.max_body_bytes))
+        .layer(GovernorLayer::new(per_ip))
 }
 
 // ---------------------------------------------------------------------------
