@@ -41,7 +41,8 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
     Ok(config)
 }
 
-/// The log (`RUST_LOG`, default `info`) and, when an OTLP endpoint is set,
+/// The log (`RUST_LOG`, default `info`; on stderr, stdout carrying only the
+/// address the gateway listens on) and, when an OTLP endpoint is set,
 /// the trace export, whose guard sends the queued spans when dropped.
 #[cfg(feature = "otel")]
 fn install_subscriber(
@@ -56,7 +57,11 @@ fn install_subscriber(
         .build()
         .map_err(|e| e.to_string())?;
     tracing_subscriber::registry()
-        .with(tracing_subscriber::fmt::layer().with_filter(log_filter()))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(log_filter()),
+        )
         .with(telemetry.as_ref().map(|t| t.layer()))
         .init();
     Ok(telemetry)
@@ -65,6 +70,7 @@ fn install_subscriber(
 #[cfg(not(feature = "otel"))]
 fn install_subscriber(_config: &Config) -> Result<Option<()>, String> {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(log_filter())
         .init();
     Ok(None)
