@@ -1,5 +1,5 @@
 //! The inbound limiter against `governor` alone, and the Redis limiter
-//! against a Redis `PING` (issue 8, part 1), through the public API only.
+//! against a Redis `PING`, through the public API only.
 //!
 //! `cargo bench --bench limiter` measures, on the same keys:
 //!

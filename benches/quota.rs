@@ -1,4 +1,4 @@
-//! What the read quota costs a request in process (issue 27): a
+//! What the read quota costs a request in process: a
 //! reservation and its settlement on [`LocalQuotas`] against one check of a
 //! keyed governor limiter over the same keys (what the per-IP limit costs a
 //! request), through the public API only.

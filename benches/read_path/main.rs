@@ -1,4 +1,4 @@
-//! The engine's read path without network, against its floors (issue 8, part 1).
+//! The engine's read path without network, against its floors.
 //!
 //! `cargo bench --bench read_path` measures, in one run:
 //!

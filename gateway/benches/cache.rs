@@ -1,4 +1,4 @@
-//! The cache of immutable answers on a realistic workload (issue 26): the
+//! The cache of immutable answers on a realistic workload: the
 //! embedded registry with 50 repositories × 20 tags (1 ms per answer);
 //! 8 clients, each request choosing its repository and tag by Zipf(1.1)
 //! popularity; 30 % list pages (`tags(first: 5)` with digests and configs),

@@ -1,4 +1,4 @@
-//! Fan-out figures (issue 8, part 3), over loopback against the embedded
+//! Fan-out figures, over loopback against the embedded
 //! registry, the gateway with the engine vs the engine-off baseline:
 //!
 //! - upstream reads for N artifacts (N = 1, 10, 50) — `repository(name) {

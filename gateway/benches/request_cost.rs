@@ -1,4 +1,4 @@
-//! Where the end-to-end cost goes (issue 8, the profile behind part 2): one
+//! Where the end-to-end cost goes: one
 //! inbound request of the load query, in process, with no network at all —
 //! the router called directly (`tower::ServiceExt::oneshot`), the engine's
 //! reads answered by an in-memory copy of the registry's responses (pending

@@ -1,4 +1,4 @@
-//! Coalescing across requests (issue 17, item 3): 1,000 concurrent inbound
+//! Coalescing across requests: 1,000 concurrent inbound
 //! requests, each for one repository's first 10 tags and their manifests,
 //! against the embedded registry. With `[hosts."…"] coalesce = true` the
 //! registry sees one tag list and 10 manifest reads; without it, every

@@ -336,7 +336,7 @@ pub fn paired(
 
 /// `{ ...F0 }`, each `Fi` on `Query` spreading `Fi+1` twice, the last one
 /// selecting `leaf`: a document of a few hundred bytes that expands to
-/// 2^`links` selections (the hostile shape of issue 13).
+/// 2^`links` selections (a hostile shape of the query-size guards).
 pub fn doubling_chain(links: usize, leaf: &str) -> String {
     let mut query = String::from("{ ...F0 }");
     for i in 0..links {
