@@ -61,7 +61,6 @@ mod hits;
 
 pub(crate) use hits::RequestHits;
 
-use super::hosts::HostLabel;
 use super::message::{Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
 use foldhash::fast::SeedableRandomState;
@@ -93,33 +92,34 @@ const MAX_ENTRY_SHARE: u64 = 8;
 const AGE_CEILING: &str = "2147483648";
 
 /// The engine's cache of answers.
-pub(crate) struct AnswerCache {
+pub(crate) struct AnswerCache<H> {
     /// Seeded foldhash: the key (a URL, headers) hashed in a fraction of
     /// SipHash's time, and not predictable by whoever chooses the URLs.
-    entries: Option<Cache<ReadKey, Arc<Kept>, SeedableRandomState>>,
+    entries: Option<Cache<ReadKey, Arc<Kept<H>>, SeedableRandomState>>,
     /// The most one entry may weigh.
     max_entry: u64,
 }
 
 /// An answer kept (a copy of the reader's, holding only what is weighed),
 /// and for how long (`None`: for ever). Shared: a hit clones one pointer.
-struct Kept {
+struct Kept<H> {
     answer: Arc<UpstreamResponse>,
     ttl: Option<Duration>,
     /// The SHA-256 (lowercase hex) the body was checked against when kept.
     sha256: Option<Box<str>>,
-    /// Its host's label, to count hits on: no host looked up on a hit.
-    host: HostLabel,
+    /// What the keeping read tagged it with (the hub: its host's label,
+    /// to count hits on, so that a hit looks up no host).
+    host: H,
 }
 
 /// Each entry lives as long as its read (or its headers) said.
 struct PerEntry;
 
-impl moka::Expiry<ReadKey, Arc<Kept>> for PerEntry {
+impl<H> moka::Expiry<ReadKey, Arc<Kept<H>>> for PerEntry {
     fn expire_after_create(
         &self,
         _key: &ReadKey,
-        kept: &Arc<Kept>,
+        kept: &Arc<Kept<H>>,
         _created_at: std::time::Instant,
     ) -> Option<Duration> {
         kept.ttl
@@ -143,13 +143,13 @@ enum Rule {
     Headers,
 }
 
-impl AnswerCache {
+impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
     /// A cache of at most `bytes` (0: none).
     pub(crate) fn new(bytes: u64) -> Self {
         let entries = (bytes > 0).then(|| {
             Cache::builder()
                 .max_capacity(bytes)
-                .weigher(|key: &ReadKey, kept: &Arc<Kept>| {
+                .weigher(|key: &ReadKey, kept: &Arc<Kept<H>>| {
                     u32::try_from(weight(key, &kept.answer)).unwrap_or(u32::MAX)
                 })
                 .expire_after(PerEntry)
@@ -195,7 +195,7 @@ impl AnswerCache {
         &self,
         lookup: &Lookup,
         sha256: Option<&str>,
-    ) -> Option<(Result<Arc<UpstreamResponse>, ReadError>, HostLabel)> {
+    ) -> Option<(Result<Arc<UpstreamResponse>, ReadError>, H)> {
         let entries = self.entries.as_ref()?;
         let usable = |key: &ReadKey| {
             let kept = entries.get(key)?;
@@ -229,7 +229,7 @@ impl AnswerCache {
         lookup: Lookup,
         answer: &Arc<UpstreamResponse>,
         sha256: Option<Box<str>>,
-        host: HostLabel,
+        host: H,
     ) -> Option<Arc<UpstreamResponse>> {
         let entries = self.entries.as_ref()?;
         if !answer.status.is_success() {

@@ -91,7 +91,7 @@ pub(crate) struct ReadParts {
     /// What each host said it has left of its own quota.
     pub(crate) quotas: Arc<Quotas>,
     /// The answers kept for every request (`upstream.cache_bytes`).
-    pub(crate) cache: AnswerCache,
+    pub(crate) cache: AnswerCache<hosts::HostLabel>,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
