@@ -46,7 +46,9 @@ async fn a_cancelled_operation_does_not_poison_the_batch() {
 /// A read waiting on an identical one holds a small future: the send's
 /// state (slots, timer, the transport's future) is boxed by the read that
 /// sends. A batch of thousands of rows waiting on a few shared reads holds
-/// one such future per row (`src/memory.rs`, `PENDING_WEIGHT`).
+/// one such future per row (`src/memory.rs`, `PENDING_WEIGHT`). Within
+/// 1 KiB: boxed by a resolver's caller, it stays within what glibc's
+/// per-thread cache serves (1,032 bytes) — 784 bytes in 0.2.
 #[test]
 fn a_read_waiting_on_another_holds_a_small_future() {
     let engine = fanout_budget::Engine::new(fanout_budget::Config::default());
@@ -57,5 +59,5 @@ fn a_read_waiting_on_another_holds_a_small_future() {
         "http://127.0.0.1:9/item/1".parse().unwrap(),
     ));
     let size = std::mem::size_of_val(&read);
-    assert!(size <= 1536, "a read's future holds {size} bytes");
+    assert!(size <= 1024, "a read's future holds {size} bytes");
 }

@@ -61,7 +61,7 @@ mod hits;
 
 pub(crate) use hits::RequestHits;
 
-use super::message::{Read, ReadKey, UpstreamResponse};
+use super::message::{KeyView, Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
 use foldhash::fast::SeedableRandomState;
 use http::HeaderValue;
@@ -126,10 +126,27 @@ impl<H> moka::Expiry<ReadKey, Arc<Kept<H>>> for PerEntry {
     }
 }
 
-/// Where a read is looked for, and how its answer is kept.
-pub(crate) struct Lookup {
+/// Where a read is looked for, borrowed from the read: a hit copies
+/// nothing of it.
+pub(crate) struct Probe<'r> {
     /// The read's own key: its identity, and whose credentials the engine
     /// sends.
+    key: KeyView<'r>,
+    rule: Rule,
+}
+
+impl Probe<'_> {
+    /// A miss: where the read's answer is to be kept (its key copied).
+    pub(crate) fn missed(self) -> Lookup {
+        Lookup {
+            key: self.key.to_owned(),
+            rule: self.rule,
+        }
+    }
+}
+
+/// Where a read that missed keeps its answer.
+pub(crate) struct Lookup {
     key: ReadKey,
     rule: Rule,
 }
@@ -166,12 +183,12 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
     /// host's `cache_control` — any `GET`; with the cache on.
     /// `credential`: whom the credentials the engine sends to its upstream
     /// belong to.
-    pub(crate) fn lookup(
+    pub(crate) fn probe<'r>(
         &self,
-        read: &Read,
-        credential: Option<Arc<str>>,
+        read: &'r Read,
+        credential: Option<&'r str>,
         by_headers: bool,
-    ) -> Option<Lookup> {
+    ) -> Option<Probe<'r>> {
         self.entries.as_ref()?;
         let rule = match read.keep_for() {
             Some(ttl) if matches!(read.method, http::Method::GET | http::Method::HEAD) => {
@@ -180,11 +197,11 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
             None if by_headers && read.method == http::Method::GET => Rule::Headers,
             _ => return None,
         };
-        let key = ReadKey::cached(read, credential);
-        Some(Lookup { key, rule })
+        let key = read.key_view(credential);
+        Some(Probe { key, rule })
     }
 
-    /// The answer kept for `lookup`: under its own key, or — by the
+    /// The answer kept for `probe`: under its own key, or — by the
     /// headers — under the key any credentials share. The cache's own copy:
     /// a reader gets a [`copy`](UpstreamResponse::copy) of it. A read that
     /// names the SHA-256 its body must have (`sha256`) is answered only by
@@ -193,11 +210,11 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
     /// `UPSTREAM_ERROR` — the entry stays, for the reads it does answer.
     pub(crate) fn get(
         &self,
-        lookup: &Lookup,
+        probe: &Probe<'_>,
         sha256: Option<&str>,
     ) -> Option<(Result<Arc<UpstreamResponse>, ReadError>, H)> {
         let entries = self.entries.as_ref()?;
-        let usable = |key: &ReadKey| {
+        let usable = |key: &KeyView<'_>| {
             let kept = entries.get(key)?;
             if kept.answer.is_unusable() {
                 entries.invalidate(key);
@@ -205,10 +222,10 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
             }
             Some(kept)
         };
-        let kept = match usable(&lookup.key) {
+        let kept = match usable(&probe.key) {
             Some(kept) => kept,
-            None => match lookup.rule {
-                Rule::Headers => usable(&lookup.key.shared())?,
+            None => match probe.rule {
+                Rule::Headers => usable(&probe.key.shared().view())?,
                 Rule::Declared(_) => return None,
             },
         };

@@ -3,6 +3,10 @@
 //! read (`ReadKey`). Data only: every step of the read path names these,
 //! and this file names no step.
 
+mod key;
+
+pub(crate) use key::{KeyView, ReadKey};
+
 use crate::error::ReadError;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -110,6 +114,25 @@ impl Read {
             (false, Some(ttl)) if !ttl.is_zero() => Some(Some(ttl)),
             _ => None,
         }
+    }
+
+    /// Its identity, owned: the key its request's identical reads share
+    /// (`dedup.rs`), or `None` — it is never shared.
+    pub(crate) fn identity(&self) -> Option<ReadKey> {
+        (self.is_safe() || self.key.is_some()).then(|| self.key_view(None).to_owned())
+    }
+
+    /// Its identity, borrowed, with whom the credentials the engine sends
+    /// to its upstream belong to (the engine cache's key, `cache.rs`).
+    pub(crate) fn key_view<'a>(&'a self, credential: Option<&'a str>) -> KeyView<'a> {
+        let (headers, body) = (&self.headers[..], &self.body);
+        KeyView::new(
+            &self.method,
+            self.url.as_str(),
+            (headers, body),
+            self.key.as_deref(),
+            credential,
+        )
     }
 
     /// Whether the engine's cache was looked at for it already.
@@ -477,97 +500,5 @@ impl UpstreamResponse {
     /// A header as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
-/// What makes two reads the same read: the method, the URL, the headers,
-/// the body, and the caller's key (a read that is not a `GET` or `HEAD` has
-/// one, or is never shared).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) struct ReadKey {
-    method: http::Method,
-    url: Box<str>,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    /// A `GET` with a body (a search API's) answers by its body too.
-    body: bytes::Bytes,
-    key: Option<Box<str>>,
-    /// In the cache's keys: who the credentials the engine sends to the
-    /// read's upstream belong to (`read/auth.rs`).
-    credential: Option<Arc<str>>,
-    /// In the cache's keys: an answer any credentials may share
-    /// (`read/cache.rs`); no credential, no `Authorization`.
-    shared: bool,
-}
-
-impl ReadKey {
-    /// The key of `read`, or `None`: it is never shared.
-    pub(crate) fn of(read: &Read) -> Option<Self> {
-        (read.is_safe() || read.key.is_some()).then(|| Self {
-            method: read.method.clone(),
-            url: read.url.as_str().into(),
-            headers: read.headers.clone(),
-            body: read.body.clone(),
-            key: read.key.clone(),
-            credential: None,
-            shared: false,
-        })
-    }
-
-    /// The key of `read` in the engine's cache: its identity, and whom
-    /// the credentials the engine sends to its upstream belong to.
-    pub(crate) fn cached(read: &Read, credential: Option<Arc<str>>) -> Self {
-        Self {
-            method: read.method.clone(),
-            url: read.url.as_str().into(),
-            headers: read.headers.clone(),
-            body: read.body.clone(),
-            key: read.key.clone(),
-            credential,
-            shared: false,
-        }
-    }
-
-    /// The key an answer any credentials may share is kept under: this one
-    /// without its credentials.
-    pub(crate) fn shared(&self) -> Self {
-        let headers = (self.headers.iter())
-            .filter(|(name, _)| name != http::header::AUTHORIZATION)
-            .cloned()
-            .collect();
-        Self {
-            method: self.method.clone(),
-            url: self.url.clone(),
-            headers,
-            body: self.body.clone(),
-            key: self.key.clone(),
-            credential: None,
-            shared: true,
-        }
-    }
-
-    /// The request the key names, as the HTTP caching rules see it: its
-    /// method, URL and headers, with an `Authorization` (a stand-in) if
-    /// `authorized`, else none.
-    pub(crate) fn request(&self, authorized: bool) -> Option<http::Request<()>> {
-        let mut request = http::Request::builder()
-            .method(self.method.clone())
-            .uri(&*self.url);
-        for (name, value) in &self.headers {
-            if name != http::header::AUTHORIZATION {
-                request = request.header(name, value);
-            }
-        }
-        if authorized {
-            request = request.header(http::header::AUTHORIZATION, "credentials");
-        }
-        request.body(()).ok()
-    }
-
-    /// The bytes the key holds, roughly (the cache weighs its entries).
-    pub(crate) fn weight(&self) -> usize {
-        let headers: usize = (self.headers.iter())
-            .map(|(n, v)| n.as_str().len() + v.len() + 64)
-            .sum();
-        self.url.len() + headers + self.body.len()
     }
 }

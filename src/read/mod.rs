@@ -55,6 +55,7 @@ use budget::{bump, InFlightSlot, Pending, ReadStats, TimedOut};
 use cache::AnswerCache;
 use coalesce::{Coalesce, Flight, Role};
 use dedup::{Dedup, Origin};
+use futures::future::Either;
 use hosts::{HostEntry, HostTable};
 use message::ReadKey;
 use permit::{Admission, Outcome};
@@ -169,6 +170,15 @@ pub(crate) struct OperationReads {
     pub(crate) cache_hits: AtomicU64,
 }
 
+/// What the engine's cache said of a read before its future was built.
+enum Cached {
+    /// Not a read the cache may answer, nor one to check.
+    Not,
+    /// A read to check, and to keep where the lookup says (`None`: the
+    /// cache is off).
+    Missed(Option<cache::Lookup>),
+}
+
 impl<'a> Upstream<'a> {
     pub(crate) fn new(reads: &'a RequestReads, op: &'a OperationReads) -> Self {
         Self { reads, op }
@@ -185,7 +195,9 @@ impl<'a> Upstream<'a> {
     /// joined (`coalesce.rs`); a `401` with a challenge is answered
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
     ///
-    /// The future runs inside the read's span (`spans.rs`): a plain
+    /// The engine's cache is looked at first, before the read's future is
+    /// built: a hit is answered by a future that holds only the answer.
+    /// Else the future runs inside the read's span (`spans.rs`): a plain
     /// wrapper, no async layer of its own, so the read's arguments are held
     /// once (a batch of thousands of rows holds one such future per row).
     pub fn read(
@@ -193,37 +205,60 @@ impl<'a> Upstream<'a> {
         read: Read,
     ) -> impl std::future::Future<Output = Result<Arc<UpstreamResponse>, ReadError>> + Send + use<'_, 'a>
     {
-        spans::Traced::new(spans::read_span(&read), self.resolve(read))
+        let span = spans::read_span(&read);
+        let looked = if span.is_none() {
+            self.look_up(&read)
+        } else {
+            span.in_scope(|| self.look_up(&read))
+        };
+        match looked {
+            ControlFlow::Break(hit) => spans::Traced::answered(span, hit),
+            // Boxed: only a miss the cache may keep carries this step.
+            ControlFlow::Continue(Cached::Missed(lookup)) => {
+                spans::Traced::new(span, Either::Left(Box::pin(self.checked(read, lookup))))
+            }
+            ControlFlow::Continue(Cached::Not) => {
+                spans::Traced::new(span, Either::Right(self.resolve(read)))
+            }
+        }
     }
 
-    /// [`read`](Self::read), inside the read's span.
-    async fn resolve(&self, mut read: Read) -> ReadResult {
+    /// The engine's cache, for a read it may answer (`cache.rs`) — declared
+    /// immutable or fresh for a while, addressed by its digest, or to a
+    /// host whose answers are kept as their headers say: its answer
+    /// (`Break`), else whether and where it is to be kept (`Continue`).
+    fn look_up(&self, read: &Read) -> ControlFlow<ReadResult, Cached> {
         let parts = &self.reads.parts;
         let by_headers = !read.cache_done() && parts.host_table.cache_control(&read.url);
-        if read.is_checked() || by_headers {
-            // A hit is answered here, with nothing to wait for; only a miss
-            // boxes its future.
-            let identity = parts.auth.identity(&read.url);
-            let lookup = match parts.cache.lookup(&read, identity, by_headers) {
-                Some(lookup) => match self.hit(&read, lookup) {
-                    ControlFlow::Break(hit) => return hit,
-                    ControlFlow::Continue(miss) => Some(miss),
-                },
-                None => None,
-            };
-            return Box::pin(self.checked(read, lookup)).await;
+        if !read.is_checked() && !by_headers {
+            return ControlFlow::Continue(Cached::Not);
         }
-        let auth = &parts.auth;
-        if auth.knows(&read) {
-            // Boxed, as every step of authentication: the common path's
-            // future stays small (a read waiting on an identical one holds it).
-            return Box::pin(self.with_credentials(read)).await;
+        let identity = parts.auth.identity(&read.url);
+        let Some(probe) = parts.cache.probe(read, identity.as_deref(), by_headers) else {
+            return ControlFlow::Continue(Cached::Missed(None));
+        };
+        self.hit(read, &probe)?;
+        ControlFlow::Continue(Cached::Missed(Some(probe.missed())))
+    }
+
+    /// [`read`](Self::read) past the engine's cache, inside the read's span.
+    /// An `async` block, not an `async fn`: the read is held once in the
+    /// future, not once as an argument and again as a local.
+    fn resolve(&self, mut read: Read) -> impl std::future::Future<Output = ReadResult> + Send + '_ {
+        async move {
+            let auth = &self.reads.parts.auth;
+            if auth.knows(&read) {
+                // Boxed, as every step of authentication: the common path's
+                // future stays small (a read waiting on an identical one
+                // holds it).
+                return Box::pin(self.with_credentials(read)).await;
+            }
+            let response = self.follow(&mut read).await?;
+            if response.status != http::StatusCode::UNAUTHORIZED || auth::has_authorization(&read) {
+                return Ok(response);
+            }
+            Box::pin(self.challenged(read, response, None)).await
         }
-        let response = self.follow(&mut read).await?;
-        if response.status != http::StatusCode::UNAUTHORIZED || auth::has_authorization(&read) {
-            return Ok(response);
-        }
-        Box::pin(self.challenged(read, response, None)).await
     }
 
     /// A read the engine's cache may answer (`cache.rs`) — declared
@@ -246,15 +281,14 @@ impl<'a> Upstream<'a> {
         Ok(answer)
     }
 
-    /// The answer the engine's cache keeps for `lookup`, counted as a hit
-    /// (`Break`); else the miss counted, and `lookup` back to read and keep
-    /// by (`Continue`).
-    fn hit(&self, read: &Read, lookup: cache::Lookup) -> ControlFlow<ReadResult, cache::Lookup> {
+    /// The answer the engine's cache keeps for `probe`, counted as a hit
+    /// (`Break`); else the miss counted (`Continue`).
+    fn hit(&self, read: &Read, probe: &cache::Probe<'_>) -> ControlFlow<ReadResult> {
         let parts = &self.reads.parts;
-        let Some((kept, host)) = parts.cache.get(&lookup, read.sha256_named()) else {
+        let Some((kept, host)) = parts.cache.get(probe, read.sha256_named()) else {
             let host = parts.host_table.resolve(&read.url);
             host.metrics().cache_misses.increment(1);
-            return ControlFlow::Continue(lookup);
+            return ControlFlow::Continue(());
         };
         self.op.cache_hits.fetch_add(1, Relaxed);
         bump(&self.reads.budget.stats().cache_hits);
@@ -398,19 +432,20 @@ impl<'a> Upstream<'a> {
     async fn follow(&self, sent: &mut Read) -> ReadResult {
         let mut redirects = Redirects::new(self.reads.parts.max_redirects);
         let mut response = self.read_once(sent).await?;
-        while let Some(hop) = redirects
-            .next(sent, &response)
-            .map_err(|why| response.error(why))?
-        {
-            *sent = hop;
+        loop {
+            // The next hop taken before the await: not held across it.
+            *sent = match redirects.next(sent, &response) {
+                Ok(Some(hop)) => hop,
+                Ok(None) => return Ok(response),
+                Err(why) => return Err(response.error(why)),
+            };
             response = self.read_once(sent).await?;
         }
-        Ok(response)
     }
 
     /// Step 1, then steps 2–6 unless an identical read answers.
     async fn read_once(&self, read: &Read) -> ReadResult {
-        let (result, origin) = match ReadKey::of(read) {
+        let (result, origin) = match read.identity() {
             Some(key) => {
                 self.reads
                     .dedup
@@ -583,7 +618,7 @@ impl<'a> Upstream<'a> {
         let now = Instant::now();
         self.refuse_early(host, now)?;
         let table = &self.reads.parts.coalesce;
-        let key = ReadKey::of(&read).expect("a safe read has a key");
+        let key = read.identity().expect("a safe read has a key");
         let slots = table.unless_started(&key, self.slots(host, now)).await;
         let ((request_slot, host_slot), now) = match slots {
             Err(flight) => return self.join(flight, host).await,

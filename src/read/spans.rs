@@ -174,19 +174,28 @@ pub(crate) fn token_span(ask: &Read) -> tracing::Span {
 
 pin_project_lite::pin_project! {
     /// A read's future inside its span (entered at each poll), how it
-    /// ended recorded as `fanout.outcome` (`ok` or its code). Without a
-    /// span, the read's future polled as it is.
-    pub(crate) struct Traced<F> {
-        #[pin]
-        read: F,
-        span: tracing::Span,
+    /// ended recorded as `fanout.outcome` (`ok` or its code) — or its
+    /// answer already there (the engine's cache answered before the read's
+    /// future was built). Without a span, the read's future polled as it is.
+    #[project = TracedProj]
+    pub(crate) enum Traced<F: Future> {
+        Answered { answer: Option<F::Output>, span: tracing::Span },
+        Reading { #[pin] read: F, span: tracing::Span },
     }
 }
 
-impl<F> Traced<F> {
+impl<F: Future> Traced<F> {
     /// `read`, run inside `span`.
     pub(crate) fn new(span: tracing::Span, read: F) -> Self {
-        Traced { read, span }
+        Traced::Reading { read, span }
+    }
+
+    /// A read answered already, with `answer`.
+    pub(crate) fn answered(span: tracing::Span, answer: F::Output) -> Self {
+        Traced::Answered {
+            answer: Some(answer),
+            span,
+        }
     }
 }
 
@@ -194,15 +203,21 @@ impl<T, F: Future<Output = Result<T, ReadError>>> Future for Traced<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
-        if this.span.is_none() {
-            return this.read.poll(cx);
+        let (outcome, span) = match self.project() {
+            TracedProj::Answered { answer, span } => {
+                (answer.take().expect("polled after it answered"), span)
+            }
+            TracedProj::Reading { read, span } if span.is_none() => return read.poll(cx),
+            TracedProj::Reading { read, span } => {
+                (std::task::ready!(span.in_scope(|| read.poll(cx))), span)
+            }
+        };
+        if !span.is_none() {
+            span.record(
+                "fanout.outcome",
+                outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
+            );
         }
-        let outcome = std::task::ready!(this.span.in_scope(|| this.read.poll(cx)));
-        this.span.record(
-            "fanout.outcome",
-            outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
-        );
         Poll::Ready(outcome)
     }
 }

@@ -1,0 +1,156 @@
+//! A read's identity: what makes two reads the same read, for the
+//! request's de-duplication (`dedup.rs`) and the engine's cache
+//! (`cache.rs`) — owned ([`ReadKey`]), kept in their maps, or borrowed from
+//! the read ([`KeyView`]), to look one up without copying the read's URL.
+//! Both hash and compare through the view, so a view finds its key.
+
+use http::{HeaderName, HeaderValue};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+/// What makes two reads the same read: the method, the URL, the headers,
+/// the body, and the caller's key (a read that is not a `GET` or `HEAD` has
+/// one, or is never shared).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ReadKey {
+    method: http::Method,
+    url: Box<str>,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// A `GET` with a body (a search API's) answers by its body too.
+    body: bytes::Bytes,
+    key: Option<Box<str>>,
+    /// In the cache's keys: who the credentials the engine sends to the
+    /// read's upstream belong to (`read/auth.rs`).
+    credential: Option<Arc<str>>,
+    /// In the cache's keys: an answer any credentials may share
+    /// (`read/cache.rs`); no credential, no `Authorization`.
+    shared: bool,
+}
+
+impl ReadKey {
+    /// The key an answer any credentials may share is kept under: this one
+    /// without its credentials.
+    pub(crate) fn shared(&self) -> Self {
+        self.view().shared()
+    }
+
+    /// The request the key names, as the HTTP caching rules see it: its
+    /// method, URL and headers, with an `Authorization` (a stand-in) if
+    /// `authorized`, else none.
+    pub(crate) fn request(&self, authorized: bool) -> Option<http::Request<()>> {
+        let mut request = http::Request::builder()
+            .method(self.method.clone())
+            .uri(&*self.url);
+        for (name, value) in &self.headers {
+            if name != http::header::AUTHORIZATION {
+                request = request.header(name, value);
+            }
+        }
+        if authorized {
+            request = request.header(http::header::AUTHORIZATION, "credentials");
+        }
+        request.body(()).ok()
+    }
+
+    /// The key, borrowed (how it hashes and compares).
+    pub(crate) fn view(&self) -> KeyView<'_> {
+        KeyView {
+            method: &self.method,
+            url: &self.url,
+            headers: &self.headers,
+            body: &self.body,
+            key: self.key.as_deref(),
+            credential: self.credential.as_deref(),
+            shared: self.shared,
+        }
+    }
+
+    /// The bytes the key holds, roughly (the cache weighs its entries).
+    pub(crate) fn weight(&self) -> usize {
+        let headers: usize = (self.headers.iter())
+            .map(|(n, v)| n.as_str().len() + v.len() + 64)
+            .sum();
+        self.url.len() + headers + self.body.len()
+    }
+}
+
+/// A [`ReadKey`] borrowed from its read: what the cache is looked up by on
+/// every read it may answer, so a hit copies nothing of the read.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KeyView<'a> {
+    method: &'a http::Method,
+    url: &'a str,
+    headers: &'a [(HeaderName, HeaderValue)],
+    body: &'a bytes::Bytes,
+    key: Option<&'a str>,
+    credential: Option<&'a str>,
+    shared: bool,
+}
+
+impl<'a> KeyView<'a> {
+    /// A read's key (see [`Read::identity`](super::Read::identity)), with
+    /// whom the credentials the engine sends belong to, if any.
+    pub(crate) fn new(
+        method: &'a http::Method,
+        url: &'a str,
+        (headers, body): (&'a [(HeaderName, HeaderValue)], &'a bytes::Bytes),
+        key: Option<&'a str>,
+        credential: Option<&'a str>,
+    ) -> Self {
+        Self {
+            method,
+            url,
+            headers,
+            body,
+            key,
+            credential,
+            shared: false,
+        }
+    }
+
+    /// The key it borrows, owned (its credential copied: a miss's cost).
+    pub(crate) fn to_owned(self) -> ReadKey {
+        ReadKey {
+            method: self.method.clone(),
+            url: self.url.into(),
+            headers: self.headers.to_vec(),
+            body: self.body.clone(),
+            key: self.key.map(Into::into),
+            credential: self.credential.map(Into::into),
+            shared: self.shared,
+        }
+    }
+}
+
+impl KeyView<'_> {
+    /// The key an answer any credentials may share is kept under: this one
+    /// without its credentials, owned.
+    pub(crate) fn shared(self) -> ReadKey {
+        let headers = (self.headers.iter())
+            .filter(|(name, _)| name != http::header::AUTHORIZATION)
+            .cloned()
+            .collect();
+        ReadKey {
+            method: self.method.clone(),
+            url: self.url.into(),
+            headers,
+            body: self.body.clone(),
+            key: self.key.map(Into::into),
+            credential: None,
+            shared: true,
+        }
+    }
+}
+
+impl moka::Equivalent<ReadKey> for KeyView<'_> {
+    fn equivalent(&self, key: &ReadKey) -> bool {
+        *self == key.view()
+    }
+}
+
+/// Through the view: a [`KeyView`] hashes as the key it borrows.
+impl Hash for ReadKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.view().hash(state);
+    }
+}
