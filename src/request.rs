@@ -343,8 +343,13 @@ impl FanoutRequest {
     /// Runs `work` — a service handling the HTTP request — with this scope
     /// as the request's current one (what [`FanoutLayer`](crate::FanoutLayer)
     /// does, so the extension finds it).
-    pub(crate) async fn scope<F: std::future::Future>(self, work: F) -> F::Output {
-        CURRENT.scope(self, work).await
+    ///
+    /// Not an `async fn`, which would hold `work` twice.
+    pub(crate) fn scope<F: std::future::Future>(
+        self,
+        work: F,
+    ) -> impl std::future::Future<Output = F::Output> {
+        CURRENT.scope(self, work)
     }
 
     /// The scope a [`FanoutLayer`](crate::FanoutLayer) opened for the HTTP

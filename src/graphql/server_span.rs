@@ -30,24 +30,30 @@ pub(super) fn open(request: &http::Request<Body>, get: bool, opened: &Opened) ->
 }
 
 /// `answer`, the request's future, under its sampling decision
-/// (`telemetry`): a request sampled out builds no span.
-pub(super) async fn within<F: std::future::Future>(opened: &Opened, answer: F) -> F::Output {
+/// (`telemetry`): a request sampled out builds no span. Not an `async fn`,
+/// which would hold `answer` twice.
+pub(super) fn within<F: std::future::Future>(
+    opened: &Opened,
+    answer: F,
+) -> impl std::future::Future<Output = F::Output> {
     #[cfg(feature = "otel")]
-    return crate::telemetry::within(opened.sampling.clone(), answer).await;
+    return crate::telemetry::within(opened.sampling.clone(), answer);
     #[cfg(not(feature = "otel"))]
     {
         let _ = opened;
-        answer.await
+        answer
     }
 }
 
 /// `run`, a WebSocket event (a trace that starts here), under a sampling
 /// decision of its own (`telemetry`).
-pub(super) async fn event<F: std::future::Future>(run: F) -> F::Output {
+pub(super) fn event<F: std::future::Future>(
+    run: F,
+) -> impl std::future::Future<Output = F::Output> {
     #[cfg(feature = "otel")]
-    return crate::telemetry::within(crate::telemetry::root_decision(), run).await;
+    return crate::telemetry::within(crate::telemetry::root_decision(), run);
     #[cfg(not(feature = "otel"))]
-    run.await
+    run
 }
 
 fn span(request: &http::Request<Body>, get: bool) -> Span {

@@ -294,9 +294,14 @@ impl<E: Executor> FanoutGraphQL<E> {
     }
 
     /// Runs one admitted operation on the executor, through the pipeline.
+    /// The executor's future is boxed: each wrapper around it (the
+    /// pipeline's bounds, the span, the sampling scope) is an `async fn`
+    /// that would otherwise hold a copy of it, and the request's future
+    /// would weigh tens of kilobytes, moved and allocated per request.
     async fn execute(&self, op: Op, mut request: Request) -> Response {
         op.data(&mut request.data, self.data.as_ref());
-        op.run(&self.types, self.executor.execute(request)).await
+        op.run(&self.types, Box::pin(self.executor.execute(request)))
+            .await
     }
 
     /// Whether the schema mounts `FanoutExtension::new(&engine)`, which counts each

@@ -25,6 +25,7 @@
 //!   (`context.rs`), so an upstream's own sampling follows the decision.
 
 use super::live::is_active;
+use futures::future::Either;
 use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{
     Link, SpanContext, SpanKind, TraceContextExt as _, TraceId, TraceState,
@@ -125,11 +126,17 @@ fn kept(ratio: f64, trace_id: TraceId) -> bool {
     (low >> 1) < bound
 }
 
-/// `future` run under `sampling` (as is, without one).
-pub(crate) async fn within<F: Future>(sampling: Option<Arc<Sampling>>, future: F) -> F::Output {
+/// `future` run under `sampling` (as is, without one). A plain wrapper,
+/// not an `async fn`: an `async fn` would hold `future` twice (as its
+/// argument, and again as what it awaits) — and the request's whole future
+/// passes through here.
+pub(crate) fn within<F: Future>(
+    sampling: Option<Arc<Sampling>>,
+    future: F,
+) -> impl Future<Output = F::Output> {
     match sampling {
-        Some(sampling) => SAMPLING.scope(sampling, future).await,
-        None => future.await,
+        Some(sampling) => Either::Left(SAMPLING.scope(sampling, future)),
+        None => Either::Right(future),
     }
 }
 
