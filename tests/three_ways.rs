@@ -580,3 +580,34 @@ async fn under_the_layer_a_get_is_bounded_like_a_body() {
     assert_eq!(answer.status, 413, "{:?}", answer.json());
     assert_eq!(upstream.seen.requests(), 0);
 }
+
+/// `FanoutGraphQL` over a schema without the extension cannot bound its
+/// answers while they are built: it refuses every request (500, found out
+/// once by the probe, then known), and no operation runs.
+#[tokio::test]
+async fn fanout_graphql_refuses_a_schema_without_the_extension_every_time() {
+    let engine = Engine::new(Config::default());
+    let upstream = Upstream::start().await;
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .data(Base(upstream.base()))
+        .finish();
+    let app = Router::new().route_service(
+        "/graphql",
+        fanout_budget::FanoutGraphQL::new(schema, engine.clone()),
+    );
+    for _ in 0..3 {
+        let answer = fanout_testkit::post(
+            &app,
+            r#"{"query":"{ item(id: 1) { detail { value } } }"}"#,
+            &[],
+        )
+        .await;
+        assert_eq!(answer.status, 500, "{:?}", answer.json());
+        assert!(
+            answer.json().to_string().contains("FanoutExtension"),
+            "{:?}",
+            answer.json()
+        );
+    }
+    assert_eq!(upstream.seen.requests(), 0, "no operation ran");
+}

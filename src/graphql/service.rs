@@ -307,7 +307,18 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// Whether the schema mounts `FanoutExtension::new(&engine)`, which counts each
     /// answer as it is built: found out once, by running `{ __typename }`
     /// with an operation handle the extension marks when it sees it.
+    ///
+    /// Known after the first request: no future awaited (the probe's, a
+    /// whole execution, boxed, would otherwise be held in every request's).
     async fn extension_mounted(&self) -> bool {
+        match self.metered.get() {
+            Some(metered) => *metered,
+            None => Box::pin(self.probe_extension()).await,
+        }
+    }
+
+    /// [`extension_mounted`](Self::extension_mounted), found out.
+    async fn probe_extension(&self) -> bool {
         *self
             .metered
             .get_or_init(|| async {
