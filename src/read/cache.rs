@@ -270,7 +270,14 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
             sha256,
             host,
         });
-        if !entries.entry(key.clone()).or_insert(entry).is_fresh() {
+        // `or_insert_with`, not `or_insert`: moka's `or_insert` is a get then
+        // an insert, so two misses ending at once would both insert (the second
+        // replacing the first); its initializer runs once per key.
+        if !entries
+            .entry(key.clone())
+            .or_insert_with(|| entry)
+            .is_fresh()
+        {
             return None;
         }
         // Applied now: admitted or refused, and what it evicts gone.
@@ -407,3 +414,6 @@ pub(crate) fn verified(
         )))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -195,9 +195,9 @@ impl<'a> Upstream<'a> {
     /// joined (`coalesce.rs`); a `401` with a challenge is answered
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
     ///
-    /// The engine's cache is looked at first, before the read's future is
-    /// built: a hit is answered by a future that holds only the answer.
-    /// Else the future runs inside the read's span (`spans.rs`): a plain
+    /// The engine's cache is looked at first, on the future's first poll,
+    /// before the rest of the read's future is built: a hit answers there.
+    /// The future runs inside the read's span (`spans.rs`): a plain
     /// wrapper, no async layer of its own, so the read's arguments are held
     /// once (a batch of thousands of rows holds one such future per row).
     pub fn read(
@@ -206,21 +206,16 @@ impl<'a> Upstream<'a> {
     ) -> impl std::future::Future<Output = Result<Arc<UpstreamResponse>, ReadError>> + Send + use<'_, 'a>
     {
         let span = spans::read_span(&read);
-        let looked = if span.is_none() {
-            self.look_up(&read)
-        } else {
-            span.in_scope(|| self.look_up(&read))
-        };
-        match looked {
-            ControlFlow::Break(hit) => spans::Traced::answered(span, hit),
+        spans::Traced::new(span, move || match self.look_up(&read) {
+            ControlFlow::Break(hit) => ControlFlow::Break(hit),
             // Boxed: only a miss the cache may keep carries this step.
             ControlFlow::Continue(Cached::Missed(lookup)) => {
-                spans::Traced::new(span, Either::Left(Box::pin(self.checked(read, lookup))))
+                ControlFlow::Continue(Either::Left(Box::pin(self.checked(read, lookup))))
             }
             ControlFlow::Continue(Cached::Not) => {
-                spans::Traced::new(span, Either::Right(self.resolve(read)))
+                ControlFlow::Continue(Either::Right(self.resolve(read)))
             }
-        }
+        })
     }
 
     /// The engine's cache, for a read it may answer (`cache.rs`) — declared

@@ -34,6 +34,7 @@ use crate::metrics::HostMetrics;
 use futures::future::BoxFuture;
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tracing::Instrument;
@@ -174,42 +175,60 @@ pub(crate) fn token_span(ask: &Read) -> tracing::Span {
 
 pin_project_lite::pin_project! {
     /// A read's future inside its span (entered at each poll), how it
-    /// ended recorded as `fanout.outcome` (`ok` or its code) — or its
-    /// answer already there (the engine's cache answered before the read's
-    /// future was built). Without a span, the read's future polled as it is.
+    /// ended recorded as `fanout.outcome` (`ok` or its code). It starts —
+    /// on its first poll, as any future does — with `start` (the hub: the
+    /// engine's cache looked at), which answers at once or gives the
+    /// future to read by. Without a span, polled as it is.
     #[project = TracedProj]
-    pub(crate) enum Traced<F: Future> {
-        Answered { answer: Option<F::Output>, span: tracing::Span },
+    pub(crate) enum Traced<S, F: Future> {
+        Starting { start: Option<S>, span: tracing::Span },
         Reading { #[pin] read: F, span: tracing::Span },
     }
 }
 
-impl<F: Future> Traced<F> {
-    /// `read`, run inside `span`.
-    pub(crate) fn new(span: tracing::Span, read: F) -> Self {
-        Traced::Reading { read, span }
-    }
-
-    /// A read answered already, with `answer`.
-    pub(crate) fn answered(span: tracing::Span, answer: F::Output) -> Self {
-        Traced::Answered {
-            answer: Some(answer),
+impl<S, F> Traced<S, F>
+where
+    S: FnOnce() -> ControlFlow<F::Output, F>,
+    F: Future,
+{
+    /// A read that starts with `start`, inside `span`.
+    pub(crate) fn new(span: tracing::Span, start: S) -> Self {
+        Traced::Starting {
+            start: Some(start),
             span,
         }
     }
 }
 
-impl<T, F: Future<Output = Result<T, ReadError>>> Future for Traced<F> {
+impl<T, S, F> Future for Traced<S, F>
+where
+    S: FnOnce() -> ControlFlow<F::Output, F>,
+    F: Future<Output = Result<T, ReadError>>,
+{
     type Output = F::Output;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let (outcome, span) = match self.project() {
-            TracedProj::Answered { answer, span } => {
-                (answer.take().expect("polled after it answered"), span)
-            }
-            TracedProj::Reading { read, span } if span.is_none() => return read.poll(cx),
-            TracedProj::Reading { read, span } => {
-                (std::task::ready!(span.in_scope(|| read.poll(cx))), span)
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let (outcome, span) = loop {
+            match self.as_mut().project() {
+                TracedProj::Starting { start, span } => {
+                    let start = start.take().expect("polled after it answered");
+                    let started = if span.is_none() {
+                        start()
+                    } else {
+                        span.in_scope(start)
+                    };
+                    match started {
+                        ControlFlow::Break(answer) => break (answer, span),
+                        ControlFlow::Continue(read) => {
+                            let span = std::mem::replace(span, tracing::Span::none());
+                            self.set(Traced::Reading { read, span });
+                        }
+                    }
+                }
+                TracedProj::Reading { read, span } if span.is_none() => return read.poll(cx),
+                TracedProj::Reading { read, span } => {
+                    break (std::task::ready!(span.in_scope(|| read.poll(cx))), span);
+                }
             }
         };
         if !span.is_none() {
