@@ -174,8 +174,9 @@ pub(crate) struct OperationReads {
 enum Cached {
     /// Not a read the cache may answer, nor one to check.
     Not,
-    /// A read to check, and to keep where the lookup says (`None`: the
-    /// cache is off).
+    /// A read to check, and to keep where the lookup says (`None`: not to
+    /// keep — the cache is off, or the read is not one it keeps, such as a
+    /// digest-checked read that is not a `GET`).
     Missed(Option<cache::Lookup>),
 }
 
