@@ -15,8 +15,31 @@ pub(crate) use async_graphql::http::ClientMessage;
 use async_graphql::Response;
 use serde_json::json;
 
-/// The subprotocols served, in the server's order of preference.
+/// The subprotocols served.
 pub(crate) const SUBPROTOCOLS: [&str; 2] = ["graphql-transport-ws", "graphql-ws"];
+
+/// The subprotocol a connection speaks: the first of the client's
+/// `Sec-WebSocket-Protocol` list (every such header, in order, each a
+/// comma-separated list) that is one of [`SUBPROTOCOLS`]. RFC 6455 orders the
+/// client's list by preference, so a client that offers both gets the one it
+/// named first — Python's `gql` offers `graphql-ws` first and, failing to
+/// read the answer's header, speaks it whatever was chosen; `graphql-ws`
+/// (the library) and Apollo offer `graphql-transport-ws` alone.
+pub(crate) fn choose(headers: &http::HeaderMap) -> Option<(&'static str, Protocol)> {
+    headers
+        .get_all(http::header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .find_map(|name| {
+            let name = name.trim();
+            let protocol = Protocol::from_subprotocol(name)?;
+            SUBPROTOCOLS
+                .into_iter()
+                .find(|served| *served == name)
+                .map(|served| (served, protocol))
+        })
+}
 
 /// Close codes (graphql-transport-ws's, which the legacy clients read too).
 pub(crate) mod close {
@@ -136,4 +159,43 @@ pub(crate) fn init_token(payload: Option<&serde_json::Value>) -> Option<&str> {
     payload?
         .get(crate::inbound::INTERNAL_TOKEN_HEADER.as_str())?
         .as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{choose, Protocol};
+
+    fn chosen(values: &[&str]) -> Option<&'static str> {
+        let mut headers = http::HeaderMap::new();
+        for value in values {
+            headers.append(http::header::SEC_WEBSOCKET_PROTOCOL, value.parse().unwrap());
+        }
+        choose(&headers).map(|(name, protocol)| {
+            assert_eq!(Protocol::from_subprotocol(name), Some(protocol));
+            name
+        })
+    }
+
+    #[test]
+    fn the_clients_first_served_subprotocol_is_chosen() {
+        assert_eq!(
+            chosen(&["graphql-ws, graphql-transport-ws"]),
+            Some("graphql-ws")
+        );
+        assert_eq!(
+            chosen(&["graphql-transport-ws,graphql-ws"]),
+            Some("graphql-transport-ws")
+        );
+        assert_eq!(
+            chosen(&["soap", "wamp, graphql-ws", "graphql-transport-ws"]),
+            Some("graphql-ws")
+        );
+        assert_eq!(
+            chosen(&["graphql-transport-ws"]),
+            Some("graphql-transport-ws")
+        );
+        // Names are case-sensitive tokens (RFC 6455).
+        assert_eq!(chosen(&["GRAPHQL-WS, soap"]), None);
+        assert_eq!(chosen(&[]), None);
+    }
 }

@@ -14,7 +14,7 @@
 //! (not a browser) is served; `"allow"` serves every one.
 
 use super::driver::{Driver, READ_BUFFER};
-use super::message::{self, Protocol};
+use super::message;
 use crate::config::CsrfGet;
 use crate::engine::Engine;
 use crate::error::Rejection;
@@ -47,18 +47,9 @@ pub(crate) async fn upgrade<E: Executor>(
         Ok(upgrade) => upgrade,
         Err(rejection) => return rejection.into_response(),
     };
-    let s = &engine.config().subscriptions;
-    let upgrade = upgrade
-        .protocols(message::SUBPROTOCOLS)
-        .read_buffer_size(READ_BUFFER)
-        .write_buffer_size(0)
-        .max_message_size(s.max_message_bytes)
-        .max_frame_size(s.max_message_bytes);
-    let protocol = upgrade
-        .selected_protocol()
-        .and_then(|name| name.to_str().ok())
-        .and_then(Protocol::from_subprotocol);
-    let Some(protocol) = protocol else {
+    // The client's first choice, not the server's: axum's `protocols` keeps
+    // the client's list as a set and picks by the server's order.
+    let Some((name, protocol)) = message::choose(&parts.headers) else {
         return Rejection::BadRequest {
             message: "a GraphQL WebSocket speaks graphql-transport-ws or graphql-ws \
                       (Sec-WebSocket-Protocol)"
@@ -66,6 +57,14 @@ pub(crate) async fn upgrade<E: Executor>(
         }
         .unread();
     };
+    let mut upgrade = upgrade;
+    upgrade.set_selected_protocol(http::HeaderValue::from_static(name));
+    let s = &engine.config().subscriptions;
+    let upgrade = upgrade
+        .read_buffer_size(READ_BUFFER)
+        .write_buffer_size(0)
+        .max_message_size(s.max_message_bytes)
+        .max_frame_size(s.max_message_bytes);
     let driver = Driver::new(executor, engine, protocol, parts);
     upgrade.on_upgrade(move |socket| driver.run(socket))
 }
