@@ -16,14 +16,29 @@ struct Args {
     listen: SocketAddr,
     /// Base URL of the default OCI Distribution registry; absent: the
     /// `[upstreams]` table marked `primary = true`, else the embedded registry.
+    /// A user and password in it (`http://user:password@host`) are the
+    /// registry's credentials, as the `[upstreams]` table's keys give them.
     #[arg(long)]
-    upstream: Option<reqwest::Url>,
+    upstream: Option<String>,
     /// TOML configuration file; absent: all defaults.
     #[arg(long)]
     config: Option<std::path::PathBuf>,
 }
 
-fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
+/// The configuration, and the `--upstream` URL without the credentials it
+/// may carry: those, and a `[upstreams]` table's `url`'s, become the table's
+/// `username` and `password` ([`credentials_from_urls`]), so no URL the
+/// gateway reads, logs or shows holds a password.
+///
+/// [`credentials_from_urls`]: fanout_gateway::registries::credentials_from_urls
+fn load_config(
+    path: Option<&std::path::Path>,
+    upstream: Option<&str>,
+) -> Result<(Config, Option<reqwest::Url>), String> {
+    // Not echoed: a URL that does not parse may still hold a password.
+    let upstream = upstream
+        .map(|u| reqwest::Url::parse(u).map_err(|e| format!("--upstream: not a URL ({e})")))
+        .transpose()?;
     let config = match path {
         None => Config::default(),
         Some(path) => {
@@ -33,12 +48,13 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, String> {
         }
     }
     .with_env();
+    let mut config = config;
+    let upstream = fanout_gateway::registries::credentials_from_urls(&mut config, upstream)?;
     config.validate().map_err(|e| e.to_string())?;
     // OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME and
     // OTEL_TRACES_SAMPLER_ARG override `[telemetry]`.
-    let mut config = config;
     config.telemetry = config.telemetry.with_env().map_err(|e| e.to_string())?;
-    Ok(config)
+    Ok((config, upstream))
 }
 
 /// The log (`RUST_LOG`, default `info`; on stderr, stdout carrying only the
@@ -83,8 +99,8 @@ fn log_filter() -> tracing_subscriber::EnvFilter {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    let config = match load_config(args.config.as_deref()) {
-        Ok(config) => config,
+    let (config, upstream) = match load_config(args.config.as_deref(), args.upstream.as_deref()) {
+        Ok(loaded) => loaded,
         Err(message) => {
             eprintln!("fanout-gateway: {message}");
             return ExitCode::from(2);
@@ -108,9 +124,7 @@ async fn main() -> ExitCode {
     };
     // The default registry: `--upstream`, else the upstream marked
     // `primary = true`, else the embedded one.
-    let default = args
-        .upstream
-        .or_else(|| fanout_gateway::registries::Registries::primary(&config));
+    let default = upstream.or_else(|| fanout_gateway::registries::Registries::primary(&config));
     let (upstream, _embedded) = match default {
         Some(url) => (url, None),
         None => match EmbeddedRegistry::demo().await {
