@@ -908,14 +908,43 @@ async fn a_page_on_another_site_cannot_open_a_socket_with_its_visitors_cookies()
         101,
         "no Origin: not a browser"
     );
-    // With `csrf_get = "allow"` (an endpoint without ambient credentials),
-    // any page may.
+    // `csrf_get = "allow"` (plain cross-site `GET`s run) does not open
+    // sockets to other sites: a page would read every answer, and spend its
+    // visitors' limits.
     let mut config = Config::default();
     config.http.csrf_get = Some(fanout_budget::config::CsrfGet::Allow);
     let open = server_with(config).await;
     assert_eq!(
         upgrade_status(&open, &[("origin", "https://evil.example")]).await,
+        400
+    );
+    let same = format!("http://{}", open.address);
+    assert_eq!(
+        upgrade_status(&open, &[("origin", same.as_str())]).await,
         101
+    );
+    // A page whose name was pointed at this server (DNS rebinding) names
+    // itself in both `Origin` and `Host`: refused once `allowed_hosts` is set.
+    let mut config = Config::default();
+    config.http.allowed_hosts = vec!["127.0.0.1".into()];
+    let guarded = server_with(config).await;
+    let port = guarded.address.rsplit_once(':').unwrap().1;
+    let rebound = format!("evil.example:{port}");
+    let page = format!("http://{rebound}");
+    assert_eq!(
+        upgrade_status(
+            &guarded,
+            &[("origin", page.as_str()), ("host", rebound.as_str())]
+        )
+        .await,
+        400,
+        "a rebound name"
+    );
+    let same = format!("http://{}", guarded.address);
+    assert_eq!(
+        upgrade_status(&guarded, &[("origin", same.as_str())]).await,
+        101,
+        "a listed name"
     );
 }
 

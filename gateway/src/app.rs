@@ -118,10 +118,54 @@ pub fn build(config: Config, upstream: reqwest::Url, metrics: Option<MetricsRend
 ///   refused under the library's `require_preflight`. What a page can still
 ///   do is spend its visitors' per-IP rate limit and reads, one budget per
 ///   request; set `require_preflight` if the gateway sits behind something
-///   that adds credentials from a browser's cookies.
+///   that adds credentials from a browser's cookies. A WebSocket, which a
+///   page could hold open and read, is refused to another site's page
+///   whatever this says (its `Origin` must be the gateway's own or one of
+///   `http.cors_allowed_origins`).
 pub fn defaults(mut config: Config) -> Config {
     config.http.csrf_get.get_or_insert(CsrfGet::Allow);
     config
+}
+
+/// The names a gateway listening on a loopback address answers to when
+/// `http.allowed_hosts` is left empty ([`for_listener`]).
+pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// `config` for a gateway listening on `listen`: on a loopback address,
+/// `http.allowed_hosts` left empty becomes [`LOOPBACK_HOSTS`] (any port).
+/// Only this machine reaches such a gateway, by those names — and a page in
+/// its browser whose own name an attacker points at `127.0.0.1` (DNS
+/// rebinding) names its own host, which is refused: otherwise that page is
+/// same-origin to the gateway and reads whatever the registry behind it
+/// (with its configured credentials) shows. Behind a proxy on the same
+/// machine that passes its own `Host`, list that name (or `["*"]`). On any
+/// other address the names are not known here: empty stays any host.
+pub fn for_listener(mut config: Config, listen: std::net::SocketAddr) -> Config {
+    if listen.ip().is_loopback() && config.http.allowed_hosts.is_empty() {
+        config.http.allowed_hosts = LOOPBACK_HOSTS.map(String::from).to_vec();
+    }
+    config
+}
+
+/// Refuses a request naming a host `http.allowed_hosts` does not list, with
+/// 400 `BAD_REQUEST`, whatever its path.
+async fn check_host(
+    axum::extract::State(engine): axum::extract::State<Engine>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let host = match request.headers().get(axum::http::header::HOST) {
+        Some(host) => host.to_str().ok(),
+        None => request.uri().authority().map(|a| a.as_str()),
+    };
+    if engine.config().http.allows_host(host) {
+        return next.run(request).await;
+    }
+    let shown: String = host.unwrap_or_default().chars().take(100).collect();
+    fanout_budget::error::Rejection::BadRequest {
+        message: format!("the host {shown:?} is not one of http.allowed_hosts"),
+    }
+    .unread()
 }
 
 /// The limits shared on Redis for `config`; `None` without `[redis]`.
@@ -183,8 +227,13 @@ fn assemble(
         .route_service("/graphql/graphiql/{file}", graphql)
         .route("/metrics", get(move || async move { render() }))
         .route("/healthz", get(|| async { "ok" }))
-        // Outermost: a CORS preflight is answered before the rate limiter.
-        .layer(tower::util::option_layer(cors_layer(&engine.config().http)));
+        // A CORS preflight is answered before the rate limiter.
+        .layer(tower::util::option_layer(cors_layer(&engine.config().http)))
+        // Outermost: a request naming another host is answered by nothing else.
+        .layer(axum::middleware::from_fn_with_state(
+            engine.clone(),
+            check_host,
+        ));
     Gateway {
         router,
         engine,

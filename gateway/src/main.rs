@@ -138,6 +138,8 @@ async fn main() -> ExitCode {
             }
         },
     };
+    // On a loopback address, answering to the loopback names only.
+    let config = app::for_listener(config, args.listen);
     let gateway = app::build(config, upstream.clone(), render);
     let listener = match listen(args.listen) {
         Ok(listener) => listener,

@@ -71,6 +71,19 @@ section! {
         /// ([`csrf_get_or_default`](Self::csrf_get_or_default)); the gateway
         /// ships `allow`.
         pub csrf_get: Option<CsrfGet> = None => into,
+        /// Host names a request may name in its `Host` header (its
+        /// `:authority` over HTTP/2), each `name` (any port) or `name:port`
+        /// (IPv6 in brackets, `[::1]`), or `["*"]` for any; empty: any, or the
+        /// application's default (the gateway listening on a loopback
+        /// address: `localhost`, `127.0.0.1` and `[::1]`). A page whose own
+        /// name an attacker points at this server's address (DNS rebinding)
+        /// is same-origin to it in the browser's eyes and sends its own name
+        /// as `Host`: such a request is refused with 400 `BAD_REQUEST` — a
+        /// WebSocket upgrade by the library ([`FanoutGraphQL`]), every request
+        /// by the gateway ([`allows_host`](Self::allows_host)).
+        ///
+        /// [`FanoutGraphQL`]: crate::FanoutGraphQL
+        pub allowed_hosts: Vec<String> = Vec::new() => list,
     }
 }
 
@@ -127,6 +140,24 @@ impl HttpConfig {
         self.csrf_get.unwrap_or_default()
     }
 
+    /// Whether `allowed_hosts` admits a request naming `host` (its `Host`
+    /// header, or the URI's authority; `None`: it names none, admitted only
+    /// when any host is). Names compare without regard to case; an entry
+    /// without a port admits its name on any port.
+    pub fn allows_host(&self, host: Option<&str>) -> bool {
+        if self.allowed_hosts.is_empty() || self.allowed_hosts.iter().any(|h| h == "*") {
+            return true;
+        }
+        let Some(host) = host else {
+            return false;
+        };
+        let name = host_name(host);
+        self.allowed_hosts.iter().any(|allowed| {
+            allowed.eq_ignore_ascii_case(host)
+                || (host_name(allowed).len() == allowed.len() && allowed.eq_ignore_ascii_case(name))
+        })
+    }
+
     /// Counts, sizes and timeouts are at least 1 (the caches may be 0: off);
     /// `cors_allowed_origins` are origins.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
@@ -149,8 +180,47 @@ impl HttpConfig {
                 ("max_inflight_bytes", self.max_inflight_bytes as u64),
             ],
         )?;
-        check_origins(&self.cors_allowed_origins)
+        check_origins(&self.cors_allowed_origins)?;
+        check_hosts(&self.allowed_hosts)
     }
+}
+
+/// `host` (`name[:port]`, `[v6][:port]`) without its port.
+fn host_name(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host.find(']').map_or(host, |end| &host[..=end]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Checks `[http] allowed_hosts`: `["*"]` alone, or host names with an
+/// optional port.
+fn check_hosts(hosts: &[String]) -> Result<(), ConfigError> {
+    let key = "http.allowed_hosts";
+    if hosts.iter().any(|h| h == "*") && hosts.len() > 1 {
+        return Err(ConfigError::new(
+            key,
+            "\"*\" allows every host; list it alone",
+        ));
+    }
+    for host in hosts.iter().filter(|h| *h != "*") {
+        let ok = !host_name(host).is_empty()
+            && !host.contains("://")
+            && !host.contains(['/', '?', '#', ' ', '*', '@'])
+            && ::http::uri::Authority::try_from(host.as_str()).is_ok();
+        if !ok {
+            return Err(ConfigError::new(
+                key,
+                format!(
+                    "\"{host}\" is not a host name (name or name:port, e.g. \"gateway.example\" or \"localhost:8080\", no scheme)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks `[http] cors_allowed_origins`: `["*"]` alone, or origins.
@@ -182,7 +252,50 @@ fn check_origins(origins: &[String]) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_origins;
+    use super::{check_hosts, check_origins, HttpConfig};
+
+    #[test]
+    fn allowed_hosts_admit_their_names() {
+        let http = HttpConfig::default();
+        assert!(http.allows_host(Some("evil.example")) && http.allows_host(None));
+        let http = HttpConfig::default().allowed_hosts(["localhost", "[::1]", "gw.example:8443"]);
+        for host in [
+            "localhost",
+            "LOCALHOST:8080",
+            "[::1]:8080",
+            "[::1]",
+            "gw.example:8443",
+        ] {
+            assert!(http.allows_host(Some(host)), "{host}");
+        }
+        for host in [
+            "evil.example:8080",
+            "gw.example",
+            "gw.example:8080",
+            "localhost.evil.example",
+            "[::2]:8080",
+        ] {
+            assert!(!http.allows_host(Some(host)), "{host}");
+        }
+        assert!(!http.allows_host(None));
+        assert!(HttpConfig::default()
+            .allowed_hosts(["*"])
+            .allows_host(Some("any.example")));
+        let ok =
+            |list: &[&str]| check_hosts(&list.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert!(ok(&["localhost", "127.0.0.1:8080", "[::1]", "*.example"]).is_err());
+        assert!(ok(&["localhost", "127.0.0.1:8080", "[::1]"]).is_ok());
+        for bad in [
+            &["*", "a.example"][..],
+            &["http://a.example"],
+            &["a.example/"],
+            &[""],
+            &["u@a.example"],
+        ] {
+            let err = ok(bad).unwrap_err();
+            assert_eq!(err.key(), Some("http.allowed_hosts"), "{err}");
+        }
+    }
 
     #[test]
     fn origins_are_checked() {

@@ -5,17 +5,22 @@
 //! **Cross-site.** A page on any site may open a WebSocket to any host, and
 //! the browser sends the visitor's cookies with the upgrade and no CORS
 //! preflight; the page then reads every answer, and anything runs over a
-//! socket, mutations included. So, under `http.csrf_get`'s default
-//! (`"require_preflight"`: an app with ambient credentials), an upgrade
-//! whose `Origin` (every browser sends one) is neither the endpoint's own
-//! (its `Host`) nor one listed in `http.cors_allowed_origins` (`"*"` does
-//! not count: CORS never lets it carry cookies) is refused with 400
-//! `BAD_REQUEST`, as a cross-site `GET` is. An upgrade without `Origin`
-//! (not a browser) is served; `"allow"` serves every one.
+//! socket, mutations included — and every read it makes is paid from its
+//! visitor's per-IP limit and read quota. So an upgrade whose `Origin`
+//! (every browser sends one) is neither the endpoint's own (its `Host`) nor
+//! one listed in `http.cors_allowed_origins` (`"*"` does not count: CORS
+//! never lets it carry cookies) is refused with 400 `BAD_REQUEST`, whatever
+//! `http.csrf_get` says (it rules plain `GET`s, whose answers CORS keeps
+//! from the page; a socket's it does not). An upgrade without `Origin` (not
+//! a browser) is served.
+//!
+//! **Another name for this server.** A page whose own name is pointed at
+//! this server's address (DNS rebinding) is its own origin in the browser's
+//! eyes: its `Origin` and `Host` agree. With `http.allowed_hosts` set, an
+//! upgrade whose `Host` is not listed is refused with 400 `BAD_REQUEST`.
 
 use super::driver::{Driver, READ_BUFFER};
 use super::message;
-use crate::config::CsrfGet;
 use crate::engine::Engine;
 use crate::error::Rejection;
 use async_graphql::Executor;
@@ -40,7 +45,8 @@ pub(crate) async fn upgrade<E: Executor>(
     request: http::Request<axum::body::Body>,
 ) -> HttpResponse {
     let (mut parts, _body) = request.into_parts();
-    if let Err(refused) = check_origin(&parts.headers, &engine.config().http) {
+    let http = &engine.config().http;
+    if let Err(refused) = check_host(&parts, http).and_then(|()| check_origin(&parts, http)) {
         return refused.unread();
     }
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
@@ -69,21 +75,41 @@ pub(crate) async fn upgrade<E: Executor>(
     upgrade.on_upgrade(move |socket| driver.run(socket))
 }
 
-/// Refuses an upgrade a page on another site sent (see the module docs).
-fn check_origin(
-    headers: &http::HeaderMap,
+/// The host a request names: its `Host` header, else its URI's authority
+/// (HTTP/2).
+fn host(parts: &http::request::Parts) -> Option<&str> {
+    match parts.headers.get(http::header::HOST) {
+        Some(host) => host.to_str().ok(),
+        None => parts.uri.authority().map(|a| a.as_str()),
+    }
+}
+
+/// Refuses an upgrade naming a host `http.allowed_hosts` does not list
+/// (see the module docs).
+fn check_host(
+    parts: &http::request::Parts,
     http: &crate::config::HttpConfig,
 ) -> Result<(), Rejection> {
-    if http.csrf_get_or_default() == CsrfGet::Allow {
+    let host = host(parts);
+    if http.allows_host(host) {
         return Ok(());
     }
-    let Some(origin) = headers.get(http::header::ORIGIN) else {
+    let shown: String = host.unwrap_or_default().chars().take(100).collect();
+    Err(Rejection::BadRequest {
+        message: format!("the host {shown:?} is not one of http.allowed_hosts"),
+    })
+}
+
+/// Refuses an upgrade a page on another site sent (see the module docs).
+fn check_origin(
+    parts: &http::request::Parts,
+    http: &crate::config::HttpConfig,
+) -> Result<(), Rejection> {
+    let Some(origin) = parts.headers.get(http::header::ORIGIN) else {
         return Ok(());
     };
     let origin = origin.to_str().unwrap_or_default();
-    let host = headers
-        .get(http::header::HOST)
-        .and_then(|h| h.to_str().ok());
+    let host = host(parts);
     let own = origin
         .split_once("://")
         .is_some_and(|(_, authority)| host.is_some_and(|h| h.eq_ignore_ascii_case(authority)));
@@ -92,10 +118,11 @@ fn check_origin(
     if own || listed {
         return Ok(());
     }
+    let shown: String = origin.chars().take(100).collect();
     Err(Rejection::BadRequest {
         message: format!(
             "this WebSocket has been blocked as a possible cross-site request forgery: \
-             its Origin ({origin}) is neither this endpoint's nor in http.cors_allowed_origins"
+             its Origin ({shown}) is neither this endpoint's nor in http.cors_allowed_origins"
         ),
     })
 }
