@@ -15,9 +15,9 @@ use crate::config::Config;
 use crate::cost::CostTable;
 use crate::document::cache::Documents;
 use crate::document::persisted::PersistedQueries;
-use crate::inbound::identity::{Caller, InternalToken};
+use crate::inbound::identity::{Caller, ClientPrefix, InternalToken, TrustedProxies};
 use crate::inbound::quota::{ClientQuota, QuotaStore, Ticket};
-use crate::memory::MemoryPool;
+use crate::memory::{MemoryPool, SocketMemory};
 use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
 use crate::read::cache::AnswerCache;
@@ -59,6 +59,10 @@ struct EngineInner {
     persisted: PersistedQueries,
     /// The clients' read quotas (`[quota]`), when any class has one.
     quota: Option<Arc<ClientQuota>>,
+    /// What open sockets hold (`subscriptions.max_bytes`), by client.
+    sockets: SocketMemory,
+    /// How a socket's client is keyed: as the per-IP limiter keys it.
+    socket_clients: (TrustedProxies, ClientPrefix),
 }
 
 /// Builds an [`Engine`] with non-default parts.
@@ -233,13 +237,24 @@ impl EngineBuilder {
         });
         Engine {
             inner: Arc::new(EngineInner {
-                config: self.config,
                 reads,
                 token,
                 costs: self.costs,
                 documents,
                 persisted,
                 quota,
+                sockets: SocketMemory::new(
+                    self.config.subscriptions.max_bytes,
+                    self.config.subscriptions.max_bytes_per_client,
+                ),
+                socket_clients: (
+                    TrustedProxies::new(&self.config.rate_limit.trusted_proxies),
+                    ClientPrefix::new(
+                        self.config.rate_limit.ipv4_prefix,
+                        self.config.rate_limit.ipv6_prefix,
+                    ),
+                ),
+                config: self.config,
             }),
         }
     }
@@ -349,7 +364,7 @@ impl Engine {
             refuse_over: self.config().budget.refuse_over_estimate,
             event: false,
         };
-        self.open_with(caller, extensions, queries_only, ticket, pricing)
+        self.open_with(caller, extensions, queries_only, ticket, pricing, None)
     }
 
     /// The ticket on its client's read quota of a request from `caller`
@@ -363,9 +378,10 @@ impl Engine {
     }
 
     /// Opens a scope for `caller` with this `ticket` on its client's read
-    /// quota, its operations priced as `pricing` says. A WebSocket
-    /// connection opens one per event, unpriced
-    /// (`graphql/socket/connection.rs`).
+    /// quota, its operations priced as `pricing` says, what it holds taken
+    /// from `memory` (else the requests' pool, `http.max_inflight_bytes`).
+    /// A WebSocket connection opens one per event, in its client's share of
+    /// the sockets' pool (`graphql/socket/connection.rs`).
     pub(crate) fn open_with(
         &self,
         caller: Caller,
@@ -373,6 +389,7 @@ impl Engine {
         queries_only: bool,
         ticket: Option<Ticket>,
         pricing: Pricing,
+        memory: Option<Arc<MemoryPool>>,
     ) -> FanoutRequest {
         let b = &self.config().budget;
         let limit = match caller {
@@ -387,7 +404,7 @@ impl Engine {
             budget.close_until_reserved();
         }
         FanoutRequest::new(
-            RequestReads::new(self.inner.reads.clone(), budget),
+            RequestReads::new(self.inner.reads.clone(), budget, memory),
             caller,
             extensions,
             pricing,
@@ -397,9 +414,26 @@ impl Engine {
         )
     }
 
-    /// The process's memory pool (`http.max_inflight_bytes`).
-    pub(crate) fn memory_pool(&self) -> &Arc<MemoryPool> {
-        &self.inner.reads.memory
+    /// The share of the sockets' pool (`subscriptions.max_bytes`) of the
+    /// client that sent the upgrade request `parts`
+    /// (`subscriptions.max_bytes_per_client`, its other sockets' too).
+    pub(crate) fn socket_share(&self, parts: &http::request::Parts) -> Arc<MemoryPool> {
+        let (proxies, prefix) = &self.inner.socket_clients;
+        let peer = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|peer| peer.0.ip());
+        let client =
+            peer.map(|peer| prefix.key(proxies.client_ip(peer, &parts.headers).unwrap_or(peer)));
+        self.inner.sockets.share(client)
+    }
+
+    /// Bytes the open WebSocket connections hold now, of
+    /// `subscriptions.max_bytes`: their subscriptions, and their events
+    /// being resolved and waiting to be written
+    /// (`fanout_socket_memory_held_bytes`).
+    pub fn socket_bytes(&self) -> usize {
+        self.inner.sockets.used()
     }
 }
 

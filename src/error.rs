@@ -624,6 +624,10 @@ pub(crate) enum OperationError {
     /// `http.max_body_bytes` (under `FanoutLayer`; `FanoutGraphQL` answers
     /// 413 before anything runs).
     QueryTooLarge { max: usize },
+    /// A WebSocket's client holds its share of the sockets' memory, or the
+    /// sockets hold all of theirs (`subscriptions.max_bytes_per_client`,
+    /// `subscriptions.max_bytes`): a subscription refused, an event dropped.
+    Overloaded { max: usize },
 }
 
 /// The operation error as async-graphql's error (no path).
@@ -670,6 +674,15 @@ pub(crate) fn operation_error(err: &OperationError) -> ServerError {
             ext.set("max", *max as u64);
             let message = Rejection::QueryTooLarge { max: *max }.to_string();
             ("PAYLOAD_TOO_LARGE", message, &Vec::new())
+        }
+        OperationError::Overloaded { max } => {
+            ext.set("max", *max as u64);
+            let message = format!(
+                "the sockets' memory is full: this client's sockets hold their share \
+                 (subscriptions.max_bytes_per_client, {max} bytes), or all sockets hold \
+                 subscriptions.max_bytes; stop a subscription, or try again later"
+            );
+            ("OVERLOADED", message, &Vec::new())
         }
         OperationError::PersistedQueryNotSupported { message } => (
             "PERSISTED_QUERY_NOT_SUPPORTED",

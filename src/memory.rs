@@ -27,6 +27,11 @@
 //!   A trip is final for the request; other requests are untouched.
 
 mod lease;
+mod pool;
+mod shares;
+
+pub(crate) use pool::{MemoryPool, PoolBytes};
+pub(crate) use shares::SocketMemory;
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -75,71 +80,6 @@ pub(crate) const ERROR_WEIGHT: usize = 1536;
 /// One segment of an error's path beyond its name's bytes: its slot, and
 /// the `String` a field name is copied into.
 pub(crate) const PATH_SEGMENT_WEIGHT: usize = 64;
-
-/// The memory every request in flight may hold at once (answers being built
-/// and upstream bodies kept): one per engine.
-#[derive(Debug)]
-pub(crate) struct MemoryPool {
-    max: usize,
-    used: AtomicUsize,
-}
-
-impl MemoryPool {
-    pub(crate) fn new(max: usize) -> Self {
-        Self {
-            max,
-            used: AtomicUsize::new(0),
-        }
-    }
-
-    /// Takes `bytes`, or nothing when that would pass the bound.
-    fn take(&self, bytes: usize) -> bool {
-        let taken = self.used.fetch_update(Relaxed, Relaxed, |used| {
-            let after = used.checked_add(bytes)?;
-            (after <= self.max).then_some(after)
-        });
-        match taken {
-            Ok(before) => {
-                crate::metrics::memory_held(before + bytes);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    fn give_back(&self, bytes: usize) {
-        let before = self.used.fetch_sub(bytes, Relaxed);
-        crate::metrics::memory_held(before - bytes);
-    }
-
-    /// Takes `bytes` for as long as the returned lease lives (a socket's
-    /// queued event), or `None` when that would pass the bound.
-    pub(crate) fn lease(self: &Arc<Self>, bytes: usize) -> Option<PoolBytes> {
-        self.take(bytes).then(|| PoolBytes {
-            pool: self.clone(),
-            bytes,
-        })
-    }
-
-    /// Bytes taken by the requests in flight.
-    #[cfg(test)]
-    pub(crate) fn used(&self) -> usize {
-        self.used.load(Relaxed)
-    }
-}
-
-/// Bytes taken from the [`MemoryPool`], given back when dropped.
-#[derive(Debug)]
-pub(crate) struct PoolBytes {
-    pool: Arc<MemoryPool>,
-    bytes: usize,
-}
-
-impl Drop for PoolBytes {
-    fn drop(&mut self) {
-        self.pool.give_back(self.bytes);
-    }
-}
 
 /// Why a request's memory bound stopped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,7 +189,9 @@ impl RequestMemory {
             ANSWER => Some(Trip::AnswerTooLarge {
                 max: self.max_answer,
             }),
-            _ => Some(Trip::ProcessFull { max: self.pool.max }),
+            _ => Some(Trip::ProcessFull {
+                max: self.pool.max(),
+            }),
         }
     }
 

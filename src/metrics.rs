@@ -45,6 +45,7 @@
 //! | `fanout_parsed_documents_total` | counter | `source` | operations' documents, `cache` (kept from an earlier request) or `parser` |
 //! | `fanout_document_cache_bytes` | gauge | — | the kept documents' estimated weight (all engines of the process) |
 //! | `fanout_memory_held_bytes` | gauge | — | memory the requests in flight hold in the engine's pool (`http.max_inflight_bytes`): answers being built and written, upstream bodies kept; taken in 64 KiB blocks |
+//! | `fanout_socket_memory_held_bytes` | gauge | — | memory the open WebSocket connections hold in the sockets' pool (`subscriptions.max_bytes`): their subscriptions, their events being resolved and waiting to be written |
 //! | `fanout_memory_trips_total` | counter | `bound` | requests stopped by a memory bound: `answer` (`http.max_answer_bytes`: `RESPONSE_TOO_LARGE`) or `process` (`http.max_inflight_bytes`: `OVERLOADED`) |
 //! | `fanout_telemetry_spans_dropped_total` | counter | `reason` | trace spans never delivered to the OTLP collector (`otel` feature, `[telemetry]`): `queue_full` (the export queue was full, the collector slow or down), `export_failed` (the collector refused them or was not reached in time) |
 
@@ -230,6 +231,11 @@ pub(crate) fn shared_state_fallback(backend: &'static str) {
 /// block taken or given back, not per value).
 pub(crate) fn memory_held(bytes: usize) {
     gauge!("fanout_memory_held_bytes").set(bytes as f64);
+}
+
+/// What the open sockets hold in their pool now.
+pub(crate) fn socket_memory_held(bytes: usize) {
+    gauge!("fanout_socket_memory_held_bytes").set(bytes as f64);
 }
 
 /// Counts a request stopped by a memory bound (its own answer's, or the

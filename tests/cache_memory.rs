@@ -66,7 +66,7 @@ fn fill(sizes: &str) {
         .build()
         .unwrap();
     runtime.block_on(async {
-        trim();
+        child::trim_heap();
         let before = child::rss_mib();
         for (round, size) in sizes.split(',').enumerate() {
             for batch in 0..ENTRIES / 1000 {
@@ -81,25 +81,11 @@ fn fill(sizes: &str) {
                 }
             }
             let weight = engine.cache_weight() as f64 / f64::from(1 << 20);
-            trim();
+            child::trim_heap();
             let gained = child::rss_mib() - before;
             child::report(format!("{weight:.1} {gained:.1}"));
         }
     });
-}
-
-/// Gives the allocator's free pages back before resident memory is read:
-/// what is measured is what the process holds, not what glibc kept of the
-/// entries already evicted (it varied by 20 MiB from run to run).
-fn trim() {
-    unsafe extern "C" {
-        fn malloc_trim(pad: usize) -> std::ffi::c_int;
-    }
-    // SAFETY: glibc's `malloc_trim` takes no pointer and only releases
-    // free memory; the test runs on Linux with glibc.
-    unsafe {
-        malloc_trim(0);
-    }
 }
 
 /// Fills a cache with `sizes` in a child: the weight and resident memory

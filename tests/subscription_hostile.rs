@@ -17,14 +17,13 @@ use fanout_budget::config::SubscriptionsConfig;
 use fanout_budget::graphql::{FanoutConnection, SharedPoll};
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL, Read};
 use fanout_testkit::child;
-use fanout_testkit::ws::{receive, send, subscribe, until_complete};
+use fanout_testkit::ws::{connect_from, receive, send, subscribe, until_complete};
 use futures::{SinkExt, Stream, StreamExt};
 use serde_json::json;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpSocket, TcpStream};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -119,26 +118,6 @@ async fn start(mut config: Config) -> Server {
 }
 
 type Socket = WebSocketStream<TcpStream>;
-
-/// A `graphql-transport-ws` connection to `addr` from loopback address `from`.
-async fn connect_from(addr: SocketAddr, from: Ipv4Addr) -> Result<Socket, String> {
-    let socket = TcpSocket::new_v4().map_err(|e| e.to_string())?;
-    socket
-        .bind(SocketAddr::from((from, 0)))
-        .map_err(|e| e.to_string())?;
-    let stream = socket.connect(addr).await.map_err(|e| e.to_string())?;
-    let mut request = format!("ws://{addr}/graphql")
-        .into_client_request()
-        .unwrap();
-    request.headers_mut().insert(
-        "sec-websocket-protocol",
-        "graphql-transport-ws".parse().unwrap(),
-    );
-    let (socket, _) = tokio_tungstenite::client_async(request, stream)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(socket)
-}
 
 async fn connect(server: &Server) -> Socket {
     connect_from(server.addr, Ipv4Addr::LOCALHOST)

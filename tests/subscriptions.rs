@@ -645,10 +645,10 @@ async fn an_event_past_the_answer_bound_is_answered_with_its_code_and_the_connec
 
 #[tokio::test]
 async fn an_event_the_memory_pool_cannot_hold_is_replaced_by_one_saying_so() {
-    // Room for the subscription (8 KiB and its text), not for its event's
-    // first 64 KiB block.
+    // Room in the client's share of the sockets' pool for the subscription
+    // (about 9 KiB), not for its event's first 64 KiB block.
     let mut config = Config::default();
-    config.http.max_inflight_bytes = 16 << 10;
+    config.subscriptions.max_bytes_per_client = 16 << 10;
     let server = server_with(config).await;
     let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
     init(&mut socket, json!({})).await;
@@ -949,10 +949,11 @@ async fn a_page_on_another_site_cannot_open_a_socket_with_its_visitors_cookies()
 }
 
 #[tokio::test]
-async fn each_active_subscription_holds_its_weight_in_the_memory_pool() {
-    // Room for three subscriptions (8 KiB each, and their texts), not four.
+async fn each_active_subscription_holds_its_weight_in_the_sockets_pool() {
+    // Room for three subscriptions (about 9 KiB each: 8 KiB, their
+    // documents and texts), not four; the requests' pool is not touched.
     let mut config = Config::default();
-    config.http.max_inflight_bytes = 30 << 10;
+    config.subscriptions.max_bytes = 30 << 10;
     let server = server_with(config).await;
     let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
     init(&mut socket, json!({})).await;
@@ -969,7 +970,8 @@ async fn each_active_subscription_holds_its_weight_in_the_memory_pool() {
         refusal["payload"][0]["extensions"]["code"], "OVERLOADED",
         "{refusal}"
     );
-    // One stopped gives its weight back: a fourth fits again.
+    // One stopped gives its weight back: a fourth fits again (its event,
+    // a 64 KiB block, does not: it is replaced by one saying so).
     send(&mut socket, json!({ "type": "complete", "id": "1" })).await;
     subscribe(
         &mut socket,
@@ -977,5 +979,7 @@ async fn each_active_subscription_holds_its_weight_in_the_memory_pool() {
         "subscription { items(first: 1, n: 1) { id } }",
     )
     .await;
-    assert_eq!(until_complete(&mut socket, "5").await.len(), 1);
+    let events = until_complete(&mut socket, "5").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["type"], "next", "subscribed: {events:?}");
 }

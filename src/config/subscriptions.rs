@@ -38,6 +38,16 @@ section! {
         /// A keep-alive ping every this many milliseconds; a connection that
         /// sends nothing for three of them is closed.
         pub keepalive_ms: u64 = 15_000,
+        /// Bytes every open socket together may hold — subscriptions (their
+        /// documents, variables and texts), events being resolved and
+        /// waiting to be written — apart from `http.max_inflight_bytes`:
+        /// sockets never take what HTTP requests need. Full: a new
+        /// subscription is refused (`OVERLOADED`), an event replaced by a
+        /// small `OVERLOADED` one.
+        pub max_bytes: usize = 64 << 20,
+        /// One client's share of `max_bytes` (all its sockets; clients keyed
+        /// as the per-IP limiter keys them).
+        pub max_bytes_per_client: usize = 8 << 20,
     }
 }
 
@@ -72,6 +82,8 @@ impl SubscriptionsConfig {
                 ("internal_burst", self.internal_burst),
                 ("max_pending_events", self.max_pending_events as u64),
                 ("keepalive_ms", self.keepalive_ms),
+                ("max_bytes", self.max_bytes as u64),
+                ("max_bytes_per_client", self.max_bytes_per_client as u64),
             ],
         )?;
         if self.poll_interval_ms < 1000 {

@@ -4,4 +4,5 @@
 pub(crate) mod cache;
 pub(crate) mod guard;
 pub(crate) mod persisted;
+pub(crate) mod root_field;
 pub(crate) mod schema_types;

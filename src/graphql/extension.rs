@@ -43,12 +43,12 @@
 
 use super::finish::{code_errors, report_connection};
 use super::pipeline::Op;
-use super::socket::FanoutConnection;
+use super::socket::{self, FanoutConnection};
 use crate::document::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
-use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
+use crate::memory::{weigh, weigh_error, PoolBytes, PENDING_WEIGHT, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
@@ -130,7 +130,7 @@ impl ExtensionFactory for FanoutExtension {
         Arc::new(PerOperation {
             factory: self.clone(),
             aside: AtomicBool::new(false),
-            query: Mutex::new(String::new()),
+            query: Mutex::new(Arc::from("")),
             scope: Mutex::new(None),
             op: Mutex::new(None),
             priced: AtomicBool::new(false),
@@ -146,7 +146,7 @@ struct PerOperation {
     /// `FanoutGraphQL` already attached this operation's scope.
     aside: AtomicBool,
     /// The text that runs, for the codes of errors async-graphql raises.
-    query: Mutex<String>,
+    query: Mutex<Arc<str>>,
     /// The request's scope, found in `prepare_request`.
     scope: Mutex<Option<FanoutRequest>>,
     /// The operation, admitted in `prepare_request`, run in `execute`.
@@ -156,9 +156,10 @@ struct PerOperation {
     /// The request whose memory this operation's answer is counted in
     /// (under either integration).
     meter: OnceLock<FanoutRequest>,
-    /// On a WebSocket: the connection, and the operation as admitted (run
-    /// once per event).
-    socket: OnceLock<(FanoutConnection, Op)>,
+    /// On a WebSocket: the connection, the operation as admitted (run
+    /// once per event), and what it holds in the sockets' pool while
+    /// active (`socket/held.rs`).
+    socket: OnceLock<(FanoutConnection, Op, PoolBytes)>,
     /// On a WebSocket: the event being resolved, whose memory counts its
     /// answer (a subscription's events resolve one at a time).
     event: Mutex<Option<FanoutRequest>>,
@@ -240,7 +241,6 @@ impl Extension for PerOperation {
         let mut request = next.run(ctx, request).await.inspect_err(|_| {
             self.price(&scope, 0);
         })?;
-        request.query.clone_into(&mut lock(&self.query));
         // The text that runs, whatever a persisted-query lookup put there,
         // is bounded as the body is.
         let text = scope
@@ -249,6 +249,9 @@ impl Extension for PerOperation {
         let types = self.types(ctx);
         let engine = &self.factory.engine;
         let op = Op::admit(engine, &types, &scope, &mut request, text);
+        // One copy of the text for the operation and the codes of errors
+        // async-graphql raises (a subscription keeps it for hours).
+        *lock(&self.query) = op.text();
         self.priced.store(true, Relaxed);
         op.operation().mark_metered();
         if let Some(refusal) = op.refusal() {
@@ -261,7 +264,20 @@ impl Extension for PerOperation {
                 if let Some(refusal) = connection.over_estimate(op.requested()) {
                     return Err(operation_error(&refusal));
                 }
-                let _ = self.socket.set((connection, op));
+                // What it holds while active — its document, variables
+                // and text — in its client's share of the sockets' pool:
+                // weighed before it runs, refused when it does not fit.
+                let text = request.query.len();
+                let variables = std::mem::take(&mut request.variables);
+                let weight =
+                    (request.parsed_query()).map(|doc| socket::held::weight(doc, text, &variables));
+                request.variables = variables;
+                let weight = weight?;
+                let Some(held) = connection.hold(weight) else {
+                    let max = connection.max_bytes();
+                    return Err(operation_error(&OperationError::Overloaded { max }));
+                };
+                let _ = self.socket.set((connection, op, held));
             }
             None => {
                 let _ = self.meter.set(scope);
@@ -345,7 +361,7 @@ impl Extension for PerOperation {
         if self.aside.load(Relaxed) {
             return next.run(ctx, operation_name).await;
         }
-        if let Some((connection, op)) = self.socket.get() {
+        if let Some((connection, op, _held)) = self.socket.get() {
             return self
                 .run_event(ctx, operation_name, next, connection, op)
                 .await;

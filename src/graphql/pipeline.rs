@@ -26,13 +26,13 @@
 //! async-graphql's `prepare_request` hook and runs in its `execute` hook.
 
 use super::finish::finish;
-use crate::document::guard;
 use crate::document::schema_types::SchemaTypes;
+use crate::document::{guard, root_field};
 use crate::engine::Engine;
 use crate::error::{refused, stopped, OperationError};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
-use async_graphql::parser::types::OperationType;
-use async_graphql::{Data, Request, Response};
+use async_graphql::parser::types::{DocumentOperations, ExecutableDocument, OperationType};
+use async_graphql::{Data, Name, Request, Response};
 use std::future::Future;
 use std::sync::Arc;
 use tracing::Instrument;
@@ -45,8 +45,13 @@ pub(crate) struct Op {
     refused: Option<OperationError>,
     /// The estimate, when a cost table priced the operation.
     requested: Option<u64>,
-    query: String,
+    /// The text that runs, kept once (shared with the extension's copy).
+    query: Arc<str>,
+    /// The `operationName` sent.
     name: Option<String>,
+    /// The name of the operation that runs, as its document gives it:
+    /// its span's `graphql.operation.name` ([`operation_name`]).
+    span_name: Option<Name>,
     /// `query`, `mutation` or `subscription`, when the document names the
     /// operation to run.
     kind: Option<&'static str>,
@@ -70,10 +75,16 @@ impl Op {
         let max = engine.config().http.max_selections;
         let name = request.operation_name.as_deref();
         let mut kind = None;
+        let mut span_name = None;
         let admitted = prior
             .and_then(|()| guard::admit(engine.documents(), &request.query, max))
             .and_then(|(doc, shape)| {
+                // A subscription selects one root field: one stream.
+                if let Some(refusal) = root_field::check(&doc) {
+                    return Err(refusal);
+                }
                 let op = guard::operation(&doc, name);
+                span_name = operation_name(&doc, name);
                 kind = op.map(|op| match op.ty {
                     OperationType::Query => "query",
                     OperationType::Mutation => "mutation",
@@ -109,8 +120,9 @@ impl Op {
             operation: scope.operation(),
             refused,
             requested,
-            query: request.query.clone(),
+            query: request.query.as_str().into(),
             name: request.operation_name.clone(),
+            span_name,
             kind,
             record_document: engine.config().telemetry.record_document,
         }
@@ -119,6 +131,11 @@ impl Op {
     /// Why the operation is refused before it runs, if it is.
     pub(crate) fn refusal(&self) -> Option<&OperationError> {
         self.refused.as_ref()
+    }
+
+    /// The text that runs.
+    pub(crate) fn text(&self) -> Arc<str> {
+        self.query.clone()
     }
 
     /// The operation's worst case in reads, when a cost table priced it.
@@ -160,7 +177,7 @@ impl Op {
                         otel.name = self.kind.unwrap_or("GraphQL Operation"),
                         otel.kind = "server",
                         graphql.operation.type = self.kind,
-                        graphql.operation.name = self.name.as_deref(),
+                        graphql.operation.name = self.span_name.as_deref(),
                         graphql.document = tracing::field::Empty,
                         fanout.requested = self.requested,
                         fanout.reads = tracing::field::Empty,
@@ -187,7 +204,8 @@ impl Op {
     }
 
     /// The operation's span, in OpenTelemetry's GraphQL conventions: named
-    /// after its type (its name is an attribute: names are many), INTERNAL
+    /// after its type (its name, as the document gives it, is an attribute:
+    /// names are many), INTERNAL
     /// under the request's SERVER span; what it was priced, and after it ran
     /// ([`record`](Self::record)) what it sent. An event of a WebSocket
     /// connection has the same span, but as the SERVER span of a trace of
@@ -198,7 +216,7 @@ impl Op {
             "graphql.operation",
             otel.name = self.kind.unwrap_or("GraphQL Operation"),
             graphql.operation.type = self.kind,
-            graphql.operation.name = self.name.as_deref(),
+            graphql.operation.name = self.span_name.as_deref(),
             graphql.document = tracing::field::Empty,
             fanout.requested = self.requested,
             fanout.reads = tracing::field::Empty,
@@ -211,7 +229,7 @@ impl Op {
     /// `telemetry.record_document` asks for it.
     fn described(&self, span: tracing::Span) -> tracing::Span {
         if self.record_document && !span.is_disabled() {
-            span.record("graphql.document", self.query.as_str());
+            span.record("graphql.document", &*self.query);
         }
         span
     }
@@ -274,5 +292,48 @@ impl Op {
             name,
         );
         response
+    }
+}
+
+/// The name of the operation of `doc` that `requested` (the `operationName`
+/// sent) selects, as the document spells it: the operation's own name
+/// whether or not the client sent it (a document of one named operation),
+/// and none when it names no operation of the document or the operation is
+/// anonymous. A span carries this, never what a client wrote in
+/// `operationName`.
+fn operation_name(doc: &ExecutableDocument, requested: Option<&str>) -> Option<Name> {
+    let DocumentOperations::Multiple(ops) = &doc.operations else {
+        return None;
+    };
+    match requested {
+        Some(requested) => ops.get_key_value(requested).map(|(name, _)| name.clone()),
+        None if ops.len() == 1 => ops.keys().next().cloned(),
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::operation_name;
+
+    fn name(query: &str, requested: Option<&str>) -> Option<String> {
+        let doc = async_graphql::parser::parse_query(query).unwrap();
+        operation_name(&doc, requested).map(|name| name.to_string())
+    }
+
+    #[test]
+    fn the_span_names_the_operation_the_document_runs() {
+        assert_eq!(name("query Q { a }", None).as_deref(), Some("Q"));
+        assert_eq!(name("query Q { a }", Some("Q")).as_deref(), Some("Q"));
+        assert_eq!(
+            name("query Q { a } query R { b }", Some("R")).as_deref(),
+            Some("R")
+        );
+        // No operation of the document, or which one is not said.
+        assert_eq!(name("query Q { a }", Some("Other")), None);
+        assert_eq!(name("query Q { a } query R { b }", None), None);
+        // An anonymous operation has no name, whatever was sent.
+        assert_eq!(name("{ a }", None), None);
+        assert_eq!(name("{ a }", Some("Q")), None);
     }
 }

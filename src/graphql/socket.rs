@@ -34,16 +34,24 @@
 //! 4. **Writing** (`outbox.rs`): one frame at a time, each within
 //!    `http.write_timeout_ms` (else the connection ends); meanwhile events go
 //!    on resolving, at most `subscriptions.max_pending_events` waiting per
-//!    subscription (the oldest dropped), their bytes held in the memory pool.
+//!    subscription (the oldest dropped), their bytes held in the sockets' pool.
 //!    Each event spends from the task's cooperative budget (tokio's
 //!    `coop`), so a subscription whose stream is always ready yields the
 //!    thread to the runtime's other tasks and timers like any I/O does.
-//! 5. **Keep-alive**: a ping every `subscriptions.keepalive_ms` (a WebSocket
+//! 5. **Memory** (`held.rs`, `memory/shares.rs`): everything the connection
+//!    keeps — each subscription's document, variables and text, weighed
+//!    before it runs; its events resolving and waiting — is taken from its
+//!    client's share of the sockets' pool (`subscriptions.max_bytes`,
+//!    `subscriptions.max_bytes_per_client`), never from the requests' pool:
+//!    sockets cannot make an HTTP request `OVERLOADED`. What does not fit is
+//!    refused (`OVERLOADED`); nothing held is dropped for it.
+//! 6. **Keep-alive**: a ping every `subscriptions.keepalive_ms` (a WebSocket
 //!    ping frame, which every client answers, and the legacy protocol's
 //!    `ka`); a client heard from in none of three is closed (1001).
 
 mod connection;
 mod driver;
+pub(crate) mod held;
 mod message;
 mod outbox;
 mod poll;

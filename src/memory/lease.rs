@@ -57,7 +57,10 @@ impl RequestMemory {
             Some(lease) => response.map(|body| Body::new(Leased { body, lease })),
             None => {
                 use axum::response::IntoResponse;
-                crate::error::Rejection::Overloaded { max: self.pool.max }.into_response()
+                crate::error::Rejection::Overloaded {
+                    max: self.pool.max(),
+                }
+                .into_response()
             }
         }
     }

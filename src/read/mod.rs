@@ -114,8 +114,15 @@ pub(crate) struct RequestReads {
 pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
 
 impl RequestReads {
-    pub(crate) fn new(parts: Arc<ReadParts>, budget: RequestBudget) -> Self {
-        let memory = RequestMemory::new(parts.memory.clone(), parts.max_answer_bytes);
+    /// The reads of a request whose budget is `budget`, what it holds taken
+    /// from `pool` (else the requests' pool).
+    pub(crate) fn new(
+        parts: Arc<ReadParts>,
+        budget: RequestBudget,
+        pool: Option<Arc<MemoryPool>>,
+    ) -> Self {
+        let pool = pool.unwrap_or_else(|| parts.memory.clone());
+        let memory = RequestMemory::new(pool, parts.max_answer_bytes);
         Self {
             parts,
             budget,

@@ -133,3 +133,18 @@ pub fn peak_mib() -> f64 {
 pub fn reset_peak() {
     std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
 }
+
+/// Gives the allocator's free pages back, so that resident memory read next
+/// is what the process holds, not what glibc kept of what was freed (it
+/// varied by 20 MiB from run to run).
+#[allow(unsafe_code)]
+pub fn trim_heap() {
+    unsafe extern "C" {
+        fn malloc_trim(pad: usize) -> std::ffi::c_int;
+    }
+    // SAFETY: glibc's `malloc_trim` takes no pointer and only releases
+    // free memory; the tests run on Linux with glibc.
+    unsafe {
+        malloc_trim(0);
+    }
+}

@@ -4,8 +4,11 @@
 
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
@@ -88,4 +91,28 @@ pub async fn until_complete<S: AsyncRead + AsyncWrite + Unpin>(
         }
         events.push(message);
     }
+}
+
+/// A `graphql-transport-ws` connection to `ws://{addr}/graphql` from
+/// loopback address `from` (the server keys its clients by it).
+pub async fn connect_from(
+    addr: SocketAddr,
+    from: Ipv4Addr,
+) -> Result<WebSocketStream<TcpStream>, String> {
+    let socket = TcpSocket::new_v4().map_err(|e| e.to_string())?;
+    socket
+        .bind(SocketAddr::from((from, 0)))
+        .map_err(|e| e.to_string())?;
+    let stream = socket.connect(addr).await.map_err(|e| e.to_string())?;
+    let mut request = format!("ws://{addr}/graphql")
+        .into_client_request()
+        .map_err(|e| e.to_string())?;
+    request.headers_mut().insert(
+        "sec-websocket-protocol",
+        "graphql-transport-ws".parse().unwrap(),
+    );
+    let (socket, _) = tokio_tungstenite::client_async(request, stream)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(socket)
 }

@@ -30,6 +30,7 @@ use crate::engine::Engine;
 use crate::error::OperationError;
 use crate::inbound::identity::Caller;
 use crate::inbound::quota::{Rate, Ticket};
+use crate::memory::{MemoryPool, PoolBytes};
 use crate::request::{FanoutRequest, Pricing};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -57,6 +58,9 @@ struct Inner {
     origin: Instant,
     /// Reads paid since the connection opened.
     used: AtomicU64,
+    /// Its client's share of the sockets' pool (`subscriptions.max_bytes`):
+    /// what its subscriptions and events hold.
+    memory: Arc<MemoryPool>,
 }
 
 impl std::fmt::Debug for FanoutConnection {
@@ -71,8 +75,14 @@ impl std::fmt::Debug for FanoutConnection {
 
 impl FanoutConnection {
     /// The scope of a connection from `caller`, upgraded by the request
-    /// whose parts are `parts`: its bucket full.
-    pub(crate) fn open(engine: &Engine, caller: Caller, parts: &http::request::Parts) -> Self {
+    /// whose parts are `parts`: its bucket full, what it holds taken from
+    /// `memory` (its client's share of the sockets' pool).
+    pub(crate) fn open(
+        engine: &Engine,
+        caller: Caller,
+        parts: &http::request::Parts,
+        memory: Arc<MemoryPool>,
+    ) -> Self {
         let s = &engine.config().subscriptions;
         let (per_minute, burst) = match caller {
             Caller::Internal => (s.internal_reads_per_minute, s.internal_burst),
@@ -89,6 +99,7 @@ impl FanoutConnection {
                 full_at: Mutex::new(0),
                 origin: Instant::now(),
                 used: AtomicU64::new(0),
+                memory,
             }),
         }
     }
@@ -173,6 +184,7 @@ impl FanoutConnection {
                 refuse_over: false,
                 event: true,
             },
+            Some(inner.memory.clone()),
         );
         if let Some(requested) = requested {
             event.priced(requested);
@@ -201,6 +213,18 @@ impl FanoutConnection {
         let quota = inner.ticket.as_ref().map_or(u64::MAX, Ticket::burst);
         let limit = max_reads.min(self.limit()).min(quota);
         (requested > limit).then_some(OperationError::EstimateExceedsBudget { requested, limit })
+    }
+
+    /// Takes `bytes` of the connection's share of the sockets' pool for as
+    /// long as the returned lease lives (what a subscription keeps), or
+    /// `None` when its client's share or the pool is full.
+    pub(crate) fn hold(&self, bytes: usize) -> Option<PoolBytes> {
+        self.inner.memory.lease(bytes)
+    }
+
+    /// The bound [`hold`](Self::hold) refused at: the client's share.
+    pub(crate) fn max_bytes(&self) -> usize {
+        self.inner.memory.max()
     }
 
     /// Whether the two handles are the same connection.

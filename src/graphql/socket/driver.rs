@@ -6,11 +6,11 @@ use super::connection::FanoutConnection;
 use super::message::{self, close, ClientMessage, Protocol};
 use super::outbox::Outbox;
 use crate::engine::Engine;
-use crate::error::{operation_error, stopped, Rejection};
+use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
 use crate::inbound::limiter::SocketLimit;
 use crate::inbound::serve::{ConnectionLease, Wanted};
-use crate::memory::PoolBytes;
+use crate::memory::{MemoryPool, PoolBytes};
 use async_graphql::{Data, Executor, Response};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures::future::BoxFuture;
@@ -34,21 +34,19 @@ struct Subscription {
     events: BoxStream<'static, Response>,
     /// Whether an event of it has been answered yet.
     answered: bool,
-    /// What it holds while active — its id and its operation's text, kept
-    /// by async-graphql in a few copies — in the memory pool.
+    /// What the driver keeps of it while active — its id, its stream's
+    /// box and its place here — in its client's share of the sockets'
+    /// pool (its operation's document, variables and text are held by the
+    /// extension, `held.rs`).
     _held: PoolBytes,
 }
 
 /// The longest subscription id taken (graphql-ws sends UUIDs: 36 bytes).
 const MAX_ID_BYTES: usize = 128;
 
-/// What an active subscription holds beyond its text: async-graphql's
-/// stream, its query environment and the extension's state.
-const SUBSCRIPTION_WEIGHT: usize = 8 << 10;
-
-/// Copies of its operation's text an active subscription keeps (the
-/// request's, the parsed document's names, the extension's).
-const TEXT_COPIES: usize = 3;
+/// What the driver keeps of an active subscription besides its id: its
+/// entry here, and the boxed stream async-graphql hands it.
+const SUBSCRIPTION_WEIGHT: usize = 512;
 
 /// One connection's state, driven by one task.
 pub(super) struct Driver<E> {
@@ -69,6 +67,9 @@ pub(super) struct Driver<E> {
     /// Which subscription is polled first next time (fairness).
     turn: usize,
     outbox: Outbox,
+    /// Its client's share of the sockets' pool (`subscriptions.max_bytes`):
+    /// its subscriptions, their events resolving and waiting.
+    memory: Arc<MemoryPool>,
     /// When the client was last heard from.
     heard: Instant,
 }
@@ -101,7 +102,8 @@ impl<E: Executor> Driver<E> {
         let caller = (parts.extensions.get::<Caller>().copied())
             .unwrap_or_else(|| engine.identify(&parts.headers));
         let max_pending = engine.config().subscriptions.max_pending_events;
-        let outbox = Outbox::new(max_pending, engine.memory_pool().clone());
+        let memory = engine.socket_share(&parts);
+        let outbox = Outbox::new(max_pending, memory.clone());
         Self {
             executor,
             engine,
@@ -114,6 +116,7 @@ impl<E: Executor> Driver<E> {
             subscriptions: Vec::new(),
             turn: 0,
             outbox,
+            memory,
             heard: Instant::now(),
         }
     }
@@ -235,7 +238,8 @@ impl<E: Executor> Driver<E> {
                     (Caller::Public, Some(token)) => self.engine.identify_token(token),
                     (Caller::Public, None) => Caller::Public,
                 };
-                let connection = FanoutConnection::open(&self.engine, caller, &self.parts);
+                let connection =
+                    FanoutConnection::open(&self.engine, caller, &self.parts, self.memory.clone());
                 let mut data = Data::default();
                 data.insert(connection);
                 self.session = Some(Arc::new(data));
@@ -287,12 +291,11 @@ impl<E: Executor> Driver<E> {
                     self.answer_refused(&id, &answer);
                     return Next::Go;
                 }
-                let weight = SUBSCRIPTION_WEIGHT + TEXT_COPIES * payload.query.len();
-                let Some(held) = self.engine.memory_pool().lease(weight) else {
-                    let max = self.engine.config().http.max_inflight_bytes;
-                    let full = Rejection::Overloaded { max };
-                    let refusal = self.protocol.error(&id, &full.to_string(), full.code());
-                    self.outbox.reply(refusal);
+                let Some(held) = self.memory.lease(SUBSCRIPTION_WEIGHT + id.len()) else {
+                    let full = OperationError::Overloaded {
+                        max: self.memory.max(),
+                    };
+                    self.answer_refused(&id, &crate::error::refused(&full));
                     return Next::Go;
                 };
                 let events = self.executor.execute_stream(payload, Some(session));
@@ -350,8 +353,10 @@ impl<E: Executor> Driver<E> {
                 let protocol = self.protocol;
                 let text = protocol.next(id, &response);
                 drop(response);
-                let max = self.engine.config().http.max_inflight_bytes;
-                let overloaded = || protocol.next(id, &stopped(&Rejection::Overloaded { max }));
+                let full = OperationError::Overloaded {
+                    max: self.memory.max(),
+                };
+                let overloaded = || protocol.next(id, &crate::error::refused(&full));
                 if !self.outbox.event(id, text, overloaded) {
                     crate::metrics::subscription_event_dropped();
                 }

@@ -13,8 +13,8 @@
 //! - **events**, per subscription: at most `subscriptions.max_pending_events`;
 //!   past it the oldest is dropped (a subscription's newest state is what a
 //!   client wants; the count is in `fanout_subscription_events_dropped_total`),
-//!   and each waiting event holds its bytes in the process's memory pool
-//!   (`http.max_inflight_bytes`): an event the pool cannot take is replaced
+//!   and each waiting event holds its bytes in its client's share of the
+//!   sockets' pool (`subscriptions.max_bytes`): an event it cannot take is replaced
 //!   by a small `next` saying so (`OVERLOADED`), so the client knows it
 //!   missed one.
 //!

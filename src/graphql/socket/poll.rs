@@ -306,7 +306,8 @@ mod tests {
 
     fn connection(engine: &Engine) -> FanoutConnection {
         let (parts, ()) = http::Request::new(()).into_parts();
-        FanoutConnection::open(engine, Caller::Public, &parts)
+        let memory = engine.socket_share(&parts);
+        FanoutConnection::open(engine, Caller::Public, &parts, memory)
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,133 @@
+//! One root field per subscription (GraphQL spec, "Single root field").
+//!
+//! A subscription operation's response stream is its one root field's: the
+//! spec lets it select exactly one (however it is reached — directly, by a
+//! fragment spread, in an inline fragment). async-graphql 7.2 does not
+//! check it, and runs every root field of a subscription as a stream of its
+//! own: one `subscribe` naming `tagChanges` 999 times under 999 aliases
+//! started 999 shared polls, where the connection's
+//! `subscriptions.max_per_connection` meant to bound them at 16. So a
+//! document with a subscription selecting more than one response key at its
+//! root is refused here, `GRAPHQL_VALIDATION_FAILED`, before anything runs —
+//! and the streams (and polls) one connection can start are bounded by its
+//! subscriptions.
+//!
+//! The walk visits each fragment once (the guard has already refused
+//! cycles; a set of those seen keeps it linear regardless) and stops at the
+//! second key.
+
+use crate::error::OperationError;
+use async_graphql::parser::types::{
+    DocumentOperations, ExecutableDocument, OperationDefinition, OperationType, Selection,
+    SelectionSet,
+};
+use async_graphql::{Name, Pos, Positioned};
+use std::collections::HashSet;
+
+/// The first subscription operation of `doc` whose root selects more than
+/// one field, as a validation error at its second field (`None`: every
+/// subscription selects one).
+pub(crate) fn check(doc: &ExecutableDocument) -> Option<OperationError> {
+    let operations: Vec<(Option<&Name>, &Positioned<OperationDefinition>)> = match &doc.operations {
+        DocumentOperations::Single(op) => vec![(None, op)],
+        DocumentOperations::Multiple(ops) => ops.iter().map(|(n, op)| (Some(n), op)).collect(),
+    };
+    operations
+        .into_iter()
+        .filter(|(_, op)| op.node.ty == OperationType::Subscription)
+        .find_map(|(name, op)| {
+            let second = second_key(doc, &op.node.selection_set)?;
+            let message = match name {
+                Some(name) => {
+                    format!("Subscription \"{name}\" must select only one top level field.")
+                }
+                None => "Anonymous Subscription must select only one top level field.".to_string(),
+            };
+            Some(OperationError::ValidationFailed {
+                message,
+                at: vec![second],
+            })
+        })
+}
+
+/// Where the second distinct response key of `set` is, fragments expanded.
+fn second_key(doc: &ExecutableDocument, set: &Positioned<SelectionSet>) -> Option<Pos> {
+    let mut first: Option<&str> = None;
+    let mut seen: HashSet<&Name> = HashSet::new();
+    let mut stack: Vec<&Positioned<SelectionSet>> = vec![set];
+    while let Some(set) = stack.pop() {
+        for selection in &set.node.items {
+            match &selection.node {
+                Selection::Field(field) => {
+                    let key = field.node.response_key().node.as_str();
+                    match first {
+                        None => first = Some(key),
+                        Some(first) if first == key => {}
+                        Some(_) => return Some(field.pos),
+                    }
+                }
+                Selection::FragmentSpread(spread) => {
+                    let name = &spread.node.fragment_name.node;
+                    if let Some(fragment) = doc.fragments.get(name) {
+                        if seen.insert(name) {
+                            stack.push(&fragment.node.selection_set);
+                        }
+                    }
+                }
+                Selection::InlineFragment(inline) => stack.push(&inline.node.selection_set),
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_graphql::parser::parse_query;
+
+    fn refused(query: &str) -> Option<String> {
+        check(&parse_query(query).unwrap()).map(|err| match err {
+            OperationError::ValidationFailed { message, .. } => message,
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn one_root_field_passes_however_it_is_reached() {
+        assert_eq!(refused("subscription { a(x: 1) { b c } }"), None);
+        assert_eq!(refused("subscription { a a }"), None, "one key twice");
+        assert_eq!(
+            refused("subscription S { ...F } fragment F on Subscription { ... { a } a }"),
+            None
+        );
+        assert_eq!(
+            refused("query Q { a b c } mutation M { d e }"),
+            None,
+            "only subscriptions"
+        );
+    }
+
+    #[test]
+    fn a_second_root_key_is_refused_directly_aliased_or_through_fragments() {
+        let anonymous = Some("Anonymous Subscription must select only one top level field.".into());
+        assert_eq!(refused("subscription { a b }"), anonymous);
+        assert_eq!(refused("subscription { x: a y: a }"), anonymous);
+        assert_eq!(refused("subscription { a __typename }"), anonymous);
+        assert_eq!(
+            refused("subscription S { a ...F } fragment F on Subscription { ... on Subscription { b } }"),
+            Some("Subscription \"S\" must select only one top level field.".into())
+        );
+        let many: String = (0..999).map(|k| format!("t{k}: a ")).collect();
+        assert_eq!(refused(&format!("subscription {{ {many} }}")), anonymous);
+    }
+
+    #[test]
+    fn the_error_points_at_the_second_field() {
+        let doc = parse_query("subscription {\n  a\n  b\n}").unwrap();
+        let Some(OperationError::ValidationFailed { at, .. }) = check(&doc) else {
+            panic!("refused");
+        };
+        assert_eq!(at, vec![Pos { line: 3, column: 3 }]);
+    }
+}
