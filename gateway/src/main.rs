@@ -44,13 +44,17 @@ fn load_config(
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            Config::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))?
+            // Validated below, once credentials are out of the URLs.
+            Config::from_toml_unchecked(&text).map_err(|e| format!("{}: {e}", path.display()))?
         }
     }
     .with_env();
     let mut config = config;
     let upstream = fanout_gateway::registries::credentials_from_urls(&mut config, upstream)?;
-    config.validate().map_err(|e| e.to_string())?;
+    config.validate().map_err(|e| match path {
+        Some(path) => format!("{}: {e}", path.display()),
+        None => e.to_string(),
+    })?;
     // OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME and
     // OTEL_TRACES_SAMPLER_ARG override `[telemetry]`.
     config.telemetry = config.telemetry.with_env().map_err(|e| e.to_string())?;

@@ -189,9 +189,17 @@ impl Config {
 
     /// Parses TOML, then [`validate`](Self::validate)s it.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::from_toml(text, &e))?;
+        let config = Self::from_toml_unchecked(text)?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Parses TOML (unknown keys and wrong types refused, naming the key)
+    /// without the rules of [`validate`](Self::validate): for a caller
+    /// that changes the configuration before validating it (the gateway
+    /// moves credentials out of upstream URLs first).
+    pub fn from_toml_unchecked(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::from_toml(text, &e))
     }
 
     /// Applies the environment's overrides (`FANOUT_INTERNAL_TOKEN`).

@@ -329,3 +329,18 @@ fn the_telemetry_section_parses_and_is_checked_with_the_file() {
     let error = Config::from_toml("[telemetry]\nsample_ratio = 2.0\n").unwrap_err();
     assert_eq!(error.key(), Some("telemetry.sample_ratio"));
 }
+
+#[test]
+fn an_upstream_url_with_credentials_is_refused_naming_the_key_never_the_secret() {
+    for url in [
+        "http://ci:s3cret@registry.example",
+        "http://ci@registry.example",
+        "https://:s3cret@registry.example",
+    ] {
+        let config = Config::default().upstream_named("reg", UpstreamTable::default().url(url));
+        let err = config.validate().unwrap_err();
+        assert_eq!(err.key(), Some("upstreams.reg.url"), "{url}: {err}");
+        assert!(err.message().contains("username and password"), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+    }
+}

@@ -144,10 +144,19 @@ impl UpstreamTable {
     /// The rules of one table named `name`.
     pub(super) fn check(&self, name: &str) -> Result<(), ConfigError> {
         let key = |field: &str| format!("upstreams.{}.{field}", key_segment(name));
-        if self.base_url().is_none() {
+        let Some(url) = self.base_url() else {
             return Err(ConfigError::new(
                 key("url"),
                 "an upstream's url must be an http(s) URL with a host (e.g. \"https://registry.example\")",
+            ));
+        };
+        // A user or password in the URL would be sent as nothing the
+        // upstream asked for and shown wherever the URL is: credentials
+        // are the table's keys (the gateway moves them there first).
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(ConfigError::new(
+                key("url"),
+                "an upstream's url carries no user or password: give them as username and password",
             ));
         }
         let set = [
