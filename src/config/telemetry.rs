@@ -18,6 +18,11 @@ pub(crate) const ENV_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 pub(crate) const ENV_SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 /// The variable that overrides `sample_ratio`.
 pub(crate) const ENV_SAMPLE_RATIO: &str = "OTEL_TRACES_SAMPLER_ARG";
+/// The variable that overrides `attribute_value_length_limit`.
+pub(crate) const ENV_SPAN_VALUE_LIMIT: &str = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT";
+/// The variable that overrides `attribute_value_length_limit` when
+/// [`ENV_SPAN_VALUE_LIMIT`] is not set (it covers every signal).
+pub(crate) const ENV_VALUE_LIMIT: &str = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT";
 
 section! {
     /// `[telemetry]`: traces exported over OTLP (HTTP/protobuf). Off by
@@ -37,6 +42,11 @@ section! {
         /// text) as `graphql.document`. Off: a document may hold a user's
         /// data in its literals. Variables are never recorded.
         pub record_document: bool = false,
+        /// The attribute value length limit, in bytes: every text a span
+        /// carries (an attribute's value, an event's, the document) is cut
+        /// to it, at a character boundary, before it is queued for export.
+        /// At least 1.
+        pub attribute_value_length_limit: usize = 1024,
     }
 }
 
@@ -51,8 +61,11 @@ impl TelemetryConfig {
     /// a non-empty `OTEL_EXPORTER_OTLP_ENDPOINT` replaces `otlp_endpoint`
     /// (and so turns export on when the file leaves it off), a non-empty
     /// `OTEL_SERVICE_NAME` replaces `service_name`, a non-empty
-    /// `OTEL_TRACES_SAMPLER_ARG` replaces `sample_ratio`. The result is
-    /// checked as the file is; the error names the variable.
+    /// `OTEL_TRACES_SAMPLER_ARG` replaces `sample_ratio`, and
+    /// `OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT` (else
+    /// `OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`) replaces
+    /// `attribute_value_length_limit`. The result is checked as the file
+    /// is; the error names the variable.
     pub fn resolve(mut self, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let set = |name: &str| env(name).filter(|value| !value.trim().is_empty());
         if let Some(endpoint) = set(ENV_ENDPOINT) {
@@ -69,6 +82,16 @@ impl TelemetryConfig {
                 .map_err(|_| ConfigError::rule(ENV_SAMPLE_RATIO, RATIO_RULE))?;
             check_ratio(ENV_SAMPLE_RATIO, self.sample_ratio)?;
         }
+        let limit = [ENV_SPAN_VALUE_LIMIT, ENV_VALUE_LIMIT]
+            .into_iter()
+            .find_map(|name| set(name).map(|value| (name, value)));
+        if let Some((name, limit)) = limit {
+            self.attribute_value_length_limit = limit
+                .trim()
+                .parse()
+                .map_err(|_| ConfigError::rule(name, LIMIT_RULE))?;
+            check_limit(name, self.attribute_value_length_limit)?;
+        }
         Ok(self)
     }
 
@@ -83,14 +106,28 @@ impl TelemetryConfig {
         format!("{}{path}", self.otlp_endpoint.trim_end_matches('/'))
     }
 
-    /// An endpoint that is empty or an `http(s)://` URL; a ratio in [0, 1].
+    /// An endpoint that is empty or an `http(s)://` URL; a ratio in [0, 1];
+    /// a length limit of at least 1.
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         check_endpoint("telemetry.otlp_endpoint", &self.otlp_endpoint)?;
-        check_ratio("telemetry.sample_ratio", self.sample_ratio)
+        check_ratio("telemetry.sample_ratio", self.sample_ratio)?;
+        check_limit(
+            "telemetry.attribute_value_length_limit",
+            self.attribute_value_length_limit,
+        )
     }
 }
 
 const RATIO_RULE: &str = "must be a number from 0.0 to 1.0";
+const LIMIT_RULE: &str = "must be a whole number of bytes, at least 1";
+
+fn check_limit(key: &str, limit: usize) -> Result<(), ConfigError> {
+    if limit >= 1 {
+        Ok(())
+    } else {
+        Err(ConfigError::rule(key, LIMIT_RULE))
+    }
+}
 
 fn check_ratio(key: &str, ratio: f64) -> Result<(), ConfigError> {
     if (0.0..=1.0).contains(&ratio) {
@@ -137,6 +174,7 @@ mod tests {
         assert_eq!(config.otlp_endpoint, "");
         assert_eq!(config.service_name, "");
         assert_eq!(config.sample_ratio, 1.0);
+        assert_eq!(config.attribute_value_length_limit, 1024);
         assert!(!config.is_enabled());
         assert!(config.check().is_ok());
     }
@@ -179,6 +217,25 @@ mod tests {
     }
 
     #[test]
+    fn the_span_limit_variable_beats_the_general_one() {
+        let file = TelemetryConfig::default().attribute_value_length_limit(4096);
+        let general = file
+            .clone()
+            .resolve(env(&[(ENV_VALUE_LIMIT, "2048")]))
+            .unwrap();
+        assert_eq!(general.attribute_value_length_limit, 2048);
+        let both = file
+            .clone()
+            .resolve(env(&[
+                (ENV_VALUE_LIMIT, "2048"),
+                (ENV_SPAN_VALUE_LIMIT, "300"),
+            ]))
+            .unwrap();
+        assert_eq!(both.attribute_value_length_limit, 300);
+        assert_eq!(file.clone().resolve(env(&[])).unwrap(), file);
+    }
+
+    #[test]
     fn bad_values_name_their_key_or_variable() {
         for (config, key) in [
             (
@@ -197,6 +254,10 @@ mod tests {
                 TelemetryConfig::default().otlp_endpoint("http://"),
                 "telemetry.otlp_endpoint",
             ),
+            (
+                TelemetryConfig::default().attribute_value_length_limit(0),
+                "telemetry.attribute_value_length_limit",
+            ),
         ] {
             assert_eq!(config.check().unwrap_err().key(), Some(key), "{config:?}");
         }
@@ -204,6 +265,9 @@ mod tests {
             (ENV_SAMPLE_RATIO, "half"),
             (ENV_SAMPLE_RATIO, "-0.1"),
             (ENV_ENDPOINT, "ftp://collector"),
+            (ENV_SPAN_VALUE_LIMIT, "0"),
+            (ENV_VALUE_LIMIT, "-1"),
+            (ENV_VALUE_LIMIT, "many"),
         ] {
             let error = TelemetryConfig::default()
                 .resolve(env(&[(name, value)]))

@@ -6,6 +6,8 @@ use std::time::Duration;
 #[derive(Clone, Debug)]
 pub(crate) struct Limits {
     pub(crate) max_queued_spans: usize,
+    /// The queued spans' estimated bytes at most (`weight.rs`).
+    pub(crate) max_queued_bytes: u64,
     pub(crate) max_batch_spans: usize,
     pub(crate) export_interval: Duration,
     pub(crate) export_timeout: Duration,

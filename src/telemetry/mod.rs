@@ -15,14 +15,17 @@
 //! - Each inbound request is sampled once, as it arrives: an inbound
 //!   `traceparent`'s flag, else `sample_ratio`. A request sampled out
 //!   builds no span at all (`sampling.rs`, the layer's filter).
-//! - An ended span is queued without blocking; past `max_queued_spans` it is
-//!   dropped and counted (`processor.rs`). A thread of the SDK exports
+//! - An ended span has every text past `attribute_value_length_limit` cut
+//!   (`truncate.rs`) and is queued without blocking; past `max_queued_spans`
+//!   or `max_queued_bytes` of estimated weight (`weight.rs`) it is dropped
+//!   and counted (`processor.rs`). A thread of the SDK exports
 //!   batches over OTLP/HTTP protobuf with the engine's HTTP stack on the
 //!   application's runtime, each export bounded by a timeout
 //!   (`export_client.rs`). A collector that is down or slow costs dropped
 //!   spans, never a slower request or memory without bound.
 //! - `traceparent` is read from the inbound request and written on every
-//!   upstream request (`context.rs`).
+//!   upstream request; an inbound `tracestate` is kept to 512 bytes, as the
+//!   W3C advises (`context.rs`).
 //! - Metrics (`http.client.request.duration`, `fanout.request.reads`) are
 //!   recorded while a telemetry lives and exported over OTLP every
 //!   `metric_interval` (`instruments.rs`).
@@ -49,6 +52,8 @@ mod live;
 mod processor;
 mod provider;
 mod sampling;
+mod truncate;
+mod weight;
 
 pub(crate) use context::adopt_parent;
 pub(crate) use instruments::{current as instruments, is_recording, Instruments};
@@ -107,11 +112,23 @@ impl TelemetryBuilder {
         self
     }
 
-    /// Spans queued or being exported at most (default 2048); past it an
-    /// ended span is dropped and counted.
+    /// Spans queued or being exported at most (default 2048, up to
+    /// 524,288); past it an ended span is dropped and counted.
     #[must_use]
     pub fn max_queued_spans(mut self, spans: usize) -> Self {
-        self.limits.max_queued_spans = spans.max(1);
+        self.limits.max_queued_spans = spans.clamp(1, processor::MAX_SPANS);
+        self
+    }
+
+    /// The queued spans' estimated bytes at most (default 8 MiB: name,
+    /// attributes, events, links and trace state, each text already cut to
+    /// `attribute_value_length_limit`); past it an ended span is dropped
+    /// and counted (`reason="queue_bytes"`). Up to 64 GiB. A batch being
+    /// exported is copied into its protobuf meanwhile: export holds up to
+    /// about twice this.
+    #[must_use]
+    pub fn max_queued_bytes(mut self, bytes: u64) -> Self {
+        self.limits.max_queued_bytes = bytes;
         self
     }
 
@@ -184,6 +201,7 @@ impl Telemetry {
             targets: vec![env!("CARGO_CRATE_NAME").to_owned()],
             limits: Limits {
                 max_queued_spans: 2048,
+                max_queued_bytes: 8 << 20,
                 max_batch_spans: 512,
                 export_interval: Duration::from_secs(1),
                 export_timeout: Duration::from_secs(5),

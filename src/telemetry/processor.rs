@@ -3,48 +3,125 @@
 //! The SDK's `BatchSpanProcessor` never blocks the request that ends a span:
 //! it `try_send`s the span into a channel of `max_queue_size` and a thread of
 //! its own exports batches. But the spans it drops when that channel is full
-//! are counted privately, with no getter. So the processor is wrapped:
-//! [`CountingProcessor`] admits a span only while fewer than `cap` spans are
-//! queued or being exported (one atomic add; `cap` is the channel's size, so
-//! the channel is never what refuses a span), and [`CountingExporter`] gives
-//! the places back when a batch's export returns. Every span refused, and
-//! every span of a batch whose export failed, is counted in
-//! `fanout_telemetry_spans_dropped_total` (by `reason`).
+//! are counted privately, with no getter, and the channel is bounded in
+//! spans, not bytes. So the processor is wrapped: [`CountingProcessor`] cuts
+//! the span's texts to the attribute value length limit (`truncate.rs`),
+//! then admits it only while the spans queued or being exported stay within
+//! `max_spans` (the channel's size, so the channel is never what refuses a
+//! span) and their estimated bytes (`weight.rs`) within `max_bytes` — one
+//! atomic add on one word holding both ([`InFlight`]) — and
+//! [`CountingExporter`] gives the places and the bytes back when a batch's
+//! export returns. Every span refused, and every span of a batch whose
+//! export failed, is counted in `fanout_telemetry_spans_dropped_total` (by
+//! `reason`: `queue_full`, `queue_bytes`, `export_failed`).
 //!
-//! Memory is bounded by `cap` spans' data, whatever the collector does: a
-//! collector down fails each batch at once; one that hangs holds the export
-//! thread up to the export timeout while the queue fills and then drops.
+//! Memory is bounded by `max_bytes` of spans, whatever the collector does
+//! and whatever the clients send (and, while a batch is sent, its protobuf
+//! copy: the exporter's): a collector down fails each batch at once; one
+//! that hangs holds the export thread up to the export timeout while the
+//! queue fills and then drops.
 
+use super::{truncate, weight};
 use crate::metrics;
 use opentelemetry::Context;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Span, SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The spans queued or being exported, shared by the processor that admits
-/// them and the exporter that lets them go.
-pub(crate) type InFlight = Arc<AtomicUsize>;
+/// One span in [`InFlight`]'s word: the spans count above bit 44, the
+/// bytes below.
+const SPAN: u64 = 1 << 44;
+/// The bytes' part of the word.
+const BYTES: u64 = SPAN - 1;
+/// The most spans a queue may hold: the word's span part (20 bits) never
+/// overflows, however many threads add at once.
+pub(crate) const MAX_SPANS: usize = 1 << 19;
+/// The most bytes a queue may hold (64 GiB): one span weighs at most
+/// that, so 255 threads adding at once cannot carry the bytes' part into
+/// the spans'.
+pub(crate) const MAX_BYTES: u64 = 1 << 36;
 
-/// A batch processor that admits at most `cap` spans at once and counts
-/// the others.
+/// The spans queued or being exported and their estimated bytes, in one
+/// word, shared by the processor that admits them and the exporter that
+/// lets them go.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    word: AtomicU64,
+    max_spans: u64,
+    max_bytes: u64,
+}
+
+impl InFlight {
+    /// An empty queue of at most `max_spans` spans (up to [`MAX_SPANS`])
+    /// and `max_bytes` (up to [`MAX_BYTES`]).
+    pub(crate) fn new(max_spans: usize, max_bytes: u64) -> Arc<Self> {
+        Arc::new(InFlight {
+            word: AtomicU64::new(0),
+            max_spans: max_spans.clamp(1, MAX_SPANS) as u64,
+            max_bytes: max_bytes.min(MAX_BYTES),
+        })
+    }
+
+    /// Takes a place and `bytes` for one span, or says why not
+    /// (`queue_full`, `queue_bytes`): one atomic add, and one more to give
+    /// back a refusal.
+    pub(crate) fn admit(&self, bytes: u64) -> Result<(), &'static str> {
+        if bytes > self.max_bytes {
+            return Err("queue_bytes");
+        }
+        let add = SPAN + bytes;
+        let before = self.word.fetch_add(add, Ordering::Relaxed);
+        let refusal = if before / SPAN >= self.max_spans {
+            "queue_full"
+        } else if (before & BYTES) + bytes > self.max_bytes {
+            "queue_bytes"
+        } else {
+            return Ok(());
+        };
+        self.word.fetch_sub(add, Ordering::Relaxed);
+        Err(refusal)
+    }
+
+    /// Gives back the places and bytes of `spans` spans weighing `bytes`.
+    pub(crate) fn release(&self, spans: usize, bytes: u64) {
+        self.word
+            .fetch_sub(spans as u64 * SPAN + bytes, Ordering::Relaxed);
+    }
+
+    /// The spans and bytes held now.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> (u64, u64) {
+        let word = self.word.load(Ordering::Relaxed);
+        (word / SPAN, word & BYTES)
+    }
+}
+
+/// A batch processor that cuts each span's texts, admits at most
+/// `max_spans` spans and `max_bytes` at once, and counts the others.
 #[derive(Debug)]
 pub(crate) struct CountingProcessor {
     inner: BatchSpanProcessor,
-    in_flight: InFlight,
-    cap: usize,
+    in_flight: Arc<InFlight>,
+    /// The attribute value length limit, in bytes.
+    value_limit: usize,
 }
 
 impl CountingProcessor {
-    /// Wraps `inner`, whose queue holds at least `cap` spans and whose
-    /// exporter is a [`CountingExporter`] sharing `in_flight`.
-    pub(crate) fn new(inner: BatchSpanProcessor, in_flight: InFlight, cap: usize) -> Self {
+    /// Wraps `inner`, whose queue holds at least `in_flight`'s spans and
+    /// whose exporter is a [`CountingExporter`] sharing `in_flight`; texts
+    /// past `value_limit` bytes are cut.
+    pub(crate) fn new(
+        inner: BatchSpanProcessor,
+        in_flight: Arc<InFlight>,
+        value_limit: usize,
+    ) -> Self {
         Self {
             inner,
             in_flight,
-            cap,
+            value_limit,
         }
     }
 }
@@ -54,10 +131,10 @@ impl SpanProcessor for CountingProcessor {
         self.inner.on_start(span, cx);
     }
 
-    fn on_end(&self, span: SpanData) {
-        if self.in_flight.fetch_add(1, Ordering::Relaxed) >= self.cap {
-            self.in_flight.fetch_sub(1, Ordering::Relaxed);
-            metrics::spans_dropped("queue_full", 1);
+    fn on_end(&self, mut span: SpanData) {
+        truncate::span(&mut span, self.value_limit);
+        if let Err(reason) = self.in_flight.admit(weight::of(&span)) {
+            metrics::spans_dropped(reason, 1);
             return;
         }
         self.inner.on_end(span);
@@ -77,17 +154,17 @@ impl SpanProcessor for CountingProcessor {
     }
 }
 
-/// An exporter that gives back the places of each batch it was handed, and
-/// counts a failed batch's spans.
+/// An exporter that gives back the places and bytes of each batch it was
+/// handed, and counts a failed batch's spans.
 #[derive(Debug)]
 pub(crate) struct CountingExporter<E> {
     inner: E,
-    in_flight: InFlight,
+    in_flight: Arc<InFlight>,
 }
 
 impl<E> CountingExporter<E> {
     /// Wraps `inner`, sharing `in_flight` with the [`CountingProcessor`].
-    pub(crate) fn new(inner: E, in_flight: InFlight) -> Self {
+    pub(crate) fn new(inner: E, in_flight: Arc<InFlight>) -> Self {
         Self { inner, in_flight }
     }
 }
@@ -95,8 +172,10 @@ impl<E> CountingExporter<E> {
 impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = batch.len();
+        // The weights the processor took: the spans are as it queued them.
+        let bytes = batch.iter().map(weight::of).sum();
         let result = self.inner.export(batch).await;
-        self.in_flight.fetch_sub(spans, Ordering::Relaxed);
+        self.in_flight.release(spans, bytes);
         if result.is_err() {
             metrics::spans_dropped("export_failed", spans as u64);
         }
@@ -115,3 +194,7 @@ impl<E: SpanExporter> SpanExporter for CountingExporter<E> {
         self.inner.set_resource(resource);
     }
 }
+
+#[cfg(test)]
+#[path = "processor_tests.rs"]
+mod tests;

@@ -5,7 +5,7 @@
 use super::error::TelemetryError;
 use super::export_client::ExportClient;
 use super::limits::Limits;
-use super::processor::{CountingExporter, CountingProcessor};
+use super::processor::{CountingExporter, CountingProcessor, InFlight};
 use super::sampling::RequestSampler;
 use crate::config::TelemetryConfig;
 use opentelemetry_otlp::{
@@ -14,8 +14,6 @@ use opentelemetry_otlp::{
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
 use tokio::runtime::Handle;
 
 /// Builds the providers exporting to `config.otlp_endpoint` (already
@@ -63,7 +61,7 @@ fn traces(
         .with_retry_policy(RetryPolicy::disabled())
         .build()
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let in_flight = InFlight::new(limits.max_queued_spans, limits.max_queued_bytes);
     let batches = BatchConfigBuilder::default()
         .with_max_queue_size(limits.max_queued_spans)
         .with_max_export_batch_size(limits.max_batch_spans.min(limits.max_queued_spans))
@@ -72,7 +70,7 @@ fn traces(
     let batch = BatchSpanProcessor::builder(CountingExporter::new(exporter, in_flight.clone()))
         .with_batch_config(batches)
         .build();
-    let processor = CountingProcessor::new(batch, in_flight, limits.max_queued_spans);
+    let processor = CountingProcessor::new(batch, in_flight, config.attribute_value_length_limit);
     Ok(SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_resource(resource)
