@@ -136,19 +136,25 @@ impl<E: Executor> Driver<E> {
         loop {
             if let Some(idle) = sink.take() {
                 let frame = match closing {
-                    Some((code, reason)) => Some(Message::Close(Some(CloseFrame {
-                        code,
-                        reason: reason.into(),
-                    }))),
-                    None => self.outbox.next().map(|text| Message::Text(text.into())),
+                    Some((code, reason)) => Some((
+                        Message::Close(Some(CloseFrame {
+                            code,
+                            reason: reason.into(),
+                        })),
+                        None,
+                    )),
+                    None => (self.outbox.next())
+                        .map(|frame| (Message::Text(frame.text.into()), frame.held)),
                 };
                 let frame = frame.or_else(|| {
-                    std::mem::take(&mut ping_due).then(|| Message::Ping(bytes::Bytes::new()))
+                    std::mem::take(&mut ping_due)
+                        .then(|| (Message::Ping(bytes::Bytes::new()), None))
                 });
                 match frame {
-                    Some(frame) => {
+                    Some((frame, held)) => {
                         let last = matches!(frame, Message::Close(_));
-                        writing = Some(Box::pin(write(idle, frame, write_timeout, last)));
+                        let write = write(idle, frame, write_timeout, last, held);
+                        writing = Some(Box::pin(write));
                     }
                     None => sink = Some(idle),
                 }
@@ -413,8 +419,16 @@ async fn next_event(
 }
 
 /// Writes `frame` within `timeout`: the sink back, or `None` when the write
-/// failed, timed out, or was the `last` (a close).
-async fn write(mut sink: Sink, frame: Message, timeout: Duration, last: bool) -> Option<Sink> {
+/// failed, timed out, or was the `last` (a close). `held`: the pool's bytes
+/// the frame holds, given back when the write is over.
+async fn write(
+    mut sink: Sink,
+    frame: Message,
+    timeout: Duration,
+    last: bool,
+    held: Option<PoolBytes>,
+) -> Option<Sink> {
+    let _held = held;
     match tokio::time::timeout(timeout, sink.send(frame)).await {
         Ok(Ok(())) if !last => Some(sink),
         _ => None,

@@ -37,7 +37,7 @@ struct Pending {
     /// When it was made, among the connection's frames.
     seq: u64,
     text: String,
-    _held: Option<PoolBytes>,
+    held: Option<PoolBytes>,
     /// The subscription's `complete`, its last frame (never dropped).
     last: bool,
 }
@@ -92,7 +92,7 @@ impl Outbox {
                 Pending {
                     seq,
                     text,
-                    _held: Some(held),
+                    held: Some(held),
                     last: false,
                 },
                 true,
@@ -101,7 +101,7 @@ impl Outbox {
                 Pending {
                     seq,
                     text: overloaded(),
-                    _held: None,
+                    held: None,
                     last: false,
                 },
                 false,
@@ -129,7 +129,7 @@ impl Outbox {
         queue.push_back(Pending {
             seq,
             text,
-            _held: None,
+            held: None,
             last: true,
         });
         self.finished += 1;
@@ -153,9 +153,15 @@ impl Outbox {
     /// connection's when it was resolved, so the client never sees it go
     /// back. (A subscription cannot crowd the others out: each keeps at
     /// most `max_pending_events` waiting.)
-    pub(crate) fn next(&mut self) -> Option<String> {
+    ///
+    /// An event's bytes stay held in the pool until the returned frame is
+    /// dropped: written, or its write timed out.
+    pub(crate) fn next(&mut self) -> Option<Outgoing> {
         if let Some(reply) = self.replies.pop_front() {
-            return Some(reply);
+            return Some(Outgoing {
+                text: reply,
+                held: None,
+            });
         }
         // The oldest among the subscriptions' oldest (a few dozen at most).
         let id = (self.events.iter())
@@ -171,8 +177,19 @@ impl Outbox {
         if queue.is_empty() {
             self.events.remove(&id);
         }
-        Some(pending.text)
+        Some(Outgoing {
+            text: pending.text,
+            held: pending.held,
+        })
     }
+}
+
+/// A frame taken to be written, with the pool's bytes it holds until the
+/// write is over (a client that does not read holds it until the write
+/// timeout).
+pub(crate) struct Outgoing {
+    pub(crate) text: String,
+    pub(crate) held: Option<PoolBytes>,
 }
 
 #[cfg(test)]
@@ -192,7 +209,7 @@ mod tests {
         );
         assert!(outbox.event("b", "b1".into(), full));
         outbox.reply("ack".into());
-        let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
+        let order: Vec<_> = std::iter::from_fn(|| outbox.next().map(|frame| frame.text)).collect();
         assert_eq!(order, ["ack", "a2", "a3", "b1"]);
         assert_eq!(pool.used(), 0, "written events give their bytes back");
     }
@@ -209,7 +226,7 @@ mod tests {
         assert!(outbox.event("b", "b used=3".into(), full));
         outbox.finish("b", "b complete".into());
         assert!(outbox.event("a", "a used=4".into(), full));
-        let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
+        let order: Vec<_> = std::iter::from_fn(|| outbox.next().map(|frame| frame.text)).collect();
         assert_eq!(
             order,
             ["a used=1", "a used=2", "b used=3", "b complete", "a used=4"]
@@ -228,7 +245,7 @@ mod tests {
             outbox.finish(&id, format!("complete {id}"));
         }
         assert!(!outbox.takes_replies(), "no message read past the bound");
-        let written = std::iter::from_fn(|| outbox.next()).count();
+        let written = std::iter::from_fn(|| outbox.next().map(|frame| frame.text)).count();
         assert_eq!(written, 2 * MAX_REPLIES);
         assert!(outbox.takes_replies(), "every complete written");
         outbox.finish("again", "complete again".into());
@@ -247,7 +264,7 @@ mod tests {
         // events push out the oldest event, never the `complete`.
         assert!(!outbox.event("a", "b1".into(), full));
         assert!(!outbox.event("a", "b2".into(), full));
-        let order: Vec<_> = std::iter::from_fn(|| outbox.next()).collect();
+        let order: Vec<_> = std::iter::from_fn(|| outbox.next().map(|frame| frame.text)).collect();
         assert_eq!(order, ["complete", "b2"]);
         assert!(outbox.takes_replies());
     }
@@ -267,8 +284,11 @@ mod tests {
             6,
             "the frame in its place is held outside the pool"
         );
-        assert_eq!(outbox.next().as_deref(), Some("123456"));
-        assert_eq!(outbox.next().as_deref(), Some("full"));
+        let writing = outbox.next().unwrap();
+        assert_eq!(writing.text, "123456");
+        assert_eq!(pool.used(), 6, "held while it is being written");
+        drop(writing);
+        assert_eq!(outbox.next().unwrap().text, "full");
         assert_eq!(pool.used(), 0);
         assert!(outbox.event("a", "123456".into(), || unreachable!()));
         outbox.forget("a");
