@@ -108,7 +108,7 @@ async fn refused_connection(addr: SocketAddr, from: Ipv4Addr) -> std::io::Result
 async fn healthz(addr: SocketAddr, from: Ipv4Addr) -> String {
     let mut stream = connect_from(addr, from).await.unwrap();
     stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut answer = Vec::new();

@@ -58,7 +58,7 @@ async fn hold(
         opened.fetch_add(1, SeqCst);
         let bytes: &[u8] = match sends {
             Sends::Nothing => b"",
-            Sends::ARequest => b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n",
+            Sends::ARequest => b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n",
             Sends::PartOfAHead => b"GET /healthz HTTP/1.1\r\n",
         };
         let _ = stream.write_all(bytes).await;
@@ -82,7 +82,7 @@ async fn fresh(addr: SocketAddr, from: Ipv4Addr) -> (Duration, String) {
     let asked = Instant::now();
     let mut stream = connect_from(addr, from).await.unwrap();
     stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut answer = Vec::new();

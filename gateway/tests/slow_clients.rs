@@ -25,7 +25,7 @@ use tokio::time::timeout;
 const BOUND: Duration = Duration::from_secs(5);
 /// The timers never fire early; this leaves room for a millisecond's rounding.
 const AT_LEAST: Duration = Duration::from_millis(250);
-const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: t\r\n\r\n";
+const HEALTHZ: &[u8] = b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
 const BUDGET: &str = r#"{"query":"{ fanoutBudget { limit } }"}"#;
 
 /// The gateway served by `fanout_budget::inbound::serve`; stopped by [`Server::stop`]
@@ -190,7 +190,7 @@ impl Client {
 
 fn post_head(length: usize, extra: &str) -> Vec<u8> {
     format!(
-        "POST /graphql HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+        "POST /graphql HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n\
          content-length: {length}\r\n{extra}\r\n"
     )
     .into_bytes()
@@ -207,7 +207,7 @@ async fn partial_headers_and_silent_connections_are_cut_at_the_header_timeout() 
     let started = Instant::now();
     let mut partial = Client::connect(server.addr).await;
     partial
-        .send(b"POST /graphql HTTP/1.1\r\nhost: t\r\ncontent-le")
+        .send(b"POST /graphql HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-le")
         .await;
     let mut silent = Client::connect(server.addr).await;
     for (name, client) in [("partial", &mut partial), ("silent", &mut silent)] {
@@ -442,7 +442,7 @@ fn large_route() -> (axum::Router, tokio::sync::mpsc::UnboundedReceiver<Instant>
     (router, drops)
 }
 
-const LARGE: &[u8] = b"GET /large HTTP/1.1\r\nhost: t\r\n\r\n";
+const LARGE: &[u8] = b"GET /large HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n";
 
 fn write_timeout_300ms() -> Config {
     let mut config = Config::default();
