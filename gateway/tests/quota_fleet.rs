@@ -360,6 +360,10 @@ fn slow_quota(redis: &RedisServer) -> (RedisReadQuota, RedisBackend) {
     let mut config = Config::default();
     config.redis.url = redis.url();
     config.quota = QuotaConfig::default().reads(100).period_secs(3600);
+    // A loaded machine can take more than the default 100 ms to answer:
+    // a timed-out call would open the breaker and be answered in-process at
+    // once, and a test of a call dropped while in flight would find none.
+    config.redis.timeout_ms = 1000;
     let backend = RedisBackend::new(&config.redis).unwrap();
     let quota = RedisReadQuota::from_config(backend.clone(), &config.quota).unwrap();
     (quota, backend)
