@@ -63,6 +63,9 @@ struct EngineInner {
     sockets: SocketMemory,
     /// How a socket's client is keyed: as the per-IP limiter keys it.
     socket_clients: (TrustedProxies, ClientPrefix),
+    /// A place for each socket that may be open
+    /// (`subscriptions.max_connections`).
+    socket_places: Arc<tokio::sync::Semaphore>,
 }
 
 /// Builds an [`Engine`] with non-default parts.
@@ -254,6 +257,9 @@ impl EngineBuilder {
                         self.config.rate_limit.ipv6_prefix,
                     ),
                 ),
+                socket_places: Arc::new(tokio::sync::Semaphore::new(
+                    (self.config.subscriptions).open_sockets(self.config.http.max_connections),
+                )),
                 config: self.config,
             }),
         }
@@ -426,6 +432,12 @@ impl Engine {
         let client =
             peer.map(|peer| prefix.key(proxies.client_ip(peer, &parts.headers).unwrap_or(peer)));
         self.inner.sockets.share(client)
+    }
+
+    /// A place for one more open socket, held while it is open; `None`
+    /// when `subscriptions.max_connections` are open.
+    pub(crate) fn socket_place(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.inner.socket_places.clone().try_acquire_owned().ok()
     }
 
     /// Bytes the open WebSocket connections hold now, of

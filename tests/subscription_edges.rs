@@ -425,10 +425,11 @@ async fn an_event_reserves_its_priced_worst_case_on_the_read_quota_not_its_budge
 async fn a_subscription_by_hash_holds_the_weight_of_the_text_it_runs() {
     use sha2::Digest;
     // About 21 KiB each (8.5 KiB, the 12 KiB text once, a small
-    // document) in a 56 KiB share: two such subscriptions fit, and a query
-    // beside them (9 KiB while it runs).
+    // document) in an 86 KiB share that the connection's own 29 KiB (its
+    // base, and its largest message read, 12 KiB) leaves 57 of: two such
+    // subscriptions fit, and a query beside them (9 KiB while it runs).
     let mut config = Config::default();
-    config.subscriptions.max_bytes_per_client = 56 << 10;
+    config.subscriptions.max_bytes_per_client = 86 << 10;
     let server = server_with(config, None).await;
     let mut socket = connect(&server, "graphql-transport-ws").await;
     let query = format!("subscription {{ quiet }}\n#{}\n", "x".repeat(12 << 10));

@@ -278,6 +278,8 @@ async fn a_thousand_connections_from_one_address_get_its_share_and_another_addre
 async fn max_connections_counts_upgraded_sockets() {
     let mut config = config(SubscriptionsConfig::default());
     config.http.max_connections = 8;
+    // The table's own accounting: sockets may take all of it here.
+    config.subscriptions.max_connections = 8;
     let server = start(config).await;
     // Eight sockets, each with a subscription (so none is idle and closed
     // for a newcomer), from eight addresses.
@@ -316,6 +318,8 @@ async fn max_connections_counts_upgraded_sockets() {
 async fn an_idle_socket_is_closed_for_a_newcomer_when_the_table_is_full() {
     let mut config = config(SubscriptionsConfig::default());
     config.http.max_connections = 2;
+    // The table's own accounting: sockets may take all of it here.
+    config.subscriptions.max_connections = 2;
     let server = start(config).await;
     let mut busy = connect_from(server.addr, Ipv4Addr::new(127, 0, 2, 1))
         .await
@@ -347,6 +351,8 @@ async fn an_idle_socket_is_closed_for_a_newcomer_when_the_table_is_full() {
 async fn connections_that_never_initialise_are_closed_at_the_timeout_and_free_their_slots() {
     let mut config = config(SubscriptionsConfig::default().init_timeout_ms(3000));
     config.http.max_connections = 201;
+    // The table's own accounting: sockets may take all of it here.
+    config.subscriptions.max_connections = 201;
     config.http.max_connections_per_client = 1000;
     let server = start(config).await;
     let silent = Ipv4Addr::new(127, 0, 3, 1);

@@ -645,10 +645,11 @@ async fn an_event_past_the_answer_bound_is_answered_with_its_code_and_the_connec
 
 #[tokio::test]
 async fn an_event_the_memory_pool_cannot_hold_is_replaced_by_one_saying_so() {
-    // Room in the client's share of the sockets' pool for the subscription
-    // (about 9 KiB), not for its event's first 64 KiB block.
+    // Room in the client's share of the sockets' pool for the connection
+    // (16 KiB and its headers) and the subscription (about 9 KiB), not for
+    // its event's first 64 KiB block.
     let mut config = Config::default();
-    config.subscriptions.max_bytes_per_client = 16 << 10;
+    config.subscriptions.max_bytes_per_client = 33 << 10;
     let server = server_with(config).await;
     let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
     init(&mut socket, json!({})).await;
@@ -950,10 +951,11 @@ async fn a_page_on_another_site_cannot_open_a_socket_with_its_visitors_cookies()
 
 #[tokio::test]
 async fn each_active_subscription_holds_its_weight_in_the_sockets_pool() {
-    // Room for three subscriptions (about 9 KiB each: 8 KiB, their
-    // documents and texts), not four; the requests' pool is not touched.
+    // Room for the connection (16 KiB and its headers) and three
+    // subscriptions (about 9 KiB each: 8 KiB, their documents and texts),
+    // not four; the requests' pool is not touched.
     let mut config = Config::default();
-    config.subscriptions.max_bytes = 30 << 10;
+    config.subscriptions.max_bytes = 47 << 10;
     let server = server_with(config).await;
     let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
     init(&mut socket, json!({})).await;

@@ -48,6 +48,12 @@ section! {
         /// One client's share of `max_bytes` (all its sockets; clients keyed
         /// as the per-IP limiter keys them).
         pub max_bytes_per_client: usize = 8 << 20,
+        /// Open WebSocket connections at most (capped at
+        /// `http.max_connections`); `0`, the default: half of
+        /// `http.max_connections`, rounded up, so that sockets held for hours
+        /// never take every place HTTP requests need. One past it is closed
+        /// at once (1013, try again later).
+        pub max_connections: usize = 0,
     }
 }
 
@@ -60,6 +66,16 @@ impl SubscriptionsConfig {
     /// `poll_interval_ms` as a duration.
     pub fn poll_interval(&self) -> Duration {
         Duration::from_millis(self.poll_interval_ms)
+    }
+
+    /// The sockets that may be open at once in a connection table of
+    /// `http_max_connections`: `max_connections` (at most the table), or
+    /// half the table, rounded up, when it is `0`.
+    pub fn open_sockets(&self, http_max_connections: usize) -> usize {
+        match self.max_connections {
+            0 => http_max_connections.div_ceil(2),
+            n => n.min(http_max_connections),
+        }
     }
 
     /// `keepalive_ms` as a duration.

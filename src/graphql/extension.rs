@@ -41,7 +41,7 @@
 //! an extension registered before this one — still counts at the barrier,
 //! at 0, when the extension is dropped.
 
-use super::finish::{code_errors, report_connection};
+use super::finish::{cap_errors, code_errors, report_connection};
 use super::pipeline::Op;
 use super::socket::{self, FanoutConnection};
 use crate::document::schema_types::SchemaTypes;
@@ -296,6 +296,7 @@ impl Extension for PerOperation {
         next: NextValidation<'_>,
     ) -> Result<ValidationResult, Vec<ServerError>> {
         next.run(ctx).await.map_err(|mut errors| {
+            cap_errors(&mut errors);
             if !self.aside.load(Relaxed) {
                 code_errors(&mut errors, &lock(&self.query));
             }

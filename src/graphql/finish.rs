@@ -145,6 +145,24 @@ fn report(operation: &Operation, requested: Option<u64>) -> Value {
     Value::Object(map)
 }
 
+/// Validation errors one answer carries, at most (graphql-js's `maxErrors`):
+/// a document of 21,000 unknown directives made 21,000 errors, a 2.7 MB
+/// answer from a 42 KB text — over a WebSocket, where answers wait for a
+/// client that may not read, that is memory a client chooses.
+pub(crate) const MAX_VALIDATION_ERRORS: usize = 100;
+
+/// Keeps the first [`MAX_VALIDATION_ERRORS`] of `errors` and, past them,
+/// one saying validation stopped there (graphql-js's message).
+pub(crate) fn cap_errors(errors: &mut Vec<ServerError>) {
+    if errors.len() > MAX_VALIDATION_ERRORS {
+        errors.truncate(MAX_VALIDATION_ERRORS);
+        errors.push(ServerError::new(
+            "Too many validation errors, error limit reached. Validation aborted.",
+            None,
+        ));
+    }
+}
+
 /// Gives a code to every error that has none: a [`ReadError`] carried as a
 /// source (a resolver that built an `async_graphql::Error` by hand) its own;
 /// async-graphql's errors, given the operation's text:

@@ -56,6 +56,7 @@ mod message;
 mod outbox;
 mod poll;
 mod service;
+mod standing;
 mod upgrade;
 
 pub use connection::FanoutConnection;

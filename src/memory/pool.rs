@@ -126,6 +126,13 @@ pub(crate) struct PoolBytes {
     bytes: usize,
 }
 
+impl PoolBytes {
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 impl Drop for PoolBytes {
     fn drop(&mut self) {
         self.pool.give_back(self.bytes);

@@ -4,7 +4,8 @@
 
 use super::connection::FanoutConnection;
 use super::message::{self, close, ClientMessage, Protocol};
-use super::outbox::Outbox;
+use super::outbox::{Outbox, SMALL_FRAME};
+use super::standing::Standing;
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
@@ -70,6 +71,8 @@ pub(super) struct Driver<E> {
     /// Its client's share of the sockets' pool (`subscriptions.max_bytes`):
     /// its subscriptions, their events resolving and waiting.
     memory: Arc<MemoryPool>,
+    /// What it holds however it is used (`standing.rs`), once it runs.
+    standing: Option<Standing>,
     /// When the client was last heard from.
     heard: Instant,
 }
@@ -117,6 +120,7 @@ impl<E: Executor> Driver<E> {
             turn: 0,
             outbox,
             memory,
+            standing: None,
             heard: Instant::now(),
         }
     }
@@ -127,8 +131,18 @@ impl<E: Executor> Driver<E> {
         let write_timeout = self.engine.config().http.write_timeout();
         let (sink, mut incoming) = socket.split();
         let mut sink = Some(sink);
-        let mut writing: Option<BoxFuture<'static, Option<Sink>>> = None;
+        let mut writing: Option<BoxFuture<'static, (Option<Sink>, Option<PoolBytes>)>> = None;
         let mut closing: Option<(u16, &'static str)> = None;
+        // Its place among the sockets (`subscriptions.max_connections`),
+        // and what it holds however it is used (`standing.rs`).
+        let place = self.engine.socket_place();
+        let standing = Standing::open(self.memory.clone(), &self.parts.headers);
+        if place.is_none() {
+            closing = Some((close::TRY_AGAIN_LATER, SOCKETS_FULL));
+        } else if standing.is_none() {
+            closing = Some((close::TRY_AGAIN_LATER, SHARE_FULL));
+        }
+        self.standing = standing;
         let mut ping_due = false;
         let init_by = Instant::now() + s.init_timeout();
         let mut keepalive = tokio::time::interval_at(Instant::now() + s.keepalive(), s.keepalive());
@@ -163,8 +177,11 @@ impl<E: Executor> Driver<E> {
             let resolving = closing.is_none() && !self.subscriptions.is_empty();
             let next = tokio::select! {
                 biased;
-                written = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
+                (written, held) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
                     writing = None;
+                    if let Some(standing) = &mut self.standing {
+                        standing.written(held);
+                    }
                     match written {
                         Some(idle) => sink = Some(idle),
                         // Written the close frame, failed, or timed out.
@@ -190,7 +207,7 @@ impl<E: Executor> Driver<E> {
                     } else {
                         ping_due = true;
                         if self.protocol == Protocol::Legacy && self.session.is_some() {
-                            self.outbox.reply(self.protocol.keepalive());
+                            self.small(self.protocol.keepalive());
                         }
                         Next::Go
                     }
@@ -223,6 +240,9 @@ impl<E: Executor> Driver<E> {
             // Too large (tungstenite stops reading it at the bound), or not
             // a WebSocket frame at all.
             Some(Err(_)) => Next::Close(close::BAD_MESSAGE, "message too large or malformed"),
+            Some(Ok(message)) if !self.holds(&message) => {
+                Next::Close(close::TRY_AGAIN_LATER, SHARE_FULL)
+            }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => Next::Go,
             Some(Ok(Message::Text(text))) => self.on_message(text.as_bytes()).await,
             Some(Ok(Message::Binary(bytes))) => self.on_message(&bytes).await,
@@ -246,6 +266,9 @@ impl<E: Executor> Driver<E> {
                 };
                 let connection =
                     FanoutConnection::open(&self.engine, caller, &self.parts, self.memory.clone());
+                // The caller is fixed: the upgrade's headers are no longer
+                // needed (a client may have sent 360 KB of them).
+                self.parts.headers = http::HeaderMap::new();
                 let mut data = Data::default();
                 data.insert(connection);
                 self.session = Some(Arc::new(data));
@@ -253,7 +276,7 @@ impl<E: Executor> Driver<E> {
                     // Exempt from the per-IP limit, as over HTTP.
                     self.limit = None;
                 }
-                self.outbox.reply(self.protocol.ack());
+                self.small(self.protocol.ack());
                 Next::Go
             }
             ClientMessage::Start { id, payload } => {
@@ -273,8 +296,7 @@ impl<E: Executor> Driver<E> {
                 if self.subscriptions.len() >= max {
                     crate::metrics::subscription_refused();
                     let message = format!("at most {max} active subscriptions on one connection");
-                    let refusal = self.protocol.error(&id, &message, TOO_MANY_SUBSCRIPTIONS);
-                    self.outbox.reply(refusal);
+                    self.small(self.protocol.error(&id, &message, TOO_MANY_SUBSCRIPTIONS));
                     return Next::Go;
                 }
                 // Each operation is a request of the client's, under the
@@ -283,8 +305,7 @@ impl<E: Executor> Driver<E> {
                 if let Some(limit) = &self.limit {
                     if let Err(refused) = limit.check().await {
                         let message = refused.to_string();
-                        self.outbox
-                            .reply(self.protocol.error(&id, &message, refused.code()));
+                        self.small(self.protocol.error(&id, &message, refused.code()));
                         return Next::Go;
                     }
                 }
@@ -298,10 +319,8 @@ impl<E: Executor> Driver<E> {
                     return Next::Go;
                 }
                 let Some(held) = self.memory.lease(SUBSCRIPTION_WEIGHT + id.len()) else {
-                    let full = OperationError::Overloaded {
-                        max: self.memory.max(),
-                    };
-                    self.answer_refused(&id, &crate::error::refused(&full));
+                    let full = crate::error::refused(&self.overloaded());
+                    self.answer_refused(&id, &full);
                     return Next::Go;
                 };
                 let events = self.executor.execute_stream(payload, Some(session));
@@ -322,7 +341,7 @@ impl<E: Executor> Driver<E> {
                 if self.subscriptions.len() < before {
                     self.outbox.forget(&id);
                     if self.protocol.confirms_stop() {
-                        self.outbox.reply(self.protocol.complete(&id));
+                        self.small(self.protocol.complete(&id));
                     }
                     self.idle_if_none();
                 }
@@ -331,12 +350,23 @@ impl<E: Executor> Driver<E> {
             ClientMessage::ConnectionTerminate => Next::End,
             ClientMessage::Ping { .. } => {
                 if let Some(pong) = self.protocol.pong() {
-                    self.outbox.reply(pong);
+                    self.small(pong);
                 }
                 Next::Go
             }
             ClientMessage::Pong { .. } => Next::Go,
         }
+    }
+
+    /// Whether the connection's share holds what reading `message` needed
+    /// (`standing.rs`).
+    fn holds(&mut self, message: &Message) -> bool {
+        let bytes = match message {
+            Message::Text(text) => text.len(),
+            Message::Binary(bytes) | Message::Ping(bytes) | Message::Pong(bytes) => bytes.len(),
+            Message::Close(_) => 0,
+        };
+        (self.standing.as_mut()).is_none_or(|standing| standing.read(bytes))
     }
 
     /// An event of the subscription at `at`, or its end.
@@ -350,7 +380,11 @@ impl<E: Executor> Driver<E> {
         if let Some(error) = refused {
             // Refused before it ran: its `error` is its last message.
             let id = self.subscriptions.swap_remove(at).id;
-            self.outbox.finish(&id, error);
+            if !self.outbox.finish(&id, error) {
+                let full = crate::error::refused(&self.overloaded());
+                let small = self.protocol.refused(&id, &full).unwrap_or_default();
+                self.outbox.finish(&id, small);
+            }
             self.idle_if_none();
             return;
         }
@@ -359,9 +393,7 @@ impl<E: Executor> Driver<E> {
                 let protocol = self.protocol;
                 let text = protocol.next(id, &response);
                 drop(response);
-                let full = OperationError::Overloaded {
-                    max: self.memory.max(),
-                };
+                let full = self.overloaded();
                 let overloaded = || protocol.next(id, &crate::error::refused(&full));
                 if !self.outbox.event(id, text, overloaded) {
                     crate::metrics::subscription_event_dropped();
@@ -369,7 +401,8 @@ impl<E: Executor> Driver<E> {
             }
             None => {
                 let id = self.subscriptions.swap_remove(at).id;
-                self.outbox.finish(&id, self.protocol.complete(&id));
+                let complete = self.protocol.complete(&id);
+                self.outbox.finish(&id, complete);
                 self.idle_if_none();
             }
         }
@@ -379,12 +412,34 @@ impl<E: Executor> Driver<E> {
     /// `error` message, or in the legacy protocol `data` then `complete`.
     fn answer_refused(&mut self, id: &str, answer: &Response) {
         let protocol = self.protocol;
+        let full = crate::error::refused(&self.overloaded());
         match protocol.refused(id, answer) {
-            Some(error) => self.outbox.reply(error),
-            None => {
-                self.outbox.reply(protocol.next(id, answer));
-                self.outbox.reply(protocol.complete(id));
+            Some(error) => {
+                if !self.outbox.reply(error) {
+                    self.small(protocol.refused(id, &full).unwrap_or_default());
+                }
             }
+            None => {
+                if !self.outbox.reply(protocol.next(id, answer)) {
+                    self.small(protocol.next(id, &full));
+                }
+                self.small(protocol.complete(id));
+            }
+        }
+    }
+
+    /// Queues a reply of at most [`SMALL_FRAME`] bytes (an ack, a pong, a
+    /// short refusal), which waits whether or not the pool holds it.
+    fn small(&mut self, text: String) {
+        debug_assert!(text.len() <= SMALL_FRAME, "{} bytes", text.len());
+        let _small_always_waits = self.outbox.reply(text);
+    }
+
+    /// What a frame or a subscription the client's share cannot hold is
+    /// answered with.
+    fn overloaded(&self) -> OperationError {
+        OperationError::Overloaded {
+            max: self.memory.max(),
         }
     }
 
@@ -419,18 +474,25 @@ async fn next_event(
 }
 
 /// Writes `frame` within `timeout`: the sink back, or `None` when the write
-/// failed, timed out, or was the `last` (a close). `held`: the pool's bytes
-/// the frame holds, given back when the write is over.
+/// failed, timed out, or was the `last` (a close); and `held`, the pool's
+/// bytes the frame held while it was written (`standing.rs` keeps the
+/// largest: the write buffer stays that large).
 async fn write(
     mut sink: Sink,
     frame: Message,
     timeout: Duration,
     last: bool,
     held: Option<PoolBytes>,
-) -> Option<Sink> {
-    let _held = held;
+) -> (Option<Sink>, Option<PoolBytes>) {
     match tokio::time::timeout(timeout, sink.send(frame)).await {
-        Ok(Ok(())) if !last => Some(sink),
-        _ => None,
+        Ok(Ok(())) if !last => (Some(sink), held),
+        _ => (None, held),
     }
 }
+
+/// Why a connection is closed 1013: its client's share of the sockets'
+/// memory is full.
+const SHARE_FULL: &str = "this client's sockets hold their share of memory";
+
+/// Why a connection is closed 1013: `subscriptions.max_connections` are open.
+const SOCKETS_FULL: &str = "the server holds all the sockets it may";

@@ -56,6 +56,9 @@ pub(crate) mod close {
     /// The server is stopping, or wants an idle connection's slot, or the
     /// client went silent.
     pub(crate) const GOING_AWAY: u16 = 1001;
+    /// The client's share of the sockets' memory cannot hold the
+    /// connection, or a message it sent (RFC 6455: try again later).
+    pub(crate) const TRY_AGAIN_LATER: u16 = 1013;
 }
 
 /// Which protocol a connection speaks, from its subprotocol.

@@ -32,6 +32,11 @@ use std::sync::Arc;
 /// Replies waiting to be written, at most.
 pub(crate) const MAX_REPLIES: usize = 32;
 
+/// A reply or last frame this small waits even when the pool cannot hold
+/// it (an ack, a pong, a `complete`, a short refusal): [`MAX_REPLIES`] of
+/// them are 32 KiB at most.
+pub(crate) const SMALL_FRAME: usize = 1024;
+
 /// A frame waiting, with the pool's bytes it holds.
 struct Pending {
     /// When it was made, among the connection's frames.
@@ -44,7 +49,7 @@ struct Pending {
 
 /// What a connection has to write (see the module docs).
 pub(crate) struct Outbox {
-    replies: VecDeque<String>,
+    replies: VecDeque<(String, Option<PoolBytes>)>,
     events: HashMap<String, VecDeque<Pending>>,
     /// The next frame's `seq`.
     made: u64,
@@ -72,9 +77,24 @@ impl Outbox {
         self.replies.len() + self.finished < MAX_REPLIES
     }
 
-    /// A reply to write after those waiting.
-    pub(crate) fn reply(&mut self, text: String) {
-        self.replies.push_back(text);
+    /// A reply to write after those waiting, its bytes held in the pool;
+    /// `false` (and nothing waits) when the pool cannot hold it and it is
+    /// larger than [`SMALL_FRAME`]: the caller sends a small one instead.
+    pub(crate) fn reply(&mut self, text: String) -> bool {
+        let Some(held) = self.hold(&text) else {
+            return false;
+        };
+        self.replies.push_back((text, held));
+        true
+    }
+
+    /// `text`'s bytes held in the pool (`Some(None)`: small enough to wait
+    /// outside it), or `None` when it cannot wait.
+    fn hold(&self, text: &str) -> Option<Option<PoolBytes>> {
+        match self.pool.lease(text.len()) {
+            Some(held) => Some(Some(held)),
+            None => (text.len() <= SMALL_FRAME).then_some(None),
+        }
     }
 
     /// An event of subscription `id`; `false`: an older one was dropped,
@@ -123,16 +143,23 @@ impl Outbox {
     /// Subscription `id`'s last frame (`complete`, or the `error` of an
     /// operation refused before it ran), written after its waiting events
     /// and never dropped.
-    pub(crate) fn finish(&mut self, id: &str, text: String) {
+    ///
+    /// Its bytes are held in the pool as a reply's are (`false`: it does
+    /// not wait, and the caller sends a small one instead).
+    pub(crate) fn finish(&mut self, id: &str, text: String) -> bool {
+        let Some(held) = self.hold(&text) else {
+            return false;
+        };
         let seq = self.seq();
         let queue = self.events.entry(id.to_owned()).or_default();
         queue.push_back(Pending {
             seq,
             text,
-            held: None,
+            held,
             last: true,
         });
         self.finished += 1;
+        true
     }
 
     /// Drops subscription `id`'s waiting events (the client stopped it).
@@ -157,11 +184,8 @@ impl Outbox {
     /// An event's bytes stay held in the pool until the returned frame is
     /// dropped: written, or its write timed out.
     pub(crate) fn next(&mut self) -> Option<Outgoing> {
-        if let Some(reply) = self.replies.pop_front() {
-            return Some(Outgoing {
-                text: reply,
-                held: None,
-            });
+        if let Some((text, held)) = self.replies.pop_front() {
+            return Some(Outgoing { text, held });
         }
         // The oldest among the subscriptions' oldest (a few dozen at most).
         let id = (self.events.iter())
