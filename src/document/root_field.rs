@@ -18,6 +18,11 @@
 //! repeated 990 times started 990 streams: here a second selection of a
 //! field at the root is refused, whatever its key.
 //!
+//! A root field reached through a fragment (`subscription { ...F }`) is
+//! refused too, with a message saying why: async-graphql 7.2 starts
+//! streams for the fields written at the root only, so such a subscription
+//! would complete at once, having sent nothing.
+//!
 //! The walk visits each fragment once (the guard has already refused
 //! cycles; a set of those seen keeps it linear regardless) and stops at the
 //! second field.
@@ -42,16 +47,26 @@ pub(crate) fn check(doc: &ExecutableDocument) -> Option<OperationError> {
         .into_iter()
         .filter(|(_, op)| op.node.ty == OperationType::Subscription)
         .find_map(|(name, op)| {
-            let second = second_field(doc, &op.node.selection_set)?;
-            let message = match name {
-                Some(name) => {
-                    format!("Subscription \"{name}\" must select only one top level field.")
-                }
-                None => "Anonymous Subscription must select only one top level field.".to_string(),
+            let name = match name {
+                Some(name) => format!("Subscription \"{name}\""),
+                None => "Anonymous Subscription".to_string(),
             };
+            if let Some(second) = second_field(doc, &op.node.selection_set) {
+                return Some(OperationError::ValidationFailed {
+                    message: format!("{name} must select only one top level field."),
+                    at: vec![second],
+                });
+            }
+            let items = &op.node.selection_set.node.items;
+            let fragment = items
+                .iter()
+                .find(|item| !matches!(item.node, Selection::Field(_)))?;
             Some(OperationError::ValidationFailed {
-                message,
-                at: vec![second],
+                message: format!(
+                    "{name} must select its top level field directly, not through a fragment \
+                     (no event would be sent for it)."
+                ),
+                at: vec![fragment.pos],
             })
         })
 }
@@ -100,10 +115,7 @@ mod tests {
     #[test]
     fn one_root_field_passes_however_it_is_reached() {
         assert_eq!(refused("subscription { a(x: 1) { b c } }"), None);
-        assert_eq!(
-            refused("subscription S { ...F } fragment F on Subscription { ... { a } }"),
-            None
-        );
+
         assert_eq!(
             refused("query Q { a b c } mutation M { d e }"),
             None,
@@ -128,6 +140,21 @@ mod tests {
         );
         let many: String = (0..999).map(|k| format!("t{k}: a ")).collect();
         assert_eq!(refused(&format!("subscription {{ {many} }}")), anonymous);
+    }
+
+    #[test]
+    fn a_root_field_through_a_fragment_is_refused_saying_why() {
+        for query in [
+            "subscription S { ...F } fragment F on Subscription { a }",
+            "subscription { ... on Subscription { a } }",
+            "subscription { ... { a } }",
+        ] {
+            let message = refused(query).expect(query);
+            assert!(
+                message.contains("directly, not through a fragment"),
+                "{message}"
+            );
+        }
     }
 
     #[test]
