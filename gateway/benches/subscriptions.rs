@@ -76,6 +76,11 @@ fn server() {
         config.rate_limit.internal_token = TOKEN.into();
         config.http.max_connections = 12_000;
         config.http.max_connections_per_client = 12_000;
+        // Thousands of sockets from one loopback address: the sockets may
+        // take the whole table and hold what they need (16 KiB each and up).
+        config.subscriptions.max_connections = 12_000;
+        config.subscriptions.max_bytes = 2 << 30;
+        config.subscriptions.max_bytes_per_client = 2 << 30;
         let gateway = app::build(config.clone(), registry.url().parse().unwrap(), None);
         let socket = TcpSocket::new_v4().unwrap();
         socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
