@@ -4,7 +4,7 @@
 
 use super::connection::FanoutConnection;
 use super::message::{self, close, ClientMessage, Protocol};
-use super::outbox::{Outbox, SMALL_FRAME};
+use super::outbox::Outbox;
 use super::standing::Standing;
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
@@ -269,6 +269,9 @@ impl<E: Executor> Driver<E> {
                 // The caller is fixed: the upgrade's headers are no longer
                 // needed (a client may have sent 360 KB of them).
                 self.parts.headers = http::HeaderMap::new();
+                if let Some(standing) = &mut self.standing {
+                    standing.headers_dropped();
+                }
                 let mut data = Data::default();
                 data.insert(connection);
                 self.session = Some(Arc::new(data));
@@ -383,7 +386,7 @@ impl<E: Executor> Driver<E> {
             if !self.outbox.finish(&id, error) {
                 let full = crate::error::refused(&self.overloaded());
                 let small = self.protocol.refused(&id, &full).unwrap_or_default();
-                self.outbox.finish(&id, small);
+                self.outbox.finish_small(&id, small);
             }
             self.idle_if_none();
             return;
@@ -402,7 +405,7 @@ impl<E: Executor> Driver<E> {
             None => {
                 let id = self.subscriptions.swap_remove(at).id;
                 let complete = self.protocol.complete(&id);
-                self.outbox.finish(&id, complete);
+                self.outbox.finish_small(&id, complete);
                 self.idle_if_none();
             }
         }
@@ -428,11 +431,11 @@ impl<E: Executor> Driver<E> {
         }
     }
 
-    /// Queues a reply of at most [`SMALL_FRAME`] bytes (an ack, a pong, a
-    /// short refusal), which waits whether or not the pool holds it.
+    /// Queues a small reply (an ack, a pong, a short refusal), which waits
+    /// whether or not the pool holds it: nothing the client waits for is
+    /// dropped.
     fn small(&mut self, text: String) {
-        debug_assert!(text.len() <= SMALL_FRAME, "{} bytes", text.len());
-        let _small_always_waits = self.outbox.reply(text);
+        self.outbox.reply_small(text);
     }
 
     /// What a frame or a subscription the client's share cannot hold is

@@ -88,6 +88,15 @@ impl Outbox {
         true
     }
 
+    /// A small reply the client waits for (an ack, a pong, a refusal saying
+    /// `OVERLOADED`): it waits whether or not the pool holds it — bounded
+    /// by [`MAX_REPLIES`] and by what such frames are (ids are at most 128
+    /// bytes).
+    pub(crate) fn reply_small(&mut self, text: String) {
+        let held = self.pool.lease(text.len());
+        self.replies.push_back((text, held));
+    }
+
     /// `text`'s bytes held in the pool (`Some(None)`: small enough to wait
     /// outside it), or `None` when it cannot wait.
     fn hold(&self, text: &str) -> Option<Option<PoolBytes>> {
@@ -150,6 +159,19 @@ impl Outbox {
         let Some(held) = self.hold(&text) else {
             return false;
         };
+        self.push_last(id, text, held);
+        true
+    }
+
+    /// [`finish`](Self::finish) with a small last frame (a `complete`, a
+    /// refusal saying `OVERLOADED`), which waits whether or not the pool
+    /// holds it.
+    pub(crate) fn finish_small(&mut self, id: &str, text: String) {
+        let held = self.pool.lease(text.len());
+        self.push_last(id, text, held);
+    }
+
+    fn push_last(&mut self, id: &str, text: String, held: Option<PoolBytes>) {
         let seq = self.seq();
         let queue = self.events.entry(id.to_owned()).or_default();
         queue.push_back(Pending {
@@ -159,7 +181,6 @@ impl Outbox {
             last: true,
         });
         self.finished += 1;
-        true
     }
 
     /// Drops subscription `id`'s waiting events (the client stopped it).

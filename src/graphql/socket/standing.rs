@@ -34,7 +34,11 @@ const HEADER_WEIGHT: usize = 64;
 pub(super) struct Standing {
     pool: Arc<MemoryPool>,
     _base: PoolBytes,
-    read: Option<PoolBytes>,
+    /// The upgrade request's headers, until `connection_init`.
+    headers: Option<PoolBytes>,
+    /// The largest message read, in the leases it grew by.
+    read: Vec<PoolBytes>,
+    read_bytes: usize,
     written: Option<PoolBytes>,
 }
 
@@ -45,24 +49,34 @@ impl Standing {
         let headers: usize = (headers.iter())
             .map(|(name, value)| HEADER_WEIGHT + name.as_str().len() + value.len())
             .sum();
-        let base = pool.lease(CONNECTION_WEIGHT + headers)?;
+        let base = pool.lease(CONNECTION_WEIGHT)?;
+        let headers = pool.lease(headers)?;
         Some(Self {
             pool,
             _base: base,
-            read: None,
+            headers: Some(headers),
+            read: Vec::new(),
+            read_bytes: 0,
             written: None,
         })
     }
 
+    /// The upgrade request's headers are dropped (`connection_init` fixed
+    /// the caller): their bytes go back.
+    pub(super) fn headers_dropped(&mut self) {
+        self.headers = None;
+    }
+
     /// A message of `bytes` was read: `false` when the share cannot hold
-    /// the largest read so far.
+    /// the largest read so far (only what it grew by is taken).
     pub(super) fn read(&mut self, bytes: usize) -> bool {
-        if self.read.as_ref().is_some_and(|held| held.bytes() >= bytes) {
+        if bytes <= self.read_bytes {
             return true;
         }
-        match self.pool.lease(bytes) {
-            Some(held) => {
-                self.read = Some(held);
+        match self.pool.lease(bytes - self.read_bytes) {
+            Some(more) => {
+                self.read.push(more);
+                self.read_bytes = bytes;
                 true
             }
             None => false,
@@ -102,8 +116,15 @@ mod tests {
         assert_eq!(pool.used(), base + 300_000, "the largest written kept");
         assert!(standing.read(60_000));
         assert!(standing.read(10));
-        assert_eq!(pool.used(), base + 360_000);
+        assert!(standing.read(70_000), "only the 10,000 more taken");
+        assert_eq!(pool.used(), base + 370_000);
         assert!(!standing.read(1 << 20), "past the share");
+        standing.headers_dropped();
+        assert_eq!(
+            pool.used(),
+            CONNECTION_WEIGHT + 370_000,
+            "the headers given back"
+        );
         drop(standing);
         assert_eq!(pool.used(), 0);
         assert!(
