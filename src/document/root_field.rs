@@ -39,36 +39,46 @@ use std::collections::HashSet;
 /// one field (or one field twice), as a validation error at its second field (`None`: every
 /// subscription selects one).
 pub(crate) fn check(doc: &ExecutableDocument) -> Option<OperationError> {
-    let operations: Vec<(Option<&Name>, &Positioned<OperationDefinition>)> = match &doc.operations {
-        DocumentOperations::Single(op) => vec![(None, op)],
-        DocumentOperations::Multiple(ops) => ops.iter().map(|(n, op)| (Some(n), op)).collect(),
+    // No allocation for a document without a subscription (every query).
+    match &doc.operations {
+        DocumentOperations::Single(op) => refusal(doc, None, op),
+        DocumentOperations::Multiple(ops) => ops
+            .iter()
+            .find_map(|(name, op)| refusal(doc, Some(name), op)),
+    }
+}
+
+/// Why the operation `op` named `name` is refused, if it is a subscription
+/// whose root does not select one field directly.
+fn refusal(
+    doc: &ExecutableDocument,
+    name: Option<&Name>,
+    op: &Positioned<OperationDefinition>,
+) -> Option<OperationError> {
+    if op.node.ty != OperationType::Subscription {
+        return None;
+    }
+    let name = match name {
+        Some(name) => format!("Subscription \"{name}\""),
+        None => "Anonymous Subscription".to_string(),
     };
-    operations
-        .into_iter()
-        .filter(|(_, op)| op.node.ty == OperationType::Subscription)
-        .find_map(|(name, op)| {
-            let name = match name {
-                Some(name) => format!("Subscription \"{name}\""),
-                None => "Anonymous Subscription".to_string(),
-            };
-            if let Some(second) = second_field(doc, &op.node.selection_set) {
-                return Some(OperationError::ValidationFailed {
-                    message: format!("{name} must select only one top level field."),
-                    at: vec![second],
-                });
-            }
-            let items = &op.node.selection_set.node.items;
-            let fragment = items
-                .iter()
-                .find(|item| !matches!(item.node, Selection::Field(_)))?;
-            Some(OperationError::ValidationFailed {
-                message: format!(
-                    "{name} must select its top level field directly, not through a fragment \
-                     (no event would be sent for it)."
-                ),
-                at: vec![fragment.pos],
-            })
-        })
+    if let Some(second) = second_field(doc, &op.node.selection_set) {
+        return Some(OperationError::ValidationFailed {
+            message: format!("{name} must select only one top level field."),
+            at: vec![second],
+        });
+    }
+    let items = &op.node.selection_set.node.items;
+    let fragment = items
+        .iter()
+        .find(|item| !matches!(item.node, Selection::Field(_)))?;
+    Some(OperationError::ValidationFailed {
+        message: format!(
+            "{name} must select its top level field directly, not through a fragment \
+             (no event would be sent for it)."
+        ),
+        at: vec![fragment.pos],
+    })
 }
 
 /// Where the second field selected in `set` is, fragments expanded.
