@@ -35,6 +35,7 @@
 //! | `fanout_operation_delta` | histogram | `type` | requested − reads, for each operation priced (negative: the estimate was low) |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_quota_reads_total` | counter | `class`, `outcome` | reads of the clients' read quotas (`[quota]`), by class (`reads`, `internal-reads`): `reserved` before requests ran, `refunded` after (reserved, not spent), `refused` (asked by requests answered 429 `QUOTA_EXHAUSTED`) |
+//! | `fanout_would_refuse_total` | counter | `limit` | what a limit in `mode = "measure"` would have refused and let through: requests for `rate_limit` |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
@@ -231,6 +232,11 @@ pub(crate) fn shared_state_fallback(backend: &'static str) {
 /// block taken or given back, not per value).
 pub(crate) fn memory_held(bytes: usize) {
     gauge!("fanout_memory_held_bytes").set(bytes as f64);
+}
+
+/// `n` (requests or reads) a limit in measure mode would have refused.
+pub(crate) fn would_refuse(limit: &'static str, n: u64) {
+    counter!("fanout_would_refuse_total", "limit" => limit).increment(n);
 }
 
 /// What the open sockets hold in their pool now.

@@ -100,6 +100,7 @@ pub(crate) mod cidr;
 mod error;
 mod hosts;
 mod http;
+mod mode;
 mod quota;
 mod rate_limit;
 mod redis;
@@ -114,6 +115,7 @@ pub use budget::BudgetConfig;
 pub use error::ConfigError;
 pub use hosts::HostConfig;
 pub use http::{CsrfGet, HttpConfig};
+pub use mode::LimitMode;
 pub use quota::QuotaConfig;
 pub use rate_limit::RateLimitConfig;
 #[cfg(feature = "redis")]

@@ -3,6 +3,7 @@
 
 use super::cidr::Cidr;
 use super::error::{at_least_one, ConfigError};
+use super::mode::LimitMode;
 use serde::Deserialize;
 use std::fmt;
 
@@ -23,6 +24,10 @@ section! {
         /// IPv6 clients are keyed by this prefix length (64: one subnet, what
         /// one host is usually given).
         pub ipv6_prefix: u8 = 64,
+        /// `"enforce"` answers 429 past the rate; `"measure"` answers every
+        /// request and counts those it would have refused
+        /// (`fanout_would_refuse_total{limit="rate_limit"}`).
+        pub mode: LimitMode = LimitMode::Enforce,
     }
 }
 
@@ -74,6 +79,7 @@ impl fmt::Debug for RateLimitConfig {
             .field("trusted_proxies", &self.trusted_proxies)
             .field("ipv4_prefix", &self.ipv4_prefix)
             .field("ipv6_prefix", &self.ipv6_prefix)
+            .field("mode", &self.mode)
             .finish()
     }
 }

@@ -37,7 +37,7 @@
 //! fleet that falls back does not hand each client a whole minute's
 //! requests again on every replica.
 
-use crate::config::{FailureMode, RateLimitConfig};
+use crate::config::{FailureMode, LimitMode, RateLimitConfig};
 use crate::error::{Rejection, Unavailable};
 use crate::inbound::identity::{Caller, ClientPrefix, InternalToken, TokenCheck, TrustedProxies};
 use crate::inbound::quota::{LocalQuotas, QuotaClass, Rate, Verdict};
@@ -267,6 +267,8 @@ pub struct RateLimitLayer {
     prefix: ClientPrefix,
     limit: u32,
     policy_header: HeaderValue,
+    /// `rate_limit.mode`: refuse, or only count.
+    mode: LimitMode,
 }
 
 impl RateLimitLayer {
@@ -280,7 +282,17 @@ impl RateLimitLayer {
             prefix: ClientPrefix::new(config.ipv4_prefix, config.ipv6_prefix),
             limit: rpm.get(),
             policy_header: HeaderValue::from_str(&policy(rpm.get())).expect("the policy is ASCII"),
+            mode: config.mode,
         }
+    }
+
+    /// Refuses past the rate (`LimitMode::Enforce`, the default), or lets
+    /// every request through and counts those it would have refused
+    /// (`LimitMode::Measure`: `fanout_would_refuse_total{limit="rate_limit"}`
+    /// and a log line, at most one a second, naming the client).
+    pub fn mode(mut self, mode: LimitMode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// Checks public callers on `shared` (e.g. Redis); while it is down,
@@ -398,6 +410,16 @@ where
                 Ok(decision) => decision,
                 Err(unavailable) => return Ok(unavailable.unread()),
             };
+            let decision = match decision {
+                Decision::Deny { retry_after } if layer.mode.measures() => {
+                    would_refuse(client, retry_after);
+                    Decision::Allow {
+                        remaining: 0,
+                        reset: retry_after,
+                    }
+                }
+                decision => decision,
+            };
             match decision {
                 Decision::Deny { retry_after } => {
                     metrics::rate_limited();
@@ -507,6 +529,10 @@ impl SocketLimit {
     pub(crate) async fn check(&self) -> Result<(), Rejection> {
         match self.layer.decide(self.client).await? {
             Decision::Allow { .. } => Ok(()),
+            Decision::Deny { retry_after } if self.layer.mode.measures() => {
+                would_refuse(self.client, retry_after);
+                Ok(())
+            }
             Decision::Deny { retry_after } => {
                 metrics::rate_limited();
                 Err(Rejection::RateLimited {
@@ -514,6 +540,24 @@ impl SocketLimit {
                 })
             }
         }
+    }
+}
+
+/// A request measure mode lets through that enforce would have refused:
+/// counted, and logged naming its client — at most once a second, so a
+/// client far over the rate cannot flood the log.
+fn would_refuse(client: IpAddr, retry_after: Duration) {
+    metrics::would_refuse("rate_limit", 1);
+    static LOGGED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LOGGED.swap(now, Relaxed) != now {
+        tracing::info!(
+            %client,
+            retry_after_ms = retry_after.as_millis() as u64,
+            "rate_limit in measure mode: this request would have been refused (429)"
+        );
     }
 }
 
