@@ -17,7 +17,7 @@ use crate::document::cache::Documents;
 use crate::document::persisted::PersistedQueries;
 use crate::inbound::identity::{Caller, ClientPrefix, InternalToken, TrustedProxies};
 use crate::inbound::quota::{ClientQuota, QuotaStore, Ticket};
-use crate::memory::{MemoryPool, SocketMemory};
+use crate::memory::{ClientKey, MemoryPool, SocketMemory};
 use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
 use crate::read::cache::AnswerCache;
@@ -424,14 +424,18 @@ impl Engine {
     /// client that sent the upgrade request `parts`
     /// (`subscriptions.max_bytes_per_client`, its other sockets' too).
     pub(crate) fn socket_share(&self, parts: &http::request::Parts) -> Arc<MemoryPool> {
+        self.inner.sockets.share(self.socket_client(parts))
+    }
+
+    /// The client that sent the upgrade request `parts`, keyed as the
+    /// per-IP limiter keys it (`None`: served without its peer address).
+    pub(crate) fn socket_client(&self, parts: &http::request::Parts) -> ClientKey {
         let (proxies, prefix) = &self.inner.socket_clients;
         let peer = parts
             .extensions
             .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map(|peer| peer.0.ip());
-        let client =
-            peer.map(|peer| prefix.key(proxies.client_ip(peer, &parts.headers).unwrap_or(peer)));
-        self.inner.sockets.share(client)
+            .map(|peer| peer.0.ip())?;
+        Some(prefix.key(proxies.client_ip(peer, &parts.headers).unwrap_or(peer)))
     }
 
     /// A place for one more open socket, held while it is open; `None`

@@ -31,7 +31,7 @@ mod pool;
 mod shares;
 
 pub(crate) use pool::{MemoryPool, PoolBytes};
-pub(crate) use shares::SocketMemory;
+pub(crate) use shares::{ClientKey, SocketMemory};
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;

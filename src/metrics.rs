@@ -35,7 +35,7 @@
 //! | `fanout_operation_delta` | histogram | `type` | requested − reads, for each operation priced (negative: the estimate was low) |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_quota_reads_total` | counter | `class`, `outcome` | reads of the clients' read quotas (`[quota]`), by class (`reads`, `internal-reads`): `reserved` before requests ran, `refunded` after (reserved, not spent), `refused` (asked by requests answered 429 `QUOTA_EXHAUSTED`) |
-//! | `fanout_would_refuse_total` | counter | `limit` | what a limit in `mode = "measure"` would have refused and let through: requests for `rate_limit` |
+//! | `fanout_would_refuse_total` | counter | `limit` | what a limit in `mode = "measure"` would have refused and let through: requests for `rate_limit`, reads for `subscriptions` |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
@@ -234,9 +234,25 @@ pub(crate) fn memory_held(bytes: usize) {
     gauge!("fanout_memory_held_bytes").set(bytes as f64);
 }
 
-/// `n` (requests or reads) a limit in measure mode would have refused.
-pub(crate) fn would_refuse(limit: &'static str, n: u64) {
+/// `n` (requests or reads) a limit in measure mode would have refused,
+/// from `client`: counted, and logged naming the client — at most one line
+/// a second for all limits, so a client far over a limit cannot flood the
+/// log.
+pub(crate) fn would_refuse(limit: &'static str, client: &dyn std::fmt::Display, n: u64) {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     counter!("fanout_would_refuse_total", "limit" => limit).increment(n);
+    static LOGGED: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if LOGGED.swap(now, Relaxed) != now {
+        tracing::info!(
+            limit,
+            %client,
+            n,
+            "a limit in measure mode let through what enforce would have refused"
+        );
+    }
 }
 
 /// What the open sockets hold in their pool now.

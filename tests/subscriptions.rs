@@ -226,6 +226,64 @@ async fn a_read_the_connection_cannot_pay_for_is_exhausted_at_its_field_and_the_
     );
 }
 
+/// The events of a subscription of four one-read events on a connection
+/// whose bucket holds two, in `mode`: the codes at the reads' fields, the
+/// requests sent, and each event's `extensions.fanout`.
+async fn over_its_burst(mode: fanout_budget::config::LimitMode) -> (Vec<Value>, u64, Vec<Value>) {
+    let server = server(config().burst(2).reads_per_minute(1).mode(mode)).await;
+    let mut socket = connect(&server, "graphql-transport-ws", &[]).await;
+    init(&mut socket, json!({})).await;
+    subscribe(
+        &mut socket,
+        "a",
+        "subscription { items(first: 1, n: 4) { id detail { value } } }",
+    )
+    .await;
+    let events = until_complete(&mut socket, "a").await;
+    let codes = (events.iter())
+        .map(|e| e["payload"]["errors"][0]["extensions"]["code"].clone())
+        .collect();
+    let fanout = (events.iter())
+        .map(|e| e["payload"]["extensions"]["fanout"].clone())
+        .collect();
+    (codes, server.upstream.requests(), fanout)
+}
+
+#[tokio::test]
+async fn the_connection_budget_in_measure_mode_sends_and_counts_what_enforce_refused() {
+    use fanout_budget::config::LimitMode;
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _installed = metrics::set_global_recorder(recorder);
+    let would_refuse = || {
+        let page = handle.render();
+        fanout_testkit::prometheus::value(
+            &page,
+            "fanout_would_refuse_total",
+            &["limit=\"subscriptions\""],
+        )
+        .unwrap_or(0.0)
+    };
+    let (codes, sent, _) = over_its_burst(LimitMode::Enforce).await;
+    let refused = codes
+        .iter()
+        .filter(|c| **c == "FANOUT_BUDGET_EXHAUSTED")
+        .count();
+    assert_eq!((refused, sent), (2, 2), "{codes:?}");
+    assert_eq!(would_refuse(), 0.0);
+    let (codes, sent, fanout) = over_its_burst(LimitMode::Measure).await;
+    assert!(
+        codes.iter().all(Value::is_null),
+        "nothing refused: {codes:?}"
+    );
+    assert_eq!(sent, 4, "every read sent");
+    assert_eq!(would_refuse(), refused as f64, "counted as enforce refused");
+    let last = fanout.last().unwrap();
+    assert_eq!(last["used"], 4, "used counts the reads sent: {last}");
+    assert_eq!(last["remaining"], 0, "never below 0: {last}");
+}
+
 #[tokio::test]
 async fn an_event_reads_at_most_max_reads_whatever_the_connection_holds() {
     let mut config = Config::default();

@@ -2,6 +2,7 @@
 //! their rules.
 
 use super::error::{at_least_one, ConfigError};
+use super::mode::LimitMode;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -54,6 +55,11 @@ section! {
         /// never take every place HTTP requests need. One past it is closed
         /// at once (1013, try again later).
         pub max_connections: usize = 0,
+        /// `"enforce"`: a read the connection's budget cannot pay for is
+        /// `FANOUT_BUDGET_EXHAUSTED` at its field; `"measure"`: it is sent,
+        /// and counted (`fanout_would_refuse_total{limit="subscriptions"}`),
+        /// the budget's figures those enforce would show.
+        pub mode: LimitMode = LimitMode::Enforce,
     }
 }
 

@@ -412,7 +412,7 @@ where
             };
             let decision = match decision {
                 Decision::Deny { retry_after } if layer.mode.measures() => {
-                    would_refuse(client, retry_after);
+                    metrics::would_refuse("rate_limit", &client, 1);
                     Decision::Allow {
                         remaining: 0,
                         reset: retry_after,
@@ -529,8 +529,8 @@ impl SocketLimit {
     pub(crate) async fn check(&self) -> Result<(), Rejection> {
         match self.layer.decide(self.client).await? {
             Decision::Allow { .. } => Ok(()),
-            Decision::Deny { retry_after } if self.layer.mode.measures() => {
-                would_refuse(self.client, retry_after);
+            Decision::Deny { .. } if self.layer.mode.measures() => {
+                metrics::would_refuse("rate_limit", &self.client, 1);
                 Ok(())
             }
             Decision::Deny { retry_after } => {
@@ -540,24 +540,6 @@ impl SocketLimit {
                 })
             }
         }
-    }
-}
-
-/// A request measure mode lets through that enforce would have refused:
-/// counted, and logged naming its client — at most once a second, so a
-/// client far over the rate cannot flood the log.
-fn would_refuse(client: IpAddr, retry_after: Duration) {
-    metrics::would_refuse("rate_limit", 1);
-    static LOGGED: AtomicU64 = AtomicU64::new(0);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if LOGGED.swap(now, Relaxed) != now {
-        tracing::info!(
-            %client,
-            retry_after_ms = retry_after.as_millis() as u64,
-            "rate_limit in measure mode: this request would have been refused (429)"
-        );
     }
 }
 

@@ -30,7 +30,7 @@ use crate::engine::Engine;
 use crate::error::OperationError;
 use crate::inbound::identity::Caller;
 use crate::inbound::quota::{Rate, Ticket};
-use crate::memory::{MemoryPool, PoolBytes};
+use crate::memory::{ClientKey, MemoryPool, PoolBytes};
 use crate::request::{FanoutRequest, Pricing};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -61,6 +61,11 @@ struct Inner {
     /// Its client's share of the sockets' pool (`subscriptions.max_bytes`):
     /// what its subscriptions and events hold.
     memory: Arc<MemoryPool>,
+    /// `subscriptions.mode`: a read the bucket cannot pay for is sent and
+    /// counted rather than refused.
+    measure: bool,
+    /// Its client, as the limiter keys it (named when measure mode counts).
+    client: ClientKey,
 }
 
 impl std::fmt::Debug for FanoutConnection {
@@ -100,6 +105,8 @@ impl FanoutConnection {
                 origin: Instant::now(),
                 used: AtomicU64::new(0),
                 memory,
+                measure: s.mode.measures(),
+                client: engine.socket_client(parts),
             }),
         }
     }
@@ -130,13 +137,21 @@ impl FanoutConnection {
         u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Pays one read from the bucket, at once: `false` when it is empty.
+    /// Pays one read from the bucket, at once: `false` when it is empty
+    /// (in measure mode the read goes on, counted; the bucket is left as
+    /// enforce would leave it).
     fn pay(&self) -> bool {
         let mut full_at = lock(&self.inner.full_at);
         match self.inner.rate.take(*full_at, self.now(), 1) {
             Ok(after) => {
                 *full_at = after;
                 self.inner.used.fetch_add(1, Relaxed);
+                true
+            }
+            Err(_) if self.inner.measure => {
+                self.inner.used.fetch_add(1, Relaxed);
+                let client = ClientName(self.inner.client);
+                crate::metrics::would_refuse("subscriptions", &client, 1);
                 true
             }
             Err(_) => false,
@@ -230,6 +245,18 @@ impl FanoutConnection {
     /// Whether the two handles are the same connection.
     pub fn same(&self, other: &FanoutConnection) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// A client key as a log line names it.
+struct ClientName(ClientKey);
+
+impl std::fmt::Display for ClientName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(ip) => ip.fmt(f),
+            None => f.write_str("(no peer address)"),
+        }
     }
 }
 
