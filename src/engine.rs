@@ -24,6 +24,7 @@ use crate::read::cache::AnswerCache;
 use crate::read::coalesce::Coalesce;
 use crate::read::hosts::{HostLimiter, HostTable, LocalHostCaps};
 use crate::read::quota::{QuotaBoard, Quotas};
+use crate::read::share::Shares;
 use crate::read::transport::{HttpTransport, Transport};
 use crate::read::{ReadParts, RequestReads};
 use crate::request::{FanoutRequest, Pricing};
@@ -232,6 +233,7 @@ impl EngineBuilder {
             auth: Auth::new(&self.config.upstreams),
             quotas,
             cache: AnswerCache::new(upstream.cache_bytes),
+            shares: Shares::new(&self.config.upstreams),
         });
         let mode = self.config.redis.failure_mode;
         let quota = ClientQuota::new(&self.config).map(|quota| match self.quota_store {
@@ -403,7 +405,8 @@ impl Engine {
             Caller::Public => b.max_reads,
         };
         let deadline = Instant::now() + b.deadline();
-        let budget = RequestBudget::new(limit, b.max_concurrent_reads, deadline);
+        let budget = RequestBudget::new(limit, b.max_concurrent_reads, deadline)
+            .measuring(b.mode.measures(), self.config().quota.mode.measures());
         // With a read quota no read is sent before the reservation: the
         // budget opens at 0 and becomes what was reserved.
         if ticket.is_some() {

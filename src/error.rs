@@ -44,6 +44,17 @@ pub enum ReadError {
         /// The request's read limit.
         limit: u64,
     },
+    /// One upstream's share of the request's budget
+    /// (`[upstreams."NAME"] max_reads`) is spent: that upstream's reads are
+    /// refused, the other upstreams' go on. `FANOUT_BUDGET_EXHAUSTED`, as
+    /// [`BudgetExhausted`](Self::BudgetExhausted), its extensions naming
+    /// the upstream too.
+    UpstreamBudgetExhausted {
+        /// The upstream's name (its `[upstreams."NAME"]` table).
+        upstream: String,
+        /// Its share: the reads one request may send to it.
+        limit: u64,
+    },
     /// One upstream read took longer than `read_timeout_ms`.
     UpstreamTimeout {
         /// `host:port` of the upstream.
@@ -121,7 +132,9 @@ impl ReadError {
     /// The contract's `extensions.code`.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::BudgetExhausted { .. } => "FANOUT_BUDGET_EXHAUSTED",
+            Self::BudgetExhausted { .. } | Self::UpstreamBudgetExhausted { .. } => {
+                "FANOUT_BUDGET_EXHAUSTED"
+            }
             Self::UpstreamTimeout { .. } => "UPSTREAM_TIMEOUT",
             Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Self::Upstream { .. } | Self::AnswerBound { .. } => "UPSTREAM_ERROR",
@@ -140,6 +153,9 @@ impl ReadError {
             Self::BudgetExhausted { limit } => {
                 format!("fan-out budget exhausted: this request may make {limit} upstream reads")
             }
+            Self::UpstreamBudgetExhausted { upstream, limit } => format!(
+                "fan-out budget exhausted for upstream {upstream}: this request may make {limit} reads to it"
+            ),
             Self::UpstreamTimeout { host, timeout_ms } => {
                 format!("upstream {host} did not answer within {timeout_ms} ms")
             }
@@ -201,6 +217,10 @@ impl ReadError {
         ext.set("code", self.code());
         match self {
             Self::BudgetExhausted { limit } => ext.set("limit", *limit),
+            Self::UpstreamBudgetExhausted { upstream, limit } => {
+                ext.set("limit", *limit);
+                ext.set("upstream", upstream.as_str());
+            }
             Self::UpstreamTimeout { host, timeout_ms } => {
                 ext.set("host", host.as_str());
                 ext.set("timeoutMs", *timeout_ms);
@@ -242,6 +262,7 @@ impl ReadError {
         matches!(
             self,
             Self::BudgetExhausted { .. }
+                | Self::UpstreamBudgetExhausted { .. }
                 | Self::HostSaturated { .. }
                 | Self::Unavailable { .. }
                 | Self::QuotaExhausted { .. }

@@ -35,7 +35,7 @@
 //! | `fanout_operation_delta` | histogram | `type` | requested − reads, for each operation priced (negative: the estimate was low) |
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_quota_reads_total` | counter | `class`, `outcome` | reads of the clients' read quotas (`[quota]`), by class (`reads`, `internal-reads`): `reserved` before requests ran, `refunded` after (reserved, not spent), `refused` (asked by requests answered 429 `QUOTA_EXHAUSTED`) |
-//! | `fanout_would_refuse_total` | counter | `limit` | what a limit in `mode = "measure"` would have refused and let through: requests for `rate_limit`, reads for `subscriptions` |
+//! | `fanout_would_refuse_total` | counter | `limit` | what a limit in `mode = "measure"` would have refused and let through: requests for `rate_limit` and `estimate` (a batch priced past its budget), reads for `budget`, `quota` and `subscriptions` |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |

@@ -62,6 +62,8 @@ struct Scope {
     /// Whether a batch priced over its budget is refused
     /// (`refuse_over_estimate` with a cost table).
     refuse_over: bool,
+    /// In measure mode, the batch priced past its budget has been counted.
+    estimate_measured: AtomicBool,
     /// The client's read quota, when its class has one.
     quota: Option<Ticket>,
     /// An event of a WebSocket connection ([`Pricing::event`]).
@@ -110,6 +112,7 @@ impl FanoutRequest {
                 extensions,
                 price_first: priced.costs && (priced.refuse_over || quota.is_some()),
                 refuse_over: priced.costs && priced.refuse_over,
+                estimate_measured: AtomicBool::new(false),
                 quota,
                 event: priced.event,
                 reservation: tokio::sync::OnceCell::new(),
@@ -207,8 +210,18 @@ impl FanoutRequest {
         // With a read quota the request can never spend more than its burst.
         let burst = self.inner.quota.as_ref().map_or(u64::MAX, Ticket::burst);
         let limit = budget.ceiling().min(burst);
-        (self.inner.refuse_over && requested > limit)
-            .then_some(OperationError::EstimateExceedsBudget { requested, limit })
+        if !(self.inner.refuse_over && requested > limit) {
+            return None;
+        }
+        if budget.measures() {
+            // Once per request, whichever of its operations asks first.
+            if !self.inner.estimate_measured.swap(true, Relaxed) {
+                let whole = &"a batch priced past its budget";
+                crate::metrics::would_refuse("estimate", whole, 1);
+            }
+            return None;
+        }
+        Some(OperationError::EstimateExceedsBudget { requested, limit })
     }
 
     /// Takes the batch's reservation on its client's read quota, once,
@@ -219,7 +232,7 @@ impl FanoutRequest {
     /// `failure_mode = "closed"`).
     pub(crate) async fn reserve(&self) -> Option<Rejection> {
         let ticket = self.inner.quota.as_ref()?;
-        let reserved = self
+        let _ = self
             .inner
             .reservation
             .get_or_init(|| async {
@@ -234,13 +247,28 @@ impl FanoutRequest {
                     Err(Rejection::QuotaExhausted { remaining, .. }) if self.inner.event => {
                         ticket.reserve(remaining).await?
                     }
+                    // Measured: it runs, taking nothing from the quota, as
+                    // enforce would take nothing; its reads are counted.
+                    Err(refused @ Rejection::QuotaExhausted { .. }) if budget.quota_measures() => {
+                        budget.unreserved();
+                        return Err(refused);
+                    }
                     reserved => reserved?,
                 };
                 budget.reserved(reservation.reserved(), Box::new(reservation.extend()));
                 Ok(reservation)
             })
             .await;
-        reserved.as_ref().err().cloned()
+        self.refused_reservation()
+    }
+
+    /// Why the reservation refused the request, if it did (in measure mode
+    /// a spent quota refuses nothing: the request ran).
+    fn refused_reservation(&self) -> Option<Rejection> {
+        match self.inner.reservation.get()? {
+            Err(Rejection::QuotaExhausted { .. }) if self.budget().quota_measures() => None,
+            reserved => reserved.as_ref().err().cloned(),
+        }
     }
 
     /// The client's read quota as it will stand once this request settles
@@ -291,8 +319,7 @@ impl FanoutRequest {
     /// The whole answer for a request a memory bound or the read quota
     /// stopped, if one did.
     pub fn stopped(&self) -> Option<Rejection> {
-        let quota = || self.inner.reservation.get()?.as_ref().err().cloned();
-        self.memory().trip().map(Trip::rejection).or_else(quota)
+        (self.memory().trip().map(Trip::rejection)).or_else(|| self.refused_reservation())
     }
 
     /// The request's budget.

@@ -1,6 +1,7 @@
 //! `[budget]`: the per-request read budget, its keys and their rules.
 
 use super::error::{at_least_one, ConfigError};
+use super::mode::LimitMode;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -21,6 +22,11 @@ section! {
         pub max_concurrent_reads: usize = 8,
         /// Refuse a batch whose worst-case reads exceed the budget, before any read.
         pub refuse_over_estimate: bool = false,
+        /// `"enforce"` refuses a read past `max_reads` (and, with
+        /// `refuse_over_estimate`, a batch priced past it); `"measure"` sends
+        /// it, and counts it (`fanout_would_refuse_total{limit="budget"}`,
+        /// `{limit="estimate"}` per batch, `extensions.fanout.wouldRefuse`).
+        pub mode: LimitMode = LimitMode::Enforce,
     }
 }
 

@@ -1,6 +1,7 @@
 //! `[quota]`: the per-client read quota over time, its keys and their rules.
 
 use super::error::ConfigError;
+use super::mode::LimitMode;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -23,6 +24,13 @@ section! {
         /// public quota, its burst a whole period's reads; 0: internal
         /// callers have none.
         pub internal_reads: u64 = 0,
+        /// `"enforce"` answers 429 `QUOTA_EXHAUSTED` (and refuses reads past
+        /// the reservation); `"measure"` lets the request run without taking
+        /// from the quota, and counts the reads enforce would have refused
+        /// (`fanout_would_refuse_total{limit="quota"}`,
+        /// `extensions.fanout.wouldRefuse`): the quota left is what enforce
+        /// would leave.
+        pub mode: LimitMode = LimitMode::Enforce,
     }
 }
 

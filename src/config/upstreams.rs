@@ -61,6 +61,15 @@ section! {
         /// (`Read::fresh_for`): a tag moved or added is seen this much later.
         /// 0 (the default): read every request.
         pub tag_ttl_ms: u64 = 0,
+        /// This upstream's share of one inbound request's read budget: at
+        /// most this many requests sent to its origin (scheme, host, port)
+        /// per inbound request — every operation of a batch together, each
+        /// WebSocket event on its own — each also charged to the request's
+        /// budget as any read. Past it, only this upstream's reads are
+        /// refused (`FANOUT_BUDGET_EXHAUSTED` with `upstream` naming it and
+        /// `limit` this share; nothing sent, nothing charged); the other
+        /// upstreams' reads go on. 0 (the default): no share of its own.
+        pub max_reads: u64 = 0,
     }
 }
 

@@ -130,6 +130,11 @@ fn report(operation: &Operation, requested: Option<u64>) -> Value {
         .zip(values)
         .filter_map(|(key, value)| Some((key.clone(), Value::from(value?))))
         .collect();
+    // Reads a limit in measure mode let through (absent when none).
+    let would_refuse = operation.request().budget().would_refuse();
+    if would_refuse > 0 {
+        map.insert(Name::new("wouldRefuse"), Value::from(would_refuse));
+    }
     if let Some(quota) = operation.request().quota() {
         let status = [
             ("limit", Value::from(quota.limit)),

@@ -72,6 +72,17 @@ pub struct RequestBudget {
     /// The payer refused a read: its limit is the one a refusal names.
     payer_refused: std::sync::atomic::AtomicBool,
     used: ChargeCounter,
+    /// `budget.mode = "measure"`: a read past the request's own limit is
+    /// charged anyway (and counted in `would_refuse`).
+    measure: bool,
+    /// `quota.mode = "measure"`: a read past the read quota's reservation
+    /// is charged anyway (and counted).
+    quota_measure: bool,
+    /// The read quota would have refused the whole request (measure mode):
+    /// every read it sends is counted.
+    unreserved: std::sync::atomic::AtomicBool,
+    /// Reads charged past a limit in measure mode.
+    would_refuse: AtomicU64,
     requested: AtomicU64,
     deadline: Instant,
     slots: Slots,
@@ -82,9 +93,20 @@ pub struct RequestBudget {
 /// `true` when it did.
 pub(crate) type Extend = Box<dyn Fn() -> bool + Send + Sync>;
 
-/// Pays one read from a budget outside the request (a connection's, over
-/// time), at once: `true` when it did.
-pub(crate) type Pay = Box<dyn Fn() -> bool + Send + Sync>;
+/// Who else pays each read: `Paid::Refused` refuses it.
+pub(crate) type Pay = Box<dyn Fn() -> Paid + Send + Sync>;
+
+/// What the other payer (a connection's budget) said of a read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Paid {
+    /// Paid.
+    Yes,
+    /// Not paid, but its budget only measures: the read goes on, counted
+    /// as one enforce would have refused.
+    Measured,
+    /// Refused.
+    Refused,
+}
 
 /// The charge was refused: no read is left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,6 +195,10 @@ impl RequestBudget {
             pay: OnceLock::new(),
             payer_refused: std::sync::atomic::AtomicBool::new(false),
             used: ChargeCounter::new(0),
+            measure: false,
+            quota_measure: false,
+            unreserved: std::sync::atomic::AtomicBool::new(false),
+            would_refuse: AtomicU64::new(0),
             requested: AtomicU64::new(0),
             deadline,
             slots: Slots {
@@ -195,24 +221,89 @@ impl RequestBudget {
                 .used
                 .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1));
             if charged.is_ok() {
+                if self.unreserved.load(Relaxed) {
+                    self.measured("quota");
+                }
                 return self.paid();
             }
             if !self.extended(limit) {
-                return Err(Exhausted);
+                return self.past_the_limit(limit);
             }
         }
+    }
+
+    /// A read found no read left within `limit`: refused — or, in measure
+    /// mode and when the limit is the request's own (a read quota's
+    /// reservation and a connection's budget have modes of their own),
+    /// charged past it and counted.
+    #[cold]
+    fn past_the_limit(&self, limit: u64) -> Result<(), Exhausted> {
+        let limit = match limit < self.ceiling {
+            true if self.quota_measure => "quota",
+            false if self.measure => "budget",
+            _ => return Err(Exhausted),
+        };
+        self.used.fetch_add(1, Relaxed);
+        self.measured(limit);
+        self.paid()
+    }
+
+    /// Counts a read that `limit` in measure mode let through.
+    #[cold]
+    fn measured(&self, limit: &'static str) {
+        self.would_refuse.fetch_add(1, Relaxed);
+        crate::metrics::would_refuse(limit, &"a request", 1);
+    }
+
+    /// Makes this budget measure rather than refuse (`budget.mode`), and
+    /// the read quota's limits on it (`quota.mode`).
+    pub(crate) fn measuring(mut self, measure: bool, quota: bool) -> Self {
+        self.measure = measure;
+        self.quota_measure = quota;
+        self
+    }
+
+    /// Whether the read quota only measures (`quota.mode`).
+    pub(crate) fn quota_measures(&self) -> bool {
+        self.quota_measure
+    }
+
+    /// The read quota would have refused the whole request; in measure mode
+    /// it runs on its own limit, taking nothing from the quota, and every
+    /// read it sends is counted.
+    pub(crate) fn unreserved(&self) {
+        self.unreserved.store(true, Relaxed);
+        self.limit.store(self.ceiling, Relaxed);
+    }
+
+    /// Whether it measures rather than refuses (`budget.mode`).
+    pub(crate) fn measures(&self) -> bool {
+        self.measure
+    }
+
+    /// Reads sent past the limit that enforce mode would have refused
+    /// (measure mode; `extensions.fanout.wouldRefuse`).
+    pub fn would_refuse(&self) -> u64 {
+        self.would_refuse.load(Relaxed)
     }
 
     /// The read just charged, paid by whoever else pays (a connection's
     /// budget); refused there, the charge is taken back.
     fn paid(&self) -> Result<(), Exhausted> {
-        match self.pay.get() {
-            Some((pay, _)) if !pay() => {
+        let Some((pay, _)) = self.pay.get() else {
+            return Ok(());
+        };
+        match pay() {
+            Paid::Yes => Ok(()),
+            Paid::Measured => {
+                self.would_refuse.fetch_add(1, Relaxed);
+                Ok(())
+            }
+            Paid::Refused => {
                 self.used.fetch_sub(1, Relaxed);
                 self.payer_refused.store(true, Relaxed);
                 Err(Exhausted)
             }
-            _ => Ok(()),
         }
     }
 
@@ -293,7 +384,14 @@ impl RequestBudget {
     /// none within the limit, and none the client's read quota may add.
     pub fn is_exhausted(&self) -> bool {
         let limit = self.limit();
-        self.used.load(Relaxed) >= limit && (self.extend.get().is_none() || limit >= self.ceiling)
+        let own = limit >= self.ceiling;
+        self.used.load(Relaxed) >= limit
+            && (self.extend.get().is_none() || own)
+            && !(if own {
+                self.measure
+            } else {
+                self.quota_measure
+            })
     }
 
     /// The read limit.

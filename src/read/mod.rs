@@ -6,12 +6,14 @@
 //!
 //! 1. **dedup** (`dedup.rs`): an identical read of the same inbound request
 //!    answers (in flight or done), and nothing below runs;
-//! 2. **refusals**: the budget spent — or, for a host that coalesces
+//! 2. **refusals**: the budget spent — the request's, or the share of it
+//!    the read's upstream may take (`share.rs`) — or, for a host that coalesces
 //!    (`coalesce.rs`), joins a flight of another request here instead;
 //! 3. **request slot** (`budget.rs`), then **host slot** (`hosts.rs`), each
 //!    waited for never past the deadline;
-//! 4. **charge** (`budget.rs`): last before the send, since waiting may
-//!    have used up the time or the budget;
+//! 4. **charge** (`budget.rs`, after the upstream's share, `share.rs`):
+//!    last before the send, since waiting may have used up the time or the
+//!    budget;
 //! 5. **timed send** (`timeout.rs` around `transport.rs`): cut at
 //!    `min(read_timeout, deadline)`;
 //! 6. **keep**: the answer is kept for the rest of the request, its bytes
@@ -36,6 +38,7 @@ pub(crate) mod message;
 pub(crate) mod permit;
 pub(crate) mod quota;
 pub(crate) mod redirect;
+pub(crate) mod share;
 mod spans;
 pub(crate) mod timeout;
 pub(crate) mod transport;
@@ -61,6 +64,7 @@ use message::ReadKey;
 use permit::{Admission, Outcome};
 use quota::Quotas;
 use redirect::Redirects;
+use share::{ShareId, ShareUse, Shares};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -93,6 +97,9 @@ pub(crate) struct ReadParts {
     pub(crate) quotas: Arc<Quotas>,
     /// The answers kept for every request (`upstream.cache_bytes`).
     pub(crate) cache: AnswerCache<hosts::HostLabel>,
+    /// The upstreams with a share of each request's budget of their own
+    /// (`[upstreams."NAME"] max_reads`).
+    pub(crate) shares: Shares,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
@@ -109,6 +116,8 @@ pub(crate) struct RequestReads {
     rejected: Rejected,
     /// Its own responses for the cache's entries (`cache.rs`).
     hits: cache::RequestHits,
+    /// Its reads against each upstream's share (`share.rs`).
+    shares: ShareUse,
 }
 
 pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
@@ -124,6 +133,7 @@ impl RequestReads {
         let pool = pool.unwrap_or_else(|| parts.memory.clone());
         let memory = RequestMemory::new(pool, parts.max_answer_bytes);
         Self {
+            shares: parts.shares.open(),
             parts,
             budget,
             dedup: Dedup::new(),
@@ -480,7 +490,8 @@ impl<'a> Upstream<'a> {
             // each level of the walk).
             return Box::pin(self.coalesced(read, &host)).await;
         }
-        let admitted = self.admit(&host).await?;
+        let share = self.reads.parts.shares.of(&read.url);
+        let admitted = self.admit(&host, share).await?;
         let limit = self.limit(admitted.now);
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
@@ -502,26 +513,41 @@ impl<'a> Upstream<'a> {
     }
 
     /// Steps 2–4: the refusals, the request slot, the host slot and the
-    /// charge, for one read to `host`. The clock is read once, and again
-    /// only after a slot was waited for: when both are free the steps take
-    /// nanoseconds, and each read of the clock costs about 25 ns here.
-    async fn admit(&self, host: &HostEntry) -> Result<Admitted<'a>, ReadError> {
+    /// charge, for one read to `host` (counted against the upstream's
+    /// `share`, if its origin has one: `share.rs`). The clock is read
+    /// once, and again only after a slot was waited for: when both are
+    /// free the steps take nanoseconds, and each read of the clock costs
+    /// about 25 ns here.
+    async fn admit(
+        &self,
+        host: &HostEntry,
+        share: Option<ShareId>,
+    ) -> Result<Admitted<'a>, ReadError> {
         let now = Instant::now();
-        self.refuse_early(host, now)?;
+        self.refuse_early(host, share, now)?;
         let (slots, now) = self.slots(host, now).await?;
-        let now = self.charge(host, now)?;
+        let now = self.charge(host, share, now)?;
         Ok(Admitted { _slots: slots, now })
     }
 
     /// Step 2: the host said its quota is spent (`quota.rs`), or no read
-    /// is left, or no time.
-    fn refuse_early(&self, host: &HostEntry, now: Instant) -> Result<(), ReadError> {
+    /// is left — of the request's, or of its upstream's share — or no time.
+    fn refuse_early(
+        &self,
+        host: &HostEntry,
+        share: Option<ShareId>,
+        now: Instant,
+    ) -> Result<(), ReadError> {
         if let Err(spent) = self.reads.parts.quotas.check(&host.name, now) {
             return Err(self.refused(host, spent));
         }
         let budget = &self.reads.budget;
         if budget.is_exhausted() {
             return Err(self.refused(host, self.exhausted()));
+        }
+        let shares = &self.reads.parts.shares;
+        if let Some(id) = share.filter(|id| shares.is_spent(&self.reads.shares, *id)) {
+            return Err(self.refused(host, shares.spent(id)));
         }
         if budget.time_left_at(now).is_none() {
             return Err(self.refused(host, ReadError::DeadlineExceeded));
@@ -560,13 +586,29 @@ impl<'a> Upstream<'a> {
     }
 
     /// Step 4: the charge, last before the send: when the read is admitted
-    /// (`now`, the time after its slots), or its refusal.
-    fn charge(&self, host: &HostEntry, now: Instant) -> Result<Instant, ReadError> {
+    /// (`now`, the time after its slots), or its refusal. A read to an
+    /// upstream with a share takes a read of it first (`share.rs`), given
+    /// back if the request's budget refuses the read.
+    fn charge(
+        &self,
+        host: &HostEntry,
+        share: Option<ShareId>,
+        now: Instant,
+    ) -> Result<Instant, ReadError> {
         let budget = &self.reads.budget;
         if budget.time_left_at(now).is_none() {
             return Err(self.refused(host, ReadError::DeadlineExceeded));
         }
+        let shares = &self.reads.parts.shares;
+        if let Some(id) = share {
+            if let Err(spent) = shares.try_take(&self.reads.shares, id) {
+                return Err(self.refused(host, spent));
+            }
+        }
         if budget.try_charge().is_err() {
+            if let Some(id) = share {
+                shares.give_back(&self.reads.shares, id);
+            }
             return Err(self.refused(host, self.exhausted()));
         }
         self.op.sent.fetch_add(1, Relaxed);
@@ -584,6 +626,11 @@ impl<'a> Upstream<'a> {
                 bump(&stats.refused_budget);
                 metrics::budget_exhausted();
                 budget.spent_on()
+            }
+            ReadError::UpstreamBudgetExhausted { .. } => {
+                bump(&stats.refused_budget);
+                metrics::budget_exhausted();
+                "upstream_share"
             }
             ReadError::DeadlineExceeded => {
                 bump(&stats.refused_deadline);
@@ -619,7 +666,8 @@ impl<'a> Upstream<'a> {
     /// and leads one, whose send runs in a task of its own.
     async fn coalesced(&self, read: Read, host: &HostEntry) -> ReadResult {
         let now = Instant::now();
-        self.refuse_early(host, now)?;
+        let share = self.reads.parts.shares.of(&read.url);
+        self.refuse_early(host, share, now)?;
         let table = &self.reads.parts.coalesce;
         let key = read.identity().expect("a safe read has a key");
         let slots = table.unless_started(&key, self.slots(host, now)).await;
@@ -629,7 +677,7 @@ impl<'a> Upstream<'a> {
         };
         let mut charged = None;
         let lead = || {
-            let now = self.charge(host, now)?;
+            let now = self.charge(host, share, now)?;
             charged = Some(now);
             let parts = self.reads.parts.clone();
             let transport = parts.transport.clone();
@@ -757,7 +805,8 @@ impl<'a> Upstream<'a> {
     pub async fn permit(&self, host: &str) -> Result<Permit<'a>, ReadError> {
         // Named as the `[hosts]` tables name it, whatever the case.
         let host = self.reads.parts.host_table.entry(host.to_ascii_lowercase());
-        let admitted = self.admit(&host).await?;
+        // Not a request sent to an origin: no upstream's share.
+        let admitted = self.admit(&host, None).await?;
         Ok(Permit::new(Box::new(Call {
             limit: self.limit(admitted.now),
             _admitted: admitted,

@@ -31,6 +31,7 @@ use crate::error::OperationError;
 use crate::inbound::identity::Caller;
 use crate::inbound::quota::{Rate, Ticket};
 use crate::memory::{ClientKey, MemoryPool, PoolBytes};
+use crate::read::budget::Paid;
 use crate::request::{FanoutRequest, Pricing};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -137,24 +138,24 @@ impl FanoutConnection {
         u64::try_from(self.inner.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Pays one read from the bucket, at once: `false` when it is empty
+    /// Pays one read from the bucket, at once: refused when it is empty
     /// (in measure mode the read goes on, counted; the bucket is left as
     /// enforce would leave it).
-    fn pay(&self) -> bool {
+    fn pay(&self) -> Paid {
         let mut full_at = lock(&self.inner.full_at);
         match self.inner.rate.take(*full_at, self.now(), 1) {
             Ok(after) => {
                 *full_at = after;
                 self.inner.used.fetch_add(1, Relaxed);
-                true
+                Paid::Yes
             }
             Err(_) if self.inner.measure => {
                 self.inner.used.fetch_add(1, Relaxed);
                 let client = ClientName(self.inner.client);
                 crate::metrics::would_refuse("subscriptions", &client, 1);
-                true
+                Paid::Measured
             }
-            Err(_) => false,
+            Err(_) => Paid::Refused,
         }
     }
 

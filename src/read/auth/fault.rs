@@ -75,6 +75,7 @@ impl FetchError {
             | ReadError::Forbidden { .. } => Fault::Refused,
             ReadError::AnswerBound { .. }
             | ReadError::BudgetExhausted { .. }
+            | ReadError::UpstreamBudgetExhausted { .. }
             | ReadError::DeadlineExceeded
             | ReadError::HostSaturated { .. }
             | ReadError::Unavailable { .. }
