@@ -13,7 +13,8 @@ use async_graphql::{
     SimpleObject, Value,
 };
 use fanout_budget::{
-    cost::{CostTable, FieldCost},
+    cost::directives::{cost, fanout_provides, fanout_shared, list_size},
+    cost::CostTable,
     FanoutContext, OrNull, ReadError,
 };
 use std::sync::Arc;
@@ -24,30 +25,21 @@ pub type RegistrySchema = Schema<Query, EmptyMutation, Subscription>;
 /// The shared read of a repository: its tag list.
 const TAG_LIST: &str = "tag list";
 
-/// What each field may read (CONTRACT §5), for the cost preview.
+/// The cost preview's table: empty, for what each field may read (CONTRACT
+/// §5) is declared on the schema's fields — `@cost(weight:)` the reads,
+/// `@listSize` the pages, `@fanoutShared`/`@fanoutProvides` a repository's
+/// one tag list, made by `repository(name)` itself, else by the first of
+/// `tags` and `tag` that a repository of `repositories` asks for
+/// (`schema/registry.graphql` shows them).
 pub fn costs() -> CostTable {
     CostTable::new()
-        // A repository's tag list is one read (CONTRACT §5): made by
-        // `repository(name)` itself, else by the first of `tags` and `tag`
-        // that a repository of `repositories` asks for.
-        .field(
-            "Query",
-            "repository",
-            FieldCost::reads(1).provides(TAG_LIST),
-        )
-        .field(
-            "Query",
-            "repositories",
-            FieldCost::reads(1).times_arg("first"),
-        )
-        .field(
-            "Repository",
-            "tags",
-            FieldCost::reads(1).shared(TAG_LIST).times_arg("first"),
-        )
-        .field("Repository", "tag", FieldCost::reads(1).shared(TAG_LIST))
-        .field("Tag", "manifest", FieldCost::reads(1))
-        .field("Manifest", "config", FieldCost::reads(1))
+}
+
+/// `@listSize`'s slicing arguments and sized fields for a page of `first`
+/// rows: the connection's `nodes`.
+fn page() -> (Option<Vec<String>>, Option<Vec<String>>) {
+    let strings = |s: &str| Some(vec![s.to_string()]);
+    (strings("first"), strings("nodes"))
 }
 
 /// The schema, without the engine's extension (see [`crate::app`]).
@@ -85,6 +77,10 @@ pub struct Query;
 #[Object]
 impl Query {
     /// One repository. Null, without error, when the registry answers NAME_UNKNOWN.
+    #[graphql(
+        directive = cost::apply("1".to_string()),
+        directive = fanout_provides::apply(TAG_LIST.to_string())
+    )]
     async fn repository(&self, ctx: &Context<'_>, name: String) -> Option<Repository> {
         // Its registry found and its name checked against the OCI grammar
         // before any read.
@@ -97,7 +93,11 @@ impl Query {
     }
 
     /// One page of the registry catalog (GET /v2/_catalog).
-    #[graphql(complexity = "list_complexity(first, child_complexity)")]
+    #[graphql(
+        complexity = "list_complexity(first, child_complexity)",
+        directive = cost::apply("1".to_string()),
+        directive = list_size::apply(None, page().0, page().1, None)
+    )]
     async fn repositories(
         &self,
         ctx: &Context<'_>,
@@ -219,7 +219,12 @@ impl Repository {
         self.repo.shown()
     }
 
-    #[graphql(complexity = "list_complexity(first, child_complexity)")]
+    #[graphql(
+        complexity = "list_complexity(first, child_complexity)",
+        directive = cost::apply("1".to_string()),
+        directive = fanout_shared::apply(TAG_LIST.to_string()),
+        directive = list_size::apply(None, page().0, page().1, None)
+    )]
     async fn tags(
         &self,
         ctx: &Context<'_>,
@@ -251,6 +256,10 @@ impl Repository {
         })
     }
 
+    #[graphql(
+        directive = cost::apply("1".to_string()),
+        directive = fanout_shared::apply(TAG_LIST.to_string())
+    )]
     async fn tag(&self, ctx: &Context<'_>, name: String) -> async_graphql::Result<Option<Tag>> {
         let tags = self.tag_list(ctx).await?;
         Ok(tags.position(&name).map(|index| Tag {
@@ -321,6 +330,7 @@ impl Tag {
         self.tag()
     }
 
+    #[graphql(directive = cost::apply("1".to_string()))]
     async fn manifest(&self, ctx: &Context<'_>) -> Option<Manifest> {
         // The tag comes from the registry's own tag list.
         let tag = TagName::parse(self.tag())
@@ -371,6 +381,7 @@ impl Manifest {
             .collect()
     }
 
+    #[graphql(directive = cost::apply("1".to_string()))]
     async fn config(&self, ctx: &Context<'_>) -> Option<ImageConfig> {
         let config = self.doc.config.as_ref()?;
         // The digest comes from the manifest the registry served.

@@ -47,11 +47,15 @@ pub(crate) fn estimate(
         };
         let def = &def.node;
         let on = &def.type_condition.node.on.node;
-        let price = walk.selection(&def.selection_set, on, &mut Vec::new());
+        let price = walk.selection(&def.selection_set, on, &mut Vec::new(), None);
         walk.fragments.insert(name, price);
     }
-    walk.selection(&op.selection_set, root, &mut Vec::new())
+    walk.selection(&op.selection_set, root, &mut Vec::new(), None)
 }
+
+/// The fields of an object a list's size applies to (`@listSize(sizedFields:)`),
+/// and that size.
+type Sized<'a> = Option<(&'a [String], u64)>;
 
 struct Walk<'a> {
     costs: &'a CostTable,
@@ -69,11 +73,14 @@ impl Walk<'_> {
     ///
     /// `made`: the shared reads ([`FieldCost::shared`]) this object already
     /// has — from the field that returned it, then from its earlier fields.
+    /// `sized`: which of its fields are multiplied, and by what (a fragment
+    /// spread here is multiplied whole: still an upper bound).
     fn selection<'s>(
         &'s self,
         set: &Positioned<SelectionSet>,
         ty: &str,
         made: &mut Vec<&'s str>,
+        sized: Sized<'_>,
     ) -> u64 {
         let mut total = 0u64;
         for item in &set.node.items {
@@ -83,7 +90,11 @@ impl Walk<'_> {
                     let Some(info) = self.types.field(ty, &field.name.node) else {
                         continue;
                     };
-                    let cost = self.costs.get(ty, &field.name.node);
+                    // The table wins over the schema's directives.
+                    let cost = self
+                        .costs
+                        .get(ty, &field.name.node)
+                        .or(info.declared.as_ref());
                     let shared = cost.and_then(|c| c.shared.as_deref());
                     let provides = cost.and_then(|c| c.provides.as_deref());
                     let (reads, times) = match cost {
@@ -102,9 +113,28 @@ impl Walk<'_> {
                     } else {
                         // The object this field returns has what it provides.
                         let mut child: Vec<&str> = provides.into_iter().collect();
-                        self.selection(&field.selection_set, &info.named, &mut child)
+                        let set = &field.selection_set;
+                        match cost.map(|c| c.sized.as_slice()) {
+                            // A connection: `times` sizes its `nodes`/`edges`.
+                            Some(names) if !names.is_empty() => {
+                                let sized = Some((names, times));
+                                self.selection(set, &info.named, &mut child, sized)
+                            }
+                            _ => times.saturating_mul(self.selection(
+                                set,
+                                &info.named,
+                                &mut child,
+                                None,
+                            )),
+                        }
                     };
-                    reads.saturating_add(times.saturating_mul(nested))
+                    let own = reads.saturating_add(nested);
+                    match sized {
+                        Some((names, m)) if names.iter().any(|n| *n == field.name.node) => {
+                            own.saturating_mul(m)
+                        }
+                        _ => own,
+                    }
                 }
                 Selection::InlineFragment(fragment) => {
                     let fragment = &fragment.node;
@@ -113,13 +143,14 @@ impl Walk<'_> {
                         .as_ref()
                         .map_or(ty, |c| c.node.on.node.as_str());
                     // The same object: its shared reads carry on.
-                    self.selection(&fragment.selection_set, on, made)
+                    self.selection(&fragment.selection_set, on, made, sized)
                 }
                 Selection::FragmentSpread(spread) => self
                     .fragments
                     .get(&spread.node.fragment_name.node)
                     .copied()
-                    .unwrap_or(0),
+                    .unwrap_or(0)
+                    .saturating_mul(sized.map_or(1, |(_, m)| m)),
             };
             total = total.saturating_add(cost);
         }
@@ -132,6 +163,10 @@ impl Walk<'_> {
             Multiplier::One => return 1,
             Multiplier::Fixed(n) => return *n,
             Multiplier::Arg(arg) | Multiplier::Len(arg) => arg,
+            Multiplier::Slicing(slicing) => {
+                let vars = |name: &Name| self.variable(name);
+                return super::slicing::times(slicing, field, info, self.types, &vars);
+            }
         };
         let given = field.get_argument(arg).map(|v| {
             v.node
@@ -155,14 +190,6 @@ impl Walk<'_> {
 
     /// A variable's value: the request's, else the operation's default.
     fn variable(&self, name: &Name) -> Option<Value> {
-        if let Some(value) = self.variables.get(name) {
-            return Some(value.clone());
-        }
-        self.op
-            .variable_definitions
-            .iter()
-            .find(|def| def.node.name.node == *name)
-            .and_then(|def| def.node.default_value.as_ref())
-            .map(|default| default.node.clone())
+        super::slicing::variable(self.variables, self.op, name)
     }
 }

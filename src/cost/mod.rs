@@ -16,10 +16,25 @@
 //! ignored, and de-duplication is ignored: the figure is an upper bound,
 //! pessimistic by design, so `actual ≤ requested` for every query whose lists
 //! are bounded by their declared multipliers. Nothing is executed.
+//!
+//! The costs are declared in a [`CostTable`], or in the schema itself with
+//! the IBM GraphQL Cost Directives `@cost(weight:)` and `@listSize` (and the
+//! engine's own `@fanoutShared` / `@fanoutProvides`): see [`directives`].
+//! Where both price a field, the table wins. An engine prices operations
+//! once it has a table: `CostTable::new()` when the directives say it all.
 
+mod check;
+pub mod directives;
 mod estimate;
+mod slicing;
 mod table;
 
 pub use crate::document::cache::weight as document_weight;
+pub(crate) use check::{check_declared, require_one_slicing_argument};
+pub use check::{check_schema, DirectiveError};
+pub(crate) use directives::read as read_directives;
 pub(crate) use estimate::estimate;
 pub use table::{CostTable, FieldCost};
+
+#[cfg(test)]
+mod tests;

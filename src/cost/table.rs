@@ -11,6 +11,9 @@ pub struct FieldCost {
     pub(crate) shared: Option<String>,
     /// The read of the object it returns this field's reads are.
     pub(crate) provides: Option<String>,
+    /// The fields of the returned object that `times` sizes (`@listSize(sizedFields:)`,
+    /// a connection's `nodes` or `edges`); empty: the whole sub-selection.
+    pub(crate) sized: Vec<String>,
 }
 
 /// How many times a field's sub-selection may be resolved.
@@ -21,6 +24,20 @@ pub(crate) enum Multiplier {
     Fixed(u64),
     Arg(String),
     Len(String),
+    /// `@listSize(slicingArguments:, assumedSize:, requireOneSlicingArgument:)`.
+    Slicing(Slicing),
+}
+
+/// A list sized by its slicing arguments (`@listSize`): the largest of those
+/// given, else `assumed` (else 0).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Slicing {
+    /// Argument paths: `first`, or `filter.max` into an input object.
+    pub(crate) paths: Vec<String>,
+    /// `assumedSize`: the size when no slicing argument is given.
+    pub(crate) assumed: Option<u64>,
+    /// `requireOneSlicingArgument`: exactly one must be given.
+    pub(crate) require_one: bool,
 }
 
 impl FieldCost {
@@ -31,6 +48,7 @@ impl FieldCost {
             times: Multiplier::One,
             shared: None,
             provides: None,
+            sized: Vec::new(),
         }
     }
 

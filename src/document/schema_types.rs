@@ -4,8 +4,10 @@
 //! ([`crate::cost`], before the operation runs) and null propagation
 //! ([`crate::graphql::nulls`], after it ran with errors). Both need, per object or
 //! interface type and field: the field's declared type (`[Tag!]!`), the
-//! named type under its wrappers (`Tag`), and the numeric defaults of its
-//! arguments.
+//! named type under its wrappers (`Tag`), its arguments with their defaults,
+//! and the cost its directives declare (`@cost`, `@listSize`: see
+//! [`crate::cost::directives`]); and the input objects' fields, which a
+//! slicing argument's path (`filter.max`) walks.
 //!
 //! [`SchemaTypes`] holds exactly that, nested by type then field name, so
 //! the walks look fields up with borrowed `&str`s and allocate nothing per
@@ -14,9 +16,12 @@
 //! registry the first time the extension runs ([`SchemaTypes::from_registry`]).
 //! The two sources describe the same schema and build the same value.
 
-use async_graphql::parser::types::{BaseType, Type, TypeKind, TypeSystemDefinition};
-use async_graphql::registry::{MetaType, MetaTypeName, Registry};
-use async_graphql::Value;
+use crate::cost::FieldCost;
+use async_graphql::parser::types::{
+    BaseType, ConstDirective, InputValueDefinition, Type, TypeKind, TypeSystemDefinition,
+};
+use async_graphql::registry::{MetaInputValue, MetaType, MetaTypeName, Registry};
+use async_graphql::{Positioned, Value};
 use std::collections::HashMap;
 
 /// What the engine knows of a schema's types (see the module docs).
@@ -26,6 +31,12 @@ pub(crate) struct SchemaTypes {
     mutation: Option<String>,
     subscription: Option<String>,
     types: HashMap<String, HashMap<String, FieldInfo>>,
+    /// Input objects' fields, by type.
+    pub(crate) inputs: HashMap<String, Vec<ArgInfo>>,
+    /// What is wrong with the cost directives, if anything (see
+    /// [`crate::cost::check_schema`]); a field whose directives are wrong
+    /// declares no cost.
+    pub(crate) problems: Vec<String>,
 }
 
 /// One field of an object or interface type.
@@ -35,16 +46,33 @@ pub(crate) struct FieldInfo {
     pub(crate) ty: String,
     /// The named type under the list and non-null wrappers, e.g. `Tag`.
     pub(crate) named: String,
-    /// Arguments whose default is a non-negative integer.
-    pub(crate) defaults: Vec<(String, u64)>,
+    /// Its arguments.
+    pub(crate) args: Vec<ArgInfo>,
+    /// The cost its directives declare.
+    pub(crate) declared: Option<FieldCost>,
+}
+
+/// An argument, or a field of an input object.
+#[derive(Debug)]
+pub(crate) struct ArgInfo {
+    pub(crate) name: String,
+    /// The named type under the wrappers.
+    pub(crate) named: String,
+    pub(crate) default: Option<Value>,
 }
 
 impl FieldInfo {
     /// The default of argument `name`, if it is a non-negative integer.
     pub(crate) fn default_of(&self, name: &str) -> Option<u64> {
-        self.defaults
-            .iter()
-            .find_map(|(arg, value)| (arg == name).then_some(*value))
+        match self.arg(name)?.default.as_ref()? {
+            Value::Number(n) => n.as_u64(),
+            _ => None,
+        }
+    }
+
+    /// Argument `name`.
+    pub(crate) fn arg(&self, name: &str) -> Option<&ArgInfo> {
+        self.args.iter().find(|arg| arg.name == name)
     }
 }
 
@@ -55,41 +83,96 @@ impl SchemaTypes {
             query: registry.query_type.clone(),
             mutation: registry.mutation_type.clone(),
             subscription: registry.subscription_type.clone(),
-            types: HashMap::new(),
+            ..Self::default()
         };
         for (type_name, ty) in &registry.types {
             let fields = match ty {
                 MetaType::Object { fields, .. } | MetaType::Interface { fields, .. } => fields,
+                MetaType::InputObject { input_fields, .. } => {
+                    let fields = input_fields.values().map(meta_arg).collect();
+                    out.inputs.insert(type_name.clone(), fields);
+                    continue;
+                }
                 _ => continue,
             };
             let fields = fields
                 .values()
                 .map(|field| {
-                    let defaults = field
-                        .args
-                        .values()
-                        .filter_map(|arg| {
-                            let default = arg.default_value.as_deref()?.parse::<u64>().ok()?;
-                            Some((arg.name.clone(), default))
-                        })
-                        .collect();
+                    let at = format!("{type_name}.{}", field.name);
+                    let directives = field.directive_invocations.iter().map(|d| {
+                        let args = d.args.iter().map(|(name, value)| (name.as_str(), value));
+                        (d.name.as_str(), args)
+                    });
                     let info = FieldInfo {
                         named: MetaTypeName::concrete_typename(&field.ty).to_string(),
                         ty: field.ty.clone(),
-                        defaults,
+                        args: field.args.values().map(meta_arg).collect(),
+                        declared: out.declared(&at, directives),
                     };
                     (field.name.clone(), info)
                 })
                 .collect();
             out.types.insert(type_name.clone(), fields);
         }
+        out.check();
+        // Built while a request runs: a problem is told, and that field priced 0.
+        for problem in &out.problems {
+            tracing::error!(problem = %problem, "a cost directive is wrong");
+        }
         out
+    }
+
+    /// The cost `directives` declare on field `at`, a problem noted.
+    fn declared<'a, D, A>(&mut self, at: &str, directives: D) -> Option<FieldCost>
+    where
+        D: IntoIterator<Item = (&'a str, A)>,
+        A: IntoIterator<Item = (&'a str, &'a Value)>,
+    {
+        crate::cost::read_directives(at, directives)
+            .map_err(|problem| self.problems.push(problem))
+            .ok()
+            .flatten()
+    }
+
+    /// Notes what the declared costs name that the schema lacks.
+    fn check(&mut self) {
+        let mut problems = crate::cost::check_declared(self);
+        problems.sort();
+        self.problems.append(&mut problems);
+    }
+
+    /// Every field, by type then name.
+    pub(crate) fn fields(&self) -> impl Iterator<Item = (&str, &str, &FieldInfo)> {
+        self.types.iter().flat_map(|(ty, fields)| {
+            fields
+                .iter()
+                .map(move |(name, info)| (ty.as_str(), name.as_str(), info))
+        })
+    }
+
+    /// Whether `type_name` is an object or interface type.
+    pub(crate) fn has_type(&self, type_name: &str) -> bool {
+        self.types.contains_key(type_name)
     }
 
     /// From the schema's SDL (`Schema::sdl()`, what the HTTP integration
     /// sees). SDL that does not parse gives an empty value: nothing is
     /// priced and nothing repaired, and the schema still runs.
+    ///
+    /// # Panics
+    /// When the schema's cost directives are wrong ([`crate::cost::check_schema`]
+    /// says how): the integration is not built on a schema priced wrong.
     pub(crate) fn from_sdl(sdl: &str) -> Self {
+        let out = Self::read_sdl(sdl);
+        if !out.problems.is_empty() {
+            let problems = out.problems.clone();
+            panic!("{}", crate::cost::DirectiveError { problems });
+        }
+        out
+    }
+
+    /// [`Self::from_sdl`], its problems kept in `problems`.
+    pub(crate) fn read_sdl(sdl: &str) -> Self {
         let mut out = Self {
             query: "Query".to_string(),
             ..Self::default()
@@ -103,31 +186,28 @@ impl SchemaTypes {
                 TypeSystemDefinition::Schema(schema) => roots = Some(&schema.node),
                 TypeSystemDefinition::Type(ty) => {
                     let ty = &ty.node;
+                    let type_name = ty.name.node.as_str();
                     let fields = match &ty.kind {
                         TypeKind::Object(object) => &object.fields,
                         TypeKind::Interface(interface) => &interface.fields,
+                        TypeKind::InputObject(input) => {
+                            let fields = input.fields.iter().map(sdl_arg).collect();
+                            out.inputs.insert(type_name.to_string(), fields);
+                            continue;
+                        }
                         _ => continue,
                     };
-                    let type_name = ty.name.node.as_str();
                     let fields = fields
                         .iter()
                         .map(|field| {
                             let field = &field.node;
-                            let defaults = field
-                                .arguments
-                                .iter()
-                                .filter_map(|arg| {
-                                    let default = match &arg.node.default_value.as_ref()?.node {
-                                        Value::Number(n) => n.as_u64()?,
-                                        _ => return None,
-                                    };
-                                    Some((arg.node.name.node.to_string(), default))
-                                })
-                                .collect();
+                            let at = format!("{type_name}.{}", field.name.node);
                             let info = FieldInfo {
                                 ty: field.ty.node.to_string(),
                                 named: named(&field.ty.node).to_string(),
-                                defaults,
+                                args: field.arguments.iter().map(sdl_arg).collect(),
+                                declared: out
+                                    .declared(&at, field.directives.iter().map(sdl_directive)),
                             };
                             (field.name.node.to_string(), info)
                         })
@@ -151,6 +231,7 @@ impl SchemaTypes {
                 out.subscription = exists("Subscription");
             }
         }
+        out.check();
         out
     }
 
@@ -175,4 +256,48 @@ fn named(ty: &Type) -> &str {
         BaseType::Named(name) => name.as_str(),
         BaseType::List(inner) => named(inner),
     }
+}
+
+/// A registry argument or input field.
+fn meta_arg(arg: &MetaInputValue) -> ArgInfo {
+    ArgInfo {
+        name: arg.name.clone(),
+        named: MetaTypeName::concrete_typename(&arg.ty).to_string(),
+        default: arg.default_value.as_deref().and_then(parse_value),
+    }
+}
+
+/// An SDL argument or input field.
+fn sdl_arg(arg: &Positioned<InputValueDefinition>) -> ArgInfo {
+    let arg = &arg.node;
+    ArgInfo {
+        name: arg.name.node.to_string(),
+        named: named(&arg.ty.node).to_string(),
+        default: arg.default_value.as_ref().map(|v| v.node.clone()),
+    }
+}
+
+/// An SDL directive as (name, arguments).
+fn sdl_directive(
+    directive: &Positioned<ConstDirective>,
+) -> (&str, impl Iterator<Item = (&str, &Value)>) {
+    let directive = &directive.node;
+    let args = directive
+        .arguments
+        .iter()
+        .map(|(name, value)| (name.node.as_str(), &value.node));
+    (directive.name.node.as_str(), args)
+}
+
+/// A constant GraphQL value written as text (the registry keeps defaults so).
+fn parse_value(text: &str) -> Option<Value> {
+    use async_graphql::parser::types::{DocumentOperations, Selection};
+    let doc = async_graphql::parser::parse_query(format!("{{f(a: {text})}}")).ok()?;
+    let DocumentOperations::Single(op) = doc.operations else {
+        return None;
+    };
+    let Selection::Field(field) = &op.node.selection_set.node.items.first()?.node else {
+        return None;
+    };
+    field.node.arguments.first()?.1.node.clone().into_const()
 }

@@ -100,6 +100,14 @@ impl Op {
                 {
                     return Err(OperationError::BadUserInput { message });
                 }
+                // `@listSize(requireOneSlicingArgument)`: a validation error.
+                crate::cost::require_one_slicing_argument(
+                    costs,
+                    types,
+                    &doc,
+                    &request.variables,
+                    name,
+                )?;
                 if let Some(costs) = costs {
                     let variables = &request.variables;
                     requested = Some(crate::cost::estimate(
