@@ -191,6 +191,7 @@ impl Op {
                         fanout.reads = tracing::field::Empty,
                         fanout.cache_hits = tracing::field::Empty,
                         fanout.delta = tracing::field::Empty,
+                        fanout.would_refuse = tracing::field::Empty,
                     ));
                     let response = event.within_bounds(execute.instrument(span.clone())).await;
                     self.record(operation, &span);
@@ -230,6 +231,7 @@ impl Op {
             fanout.reads = tracing::field::Empty,
             fanout.cache_hits = tracing::field::Empty,
             fanout.delta = tracing::field::Empty,
+            fanout.would_refuse = tracing::field::Empty,
         ))
     }
 
@@ -263,6 +265,11 @@ impl Op {
         }
         span.record("fanout.reads", reads);
         span.record("fanout.cache_hits", operation.cache_hits());
+        // Reads a limit in measure mode let through, so far in the request.
+        let would_refuse = operation.request().budget().would_refuse();
+        if would_refuse > 0 {
+            span.record("fanout.would_refuse", would_refuse);
+        }
         if let Some(requested) = self.requested {
             span.record("fanout.delta", requested as i64 - reads as i64);
         }
