@@ -84,6 +84,20 @@ section! {
         ///
         /// [`FanoutGraphQL`]: crate::FanoutGraphQL
         pub allowed_hosts: Vec<String> = Vec::new() => list,
+        /// Whether every answer to a GraphQL request carries
+        /// `X-Cost-Estimated` (the request's worst case in reads: its
+        /// operations' `requested` summed, or its budget when no cost table
+        /// prices them), `X-Cost-Actual` (the reads it sent) and
+        /// `X-Cost-Max` (its budget, `max_reads` or `internal_max_reads`),
+        /// under both integrations; a batch reports its one budget.
+        pub cost_headers: bool = false,
+        /// Whether each operation's `extensions` carries `cost` beside
+        /// `fanout`, Shopify's envelope: `requestedQueryCost` (its
+        /// `requested`, or the budget when unpriced), `actualQueryCost` (its
+        /// reads sent) and, with a read quota, `throttleStatus`
+        /// (`maximumAvailable` the burst, `currentlyAvailable` the reads
+        /// left, `restoreRate` reads per second).
+        pub cost_extension: bool = false,
     }
 }
 

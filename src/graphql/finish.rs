@@ -14,13 +14,22 @@
 //!   errors `GRAPHQL_VALIDATION_FAILED` or `BAD_USER_INPUT` — `null`s are put
 //!   back where async-graphql dropped a failed field's key (`nulls.rs`), and
 //!   `extensions.fanout = {limit, used, remaining, operationReads, requested, cacheHits}`,
-//!   and `quota = {limit, remaining, resetAt}` when the client has a read quota.
+//!   and `quota = {limit, remaining, resetAt}` when the client has a read quota;
+//!   with `http.cost_extension`, `extensions.cost` beside it ([`CostEnvelope`]).
+//! - **Cost headers** ([`cost_headers`], `http.cost_headers`): the request's
+//!   `X-Cost-Estimated`, `X-Cost-Actual` and `X-Cost-Max`, written by the
+//!   integration on its HTTP answer.
 
 use super::socket::FanoutConnection;
+use crate::config::Config;
 use crate::document::schema_types::SchemaTypes;
+use crate::engine::Engine;
 use crate::error::ReadError;
-use crate::request::Operation;
+use crate::inbound::quota::Rate;
+use crate::inbound::Caller;
+use crate::request::{FanoutRequest, Operation};
 use async_graphql::{Context, ErrorExtensionValues, Name, Response, ServerError, Value};
+use http::{HeaderName, HeaderValue};
 use std::sync::LazyLock;
 
 /// Turns a resolver's `Result` into a nullable field value plus a located error.
@@ -84,6 +93,11 @@ pub(crate) fn finish(
     response
         .extensions
         .insert("fanout".to_string(), report(operation, requested));
+    let envelope = operation.request().extensions().get::<CostEnvelope>();
+    if let Some(envelope) = envelope {
+        let cost = envelope.report(operation, requested);
+        response.extensions.insert("cost".to_string(), cost);
+    }
 }
 
 /// Puts the connection's budget into an event's `extensions.fanout`:
@@ -148,6 +162,135 @@ fn report(operation: &Operation, requested: Option<u64>) -> Value {
         );
     }
     Value::Object(map)
+}
+
+/// `http.cost_extension`: Shopify's `extensions.cost` envelope, so a client
+/// that paces on Shopify's paces on ours. The integrations put it into the
+/// HTTP request's extensions (whence the request's scope, and a WebSocket
+/// connection's events, carry it) when the key is on; [`finish`] then adds
+/// `cost = {requestedQueryCost, actualQueryCost, throttleStatus}` to each
+/// operation's answer:
+///
+/// - `requestedQueryCost`: its `requested`; unpriced (no cost table), the
+///   request's budget — its worst case, and what a read quota reserves for it;
+/// - `actualQueryCost`: its `operationReads`, the reads it sent;
+/// - `throttleStatus`, when the client has a read quota (as
+///   `extensions.fanout.quota`): `maximumAvailable` its burst,
+///   `currentlyAvailable` the reads left once the request settles, and
+///   `restoreRate` the reads it refills per second.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CostEnvelope {
+    /// Reads per second each class's quota refills (public, internal).
+    restore: [Option<f64>; 2],
+}
+
+impl CostEnvelope {
+    /// The envelope `config` asks for, if it asks for one.
+    pub(crate) fn of(config: &Config) -> Option<Self> {
+        if !config.http.cost_extension {
+            return None;
+        }
+        let q = &config.quota;
+        let per_second = |reads: u64, burst| {
+            let rate = (reads > 0).then(|| Rate::new(reads, q.period(), burst))?;
+            Some(1e9 / rate.interval_ns() as f64)
+        };
+        Some(Self {
+            restore: [
+                per_second(q.reads, q.burst),
+                per_second(q.internal_reads, 0),
+            ],
+        })
+    }
+
+    /// Puts the envelope into `request`'s extensions (an HTTP request's, or
+    /// a WebSocket upgrade's), for its scope to carry.
+    pub(crate) fn mark(envelope: Option<Self>, request: &mut http::Extensions) {
+        if let Some(envelope) = envelope {
+            request.insert(envelope);
+        }
+    }
+
+    fn report(&self, operation: &Operation, requested: Option<u64>) -> Value {
+        let request = operation.request();
+        let requested = requested.unwrap_or_else(|| request.budget().ceiling());
+        let mut cost = async_graphql::indexmap::IndexMap::new();
+        cost.insert(Name::new("requestedQueryCost"), Value::from(requested));
+        cost.insert(Name::new("actualQueryCost"), Value::from(operation.reads()));
+        let class = usize::from(request.caller() == Caller::Internal);
+        if let (Some(quota), Some(rate)) = (request.quota(), self.restore[class]) {
+            let status = [
+                ("maximumAvailable", Value::from(quota.limit)),
+                ("currentlyAvailable", Value::from(quota.remaining)),
+                ("restoreRate", Value::from(rate)),
+            ];
+            let status = status.map(|(key, value)| (Name::new(key), value));
+            cost.insert(
+                Name::new("throttleStatus"),
+                Value::Object(status.into_iter().collect()),
+            );
+        }
+        Value::Object(cost)
+    }
+}
+
+/// `http.cost_headers`: who sends a request, known before it is read
+/// (`extensions`, `headers`: the request's), for [`cost_headers`]; `None`
+/// when the key is off.
+pub(crate) fn cost_caller(
+    engine: &Engine,
+    extensions: &http::Extensions,
+    headers: &http::HeaderMap,
+) -> Option<Caller> {
+    let on = engine.config().http.cost_headers;
+    on.then(|| (extensions.get::<Caller>().copied()).unwrap_or_else(|| engine.identify(headers)))
+}
+
+/// `http.cost_headers`: writes the request's cost on its HTTP answer —
+/// `X-Cost-Estimated`, its worst case in reads (the operations' `requested`
+/// summed over the batch; unpriced, its budget), `X-Cost-Actual`, the reads
+/// it sent (the whole batch's; reads answered from the cache or by another
+/// request's are not sent), and `X-Cost-Max`, the request's budget
+/// (`max_reads`, or `internal_max_reads` for the internal token; a read
+/// quota may run the request on a smaller reservation,
+/// `extensions.fanout.limit`). `scope`: the request's, `None` for one
+/// refused before it was read, which estimated and sent nothing; `caller`
+/// ([`cost_caller`]): `None` when the key is off.
+pub(crate) fn cost_headers(
+    answer: &mut axum::response::Response,
+    engine: &Engine,
+    scope: Option<&FanoutRequest>,
+    caller: Option<Caller>,
+) {
+    let Some(caller) = caller else {
+        return;
+    };
+    let (estimated, actual, max) = match scope {
+        Some(scope) => {
+            let budget = scope.budget();
+            let estimated = match engine.costs() {
+                Some(_) => budget.requested(),
+                None => budget.ceiling(),
+            };
+            (estimated, budget.used(), budget.ceiling())
+        }
+        None => {
+            let b = &engine.config().budget;
+            let max = match caller {
+                Caller::Internal => b.internal_max_reads,
+                Caller::Public => b.max_reads,
+            };
+            (0, 0, max)
+        }
+    };
+    let headers = answer.headers_mut();
+    for (name, value) in [
+        ("x-cost-estimated", estimated),
+        ("x-cost-actual", actual),
+        ("x-cost-max", max),
+    ] {
+        headers.insert(HeaderName::from_static(name), HeaderValue::from(value));
+    }
 }
 
 /// Validation errors one answer carries, at most (graphql-js's `maxErrors`):

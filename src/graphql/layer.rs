@@ -45,9 +45,16 @@
 //! returned, outside the request's scope). Register `FanoutExtension::new(&engine)`
 //! first among the schema's extensions: an extension before it that refuses
 //! an operation is seen only when that operation ends.
+//!
+//! With `http.cost_headers`, every answer the wrapped service gives carries
+//! the request's cost (`X-Cost-Estimated`, `X-Cost-Actual`, `X-Cost-Max`:
+//! `finish.rs`); with `http.cost_extension`, the extension adds
+//! `extensions.cost` to each operation, as under `FanoutGraphQL`.
 
+use super::finish::{cost_caller, cost_headers, CostEnvelope};
 use crate::engine::Engine;
 use crate::error::Rejection;
+use crate::request::FanoutRequest;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
@@ -84,12 +91,15 @@ use std::task::{Context, Poll};
 #[derive(Clone, Debug)]
 pub struct FanoutLayer {
     engine: Engine,
+    /// `http.cost_extension`'s envelope, when it is on.
+    envelope: Option<CostEnvelope>,
 }
 
 impl FanoutLayer {
     /// A layer opening `engine`'s request scopes.
     pub fn new(engine: Engine) -> Self {
-        Self { engine }
+        let envelope = CostEnvelope::of(engine.config());
+        Self { engine, envelope }
     }
 }
 
@@ -100,6 +110,7 @@ impl<S> tower::Layer<S> for FanoutLayer {
         FanoutService {
             inner,
             engine: self.engine.clone(),
+            envelope: self.envelope,
         }
     }
 }
@@ -109,6 +120,7 @@ impl<S> tower::Layer<S> for FanoutLayer {
 pub struct FanoutService<S> {
     inner: S,
     engine: Engine,
+    envelope: Option<CostEnvelope>,
 }
 
 impl<S> tower::Service<http::Request<Body>> for FanoutService<S>
@@ -130,64 +142,84 @@ where
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         // The clone is ready (`poll_ready` ran on `self.inner`); keep it.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let engine = self.engine.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (engine, envelope) = (self.engine.clone(), self.envelope);
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
-            if accepts_a_stream(&parts) {
-                return Ok(STREAM.clone().into_response());
-            }
-            // async-graphql-axum reads the query string of a GET and the
-            // body of every other method (HEAD included), as a batch.
-            let has_body = parts.method != Method::GET;
-            if has_body {
-                if let Err(refused) = crate::graphql::protocol::check_preflighted(&parts.headers) {
-                    return Ok(refused.unread());
-                }
-            } else {
-                let policy = engine.config().http.csrf_get_or_default();
-                if let Err(refused) =
-                    crate::graphql::protocol::check_get(&parts.headers, parts.uri.query(), policy)
-                {
-                    return Ok(refused.unread());
-                }
-                // The query string carries what a body would: bounded like one.
-                let max = engine.config().http.max_body_bytes;
-                if parts.uri.query().is_some_and(|q| q.len() > max) {
-                    return Ok(Rejection::PayloadTooLarge { max }.into_response());
-                }
-            }
-            let fanout = engine.open_request(&parts);
-            let body = if has_body {
-                let bytes = match fanout.read_body(body, &engine.config().http).await {
-                    Ok(bytes) => bytes,
-                    Err(refused) => return Ok(refused.unread()),
-                };
-                if is_multipart(&parts) {
-                    return Ok(MULTIPART.clone().into_response());
-                }
-                match operations(&bytes, engine.config().http.max_batch_operations) {
-                    Ok(n) => fanout.expect_operations(n),
-                    Err(refused) => return Ok(refused.into_response()),
-                }
-                Body::from(bytes)
-            } else {
-                fanout.expect_operations(1);
-                body
-            };
-            parts.extensions.insert(fanout.clone());
-            let request = http::Request::from_parts(parts, body);
-            let answered = fanout.clone().scope(inner.call(request)).await;
-            // A memory bound stopped the batch: it answers as one.
-            let answer = match fanout.stopped() {
-                Some(rejection) => rejection.into_response(),
-                None => answered?,
-            };
-            // Until the client has read it, the answer holds its bytes in
-            // the process's memory pool.
-            Ok(fanout.memory().lease_body(answer))
+            CostEnvelope::mark(envelope, &mut parts.extensions);
+            let caller = cost_caller(&engine, &parts.extensions, &parts.headers);
+            let mut scope = None;
+            let mut answer = answer(&engine, inner, parts, body, &mut scope).await?;
+            cost_headers(&mut answer, &engine, scope.as_ref(), caller);
+            Ok(answer)
         })
     }
+}
+
+/// One HTTP request through the layer (see the module docs), answered by
+/// `inner` within its scope, which `scope` holds once opened.
+async fn answer<S>(
+    engine: &Engine,
+    mut inner: S,
+    mut parts: http::request::Parts,
+    body: Body,
+    scope: &mut Option<FanoutRequest>,
+) -> Result<Response, Infallible>
+where
+    S: tower::Service<http::Request<Body>, Response = Response, Error = Infallible>,
+{
+    if accepts_a_stream(&parts) {
+        return Ok(STREAM.clone().into_response());
+    }
+    // async-graphql-axum reads the query string of a GET and the
+    // body of every other method (HEAD included), as a batch.
+    let has_body = parts.method != Method::GET;
+    if has_body {
+        if let Err(refused) = crate::graphql::protocol::check_preflighted(&parts.headers) {
+            return Ok(refused.unread());
+        }
+    } else {
+        let policy = engine.config().http.csrf_get_or_default();
+        if let Err(refused) =
+            crate::graphql::protocol::check_get(&parts.headers, parts.uri.query(), policy)
+        {
+            return Ok(refused.unread());
+        }
+        // The query string carries what a body would: bounded like one.
+        let max = engine.config().http.max_body_bytes;
+        if parts.uri.query().is_some_and(|q| q.len() > max) {
+            return Ok(Rejection::PayloadTooLarge { max }.into_response());
+        }
+    }
+    let fanout = &*scope.insert(engine.open_request(&parts));
+    let body = if has_body {
+        let bytes = match fanout.read_body(body, &engine.config().http).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return Ok(refused.unread()),
+        };
+        if is_multipart(&parts) {
+            return Ok(MULTIPART.clone().into_response());
+        }
+        match operations(&bytes, engine.config().http.max_batch_operations) {
+            Ok(n) => fanout.expect_operations(n),
+            Err(refused) => return Ok(refused.into_response()),
+        }
+        Body::from(bytes)
+    } else {
+        fanout.expect_operations(1);
+        body
+    };
+    parts.extensions.insert(fanout.clone());
+    let request = http::Request::from_parts(parts, body);
+    let answered = fanout.clone().scope(inner.call(request)).await;
+    // A memory bound stopped the batch: it answers as one.
+    let answer = match fanout.stopped() {
+        Some(rejection) => rejection.into_response(),
+        None => answered?,
+    };
+    // Until the client has read it, the answer holds its bytes in
+    // the process's memory pool.
+    Ok(fanout.memory().lease_body(answer))
 }
 
 /// Whether the client asks for a subscription stream over HTTP

@@ -20,8 +20,11 @@
 //! counts each answer as it is built (checked once, on the first request:
 //! without it every request answers 500, since its answers could not be
 //! bounded in memory). A browser's `GET` without a query gets GraphiQL
-//! (`graphiql.rs`). Its place in the walk of one read: ARCHITECTURE.md.
+//! (`graphiql.rs`). With `http.cost_headers`, every answer to a GraphQL
+//! request carries its cost (`finish.rs`). Its place in the walk of one
+//! read: ARCHITECTURE.md.
 
+use super::finish::{cost_headers, CostEnvelope};
 use super::pipeline::Op;
 use super::protocol;
 use super::server_span;
@@ -74,6 +77,8 @@ pub struct FanoutGraphQL<E> {
     metered: Arc<tokio::sync::OnceCell<bool>>,
     /// What GraphiQL's editor opens on for a first-time visitor.
     example: Option<Arc<str>>,
+    /// `http.cost_extension`'s envelope, when it is on.
+    envelope: Option<CostEnvelope>,
 }
 
 impl<E> std::fmt::Debug for FanoutGraphQL<E> {
@@ -103,6 +108,7 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// cost preview and null propagation walk operations with its types).
     pub fn with_sdl(executor: E, engine: Engine, sdl: &str) -> Self {
         let types = Arc::new(SchemaTypes::from_sdl(sdl));
+        let envelope = CostEnvelope::of(engine.config());
         Self {
             executor,
             engine,
@@ -110,6 +116,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             data: None,
             metered: Arc::default(),
             example: None,
+            envelope,
         }
     }
 
@@ -134,8 +141,9 @@ impl<E: Executor> FanoutGraphQL<E> {
         self
     }
 
-    async fn handle(self, request: http::Request<Body>) -> HttpResponse {
+    async fn handle(self, mut request: http::Request<Body>) -> HttpResponse {
         let get = request.method() == Method::GET;
+        CostEnvelope::mark(self.envelope, request.extensions_mut());
         // A WebSocket: subscriptions (and queries) over one connection, one
         // scope (`socket.rs`).
         if get && super::socket::is_upgrade(&request) {
@@ -163,23 +171,37 @@ impl<E: Executor> FanoutGraphQL<E> {
             if let Some(page) = graphiql(&request, self.example.as_deref()) {
                 return page;
             }
-        } else if request.method() != Method::POST {
-            return Rejection::MethodNotAllowed {
+        }
+        let caller =
+            super::finish::cost_caller(&self.engine, request.extensions(), request.headers());
+        if !get && request.method() != Method::POST {
+            let mut refused = Rejection::MethodNotAllowed {
                 allow: "GET, POST",
                 message: "a GraphQL request is a GET (queries) or a POST".into(),
             }
             .unread();
+            cost_headers(&mut refused, &self.engine, None, caller);
+            return refused;
         }
         let opened = server_span::Opened::now(&request, get);
         let span = server_span::open(&request, get, &opened);
-        let answered = self.answer(request, get, &span).instrument(span.clone());
-        let answer = server_span::within(&opened, answered).await;
+        let mut scope = None;
+        let answered = self.answer(request, get, &span, &mut scope);
+        let mut answer = server_span::within(&opened, answered.instrument(span.clone())).await;
+        cost_headers(&mut answer, &self.engine, scope.as_ref(), caller);
         server_span::close(&span, opened, answer.status());
         answer
     }
 
-    /// A GraphQL request over HTTP, answered (`span`: its own).
-    async fn answer(&self, request: http::Request<Body>, get: bool, span: &Span) -> HttpResponse {
+    /// A GraphQL request over HTTP, answered (`span`: its own; `scope`: its
+    /// scope once opened).
+    async fn answer(
+        &self,
+        request: http::Request<Body>,
+        get: bool,
+        span: &Span,
+        scope: &mut Option<FanoutRequest>,
+    ) -> HttpResponse {
         let Some(media) = protocol::negotiate(request.headers()) else {
             return Rejection::NotAcceptable.unread();
         };
@@ -199,7 +221,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             return refused.unread();
         }
         let (parts, body) = request.into_parts();
-        let fanout = self.engine.open_request(&parts);
+        let fanout = &*scope.insert(self.engine.open_request(&parts));
         server_span::caller(span, fanout.caller());
         let http = &self.engine.config().http;
         let batch = if get {
@@ -224,7 +246,7 @@ impl<E: Executor> FanoutGraphQL<E> {
             Err(err) => return err.into_response(),
         };
         span.record("fanout.operations", requests.len());
-        let responses = self.run(&fanout, requests).await;
+        let responses = self.run(fanout, requests).await;
         span.record("fanout.reads", fanout.budget().used());
         let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
