@@ -279,8 +279,14 @@ async fn the_connection_budget_in_measure_mode_sends_and_counts_what_enforce_ref
     );
     assert_eq!(sent, 4, "every read sent");
     assert_eq!(would_refuse(), refused as f64, "counted as enforce refused");
-    let shown: u64 = fanout.iter().filter_map(|f| f["wouldRefuse"].as_u64()).sum();
-    assert_eq!(shown, refused as u64, "each event shows its own: {fanout:?}");
+    let shown: u64 = fanout
+        .iter()
+        .filter_map(|f| f["wouldRefuse"].as_u64())
+        .sum();
+    assert_eq!(
+        shown, refused as u64,
+        "each event shows its own: {fanout:?}"
+    );
     let last = fanout.last().unwrap();
     assert_eq!(last["used"], 4, "used counts the reads sent: {last}");
     assert_eq!(last["remaining"], 0, "never below 0: {last}");
