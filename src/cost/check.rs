@@ -1,28 +1,12 @@
 //! The checks of the cost directives: at schema build, that what they name
 //! exists; per operation, `requireOneSlicingArgument`.
 
+use super::schema_types::{DirectiveError, SchemaTypes};
 use super::table::{CostTable, Multiplier};
-use crate::document::schema_types::SchemaTypes;
 use crate::error::OperationError;
 use async_graphql::parser::types::{ExecutableDocument, Selection, SelectionSet};
 use async_graphql::{Name, Positioned, Variables};
 use std::collections::HashSet;
-
-/// What is wrong with a schema's cost directives (`@cost`, `@listSize`,
-/// `@fanoutShared`, `@fanoutProvides`), one message per problem.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DirectiveError {
-    /// Each problem, naming its directive and its `Type.field`.
-    pub problems: Vec<String>,
-}
-
-impl std::fmt::Display for DirectiveError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "cost directives: {}", self.problems.join("; "))
-    }
-}
-
-impl std::error::Error for DirectiveError {}
 
 /// Checks the cost directives of the schema `sdl` describes
 /// (`Schema::sdl()`): each argument of the right type (`weight` a whole
@@ -44,56 +28,6 @@ pub fn check_schema(sdl: &str) -> Result<(), DirectiveError> {
             problems: types.problems.clone(),
         }),
     }
-}
-
-/// What the declared costs of `types` name that the schema lacks.
-pub(crate) fn check_declared(types: &SchemaTypes) -> Vec<String> {
-    let mut problems = Vec::new();
-    for (ty, name, info) in types.fields() {
-        let Some(cost) = &info.declared else {
-            continue;
-        };
-        if let Multiplier::Slicing(slicing) = &cost.times {
-            for path in &slicing.paths {
-                let wrong = |why: String| {
-                    format!("@listSize(slicingArguments: [\"{path}\"]) on {ty}.{name}: {why}")
-                };
-                let mut segments = path.split('.');
-                let first = segments.next().unwrap_or_default();
-                let Some(arg) = info.arg(first) else {
-                    problems.push(wrong(format!("`{name}` has no argument `{first}`")));
-                    continue;
-                };
-                let mut named = arg.named.as_str();
-                for segment in segments {
-                    let field = types
-                        .inputs
-                        .get(named)
-                        .and_then(|fields| fields.iter().find(|field| field.name == segment));
-                    match field {
-                        Some(field) => named = &field.named,
-                        None => {
-                            problems.push(wrong(format!("`{named}` has no field `{segment}`")));
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        for sized in &cost.sized {
-            let returned = &info.named;
-            if types.field(returned, sized).is_none() {
-                let why = match types.has_type(returned) {
-                    true => format!("`{returned}` has no field `{sized}`"),
-                    false => format!("`{returned}` is not an object with fields"),
-                };
-                problems.push(format!(
-                    "@listSize(sizedFields: [\"{sized}\"]) on {ty}.{name}: {why}"
-                ));
-            }
-        }
-    }
-    problems
 }
 
 /// `@listSize(requireOneSlicingArgument: true)` (its default): each such

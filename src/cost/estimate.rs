@@ -2,8 +2,8 @@
 //! types (see the module docs of `cost`).
 
 use super::table::{CostTable, Multiplier};
+use crate::cost::schema_types::{FieldInfo, SchemaTypes};
 use crate::document::guard::Shape;
-use crate::document::schema_types::{FieldInfo, SchemaTypes};
 use async_graphql::parser::types::{
     ExecutableDocument, Field, OperationDefinition, Selection, SelectionSet,
 };

@@ -26,14 +26,15 @@
 mod check;
 pub mod directives;
 mod estimate;
+pub(crate) mod schema_types;
 mod slicing;
 mod table;
 
 pub use crate::document::cache::weight as document_weight;
-pub(crate) use check::{check_declared, require_one_slicing_argument};
-pub use check::{check_schema, DirectiveError};
-pub(crate) use directives::read as read_directives;
+pub use check::check_schema;
+pub(crate) use check::require_one_slicing_argument;
 pub(crate) use estimate::estimate;
+pub use schema_types::DirectiveError;
 pub use table::{CostTable, FieldCost};
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! the query gives, variables and defaults resolved.
 
 use super::table::Slicing;
-use crate::document::schema_types::{FieldInfo, SchemaTypes};
+use crate::cost::schema_types::{FieldInfo, SchemaTypes};
 use async_graphql::parser::types::{Field, OperationDefinition};
 use async_graphql::{Name, Value, Variables};
 use async_graphql_value::Value as Input;

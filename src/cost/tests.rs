@@ -2,7 +2,7 @@
 //! an exact figure, and `requireOneSlicingArgument` both ways.
 
 use super::{check_schema, estimate, require_one_slicing_argument, CostTable, FieldCost};
-use crate::document::schema_types::SchemaTypes;
+use crate::cost::schema_types::SchemaTypes;
 use crate::error::OperationError;
 use async_graphql::Variables;
 use serde_json::json;

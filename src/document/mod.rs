@@ -1,8 +1,7 @@
-//! The operation's document: kept parsed, guarded, persisted by hash, and
-//! the schema's types it is read with.
+//! The operation's document: kept parsed, guarded, persisted by hash,
+//! one root field per subscription.
 
 pub(crate) mod cache;
 pub(crate) mod guard;
 pub(crate) mod persisted;
 pub(crate) mod root_field;
-pub(crate) mod schema_types;

@@ -44,7 +44,7 @@
 use super::finish::{cap_errors, code_errors, report_connection};
 use super::pipeline::Op;
 use super::socket::{self, FanoutConnection};
-use crate::document::schema_types::SchemaTypes;
+use crate::cost::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;

@@ -22,7 +22,7 @@
 
 use super::socket::FanoutConnection;
 use crate::config::Config;
-use crate::document::schema_types::SchemaTypes;
+use crate::cost::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::ReadError;
 use crate::inbound::quota::Rate;

@@ -13,7 +13,7 @@
 //! at or above the failed field, and writes `null` there. It only runs when an
 //! error's key is missing, so a clean answer costs nothing.
 
-use crate::document::schema_types::SchemaTypes;
+use crate::cost::schema_types::SchemaTypes;
 use async_graphql::parser::types::{ExecutableDocument, Field, Selection, SelectionSet};
 use async_graphql::{Name, PathSegment, Positioned, Response, Value};
 use std::collections::HashSet;

@@ -26,7 +26,7 @@
 //! async-graphql's `prepare_request` hook and runs in its `execute` hook.
 
 use super::finish::finish;
-use crate::document::schema_types::SchemaTypes;
+use crate::cost::schema_types::SchemaTypes;
 use crate::document::{guard, root_field};
 use crate::engine::Engine;
 use crate::error::{refused, stopped, OperationError};

@@ -28,7 +28,7 @@ use super::finish::{cost_headers, CostEnvelope};
 use super::pipeline::Op;
 use super::protocol;
 use super::server_span;
-use crate::document::schema_types::SchemaTypes;
+use crate::cost::schema_types::SchemaTypes;
 use crate::engine::Engine;
 use crate::error::{OperationError, Rejection};
 use crate::request::{FanoutRequest, Operation, OperationData};

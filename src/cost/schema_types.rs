@@ -16,7 +16,7 @@
 //! registry the first time the extension runs ([`SchemaTypes::from_registry`]).
 //! The two sources describe the same schema and build the same value.
 
-use crate::cost::FieldCost;
+use super::table::{FieldCost, Multiplier};
 use async_graphql::parser::types::{
     BaseType, ConstDirective, InputValueDefinition, Type, TypeKind, TypeSystemDefinition,
 };
@@ -128,7 +128,7 @@ impl SchemaTypes {
         D: IntoIterator<Item = (&'a str, A)>,
         A: IntoIterator<Item = (&'a str, &'a Value)>,
     {
-        crate::cost::read_directives(at, directives)
+        super::directives::read(at, directives)
             .map_err(|problem| self.problems.push(problem))
             .ok()
             .flatten()
@@ -136,7 +136,7 @@ impl SchemaTypes {
 
     /// Notes what the declared costs name that the schema lacks.
     fn check(&mut self) {
-        let mut problems = crate::cost::check_declared(self);
+        let mut problems = check_declared(self);
         problems.sort();
         self.problems.append(&mut problems);
     }
@@ -166,7 +166,7 @@ impl SchemaTypes {
         let out = Self::read_sdl(sdl);
         if !out.problems.is_empty() {
             let problems = out.problems.clone();
-            panic!("{}", crate::cost::DirectiveError { problems });
+            panic!("{}", DirectiveError { problems });
         }
         out
     }
@@ -300,4 +300,70 @@ fn parse_value(text: &str) -> Option<Value> {
         return None;
     };
     field.node.arguments.first()?.1.node.clone().into_const()
+}
+
+/// What is wrong with a schema's cost directives (`@cost`, `@listSize`,
+/// `@fanoutShared`, `@fanoutProvides`), one message per problem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectiveError {
+    /// Each problem, naming its directive and its `Type.field`.
+    pub problems: Vec<String>,
+}
+
+impl std::fmt::Display for DirectiveError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cost directives: {}", self.problems.join("; "))
+    }
+}
+
+impl std::error::Error for DirectiveError {}
+
+/// What the declared costs of `types` name that the schema lacks.
+fn check_declared(types: &SchemaTypes) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (ty, name, info) in types.fields() {
+        let Some(cost) = &info.declared else {
+            continue;
+        };
+        if let Multiplier::Slicing(slicing) = &cost.times {
+            for path in &slicing.paths {
+                let wrong = |why: String| {
+                    format!("@listSize(slicingArguments: [\"{path}\"]) on {ty}.{name}: {why}")
+                };
+                let mut segments = path.split('.');
+                let first = segments.next().unwrap_or_default();
+                let Some(arg) = info.arg(first) else {
+                    problems.push(wrong(format!("`{name}` has no argument `{first}`")));
+                    continue;
+                };
+                let mut named = arg.named.as_str();
+                for segment in segments {
+                    let field = types
+                        .inputs
+                        .get(named)
+                        .and_then(|fields| fields.iter().find(|field| field.name == segment));
+                    match field {
+                        Some(field) => named = &field.named,
+                        None => {
+                            problems.push(wrong(format!("`{named}` has no field `{segment}`")));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        for sized in &cost.sized {
+            let returned = &info.named;
+            if types.field(returned, sized).is_none() {
+                let why = match types.has_type(returned) {
+                    true => format!("`{returned}` has no field `{sized}`"),
+                    false => format!("`{returned}` is not an object with fields"),
+                };
+                problems.push(format!(
+                    "@listSize(sizedFields: [\"{sized}\"]) on {ty}.{name}: {why}"
+                ));
+            }
+        }
+    }
+    problems
 }
