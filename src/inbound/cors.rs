@@ -66,6 +66,10 @@ pub fn cors_layer(http: &crate::config::HttpConfig) -> Option<CorsLayer> {
                 header::RETRY_AFTER,
                 HeaderName::from_static("ratelimit"),
                 HeaderName::from_static("ratelimit-policy"),
+                // `[http] cost_headers`: a page on a listed origin paces on them.
+                HeaderName::from_static("x-cost-estimated"),
+                HeaderName::from_static("x-cost-actual"),
+                HeaderName::from_static("x-cost-max"),
             ])
             .max_age(Duration::from_secs(600)),
     )
@@ -97,6 +101,37 @@ mod tests {
             ("https://app.example:8443", "https://app.example:8443"),
         ] {
             assert_eq!(super::normalise(configured), sent);
+        }
+    }
+
+    #[tokio::test]
+    async fn an_allowed_page_may_read_the_limits_and_costs_headers() {
+        use tower::{Layer, ServiceExt};
+        let http =
+            crate::config::HttpConfig::default().cors_allowed_origins(["https://app.example"]);
+        let layer = super::cors_layer(&http).expect("an origin is listed");
+        let service = layer.layer(tower::service_fn(
+            |_: http::Request<axum::body::Body>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+            },
+        ));
+        let request = http::Request::post("/graphql")
+            .header("origin", "https://app.example")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let response = service.oneshot(request).await.unwrap();
+        let exposed = response.headers()["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .to_ascii_lowercase();
+        for name in [
+            "retry-after",
+            "ratelimit",
+            "x-cost-estimated",
+            "x-cost-actual",
+            "x-cost-max",
+        ] {
+            assert!(exposed.contains(name), "{name} not in {exposed}");
         }
     }
 }
