@@ -27,8 +27,16 @@ pub(crate) fn mem_transport(yields: bool) -> Arc<MemTransport> {
 /// `READ_PATH_NOCAP=1`, without a `[hosts]` table (`HOST` is then counted
 /// while its reads are in flight, under the shared `host="other"` label).
 pub(crate) fn mem_engine(yields: bool) -> Engine {
+    mem_engine_in(yields, fanout_budget::config::LimitMode::Enforce)
+}
+
+/// [`mem_engine`] with its budget and read quota in `mode` (measure mode
+/// against enforce: the read path's cost of rehearsing a limit).
+pub(crate) fn mem_engine_in(yields: bool, mode: fanout_budget::config::LimitMode) -> Engine {
     let mut config = Config::default();
     config.budget.max_reads = 1_000;
+    config.budget.mode = mode;
+    config.quota.mode = mode;
     if std::env::var("READ_PATH_NOCAP").as_deref() != Ok("1") {
         config.hosts.insert(
             HOST.into(),

@@ -63,6 +63,8 @@ struct PairedFigures {
     timer: Paired,
     /// A loopback GET through the engine vs plain reqwest.
     get: Option<Paired>,
+    /// An engine read with the budget and quota in measure mode vs enforce.
+    measure: Paired,
 }
 
 const ROUNDS: usize = 31;
@@ -83,8 +85,13 @@ fn main() {
     let get = loopback::loopback(&mut c, run_paired);
     c.final_summary();
     let figures = run_paired.then(|| {
-        let (path, timer) = path::paired_read_path(&rt);
-        PairedFigures { path, timer, get }
+        let (path, timer, measure) = path::paired_read_path(&rt);
+        PairedFigures {
+            path,
+            timer,
+            get,
+            measure,
+        }
     });
     summary::summary(&Medians::since(started), figures.as_ref());
 }

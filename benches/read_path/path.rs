@@ -1,7 +1,7 @@
 //! Floors, the transport alone and the engine, on one thread.
 
 use crate::fixtures::{
-    charge, engine_reads, in_task, mem_engine, mem_transport, urls, Dedup, YieldOnce,
+    charge, engine_reads, in_task, mem_engine, mem_engine_in, mem_transport, urls, Dedup, YieldOnce,
 };
 use crate::support::{paired, Paired};
 use crate::{CHUNK, HOST, LONG, ROUNDS};
@@ -216,12 +216,29 @@ fn cache_hit(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, rt: &
     });
 }
 
-pub(crate) fn paired_read_path(rt: &Runtime) -> (Paired, Paired) {
+pub(crate) fn paired_read_path(rt: &Runtime) -> (Paired, Paired, Paired) {
     let path = paired(
         ROUNDS,
         20_000,
         engine_routine(rt, mem_engine(true), urls(0, CHUNK), Dedup::Miss),
         transport_routine(rt, true),
+    );
+    use fanout_budget::config::LimitMode;
+    let measure = paired(
+        ROUNDS,
+        20_000,
+        engine_routine(
+            rt,
+            mem_engine_in(true, LimitMode::Measure),
+            urls(0, CHUNK),
+            Dedup::Miss,
+        ),
+        engine_routine(
+            rt,
+            mem_engine_in(true, LimitMode::Enforce),
+            urls(0, CHUNK),
+            Dedup::Miss,
+        ),
     );
     let timer = paired(
         ROUNDS,
@@ -229,5 +246,5 @@ pub(crate) fn paired_read_path(rt: &Runtime) -> (Paired, Paired) {
         yield_routine(rt, true),
         yield_routine(rt, false),
     );
-    (path, timer)
+    (path, timer, measure)
 }

@@ -148,6 +148,10 @@ pub(crate) fn summary(m: &Medians, paired: Option<&PairedFigures>) {
         &f.path,
     );
     prow("`timeout` armed vs yield once", &f.timer);
+    prow(
+        "engine read: budget and quota in measure mode vs enforce",
+        &f.measure,
+    );
     if let Some(get) = &f.get {
         prow("loopback GET: through the engine vs plain reqwest", get);
     }
