@@ -405,8 +405,15 @@ impl Engine {
             Caller::Public => b.max_reads,
         };
         let deadline = Instant::now() + b.deadline();
+        let (measure, quota_measure) = (b.mode.measures(), self.config().quota.mode.measures());
+        // The client is named only in measure mode's log.
+        let client = (measure || quota_measure)
+            .then(|| extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>())
+            .flatten()
+            .map(|peer| peer.0.ip());
         let budget = RequestBudget::new(limit, b.max_concurrent_reads, deadline)
-            .measuring(b.mode.measures(), self.config().quota.mode.measures());
+            .measuring(measure, quota_measure)
+            .of_client(client);
         // With a read quota no read is sent before the reservation: the
         // budget opens at 0 and becomes what was reserved.
         if ticket.is_some() {

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 #[cfg(all(test, loom))]
 mod loom_model;
+mod measure;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
@@ -83,6 +84,9 @@ pub struct RequestBudget {
     unreserved: std::sync::atomic::AtomicBool,
     /// Reads charged past a limit in measure mode.
     would_refuse: AtomicU64,
+    /// The request's client (its peer address), named when measure mode
+    /// counts a read.
+    client: Option<std::net::IpAddr>,
     requested: AtomicU64,
     deadline: Instant,
     slots: Slots,
@@ -199,6 +203,7 @@ impl RequestBudget {
             quota_measure: false,
             unreserved: std::sync::atomic::AtomicBool::new(false),
             would_refuse: AtomicU64::new(0),
+            client: None,
             requested: AtomicU64::new(0),
             deadline,
             slots: Slots {
@@ -230,61 +235,6 @@ impl RequestBudget {
                 return self.past_the_limit(limit);
             }
         }
-    }
-
-    /// A read found no read left within `limit`: refused — or, in measure
-    /// mode and when the limit is the request's own (a read quota's
-    /// reservation and a connection's budget have modes of their own),
-    /// charged past it and counted.
-    #[cold]
-    fn past_the_limit(&self, limit: u64) -> Result<(), Exhausted> {
-        let limit = match limit < self.ceiling {
-            true if self.quota_measure => "quota",
-            false if self.measure => "budget",
-            _ => return Err(Exhausted),
-        };
-        self.used.fetch_add(1, Relaxed);
-        self.measured(limit);
-        self.paid()
-    }
-
-    /// Counts a read that `limit` in measure mode let through.
-    #[cold]
-    fn measured(&self, limit: &'static str) {
-        self.would_refuse.fetch_add(1, Relaxed);
-        crate::metrics::would_refuse(limit, &"a request", 1);
-    }
-
-    /// Makes this budget measure rather than refuse (`budget.mode`), and
-    /// the read quota's limits on it (`quota.mode`).
-    pub(crate) fn measuring(mut self, measure: bool, quota: bool) -> Self {
-        self.measure = measure;
-        self.quota_measure = quota;
-        self
-    }
-
-    /// Whether the read quota only measures (`quota.mode`).
-    pub(crate) fn quota_measures(&self) -> bool {
-        self.quota_measure
-    }
-
-    /// The read quota would have refused the whole request; in measure mode
-    /// it runs on its own limit, taking nothing from the quota, and every
-    /// read it sends is counted.
-    pub(crate) fn unreserved(&self) {
-        self.unreserved.store(true, Relaxed);
-        self.limit.store(self.ceiling, Relaxed);
-    }
-
-    /// Whether it measures rather than refuses (`budget.mode`).
-    pub(crate) fn measures(&self) -> bool {
-        self.measure
-    }
-
-    /// Reads sent past the limit that enforce mode would have refused
-    /// (measure mode; `extensions.fanout.wouldRefuse`).
-    pub fn would_refuse(&self) -> u64 {
-        self.would_refuse.load(Relaxed)
     }
 
     /// The read just charged, paid by whoever else pays (a connection's
