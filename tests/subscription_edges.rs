@@ -306,6 +306,33 @@ async fn an_operation_priced_past_what_an_event_may_read_is_refused_before_it_ru
 }
 
 #[tokio::test]
+async fn in_measure_mode_an_operation_priced_past_an_event_runs_whole() {
+    let mut config = Config::default();
+    config.budget.max_reads = 3;
+    config.budget.refuse_over_estimate = true;
+    config.budget.mode = fanout_budget::config::LimitMode::Measure;
+    let costs = CostTable::new().field("Query", "items", FieldCost::reads(1));
+    let server = server_with(config, Some(costs)).await;
+    let mut socket = connect(&server, "graphql-transport-ws").await;
+    let over = "{ a: items(first: 1) { id } b: items(first: 2) { id } \
+                c: items(first: 3) { id } d: items(first: 4) { id } }";
+    send(&mut socket, subscribe("over", over, "subscribe")).await;
+    let messages = until_complete_of(&mut socket, "over").await;
+    assert_eq!(
+        types_of(&messages, "over"),
+        ["next", "complete"],
+        "{messages:#?}"
+    );
+    let event = &messages[0]["payload"];
+    assert!(event["errors"].is_null(), "nothing refused: {event}");
+    assert_eq!(
+        event["data"]["d"].as_array().map(Vec::len),
+        Some(4),
+        "{event}"
+    );
+}
+
+#[tokio::test]
 async fn a_socket_whose_task_panics_gives_its_connection_slot_back() {
     let mut config = Config::default();
     config.http.max_connections_per_client = 1;

@@ -228,7 +228,16 @@ impl FanoutConnection {
         };
         let quota = inner.ticket.as_ref().map_or(u64::MAX, Ticket::burst);
         let limit = max_reads.min(self.limit()).min(quota);
-        (requested > limit).then_some(OperationError::EstimateExceedsBudget { requested, limit })
+        if requested <= limit {
+            return None;
+        }
+        if b.mode.measures() {
+            // Measure mode: it runs, counted as the subscribe enforce refuses.
+            let client = ClientName(inner.client);
+            crate::metrics::would_refuse("estimate", &client, 1);
+            return None;
+        }
+        Some(OperationError::EstimateExceedsBudget { requested, limit })
     }
 
     /// Takes `bytes` of the connection's share of the sockets' pool for as
