@@ -38,7 +38,8 @@ pub(crate) fn times(
 }
 
 /// The value at `path` (`first`, `filter.max`): a number, or a list's
-/// length; `None` when it is not given.
+/// length (0 for a value of another type); `None` when it is not given or
+/// null.
 fn size(
     path: &str,
     field: &Field,
@@ -72,7 +73,10 @@ fn size(
     match value {
         Value::Number(n) => Some(n.as_u64().unwrap_or(0)),
         Value::List(items) => Some(items.len() as u64),
-        _ => None,
+        Value::Null => None,
+        // Given, but not a size (`first: "x"`): coercing it is
+        // async-graphql's (BAD_USER_INPUT), not requireOneSlicingArgument's.
+        _ => Some(0),
     }
 }
 
