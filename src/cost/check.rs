@@ -49,6 +49,18 @@ pub(crate) fn require_one_slicing_argument(
     let Some(root) = types.root(op.ty) else {
         return Ok(());
     };
+    // A non-null variable set to null fails coercion (BAD_USER_INPUT,
+    // async-graphql's), which comes before validation of what it sizes.
+    let coercion_fails = op.variable_definitions.iter().any(|def| {
+        !def.node.var_type.node.nullable
+            && matches!(
+                variables.get(&def.node.name.node),
+                Some(async_graphql::Value::Null)
+            )
+    });
+    if coercion_fails {
+        return Ok(());
+    }
     let vars = |name: &Name| super::slicing::variable(variables, op, name);
     let mut check = Check {
         costs,
