@@ -11,6 +11,7 @@
 //! Time is tokio's clock everywhere — deadlines, read timeouts, waits — so
 //! a test that pauses it (`tokio::time::pause`) moves all of them together.
 
+use crate::chain::Received;
 use crate::config::Config;
 use crate::cost::CostTable;
 use crate::document::cache::Documents;
@@ -210,7 +211,17 @@ impl EngineBuilder {
                 .filter_map(|t| t.base_url())
                 .map(|url| crate::read::host_name(&url)),
         );
-        let host_table = HostTable::new(&self.config.hosts, known.iter().map(String::as_str));
+        // The hosts of the upstreams that are services on the engine.
+        let propagating: Vec<String> = (self.config.upstreams.values())
+            .filter(|t| t.propagate)
+            .filter_map(|t| t.base_url())
+            .map(|url| crate::read::host_name(&url))
+            .collect();
+        let host_table = HostTable::new(
+            &self.config.hosts,
+            known.iter().map(String::as_str),
+            &propagating,
+        );
         let quotas = Quotas::new(
             (self.config.hosts.keys())
                 .map(String::as_str)
@@ -342,7 +353,13 @@ impl Engine {
             .unwrap_or_else(|| self.identify(&parts.headers));
         crate::metrics::request(caller == Caller::Internal);
         let queries_only = parts.method == http::Method::GET;
-        self.open(caller, parts.extensions.clone(), queries_only, Some(parts))
+        let mut extensions = parts.extensions.clone();
+        // A caller's `Fanout-Budget` lowers the request's limits (`chain/`).
+        let max_hops = self.config().budget.max_hops;
+        if let Some(received) = Received::from_headers(&parts.headers, max_hops) {
+            extensions.insert(received);
+        }
+        self.open(caller, extensions, queries_only, Some(parts))
     }
 
     /// Opens the budget and de-duplication scope of one inbound HTTP request.
@@ -404,7 +421,12 @@ impl Engine {
             Caller::Internal => b.internal_max_reads,
             Caller::Public => b.max_reads,
         };
-        let deadline = Instant::now() + b.deadline();
+        // What a caller's `Fanout-Budget` said, if it said anything: the
+        // limits lowered, and the hop count its reads send on (`chain/`).
+        let received = extensions.get::<Received>();
+        let limit = received.map_or(limit, |r| r.limit(limit));
+        let deadline = Instant::now() + received.map_or(b.deadline(), |r| r.deadline(b.deadline()));
+        let hops = crate::chain::hops_on(received);
         let (measure, quota_measure) = (b.mode.measures(), self.config().quota.mode.measures());
         // The client is named only in measure mode's log.
         let client = (measure || quota_measure)
@@ -420,7 +442,7 @@ impl Engine {
             budget.close_until_reserved();
         }
         FanoutRequest::new(
-            RequestReads::new(self.inner.reads.clone(), budget, memory),
+            RequestReads::new(self.inner.reads.clone(), budget, memory, hops),
             caller,
             extensions,
             pricing,

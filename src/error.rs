@@ -628,6 +628,9 @@ pub(crate) enum OperationError {
     ValidationFailed { message: String, at: Vec<Pos> },
     /// The batch's worst case exceeds its budget (`refuse_over_estimate`).
     EstimateExceedsBudget { requested: u64, limit: u64 },
+    /// The request's `Fanout-Budget` header says it passed through more
+    /// services than `budget.max_hops` allows (`chain/`).
+    TooManyHops { hops: u64, max: u32 },
     /// The deadline (plus the finishing grace) cut the operation.
     DeadlineExceeded,
     /// A variable's value cannot be coerced (a required one missing or null).
@@ -667,6 +670,15 @@ pub(crate) fn operation_error(err: &OperationError) -> ServerError {
             let message =
                 format!("worst case of {requested} upstream reads exceeds the budget of {limit}");
             ("FANOUT_ESTIMATE_EXCEEDS_BUDGET", message, &Vec::new())
+        }
+        OperationError::TooManyHops { hops, max } => {
+            ext.set("hops", *hops);
+            ext.set("max", *max);
+            let message = format!(
+                "this request has passed through {hops} services, past the {max} allowed \
+                 (budget.max_hops): a cycle of services, or a chain too long"
+            );
+            ("FANOUT_TOO_MANY_HOPS", message, &Vec::new())
         }
         OperationError::DeadlineExceeded => {
             let message = ReadError::DeadlineExceeded.message();

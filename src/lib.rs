@@ -39,6 +39,7 @@
 pub mod backends;
 #[cfg(doctest)]
 mod book;
+mod chain;
 pub mod config;
 pub mod cost;
 mod document;

@@ -36,6 +36,8 @@
 //! | `fanout_rate_limited_total` | counter | — | inbound requests answered 429 |
 //! | `fanout_quota_reads_total` | counter | `class`, `outcome` | reads of the clients' read quotas (`[quota]`), by class (`reads`, `internal-reads`): `reserved` before requests ran, `refunded` after (reserved, not spent), `refused` (asked by requests answered 429 `QUOTA_EXHAUSTED`) |
 //! | `fanout_would_refuse_total` | counter | `limit` | what a limit in `mode = "measure"` would have refused and let through: requests for `rate_limit` and `estimate` (a batch priced past its budget), reads for `budget`, `quota` and `subscriptions` |
+//! | `fanout_budget_header_ignored_total` | counter | `member` | members of an inbound `Fanout-Budget` ignored (`reads`, `deadline-ms`, `hops`: not a non-negative integer; `unparsable`), and of an upstream's `Fanout-Spent` (`spent`) |
+//! | `fanout_spent_beyond_grant_reads_total` | counter | — | reads an upstream reported spent (`Fanout-Spent`) past the reads it was granted: not believed, not charged |
 //! | `fanout_rate_limit_exempt_total` | counter | — | inbound requests exempted as internal |
 //! | `fanout_wrong_internal_token_total` | counter | — | inbound requests with a wrong internal token |
 //! | `fanout_shared_state_fallback_total` | counter | `backend` | checks answered in-process because Redis was down |
@@ -253,6 +255,19 @@ pub(crate) fn would_refuse(limit: &'static str, client: &dyn std::fmt::Display, 
             "a limit in measure mode let through what enforce would have refused"
         );
     }
+}
+
+/// A member of an inbound `Fanout-Budget` (or of an upstream's
+/// `Fanout-Spent`) ignored: not a non-negative integer (`member` names it),
+/// or not parsable at all (`unparsable`).
+pub(crate) fn budget_header_ignored(member: &'static str) {
+    counter!("fanout_budget_header_ignored_total", "member" => member).increment(1);
+}
+
+/// An upstream reported more reads spent (`Fanout-Spent`) than it was
+/// granted: `over` reads not believed.
+pub(crate) fn spent_beyond_grant(over: u64) {
+    counter!("fanout_spent_beyond_grant_reads_total").increment(over);
 }
 
 /// What the open sockets hold in their pool now.

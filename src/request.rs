@@ -17,6 +17,7 @@
 //! reserved, and when the scope is dropped — the request answered or
 //! cancelled — what it did not spend goes back. Both integrations use it.
 
+use crate::chain::Received;
 use crate::config::HttpConfig;
 use crate::error::{refused, stopped, OperationError, Rejection};
 use crate::inbound::identity::Caller;
@@ -197,6 +198,10 @@ impl FanoutRequest {
     /// Waits until every announced operation is priced, then refuses the
     /// batch if its worst case exceeds the budget. `None`: run.
     pub(crate) async fn refusal(&self) -> Option<OperationError> {
+        // Past `budget.max_hops`: refused whatever it costs (`chain/`).
+        if let Some(refusal) = self.received().and_then(Received::too_many_hops) {
+            return Some(refusal);
+        }
         let unpriced = self.inner.unpriced.get()?;
         let budget = self.budget();
         let mut rx = unpriced.subscribe();
@@ -320,6 +325,12 @@ impl FanoutRequest {
     /// stopped, if one did.
     pub fn stopped(&self) -> Option<Rejection> {
         (self.memory().trip().map(Trip::rejection)).or_else(|| self.refused_reservation())
+    }
+
+    /// What the request's `Fanout-Budget` header said, if it carried one
+    /// (`chain/`).
+    pub(crate) fn received(&self) -> Option<&Received> {
+        self.inner.extensions.get::<Received>()
     }
 
     /// The request's budget.

@@ -27,6 +27,11 @@ section! {
         /// it, and counts it (`fanout_would_refuse_total{limit="budget"}`,
         /// `{limit="estimate"}` per batch, `extensions.fanout.wouldRefuse`).
         pub mode: LimitMode = LimitMode::Enforce,
+        /// Services a request may have passed through: an inbound request
+        /// whose `Fanout-Budget` header says `hops` past this is refused
+        /// before any read (`FANOUT_TOO_MANY_HOPS`), so a cycle of services
+        /// calling each other cannot amplify (book: "Chains of services").
+        pub max_hops: u32 = 8,
     }
 }
 

@@ -29,6 +29,13 @@ section! {
         /// `public` (off by default: an upstream's headers are trusted only
         /// where the operator says so). See `src/read/cache.rs`.
         pub cache_control: bool = false,
+        /// Reads sent to this host carry the request's remaining budget,
+        /// deadline and hop count (`Fanout-Budget`), and the reads its
+        /// answer reports spent (`Fanout-Spent`) are charged to the
+        /// request: for an upstream that is itself a service on the engine
+        /// (off by default: never sent to a third party). See the book's
+        /// "Chains of services".
+        pub propagate: bool = false,
     }
 }
 

@@ -70,6 +70,12 @@ section! {
         /// `limit` this share; nothing sent, nothing charged); the other
         /// upstreams' reads go on. 0 (the default): no share of its own.
         pub max_reads: u64 = 0,
+        /// Reads sent to this upstream's host carry the request's remaining
+        /// budget, deadline and hop count (`Fanout-Budget`), and the reads
+        /// its answer reports spent (`Fanout-Spent`) are charged to the
+        /// request, as `[hosts."HOST:PORT"] propagate` does (off by default:
+        /// never sent to a third party).
+        pub propagate: bool = false,
     }
 }
 

@@ -293,6 +293,21 @@ pub(crate) fn cost_headers(
     }
 }
 
+/// A request that carried `Fanout-Budget` (its caller a service on the
+/// engine, `chain/`) is answered with what it spent: `Fanout-Spent:
+/// reads=N`, the reads charged to it — its own and what services it called
+/// reported — which its caller charges to its own request.
+pub(crate) fn spent_header(answer: &mut axum::response::Response, scope: Option<&FanoutRequest>) {
+    let Some(scope) = scope.filter(|scope| scope.received().is_some()) else {
+        return;
+    };
+    let spent = scope.budget().used();
+    let value = crate::chain::header::spent(spent);
+    answer
+        .headers_mut()
+        .insert(crate::chain::header::SPENT, value);
+}
+
 /// Validation errors one answer carries, at most (graphql-js's `maxErrors`):
 /// a document of 21,000 unknown directives made 21,000 errors, a 2.7 MB
 /// answer from a 42 KB text — over a WebSocket, where answers wait for a

@@ -51,7 +51,7 @@
 //! `finish.rs`); with `http.cost_extension`, the extension adds
 //! `extensions.cost` to each operation, as under `FanoutGraphQL`.
 
-use super::finish::{cost_caller, cost_headers, CostEnvelope};
+use super::finish::{cost_caller, cost_headers, spent_header, CostEnvelope};
 use crate::engine::Engine;
 use crate::error::Rejection;
 use crate::request::FanoutRequest;
@@ -151,6 +151,7 @@ where
             let mut scope = None;
             let mut answer = answer(&engine, inner, parts, body, &mut scope).await?;
             cost_headers(&mut answer, &engine, scope.as_ref(), caller);
+            spent_header(&mut answer, scope.as_ref());
             Ok(answer)
         })
     }

@@ -81,6 +81,10 @@ fn span(request: &http::Request<Body>, get: bool) -> Span {
         fanout.caller = Empty,
         fanout.operations = Empty,
         fanout.reads = Empty,
+        fanout.budget.reads = Empty,
+        fanout.budget.deadline_ms = Empty,
+        fanout.budget.hops = Empty,
+        fanout.spent = Empty,
     );
     #[cfg(feature = "otel")]
     crate::telemetry::adopt_parent(&span, request.headers());
@@ -96,6 +100,32 @@ pub(super) fn caller(span: &Span, caller: Caller) {
             Caller::Public => "public",
         },
     );
+}
+
+/// What the request's `Fanout-Budget` gave it, when its caller is a
+/// service on the engine (`chain/`): the members as received.
+pub(super) fn received(span: &Span, scope: &crate::request::FanoutRequest) {
+    let Some(received) = scope.received() else {
+        return;
+    };
+    let members = received.members();
+    let fields = [
+        ("fanout.budget.reads", members.reads),
+        ("fanout.budget.deadline_ms", members.deadline_ms),
+        ("fanout.budget.hops", members.hops),
+    ];
+    for (field, value) in fields {
+        if let Some(value) = value {
+            span.record(field, value);
+        }
+    }
+}
+
+/// What the request reported back to such a caller (`Fanout-Spent`).
+pub(super) fn spent(span: &Span, scope: Option<&crate::request::FanoutRequest>) {
+    if let Some(scope) = scope.filter(|scope| scope.received().is_some()) {
+        span.record("fanout.spent", scope.budget().used());
+    }
 }
 
 /// The answer's status; and, while telemetry lives, how long the request

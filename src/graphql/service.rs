@@ -24,7 +24,7 @@
 //! request carries its cost (`finish.rs`). Its place in the walk of one
 //! read: ARCHITECTURE.md.
 
-use super::finish::{cost_headers, CostEnvelope};
+use super::finish::{cost_headers, spent_header, CostEnvelope};
 use super::pipeline::Op;
 use super::protocol;
 use super::server_span;
@@ -189,6 +189,8 @@ impl<E: Executor> FanoutGraphQL<E> {
         let answered = self.answer(request, get, &span, &mut scope);
         let mut answer = server_span::within(&opened, answered.instrument(span.clone())).await;
         cost_headers(&mut answer, &self.engine, scope.as_ref(), caller);
+        spent_header(&mut answer, scope.as_ref());
+        server_span::spent(&span, scope.as_ref());
         server_span::close(&span, opened, answer.status());
         answer
     }
@@ -223,6 +225,7 @@ impl<E: Executor> FanoutGraphQL<E> {
         let (parts, body) = request.into_parts();
         let fanout = &*scope.insert(self.engine.open_request(&parts));
         server_span::caller(span, fanout.caller());
+        server_span::received(span, fanout);
         let http = &self.engine.config().http;
         let batch = if get {
             // The query string carries what a body would: bounded like one.

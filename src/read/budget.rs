@@ -35,6 +35,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+mod grant;
 #[cfg(all(test, loom))]
 mod loom_model;
 mod measure;

@@ -341,15 +341,19 @@ struct HostState {
     coalesce: bool,
     /// Its `[hosts]` table says `cache_control = true`.
     cache_control: bool,
+    /// Its `[hosts]` table, or an `[upstreams]` table of it, says
+    /// `propagate = true` (`propagate.rs`).
+    propagate: bool,
 }
 
 impl HostState {
-    fn new(label: &str, config: &HostConfig) -> Arc<Self> {
+    fn new(label: &str, config: &HostConfig, propagate: bool) -> Arc<Self> {
         Arc::new(Self {
             label: label.into(),
             metrics: OnceLock::new(),
             coalesce: config.coalesce,
             cache_control: config.cache_control,
+            propagate: propagate || config.propagate,
         })
     }
 }
@@ -398,6 +402,13 @@ impl HostEntry {
     pub(crate) fn coalesce(&self) -> bool {
         self.state.coalesce
     }
+
+    /// Its reads carry the request's budget (`propagate.rs`): its
+    /// `[hosts]` table, or an `[upstreams]` table of it, says
+    /// `propagate = true`. Never a host without a table of its own.
+    pub(crate) fn propagates(&self) -> bool {
+        self.state.propagate
+    }
 }
 
 /// The hosts with an entry of their own — one per `[hosts]` table and per
@@ -412,22 +423,29 @@ pub(crate) struct HostTable {
 }
 
 impl HostTable {
-    /// The table for the `[hosts]` tables `hosts` and the `known` hosts.
+    /// The table for the `[hosts]` tables `hosts` and the `known` hosts,
+    /// of which those `propagating` carry the request's budget.
     pub(crate) fn new<'k>(
         hosts: &BTreeMap<String, HostConfig>,
         known: impl IntoIterator<Item = &'k str>,
+        propagating: &[String],
     ) -> Self {
         let mut own = HashMap::with_hasher(random_state());
         let unlisted = HostConfig::default();
+        let propagates = |name: &str| propagating.iter().any(|p| p == name);
         for name in known {
-            own.insert(name.into(), HostState::new(name, &unlisted));
+            own.insert(
+                name.into(),
+                HostState::new(name, &unlisted, propagates(name)),
+            );
         }
         for (name, config) in hosts {
-            own.insert(name.as_str().into(), HostState::new(name, config));
+            let state = HostState::new(name, config, propagates(name));
+            own.insert(name.as_str().into(), state);
         }
         Self {
             own,
-            other: HostState::new(OTHER_HOSTS, &unlisted),
+            other: HostState::new(OTHER_HOSTS, &unlisted, false),
             any_cache_control: hosts.values().any(|h| h.cache_control),
         }
     }
@@ -533,7 +551,7 @@ mod tests {
 
     #[test]
     fn hosts_are_named_as_the_hosts_tables_name_them() {
-        let table = HostTable::new(&BTreeMap::new(), []);
+        let table = HostTable::new(&BTreeMap::new(), [], &[]);
         let name = |s: &str| table.resolve(&url(s)).name.to_string();
         assert_eq!(name("http://reg.example:5000/v2/a"), "reg.example:5000");
         // The scheme's default port is the port; an explicit default is the same host.
@@ -567,7 +585,7 @@ mod tests {
             ..Default::default()
         };
         let hosts = [("reg.example:5000".to_string(), coalescing)].into();
-        let table = HostTable::new(&hosts, ["cdn.example:443"]);
+        let table = HostTable::new(&hosts, ["cdn.example:443"], &[]);
         let reg = table.resolve(&url("http://reg.example:5000/v2/a"));
         let reg_again = table.resolve(&url("http://reg.example:5000/v2/b?x=1"));
         assert!(Arc::ptr_eq(&reg.state, &reg_again.state));

@@ -15,7 +15,10 @@
 //!    last before the send, since waiting may have used up the time or the
 //!    budget;
 //! 5. **timed send** (`timeout.rs` around `transport.rs`): cut at
-//!    `min(read_timeout, deadline)`;
+//!    `min(read_timeout, deadline)`; to a host marked `propagate`, the read
+//!    first gets a grant of the budget left and carries it, its deadline and
+//!    the hop count in `Fanout-Budget`, and its answer's `Fanout-Spent` is
+//!    charged (`propagate.rs`);
 //! 6. **keep**: the answer is kept for the rest of the request, its bytes
 //!    bounded per request and charged to the request's memory;
 //! 7. **redirect** (`redirect.rs`): a redirect answer is followed as a read
@@ -36,6 +39,7 @@ pub(crate) mod dedup;
 pub(crate) mod hosts;
 pub(crate) mod message;
 pub(crate) mod permit;
+pub(crate) mod propagate;
 pub(crate) mod quota;
 pub(crate) mod redirect;
 pub(crate) mod share;
@@ -118,6 +122,10 @@ pub(crate) struct RequestReads {
     hits: cache::RequestHits,
     /// Its reads against each upstream's share (`share.rs`).
     shares: ShareUse,
+    /// Its reads asking for a grant now (`propagate.rs`).
+    claimants: propagate::Claimants,
+    /// The hop count its reads to a `propagate` host send (`chain/`).
+    hops: u64,
 }
 
 pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
@@ -129,6 +137,7 @@ impl RequestReads {
         parts: Arc<ReadParts>,
         budget: RequestBudget,
         pool: Option<Arc<MemoryPool>>,
+        hops: u64,
     ) -> Self {
         let pool = pool.unwrap_or_else(|| parts.memory.clone());
         let memory = RequestMemory::new(pool, parts.max_answer_bytes);
@@ -141,6 +150,8 @@ impl RequestReads {
             memory,
             rejected: Rejected::default(),
             hits: cache::RequestHits::new(),
+            claimants: propagate::Claimants::default(),
+            hops,
         }
     }
 
@@ -483,9 +494,11 @@ impl<'a> Upstream<'a> {
     }
 
     /// Steps 2–6 for a read no other read of the request answers.
-    async fn send(&self, read: Read) -> ReadResult {
+    async fn send(&self, mut read: Read) -> ReadResult {
         let host = self.reads.parts.host_table.resolve(&read.url);
-        if host.coalesce() && read.is_safe() && read.body.is_empty() {
+        // A read that carries its request's budget is its own: its answer
+        // and what it spent are this request's (`propagate.rs`).
+        if host.coalesce() && !host.propagates() && read.is_safe() && read.body.is_empty() {
             // Boxed: the common path's future stays small (it is moved at
             // each level of the walk).
             return Box::pin(self.coalesced(read, &host)).await;
@@ -493,6 +506,15 @@ impl<'a> Upstream<'a> {
         let share = self.reads.parts.shares.of(&read.url);
         let admitted = self.admit(&host, share).await?;
         let limit = self.limit(admitted.now);
+        let grant = match host.propagates() {
+            true => Some(self.reads.claimants.grant(&self.reads.budget).await),
+            false => None,
+        };
+        if let Some(grant) = &grant {
+            let (name, value) = grant.header(limit.until, self.reads.hops);
+            read.headers.retain(|(n, _)| *n != name);
+            read.headers.push((name, value));
+        }
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
@@ -500,6 +522,9 @@ impl<'a> Upstream<'a> {
         let fetch = span.around(self.reads.parts.transport.fetch(read, &host.name));
         let quotas = &self.reads.parts.quotas;
         let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
+            if let Some(grant) = grant {
+                grant.settle(&self.reads.budget, &r.headers);
+            }
             // What the answer says of the host's quota (`quota.rs`).
             match quotas.observe(&host.name, r.status, &r.headers, admitted.now) {
                 Some(spent) => Err(spent),

@@ -155,6 +155,8 @@ pub(crate) fn read_span(read: &Read) -> tracing::Span {
             fanout.coalesced = tracing::field::Empty,
             fanout.charged = tracing::field::Empty,
             fanout.refused = tracing::field::Empty,
+            fanout.granted = tracing::field::Empty,
+            fanout.spent = tracing::field::Empty,
             fanout.outcome = tracing::field::Empty,
         )
     })

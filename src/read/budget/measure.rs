@@ -28,10 +28,16 @@ impl RequestBudget {
     /// Counts a read that `limit` in measure mode let through.
     #[cold]
     pub(super) fn measured(&self, limit: &'static str) {
-        self.would_refuse.fetch_add(1, Relaxed);
+        self.measured_many(limit, 1);
+    }
+
+    /// Counts `n` reads that `limit` in measure mode let through.
+    #[cold]
+    pub(super) fn measured_many(&self, limit: &'static str, n: u64) {
+        self.would_refuse.fetch_add(n, Relaxed);
         match self.client {
-            Some(client) => crate::metrics::would_refuse(limit, &client, 1),
-            None => crate::metrics::would_refuse(limit, &"(no peer address)", 1),
+            Some(client) => crate::metrics::would_refuse(limit, &client, n),
+            None => crate::metrics::would_refuse(limit, &"(no peer address)", n),
         }
     }
 

@@ -1,0 +1,84 @@
+//! Grants: reads of the request's budget given to an upstream that is
+//! itself a service on the engine (`read/propagate.rs`), to spend for one
+//! read.
+//!
+//! A grant is charged when it is given, as reads sent — so the grants of
+//! reads in flight together can never add up past what is left: each is
+//! one compare-and-swap on `used`, which stays within the limit as a read's
+//! charge does. When the upstream's answer says what it spent
+//! (`Fanout-Spent`), that much of the grant stays charged (never more: an
+//! upstream is believed up to what it was given) and the rest is given
+//! back. Without an answer — the read timed out, failed or was cancelled —
+//! the upstream may have spent all of it, and all of it stays charged.
+
+use super::{Paid, RequestBudget};
+use std::sync::atomic::Ordering::Relaxed;
+
+impl RequestBudget {
+    /// Reserves, for one read's upstream, the reads left (within the limit
+    /// as it stands: a read quota's reservation is not extended for it)
+    /// divided by `claimants` (the reads asking for a grant at the same
+    /// moment, this one included), rounded down: the reads reserved, 0
+    /// when none is left. Measure mode (`budget.mode`) reserves nothing:
+    /// the upstream is not limited by this request, and what it spends is
+    /// charged when its answer says ([`charge_spent`](Self::charge_spent)).
+    pub(crate) fn reserve_grant(&self, claimants: usize) -> u64 {
+        if self.measure {
+            return 0;
+        }
+        let n = claimants.max(1) as u64;
+        let mut granted = 0;
+        let _ = self.used.fetch_update(Relaxed, Relaxed, |used| {
+            granted = self.limit().saturating_sub(used) / n;
+            (granted > 0).then_some(used + granted)
+        });
+        granted
+    }
+
+    /// The upstream granted `granted` reads said it spent `spent`: that
+    /// much stays charged, up to the grant, and the rest is given back;
+    /// the reads charged. Whoever else pays the request's reads (a
+    /// WebSocket connection's budget) pays these too.
+    pub(crate) fn settle_grant(&self, granted: u64, spent: u64) -> u64 {
+        let charged = spent.min(granted);
+        if granted > charged {
+            self.used.fetch_sub(granted - charged, Relaxed);
+        }
+        self.pay_spent(charged);
+        charged
+    }
+
+    /// Measure mode: the upstream, given no limit by this request, said it
+    /// spent `spent` — charged (believed up to the request's own limit, as
+    /// no single read may be charged more), and what passes the limit
+    /// counted as reads enforce would have refused. The reads charged.
+    pub(crate) fn charge_spent(&self, spent: u64) -> u64 {
+        let charged = spent.min(self.ceiling);
+        let before = self.used.fetch_add(charged, Relaxed);
+        let limit = self.limit();
+        let past = (before + charged).saturating_sub(limit.max(before));
+        if past > 0 {
+            self.measured_many("budget", past);
+        }
+        self.pay_spent(charged);
+        charged
+    }
+
+    /// `spent` reads paid by the other payer, if any: spent already, so
+    /// paid whatever it says (a refusal in measure mode counted).
+    fn pay_spent(&self, spent: u64) {
+        let Some((pay, _)) = self.pay.get() else {
+            return;
+        };
+        for _ in 0..spent {
+            if pay() == Paid::Measured {
+                self.would_refuse.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Whether the request's own limit only measures (`budget.mode`).
+    pub(crate) fn grants_unlimited(&self) -> bool {
+        self.measure
+    }
+}
