@@ -507,7 +507,7 @@ impl<'a> Upstream<'a> {
         let admitted = self.admit(&host, share).await?;
         let limit = self.limit(admitted.now);
         let grant = match host.propagates() {
-            true => Some(self.reads.claimants.grant(&self.reads.budget).await),
+            true => Some(self.grant().await),
             false => None,
         };
         if let Some(grant) = &grant {
@@ -523,7 +523,7 @@ impl<'a> Upstream<'a> {
         let quotas = &self.reads.parts.quotas;
         let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
             if let Some(grant) = grant {
-                grant.settle(&self.reads.budget, &r.headers);
+                self.settle(grant.spent(&r.headers));
             }
             // What the answer says of the host's quota (`quota.rs`).
             match quotas.observe(&host.name, r.status, &r.headers, admitted.now) {
@@ -535,6 +535,34 @@ impl<'a> Upstream<'a> {
         span.finish(&outcome, host.metrics());
         pending.finish(&outcome);
         outcome
+    }
+
+    /// Step 5, to a host marked `propagate`: the read's grant of the
+    /// reads left, split with the reads asking at the same moment
+    /// (`propagate.rs`), charged now.
+    async fn grant(&self) -> propagate::Grant {
+        let asking = self.reads.claimants.ask().await;
+        let budget = &self.reads.budget;
+        let reads = budget.reserve_grant(asking.count());
+        spans::note("fanout.granted", reads);
+        propagate::Grant::new(reads, budget.grants_unlimited())
+    }
+
+    /// What the upstream said it spent of its grant, charged: up to the
+    /// grant, the rest given back (`propagate.rs`).
+    fn settle(&self, spent: propagate::Spent) {
+        let budget = &self.reads.budget;
+        match spent {
+            propagate::Spent::Unreported { granted } => budget.settle_grant(granted, 0),
+            propagate::Spent::OfGrant { granted, spent } => {
+                spans::note("fanout.spent", spent);
+                budget.settle_grant(granted, spent)
+            }
+            propagate::Spent::Unlimited(spent) => {
+                spans::note("fanout.spent", spent);
+                budget.charge_spent(spent)
+            }
+        };
     }
 
     /// Steps 2–4: the refusals, the request slot, the host slot and the

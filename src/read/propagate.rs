@@ -25,7 +25,6 @@
 //!    timed out, failed, cancelled — keeps the whole grant charged: the
 //!    upstream may have spent it.
 
-use super::budget::RequestBudget;
 use crate::chain::header;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -34,6 +33,35 @@ use tokio::time::Instant;
 /// The reads of one request asking for a grant right now.
 #[derive(Debug, Default)]
 pub(crate) struct Claimants(AtomicUsize);
+
+/// One read asking for a grant, counted among the claimants until it has
+/// it (or is dropped, its request cancelled).
+pub(crate) struct Asking<'a>(&'a AtomicUsize);
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Claimants {
+    /// One more read asks; the reads started in the same round (polled
+    /// before this returns: it yields once) ask before any is given.
+    pub(crate) async fn ask(&self) -> Asking<'_> {
+        self.0.fetch_add(1, Relaxed);
+        let asking = Asking(&self.0);
+        tokio::task::yield_now().await;
+        asking
+    }
+}
+
+impl Asking<'_> {
+    /// The reads asking now, this one included: what the reads left are
+    /// divided by.
+    pub(crate) fn count(&self) -> usize {
+        self.0.load(Relaxed)
+    }
+}
 
 /// One read's grant: reserved on the request's budget until settled.
 #[derive(Debug)]
@@ -45,32 +73,25 @@ pub(crate) struct Grant {
     unlimited: bool,
 }
 
-/// One read asking, counted among the claimants until it has its grant
-/// (or is dropped, its request cancelled).
-struct Asking<'a>(&'a AtomicUsize);
-
-impl Drop for Asking<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
-    }
-}
-
-impl Claimants {
-    /// The grant of one read of the request whose budget is `budget`
-    /// (see the module docs).
-    pub(crate) async fn grant(&self, budget: &RequestBudget) -> Grant {
-        self.0.fetch_add(1, Relaxed);
-        let _asking = Asking(&self.0);
-        // The reads started in the same round ask before any is given.
-        tokio::task::yield_now().await;
-        let reads = budget.reserve_grant(self.0.load(Relaxed));
-        let unlimited = budget.grants_unlimited();
-        super::spans::note("fanout.granted", reads);
-        Grant { reads, unlimited }
-    }
+/// What an answer said its upstream spent of a [`Grant`].
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Spent {
+    /// Nothing (no `Fanout-Spent`): the whole grant goes back.
+    Unreported { granted: u64 },
+    /// `reads` spent, as far as the grant covers them (more is not
+    /// believed, and counted).
+    OfGrant { granted: u64, spent: u64 },
+    /// `reads` spent by an upstream this request did not limit (measure
+    /// mode).
+    Unlimited(u64),
 }
 
 impl Grant {
+    /// `reads` reserved (`unlimited`: none, in measure mode).
+    pub(crate) fn new(reads: u64, unlimited: bool) -> Self {
+        Self { reads, unlimited }
+    }
+
     /// The `Fanout-Budget` header of a read cut at `until`, sent with the
     /// hop count `hops`.
     pub(crate) fn header(&self, until: Instant, hops: u64) -> (HeaderName, HeaderValue) {
@@ -80,20 +101,23 @@ impl Grant {
         (header::BUDGET, header::budget(reads, deadline_ms, hops))
     }
 
-    /// The answer's headers say what the upstream spent: charged to
-    /// `budget` (see the module docs); the reads charged.
-    pub(crate) fn settle(self, budget: &RequestBudget, answer: &HeaderMap) -> u64 {
+    /// What the answer's headers (`answer`) say the upstream spent.
+    pub(crate) fn spent(self, answer: &HeaderMap) -> Spent {
         let spent = header::read(answer, &header::SPENT).and_then(|members| members.reads);
-        let Some(spent) = spent else {
-            return budget.settle_grant(self.reads, 0);
-        };
-        super::spans::note("fanout.spent", spent);
-        if self.unlimited {
-            return budget.charge_spent(spent);
+        match spent {
+            None => Spent::Unreported {
+                granted: self.reads,
+            },
+            Some(spent) if self.unlimited => Spent::Unlimited(spent),
+            Some(spent) => {
+                if spent > self.reads {
+                    crate::metrics::spent_beyond_grant(spent - self.reads);
+                }
+                Spent::OfGrant {
+                    granted: self.reads,
+                    spent,
+                }
+            }
         }
-        if spent > self.reads {
-            crate::metrics::spent_beyond_grant(spent - self.reads);
-        }
-        budget.settle_grant(self.reads, spent)
     }
 }
