@@ -49,19 +49,18 @@ impl RequestBudget {
     }
 
     /// Measure mode: the upstream, given no limit by this request, said it
-    /// spent `spent` — charged (believed up to the request's own limit, as
-    /// no single read may be charged more), and what passes the limit
-    /// counted as reads enforce would have refused. The reads charged.
+    /// spent `spent` — charged, all of it (they were sent), and what passes
+    /// the limit counted as reads enforce would have refused. The reads
+    /// charged.
     pub(crate) fn charge_spent(&self, spent: u64) -> u64 {
-        let charged = spent.min(self.ceiling);
-        let before = self.used.fetch_add(charged, Relaxed);
+        let before = self.used.fetch_add(spent, Relaxed);
         let limit = self.limit();
-        let past = (before + charged).saturating_sub(limit.max(before));
+        let past = (before + spent).saturating_sub(limit.max(before));
         if past > 0 {
             self.measured_many("budget", past);
         }
-        self.pay_spent(charged);
-        charged
+        self.pay_spent(spent);
+        spent
     }
 
     /// `spent` reads paid by the other payer, if any: spent already, so
@@ -70,7 +69,8 @@ impl RequestBudget {
         let Some((pay, _)) = self.pay.get() else {
             return;
         };
-        for _ in 0..spent {
+        // Bounded: what one answer reports can be any number.
+        for _ in 0..spent.min(self.ceiling) {
             if pay() == Paid::Measured {
                 self.would_refuse.fetch_add(1, Relaxed);
             }
