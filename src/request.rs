@@ -169,11 +169,7 @@ tokio::task_local! {
     static CURRENT: FanoutRequest;
 }
 
-/// How long an operation may run past its request's deadline: its reads
-/// stop at the deadline with `DEADLINE_EXCEEDED`, and this leaves the
-/// resolvers time to answer the rest of the page with those field errors
-/// before the whole operation is cut.
-pub(crate) const FINISH_GRACE: Duration = Duration::from_millis(100);
+pub(crate) use crate::read::budget::FINISH_GRACE;
 
 impl FanoutRequest {
     /// Announces that a batch of `operations` will run in this request, so

@@ -301,6 +301,11 @@ pub(crate) fn spent_header(answer: &mut axum::response::Response, scope: Option<
     let Some(scope) = scope.filter(|scope| scope.received().is_some()) else {
         return;
     };
+    // A WebSocket's upgrade spends nothing of its own: its events are
+    // scopes of their own, and ignore the header.
+    if answer.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        return;
+    }
     let spent = scope.budget().used();
     let value = crate::chain::header::spent(spent);
     answer

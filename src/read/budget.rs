@@ -42,6 +42,12 @@ mod measure;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+/// How long an operation may run past its request's deadline: its reads
+/// stop at the deadline with `DEADLINE_EXCEEDED`, and this leaves the
+/// resolvers time to answer the rest of the page with those field errors
+/// before the whole operation is cut.
+pub(crate) const FINISH_GRACE: Duration = Duration::from_millis(100);
+
 /// The read budget, deadline and counters of one inbound HTTP request.
 ///
 /// Every operation of a batch sees the same budget:

@@ -511,7 +511,10 @@ impl<'a> Upstream<'a> {
             false => None,
         };
         if let Some(grant) = &grant {
-            let (name, value) = grant.header(limit.until, self.reads.hops);
+            // The callee may answer this much past the deadline it is
+            // given: given less, it answers before this read is cut.
+            let until = limit.until.checked_sub(budget::FINISH_GRACE);
+            let (name, value) = grant.header(until.unwrap_or(limit.until), self.reads.hops);
             read.headers.retain(|(n, _)| *n != name);
             read.headers.push((name, value));
         }

@@ -7,17 +7,23 @@
 //! 1. **grant**: once admitted (the read itself charged as always), the
 //!    read asks for a grant. It yields once first, so that the reads a
 //!    resolver starts together — a list's rows, sibling fields, polled in
-//!    the same round — all ask before any is given: the reads left are
-//!    split evenly between the reads asking at that moment
-//!    ([`RequestBudget::reserve_grant`]: `left / asking`, rounded down,
-//!    charged at once). A read alone gets all that is left; a read that
-//!    asks later gets what the earlier grants left. Grants are charged, so
-//!    together they never pass what was left.
+//!    the same round — all ask before any is given. Each then takes the
+//!    reads left divided by the reads still asking, itself included,
+//!    rounded down (`RequestBudget::reserve_grant`, charged at once): 16
+//!    left and 4 asking give 4, 4, 4, 4; 7 left and 3 asking give 2, 2, 3
+//!    (the remainder goes to the last). A read alone gets all that is
+//!    left; a read that asks later — one that waited for a request slot —
+//!    gets what the earlier grants left. Grants are charged, so together
+//!    they never pass what was left. A request whose reads another payer
+//!    also pays (a WebSocket connection's budget) has the grant paid there
+//!    too, up front, and cut to what that payer pays.
 //! 2. **header**: `Fanout-Budget: reads=G, deadline-ms=D, hops=H` — the
 //!    grant; the time until this read is cut (`min(read_timeout, the
-//!    request's deadline)`); the hop count, one more than the request
-//!    received. In `budget.mode = "measure"` nothing is reserved and
-//!    `reads` is left out: the upstream keeps its own limit.
+//!    request's deadline)`) less the 100 ms a callee may take to answer
+//!    past its own deadline, so it answers before the read is cut; the hop
+//!    count, one more than the request received. In `budget.mode =
+//!    "measure"` nothing is reserved and `reads` is left out: the upstream
+//!    keeps its own limit, and what it reports is charged in full.
 //! 3. **settle**: the answer's `Fanout-Spent: reads=N` keeps `min(N, G)`
 //!    of the grant charged (more is not believed, and counted:
 //!    `fanout_spent_beyond_grant_reads_total`) and gives the rest back; an

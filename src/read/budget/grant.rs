@@ -32,19 +32,45 @@ impl RequestBudget {
             granted = self.limit().saturating_sub(used) / n;
             (granted > 0).then_some(used + granted)
         });
-        granted
+        let paid = self.pay_grant(granted);
+        if paid < granted {
+            self.used.fetch_sub(granted - paid, Relaxed);
+        }
+        paid
+    }
+
+    /// The `granted` reads paid by whoever else pays the request's reads (a
+    /// WebSocket connection's budget), up front, one at a time until it
+    /// refuses one: the reads it paid, which the grant is cut to (all of
+    /// them without another payer). What the upstream does not spend of
+    /// them is given back to the request's budget, not to the payer's: its
+    /// bucket has no give-back, and the reads were held.
+    fn pay_grant(&self, granted: u64) -> u64 {
+        let Some((pay, _)) = self.pay.get() else {
+            return granted;
+        };
+        let mut paid = 0;
+        while paid < granted {
+            match pay() {
+                Paid::Yes => {}
+                Paid::Measured => {
+                    self.would_refuse.fetch_add(1, Relaxed);
+                }
+                Paid::Refused => break,
+            }
+            paid += 1;
+        }
+        paid
     }
 
     /// The upstream granted `granted` reads said it spent `spent`: that
     /// much stays charged, up to the grant, and the rest is given back;
-    /// the reads charged. Whoever else pays the request's reads (a
-    /// WebSocket connection's budget) pays these too.
+    /// the reads charged (another payer paid the grant when it was given).
     pub(crate) fn settle_grant(&self, granted: u64, spent: u64) -> u64 {
         let charged = spent.min(granted);
         if granted > charged {
             self.used.fetch_sub(granted - charged, Relaxed);
         }
-        self.pay_spent(charged);
         charged
     }
 
@@ -64,7 +90,7 @@ impl RequestBudget {
     }
 
     /// `spent` reads paid by the other payer, if any: spent already, so
-    /// paid whatever it says (a refusal in measure mode counted).
+    /// paid whatever it says (a measured refusal counted).
     fn pay_spent(&self, spent: u64) {
         let Some((pay, _)) = self.pay.get() else {
             return;

@@ -180,3 +180,47 @@ async fn waiting_for_a_slot_ends_at_the_deadline() {
     assert!(matches!(waited, Err(TimedOut)));
     assert_eq!(started.elapsed(), Duration::from_millis(200));
 }
+
+#[test]
+fn grants_of_reads_asking_together_never_pass_what_is_left() {
+    let budget = budget(20);
+    for _ in 0..4 {
+        budget.try_charge().unwrap();
+    }
+    // 16 left, 4 asking, each taking its share as the others still ask.
+    let grants: Vec<u64> = (1..=4)
+        .rev()
+        .map(|asking| budget.reserve_grant(asking))
+        .collect();
+    assert_eq!(grants, [4, 4, 4, 4]);
+    assert_eq!((budget.used(), budget.reserve_grant(1)), (20, 0));
+    // Settled: what was spent stays, the rest comes back; more is not believed.
+    assert_eq!(budget.settle_grant(4, 1), 1);
+    assert_eq!(budget.settle_grant(4, 99), 4);
+    assert_eq!(budget.used(), 17);
+}
+
+#[test]
+fn a_grant_is_cut_to_what_the_other_payer_pays() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let budget = budget(20);
+    let payable = Arc::new(AtomicU64::new(3));
+    let left = payable.clone();
+    budget.paid_by(
+        Box::new(
+            move || match left.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)) {
+                Ok(_) => super::Paid::Yes,
+                Err(_) => super::Paid::Refused,
+            },
+        ),
+        3,
+    );
+    budget.try_charge().unwrap();
+    // 19 left for the grant, but the connection pays 2 more reads only.
+    assert_eq!(budget.reserve_grant(1), 2);
+    assert_eq!(budget.used(), 3);
+    assert_eq!(payable.load(Relaxed), 0);
+    // Unspent, the grant goes back to the request's budget.
+    assert_eq!(budget.settle_grant(2, 0), 0);
+    assert_eq!(budget.used(), 1);
+}
