@@ -6,8 +6,8 @@
 //! to it is charged here as any read is (a hop costs a read), and carries
 //! `Fanout-Budget: reads=G, deadline-ms=D, hops=H`: G the reads it may send
 //! for this one (the reads left, split between the reads asking at the same
-//! moment, reserved here at once), D the time until this read is cut, H one
-//! more hop. The next service lowers its own `max_reads` and deadline to
+//! moment, reserved here at once), D the time until this read is cut less
+//! the 100 ms the next service may take to answer past it, H one more hop. The next service lowers its own `max_reads` and deadline to
 //! those, refuses the request past its `[budget] max_hops`
 //! (`FANOUT_TOO_MANY_HOPS`), and answers `Fanout-Spent: reads=N`: N of the
 //! grant stay charged here, the rest come back. So the edge's
