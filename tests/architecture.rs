@@ -1126,7 +1126,11 @@ fn a_child_file(tree: &Tree, module: &str, but: Option<&str>) -> (String, String
 #[test]
 fn a_cycle_between_two_top_level_modules_is_caught() {
     let mut tree = real_tree();
-    let from_error = plant(&mut tree, "error.rs", "use crate::request::FanoutRequest;");
+    let from_error = plant(
+        &mut tree,
+        "error/mod.rs",
+        "use crate::request::FanoutRequest;",
+    );
     let from_request = plant(
         &mut tree,
         "request.rs",
