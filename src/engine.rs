@@ -427,6 +427,7 @@ impl Engine {
         let limit = received.map_or(limit, |r| r.limit(limit));
         let deadline = Instant::now() + received.map_or(b.deadline(), |r| r.deadline(b.deadline()));
         let hops = crate::chain::hops_on(received);
+        let past_max_hops = received.and_then(Received::past_max_hops);
         let (measure, quota_measure) = (b.mode.measures(), self.config().quota.mode.measures());
         // The client is named only in measure mode's log.
         let client = (measure || quota_measure)
@@ -442,7 +443,8 @@ impl Engine {
             budget.close_until_reserved();
         }
         FanoutRequest::new(
-            RequestReads::new(self.inner.reads.clone(), budget, memory, hops),
+            RequestReads::new(self.inner.reads.clone(), budget, memory, hops)
+                .past_max_hops(past_max_hops),
             caller,
             extensions,
             pricing,

@@ -26,8 +26,16 @@ impl Received {
     /// The request's refusal, before any read, when it has passed through
     /// more services than `budget.max_hops` allows.
     pub(crate) fn too_many_hops(&self) -> Option<OperationError> {
+        let (hops, max) = self.past_max_hops()?;
+        Some(OperationError::TooManyHops { hops, max })
+    }
+
+    /// `(hops, max_hops)` when the request has passed through more
+    /// services than `budget.max_hops` allows: every read of it is refused
+    /// too, whichever way it is asked for.
+    pub(crate) fn past_max_hops(&self) -> Option<(u64, u32)> {
         let (hops, max) = (self.hops(), self.max_hops);
-        (hops > u64::from(max)).then_some(OperationError::TooManyHops { hops, max })
+        (hops > u64::from(max)).then_some((hops, max))
     }
 
     /// `max_reads` (`limit`) as the header lowers it.

@@ -229,6 +229,19 @@ impl Config {
             table.check(name)?;
         }
         upstreams::check_origins(&self.upstreams)?;
+        // A read to a service on the engine gives it its time less the
+        // 100 ms it may take to answer past it: a read timeout of 100 ms or
+        // less would give it none (`read/propagate.rs`).
+        let propagates = self.hosts.values().any(|h| h.propagate)
+            || self.upstreams.values().any(|t| t.propagate);
+        if propagates && self.budget.read_timeout_ms <= 100 {
+            return Err(ConfigError::new(
+                "budget.read_timeout_ms",
+                "must be above 100 when a host propagates the budget: a service \
+                 on the engine is given the read's time less the 100 ms it may \
+                 take to answer",
+            ));
+        }
         if let Some((second, _)) = self.upstreams.iter().filter(|(_, t)| t.primary).nth(1) {
             return Err(ConfigError::new(
                 format!("upstreams.{}.primary", error::key_segment(second)),

@@ -60,10 +60,11 @@ pub(crate) fn operation_error(err: &OperationError) -> ServerError {
         OperationError::TooManyHops { hops, max } => {
             ext.set("hops", *hops);
             ext.set("max", *max);
-            let message = format!(
-                "this request has passed through {hops} services, past the {max} allowed \
-                 (budget.max_hops): a cycle of services, or a chain too long"
-            );
+            let message = ReadError::TooManyHops {
+                hops: *hops,
+                max: *max,
+            }
+            .message();
             ("FANOUT_TOO_MANY_HOPS", message, &Vec::new())
         }
         OperationError::DeadlineExceeded => {

@@ -35,6 +35,15 @@ pub enum ReadError {
         /// Its share: the reads one request may send to it.
         limit: u64,
     },
+    /// The request passed through more services than `budget.max_hops`
+    /// allows (its caller's `Fanout-Budget` said so): no read of it is
+    /// sent, whichever way it is asked for.
+    TooManyHops {
+        /// The services it passed through.
+        hops: u64,
+        /// `budget.max_hops`.
+        max: u32,
+    },
     /// One upstream read took longer than `read_timeout_ms`.
     UpstreamTimeout {
         /// `host:port` of the upstream.
@@ -115,6 +124,7 @@ impl ReadError {
             Self::BudgetExhausted { .. } | Self::UpstreamBudgetExhausted { .. } => {
                 "FANOUT_BUDGET_EXHAUSTED"
             }
+            Self::TooManyHops { .. } => "FANOUT_TOO_MANY_HOPS",
             Self::UpstreamTimeout { .. } => "UPSTREAM_TIMEOUT",
             Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
             Self::Upstream { .. } | Self::AnswerBound { .. } => "UPSTREAM_ERROR",
@@ -135,6 +145,10 @@ impl ReadError {
             }
             Self::UpstreamBudgetExhausted { upstream, limit } => format!(
                 "fan-out budget exhausted for upstream {upstream}: this request may make {limit} reads to it"
+            ),
+            Self::TooManyHops { hops, max } => format!(
+                "this request has passed through {hops} services, past the {max} allowed \
+                 (budget.max_hops): a cycle of services, or a chain too long"
             ),
             Self::UpstreamTimeout { host, timeout_ms } => {
                 format!("upstream {host} did not answer within {timeout_ms} ms")
@@ -201,6 +215,10 @@ impl ReadError {
                 ext.set("limit", *limit);
                 ext.set("upstream", upstream.as_str());
             }
+            Self::TooManyHops { hops, max } => {
+                ext.set("hops", *hops);
+                ext.set("max", *max);
+            }
             Self::UpstreamTimeout { host, timeout_ms } => {
                 ext.set("host", host.as_str());
                 ext.set("timeoutMs", *timeout_ms);
@@ -243,6 +261,7 @@ impl ReadError {
             self,
             Self::BudgetExhausted { .. }
                 | Self::UpstreamBudgetExhausted { .. }
+                | Self::TooManyHops { .. }
                 | Self::HostSaturated { .. }
                 | Self::Unavailable { .. }
                 | Self::QuotaExhausted { .. }

@@ -231,7 +231,7 @@ impl RequestBudget {
             let limit = self.limit();
             let charged = self
                 .used
-                .fetch_update(Relaxed, Relaxed, |used| (used < limit).then_some(used + 1));
+                .fetch_update(Relaxed, Relaxed, |used| (used < limit).then(|| used + 1));
             if charged.is_ok() {
                 if self.unreserved.load(Relaxed) {
                     self.measured("quota");

@@ -126,6 +126,9 @@ pub(crate) struct RequestReads {
     claimants: propagate::Claimants,
     /// The hop count its reads to a `propagate` host send (`chain/`).
     hops: u64,
+    /// `(hops, max_hops)` when its caller's header says it passed through
+    /// more services than `budget.max_hops`: every read refused.
+    past_max_hops: Option<(u64, u32)>,
 }
 
 pub(crate) type ReadResult = Result<Arc<UpstreamResponse>, ReadError>;
@@ -152,7 +155,17 @@ impl RequestReads {
             hits: cache::RequestHits::new(),
             claimants: propagate::Claimants::default(),
             hops,
+            past_max_hops: None,
         }
+    }
+
+    /// Refuses every read when the request passed through more services
+    /// than `budget.max_hops` (`Some((hops, max_hops))`), whichever way a
+    /// read is asked for — an operation is refused before it runs, and a
+    /// handler holding the scope is refused here.
+    pub(crate) fn past_max_hops(mut self, past: Option<(u64, u32)>) -> Self {
+        self.past_max_hops = past;
+        self
     }
 
     pub(crate) fn budget(&self) -> &RequestBudget {
@@ -504,10 +517,13 @@ impl<'a> Upstream<'a> {
             return Box::pin(self.coalesced(read, &host)).await;
         }
         let share = self.reads.parts.shares.of(&read.url);
+        if host.propagates() && self.no_time_to_give() {
+            return Err(self.refused(&host, ReadError::DeadlineExceeded));
+        }
         let admitted = self.admit(&host, share).await?;
         let limit = self.limit(admitted.now);
         let grant = match host.propagates() {
-            true => Some(self.grant().await),
+            true => Some(self.grant(share).await),
             false => None,
         };
         if let Some(grant) = &grant {
@@ -526,7 +542,7 @@ impl<'a> Upstream<'a> {
         let quotas = &self.reads.parts.quotas;
         let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
             if let Some(grant) = grant {
-                self.settle(grant.spent(&r.headers));
+                self.settle(grant.spent(&r.headers), share);
             }
             // What the answer says of the host's quota (`quota.rs`).
             match quotas.observe(&host.name, r.status, &r.headers, admitted.now) {
@@ -543,29 +559,51 @@ impl<'a> Upstream<'a> {
     /// Step 5, to a host marked `propagate`: the read's grant of the
     /// reads left, split with the reads asking at the same moment
     /// (`propagate.rs`), charged now.
-    async fn grant(&self) -> propagate::Grant {
+    /// An upstream with a share of its own (`share`) is granted no more
+    /// than is left of it, taken from it too.
+    async fn grant(&self, share: Option<ShareId>) -> propagate::Grant {
         let asking = self.reads.claimants.ask().await;
-        let budget = &self.reads.budget;
-        let reads = budget.reserve_grant(asking.count());
+        let (budget, shares) = (&self.reads.budget, &self.reads.parts.shares);
+        let cap = share.map_or(u64::MAX, |id| shares.left(&self.reads.shares, id));
+        let mut reads = budget.reserve_grant(asking.count(), cap);
+        if let Some(id) = share {
+            // Another read of the share may have taken some meanwhile.
+            let took = shares.take_up_to(&self.reads.shares, id, reads);
+            budget.settle_grant(reads, took);
+            reads = took;
+        }
         spans::note("fanout.granted", reads);
-        propagate::Grant::new(reads, budget.grants_unlimited())
+        propagate::Grant::new(reads, budget.grants_unlimited() && share.is_none())
     }
 
     /// What the upstream said it spent of its grant, charged: up to the
-    /// grant, the rest given back (`propagate.rs`).
-    fn settle(&self, spent: propagate::Spent) {
+    /// grant, the rest given back (`propagate.rs`), to the upstream's
+    /// `share` too.
+    fn settle(&self, spent: propagate::Spent, share: Option<ShareId>) {
         let budget = &self.reads.budget;
-        match spent {
-            propagate::Spent::Unreported { granted } => budget.settle_grant(granted, 0),
+        let (granted, charged) = match spent {
+            propagate::Spent::Unreported { granted } => (granted, budget.settle_grant(granted, 0)),
             propagate::Spent::OfGrant { granted, spent } => {
                 spans::note("fanout.spent", spent);
-                budget.settle_grant(granted, spent)
+                (granted, budget.settle_grant(granted, spent))
             }
             propagate::Spent::Unlimited(spent) => {
                 spans::note("fanout.spent", spent);
-                budget.charge_spent(spent)
+                budget.charge_spent(spent);
+                return;
             }
         };
+        if let Some(id) = share {
+            (self.reads.parts.shares).give_back_n(&self.reads.shares, id, granted - charged);
+        }
+    }
+
+    /// Whether the read, sent now, would leave a service on the engine no
+    /// time: it is given the read's time less the 100 ms it may take to
+    /// answer past its deadline (refused before it is charged).
+    fn no_time_to_give(&self) -> bool {
+        let now = Instant::now();
+        self.limit(now).until.saturating_duration_since(now) <= budget::FINISH_GRACE
     }
 
     /// Steps 2–4: the refusals, the request slot, the host slot and the
@@ -594,6 +632,9 @@ impl<'a> Upstream<'a> {
         share: Option<ShareId>,
         now: Instant,
     ) -> Result<(), ReadError> {
+        if let Some((hops, max)) = self.reads.past_max_hops {
+            return Err(self.refused(host, ReadError::TooManyHops { hops, max }));
+        }
         if let Err(spent) = self.reads.parts.quotas.check(&host.name, now) {
             return Err(self.refused(host, spent));
         }
@@ -691,6 +732,10 @@ impl<'a> Upstream<'a> {
             ReadError::DeadlineExceeded => {
                 bump(&stats.refused_deadline);
                 "deadline"
+            }
+            ReadError::TooManyHops { .. } => {
+                bump(&stats.refused_budget);
+                "max_hops"
             }
             // Refused a host slot: saturated, or the shared caps down.
             ReadError::HostSaturated { .. } => {

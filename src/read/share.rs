@@ -100,7 +100,7 @@ impl Shares {
     pub(crate) fn try_take(&self, request: &ShareUse, id: ShareId) -> Result<(), ReadError> {
         let max = self.capped[id.0].max;
         let taken = request.used[id.0]
-            .fetch_update(Relaxed, Relaxed, |used| (used < max).then_some(used + 1));
+            .fetch_update(Relaxed, Relaxed, |used| (used < max).then(|| used + 1));
         match taken {
             Ok(_) => Ok(()),
             Err(_) => Err(self.spent(id)),
@@ -111,6 +111,32 @@ impl Shares {
     /// request's budget refused it: it is not sent).
     pub(crate) fn give_back(&self, request: &ShareUse, id: ShareId) {
         request.used[id.0].fetch_sub(1, Relaxed);
+    }
+
+    /// Reads left of the share `id` in `request`.
+    pub(crate) fn left(&self, request: &ShareUse, id: ShareId) -> u64 {
+        let max = self.capped[id.0].max;
+        max.saturating_sub(request.used[id.0].load(Relaxed))
+    }
+
+    /// Takes up to `n` reads of the share `id` in `request` at once (a
+    /// grant to a service on the engine, `propagate.rs`): the reads taken.
+    pub(crate) fn take_up_to(&self, request: &ShareUse, id: ShareId, n: u64) -> u64 {
+        let max = self.capped[id.0].max;
+        let mut took = 0;
+        let _ = request.used[id.0].fetch_update(Relaxed, Relaxed, |used| {
+            took = max.saturating_sub(used).min(n);
+            (took > 0).then_some(used + took)
+        });
+        took
+    }
+
+    /// Gives back `n` reads taken of the share `id` in `request` (a grant's
+    /// part its service did not spend).
+    pub(crate) fn give_back_n(&self, request: &ShareUse, id: ShareId, n: u64) {
+        if n > 0 {
+            request.used[id.0].fetch_sub(n, Relaxed);
+        }
     }
 
     /// The refusal of a read to the upstream of the share `id`, naming it.

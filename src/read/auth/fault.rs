@@ -76,6 +76,7 @@ impl FetchError {
             ReadError::AnswerBound { .. }
             | ReadError::BudgetExhausted { .. }
             | ReadError::UpstreamBudgetExhausted { .. }
+            | ReadError::TooManyHops { .. }
             | ReadError::DeadlineExceeded
             | ReadError::HostSaturated { .. }
             | ReadError::Unavailable { .. }

@@ -15,21 +15,26 @@ use super::{Paid, RequestBudget};
 use std::sync::atomic::Ordering::Relaxed;
 
 impl RequestBudget {
-    /// Reserves, for one read's upstream, the reads left (within the limit
-    /// as it stands: a read quota's reservation is not extended for it)
-    /// divided by `claimants` (the reads asking for a grant at the same
-    /// moment, this one included), rounded down: the reads reserved, 0
-    /// when none is left. Measure mode (`budget.mode`) reserves nothing:
-    /// the upstream is not limited by this request, and what it spends is
-    /// charged when its answer says ([`charge_spent`](Self::charge_spent)).
-    pub(crate) fn reserve_grant(&self, claimants: usize) -> u64 {
-        if self.measure {
-            return 0;
-        }
+    /// Reserves, for one read's upstream, the reads left within the limit
+    /// that holds (see [`grant_limit`](Self::grant_limit); a read quota's
+    /// reservation is not extended for it) divided by `claimants` (the
+    /// reads asking for a grant at the same moment, this one included),
+    /// rounded down, and at most `cap` (what is left of the upstream's own
+    /// share): charged at once, and paid up front by whoever else pays the
+    /// request's reads. The reads reserved; 0 when none is left — or when
+    /// no limit holds and no cap ([`grants_unlimited`](Self::grants_unlimited)):
+    /// the upstream is then not limited by this request, and what it spends
+    /// is charged when its answer says ([`charge_spent`](Self::charge_spent)).
+    pub(crate) fn reserve_grant(&self, claimants: usize, cap: u64) -> u64 {
+        let limit = match self.grant_limit() {
+            Some(limit) => limit,
+            None if cap == u64::MAX => return 0,
+            None => u64::MAX,
+        };
         let n = claimants.max(1) as u64;
         let mut granted = 0;
         let _ = self.used.fetch_update(Relaxed, Relaxed, |used| {
-            granted = self.limit().saturating_sub(used) / n;
+            granted = (limit.saturating_sub(used) / n).min(cap);
             (granted > 0).then_some(used + granted)
         });
         let paid = self.pay_grant(granted);
@@ -37,6 +42,25 @@ impl RequestBudget {
             self.used.fetch_sub(granted - paid, Relaxed);
         }
         paid
+    }
+
+    /// The limit a grant is cut to: a read quota's reservation that
+    /// enforces; else the request's own limit, unless it only measures
+    /// (`budget.mode = "measure"`) — then the request's own limit only when
+    /// another payer (a WebSocket connection's budget) enforces, sizing
+    /// the grant that payer then pays; else none.
+    fn grant_limit(&self) -> Option<u64> {
+        let limit = self.limit();
+        if limit < self.ceiling && !self.quota_measure {
+            return Some(limit);
+        }
+        (!self.measure || self.pay.get().is_some()).then_some(self.ceiling)
+    }
+
+    /// Whether no limit holds a grant: the request's budget only measures,
+    /// and neither an enforcing read quota nor another payer is there.
+    pub(crate) fn grants_unlimited(&self) -> bool {
+        self.grant_limit().is_none()
     }
 
     /// The `granted` reads paid by whoever else pays the request's reads (a
@@ -74,14 +98,20 @@ impl RequestBudget {
         charged
     }
 
-    /// Measure mode: the upstream, given no limit by this request, said it
-    /// spent `spent` — charged, all of it (they were sent), and what passes
-    /// the limit counted as reads enforce would have refused. The reads
-    /// charged.
+    /// No limit held the grant (measure mode): the upstream, given no
+    /// limit by this request, said it spent `spent` — charged, all of it
+    /// (they were sent; saturating, whatever an answer says), and what
+    /// passes the limit counted as reads enforce would have refused. The
+    /// reads charged.
     pub(crate) fn charge_spent(&self, spent: u64) -> u64 {
-        let before = self.used.fetch_add(spent, Relaxed);
+        let before = self
+            .used
+            .fetch_update(Relaxed, Relaxed, |used| Some(used.saturating_add(spent)))
+            .unwrap_or_else(|used| used);
         let limit = self.limit();
-        let past = (before + spent).saturating_sub(limit.max(before));
+        let past = before
+            .saturating_add(spent)
+            .saturating_sub(limit.max(before));
         if past > 0 {
             self.measured_many("budget", past);
         }
@@ -101,10 +131,5 @@ impl RequestBudget {
                 self.would_refuse.fetch_add(1, Relaxed);
             }
         }
-    }
-
-    /// Whether the request's own limit only measures (`budget.mode`).
-    pub(crate) fn grants_unlimited(&self) -> bool {
-        self.measure
     }
 }

@@ -20,7 +20,8 @@ impl RequestBudget {
             false if self.measure => "budget",
             _ => return Err(Exhausted),
         };
-        self.used.fetch_add(1, Relaxed);
+        // Saturating: a service's report may have charged it to the top.
+        let _ = (self.used).fetch_update(Relaxed, Relaxed, |used| Some(used.saturating_add(1)));
         self.measured(limit);
         self.paid()
     }
@@ -34,7 +35,7 @@ impl RequestBudget {
     /// Counts `n` reads that `limit` in measure mode let through.
     #[cold]
     pub(super) fn measured_many(&self, limit: &'static str, n: u64) {
-        self.would_refuse.fetch_add(n, Relaxed);
+        let _ = (self.would_refuse).fetch_update(Relaxed, Relaxed, |w| Some(w.saturating_add(n)));
         match self.client {
             Some(client) => crate::metrics::would_refuse(limit, &client, n),
             None => crate::metrics::would_refuse(limit, &"(no peer address)", n),

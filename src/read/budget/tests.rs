@@ -190,10 +190,10 @@ fn grants_of_reads_asking_together_never_pass_what_is_left() {
     // 16 left, 4 asking, each taking its share as the others still ask.
     let grants: Vec<u64> = (1..=4)
         .rev()
-        .map(|asking| budget.reserve_grant(asking))
+        .map(|asking| budget.reserve_grant(asking, u64::MAX))
         .collect();
     assert_eq!(grants, [4, 4, 4, 4]);
-    assert_eq!((budget.used(), budget.reserve_grant(1)), (20, 0));
+    assert_eq!((budget.used(), budget.reserve_grant(1, u64::MAX)), (20, 0));
     // Settled: what was spent stays, the rest comes back; more is not believed.
     assert_eq!(budget.settle_grant(4, 1), 1);
     assert_eq!(budget.settle_grant(4, 99), 4);
@@ -217,7 +217,7 @@ fn a_grant_is_cut_to_what_the_other_payer_pays() {
     );
     budget.try_charge().unwrap();
     // 19 left for the grant, but the connection pays 2 more reads only.
-    assert_eq!(budget.reserve_grant(1), 2);
+    assert_eq!(budget.reserve_grant(1, u64::MAX), 2);
     assert_eq!(budget.used(), 3);
     assert_eq!(payable.load(Relaxed), 0);
     // Unspent, the grant goes back to the request's budget.
