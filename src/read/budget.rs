@@ -29,7 +29,7 @@ use crate::error::ReadError;
 use ::loom::sync::atomic::AtomicU64 as ChargeCounter;
 #[cfg(not(loom))]
 use std::sync::atomic::AtomicU64 as ChargeCounter;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -39,8 +39,14 @@ mod grant;
 #[cfg(all(test, loom))]
 mod loom_model;
 mod measure;
+mod pending;
+mod slots;
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+pub(crate) use pending::{bump, Pending, ReadStats};
+pub(crate) use slots::InFlightSlot;
+use slots::Slots;
 
 /// How long an operation may run past its request's deadline: its reads
 /// stop at the deadline with `DEADLINE_EXCEEDED`, and this leaves the
@@ -126,22 +132,6 @@ pub(crate) struct Exhausted;
 /// The deadline passed while waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct TimedOut;
-
-/// The request's counters, bumped by the acquisition point.
-#[derive(Debug, Default)]
-pub(crate) struct ReadStats {
-    pub(crate) issued: AtomicU64,
-    pub(crate) succeeded: AtomicU64,
-    pub(crate) failed: AtomicU64,
-    pub(crate) timed_out: AtomicU64,
-    pub(crate) cancelled: AtomicU64,
-    pub(crate) dedup_hits: AtomicU64,
-    pub(crate) coalesced: AtomicU64,
-    pub(crate) refused_budget: AtomicU64,
-    pub(crate) refused_host: AtomicU64,
-    pub(crate) refused_deadline: AtomicU64,
-    pub(crate) cache_hits: AtomicU64,
-}
 
 /// What one request's reads did, at one moment. Every read that was sent
 /// ends in exactly one of `succeeded`, `failed`, `timed_out` or
@@ -278,6 +268,30 @@ impl RequestBudget {
             Some((_, limit)) if self.payer_refused.load(Relaxed) => *limit,
             _ => self.limit(),
         }
+    }
+
+    /// Counts `err`, a read's refusal, in the request's counters (and a
+    /// budget's in `fanout_budget_exhausted_total`): why, as the read's
+    /// span names it (`fanout.refused`).
+    pub(crate) fn count_refusal(&self, err: &ReadError) -> &'static str {
+        let stats = &self.stats;
+        let (counter, why) = match err {
+            ReadError::BudgetExhausted { .. } => (&stats.refused_budget, self.spent_on()),
+            ReadError::UpstreamBudgetExhausted { .. } => (&stats.refused_budget, "upstream_share"),
+            ReadError::TooManyHops { .. } => (&stats.refused_budget, "max_hops"),
+            ReadError::DeadlineExceeded => (&stats.refused_deadline, "deadline"),
+            ReadError::QuotaExhausted { .. } => (&stats.refused_host, "upstream_quota"),
+            // Refused a host slot: saturated, or the shared caps down.
+            _ => (&stats.refused_host, "host_cap"),
+        };
+        if matches!(
+            err,
+            ReadError::BudgetExhausted { .. } | ReadError::UpstreamBudgetExhausted { .. }
+        ) {
+            crate::metrics::budget_exhausted();
+        }
+        bump(counter);
+        why
     }
 
     /// Which limit a read refused for want of a read met, as a trace names
@@ -454,75 +468,6 @@ impl RequestBudget {
     }
 }
 
-/// The request's in-flight slots (see the module docs).
-struct Slots {
-    max: usize,
-    held: AtomicUsize,
-    /// Reads registered on `freed`: a release wakes one only if this is not 0.
-    waiting: AtomicUsize,
-    freed: Notify,
-}
-
-/// One of a request's in-flight slots, released when dropped.
-#[must_use = "the slot is released as soon as it is dropped"]
-pub(crate) struct InFlightSlot<'a> {
-    slots: &'a Slots,
-}
-
-impl Drop for InFlightSlot<'_> {
-    fn drop(&mut self) {
-        // SeqCst on both sides (here and in `acquire`): either the waiter's
-        // retry sees this slot free, or this load sees the waiter.
-        self.slots.held.fetch_sub(1, SeqCst);
-        if self.slots.waiting.load(SeqCst) > 0 {
-            self.slots.freed.notify_one();
-        }
-    }
-}
-
-/// A read registered as waiting, until it stops waiting (slot or cancelled).
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, SeqCst);
-    }
-}
-
-impl Slots {
-    fn try_acquire(&self) -> Option<InFlightSlot<'_>> {
-        let mut held = self.held.load(SeqCst);
-        while held < self.max {
-            match self
-                .held
-                .compare_exchange_weak(held, held + 1, SeqCst, SeqCst)
-            {
-                Ok(_) => return Some(InFlightSlot { slots: self }),
-                Err(now) => held = now,
-            }
-        }
-        None
-    }
-
-    async fn acquire(&self) -> InFlightSlot<'_> {
-        loop {
-            // Registered before the retry, so a release after the retry's
-            // check wakes this read (or leaves the wake-up for it).
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            let _waiting = {
-                self.waiting.fetch_add(1, SeqCst);
-                Waiting(&self.waiting)
-            };
-            if let Some(slot) = self.try_acquire() {
-                return slot;
-            }
-            freed.await;
-        }
-    }
-}
-
 impl std::fmt::Debug for RequestBudget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestBudget")
@@ -530,49 +475,5 @@ impl std::fmt::Debug for RequestBudget {
             .field("used", &self.used())
             .field("deadline", &self.deadline)
             .finish_non_exhaustive()
-    }
-}
-
-/// Adds one to a counter of [`ReadStats`].
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Relaxed);
-}
-
-/// One read a request sent (or leads), as its counters see it: it ends in
-/// exactly one of `succeeded`, `failed` and `timed_out` — or, dropped
-/// unfinished (its request was cancelled), `cancelled` — so
-/// `issued = succeeded + failed + timed_out + cancelled`.
-pub(crate) struct Pending<'a> {
-    stats: &'a ReadStats,
-    finished: bool,
-}
-
-impl<'a> Pending<'a> {
-    /// A read sent now, counted in `stats` when it ends.
-    pub(crate) fn new(stats: &'a ReadStats) -> Self {
-        Self {
-            stats,
-            finished: false,
-        }
-    }
-
-    /// The read ended with `outcome`.
-    pub(crate) fn finish<T>(&mut self, outcome: &Result<T, ReadError>) {
-        self.finished = true;
-        bump(match outcome {
-            Ok(_) => &self.stats.succeeded,
-            Err(ReadError::UpstreamTimeout { .. } | ReadError::DeadlineExceeded) => {
-                &self.stats.timed_out
-            }
-            Err(_) => &self.stats.failed,
-        });
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if !self.finished {
-            bump(&self.stats.cancelled);
-        }
     }
 }

@@ -714,44 +714,13 @@ impl<'a> Upstream<'a> {
         Ok(now)
     }
 
-    /// `err`, counted as the refusal of a read to `host`.
+    /// `err`, counted as the refusal of a read to `host` (`budget.rs`
+    /// names why; a host's cap refusing is the host's to count too).
     fn refused(&self, host: &HostEntry, err: ReadError) -> ReadError {
-        let budget = &self.reads.budget;
-        let stats = budget.stats();
-        let why = match &err {
-            ReadError::BudgetExhausted { .. } => {
-                bump(&stats.refused_budget);
-                metrics::budget_exhausted();
-                budget.spent_on()
-            }
-            ReadError::UpstreamBudgetExhausted { .. } => {
-                bump(&stats.refused_budget);
-                metrics::budget_exhausted();
-                "upstream_share"
-            }
-            ReadError::DeadlineExceeded => {
-                bump(&stats.refused_deadline);
-                "deadline"
-            }
-            ReadError::TooManyHops { .. } => {
-                bump(&stats.refused_budget);
-                "max_hops"
-            }
-            // Refused a host slot: saturated, or the shared caps down.
-            ReadError::HostSaturated { .. } => {
-                bump(&stats.refused_host);
-                host.metrics().rejections.increment(1);
-                "host_cap"
-            }
-            ReadError::QuotaExhausted { .. } => {
-                bump(&stats.refused_host);
-                "upstream_quota"
-            }
-            _ => {
-                bump(&stats.refused_host);
-                "host_cap"
-            }
-        };
+        let why = self.reads.budget.count_refusal(&err);
+        if matches!(err, ReadError::HostSaturated { .. }) {
+            host.metrics().rejections.increment(1);
+        }
         spans::note("fanout.refused", why);
         err
     }
