@@ -84,7 +84,7 @@ impl Query {
     async fn repository(&self, ctx: &Context<'_>, name: String) -> Option<Repository> {
         // Its registry found and its name checked against the OCI grammar
         // before any read.
-        let repo = resolve(ctx, &name).or_null(ctx)?;
+        let repo = oci::resolve(ctx, &name).or_null(ctx)?;
         let tags = oci::tag_list(ctx, &repo).await.or_null(ctx)??;
         Some(Repository {
             repo,
@@ -186,15 +186,6 @@ pub struct PageInfo {
 pub struct RepositoryConnection {
     nodes: Vec<Repository>,
     page_info: PageInfo,
-}
-
-/// The repository `name` names (`registries.rs`): on the default registry
-/// (`RegistryUrl`) or one of the configured ones (`Registries`, if any).
-pub(crate) fn resolve(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Repo> {
-    let default = oci::registry(ctx)?;
-    let registries = ctx.data_opt::<Registries>();
-    let none = Registries::default();
-    Ok(registries.unwrap_or(&none).resolve(default, name)?)
 }
 
 /// A repository; its tag list is read once per request, when first needed.

@@ -53,7 +53,7 @@ impl Subscription {
         let connection = ctx.data::<FanoutConnection>().map_err(|_| {
             async_graphql::Error::new("tagChanges is served over WebSocket (graphql-transport-ws)")
         })?;
-        let repo: Repo = crate::schema::resolve(ctx, &repository)?;
+        let repo: Repo = oci::resolve(ctx, &repository)?;
         let name = TagName::parse(&tag).map_err(|e| ReadError::BadUserInput {
             message: e.to_string(),
         })?;

@@ -13,7 +13,7 @@ pub use tags::Tags;
 use tags::TagsBuilder;
 
 use crate::names::{Digest, Invalid, TagName};
-use crate::registries::Repo;
+use crate::registries::{Registries, Repo};
 use async_graphql::Context;
 use fanout_budget::{FanoutContext, Read, ReadError, UpstreamResponse};
 use serde::Deserialize;
@@ -42,6 +42,15 @@ async fn read(ctx: &Context<'_>, read: Read) -> async_graphql::Result<Arc<Upstre
 /// The default registry's base URL.
 pub fn registry<'a>(ctx: &Context<'a>) -> async_graphql::Result<&'a reqwest::Url> {
     Ok(&ctx.data::<RegistryUrl>()?.0)
+}
+
+/// The repository `name` names (`registries.rs`); the schema's fields and the subscription both resolve names here: on the default registry
+/// (`RegistryUrl`) or one of the configured ones (`Registries`, if any).
+pub(crate) fn resolve(ctx: &Context<'_>, name: &str) -> async_graphql::Result<Repo> {
+    let default = registry(ctx)?;
+    let registries = ctx.data_opt::<Registries>();
+    let none = Registries::default();
+    Ok(registries.unwrap_or(&none).resolve(default, name)?)
 }
 
 /// The registry URL with path `segments`, each one percent-encoded as one
