@@ -19,6 +19,7 @@
 
 use crate::chain::Received;
 use crate::config::HttpConfig;
+use crate::document::memo::Kept;
 use crate::error::{refused, stopped, OperationError, Rejection};
 use crate::inbound::identity::Caller;
 use crate::inbound::quota::{QuotaStatus, Reservation, Ticket};
@@ -27,7 +28,7 @@ use crate::read::budget::RequestBudget;
 use crate::read::{OperationReads, RequestReads, Upstream};
 use async_graphql::Context;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -435,6 +436,7 @@ impl FanoutRequest {
             request: self.clone(),
             reads: OperationReads::default(),
             metered: AtomicBool::new(false),
+            document: Mutex::new(None),
         })
     }
 }
@@ -474,6 +476,10 @@ pub struct Operation {
     reads: OperationReads,
     /// The extension counts this operation's answer (`memory.rs`).
     metered: AtomicBool,
+    /// The document kept for its text, when it was admitted from one (its
+    /// validation is kept with it: `document/memo.rs`), until the extension
+    /// takes it.
+    document: Mutex<Option<Arc<Kept>>>,
 }
 
 impl Operation {
@@ -491,6 +497,20 @@ impl Operation {
     /// immutable answers (`cacheHits`): free, never in `used`.
     pub fn cache_hits(&self) -> u64 {
         self.reads.cache_hits.load(Relaxed)
+    }
+
+    /// Admitted from `document`, the document kept for its text.
+    pub(crate) fn set_document(&self, document: Arc<Kept>) {
+        *self.document.lock().unwrap_or_else(|e| e.into_inner()) = Some(document);
+    }
+
+    /// The document kept for its text, if it was admitted from one, taken
+    /// (an operation that lasts, a subscription, does not hold it).
+    pub(crate) fn take_document(&self) -> Option<Arc<Kept>> {
+        self.document
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// The extension saw this operation and counts its answer.

@@ -8,14 +8,18 @@
 //! the text alone. So the engine keeps the parsed document of each text it
 //! has seen — one table per engine, used by
 //! [`FanoutGraphQL`](crate::FanoutGraphQL) and by the
-//! [`FanoutExtension`](crate::FanoutExtension) — and hands async-graphql a
-//! copy (`Request::set_parsed_query`); async-graphql then checks its depth,
-//! validates it against the schema and runs it exactly as if it had parsed
-//! the text itself. Pricing (the cost preview) walks the same copy.
+//! [`FanoutExtension`](crate::FanoutExtension) — with what is known of it
+//! (`memo.rs`: the guard's verdict, async-graphql's validations), and hands
+//! async-graphql a copy (`Request::set_parsed_query`: async-graphql takes
+//! the document and cuts the operation it runs out of it) once the
+//! operation is admitted; async-graphql then checks its depth, validates it
+//! against the schema (or the extension answers with the validation kept)
+//! and runs it exactly as if it had parsed the text itself. Pricing (the
+//! cost preview) walks the kept document itself.
 //!
 //! How it works: one `std::sync::RwLock` around a map from the text to an
-//! `Arc` of its document. A hit takes the read lock for one lookup and one
-//! `Arc` clone, and copies the document outside the lock. A miss parses
+//! `Arc` of its entry ([`Kept`]: the text, shared, and the document). A hit
+//! takes the read lock for one lookup and one `Arc` clone. A miss parses
 //! outside any lock, then takes the write lock once to keep the result.
 //! Lookups hash with the engine's keyed hash, so texts chosen to collide
 //! cannot slow the map.
@@ -23,8 +27,8 @@
 //! Bounded by memory (`http.document_cache_bytes` per engine; `0` turns the
 //! cache off): each kept entry is weighed as its text, its document's heap
 //! (estimated by [`weight`] from the document's shape; a parsed document
-//! takes about 50–130 times its text), the `Arc` around it and its slot in the
-//! map. A document heavier than a sixteenth of the
+//! takes about 50–130 times its text), the room its validations may take
+//! (`memo::reserve`), the `Arc`s around it and its slot in the map. A document heavier than a sixteenth of the
 //! bound is never kept.
 //! When a new entry would go over the bound, the whole map is emptied (and
 //! freed outside the lock) and refills with what is sent next: a client
@@ -32,6 +36,9 @@
 //! the cache, never memory. A text that does not parse is not kept
 //! (async-graphql parses it again and reports the error).
 
+use crate::document::guard::Shape;
+use crate::document::memo::{reserve, Kept};
+use crate::error::OperationError;
 use crate::metrics::DocumentMetrics;
 use crate::seed::random_state;
 use async_graphql::parser::types::{
@@ -56,18 +63,77 @@ pub(crate) struct Documents {
 }
 
 struct Table {
-    docs: HashMap<Box<str>, Arc<ExecutableDocument>, SeedableRandomState>,
+    docs: HashMap<Arc<str>, Arc<Kept>, SeedableRandomState>,
     /// The kept entries' weight (see the module docs).
     bytes: usize,
 }
 
-/// What an entry weighs besides its text and its document's heap: the
-/// `Arc` around the document (two counters and the document itself) and the
-/// entry's slot in the map (key, value, control byte).
+/// What an entry weighs besides its text, its document's heap and its
+/// validations' room: the `Arc` around the entry (two counters and the
+/// entry itself), the `Arc` around the text (two counters), and the entry's
+/// slot in the map (key, value, control byte).
 const ENTRY_OVERHEAD: usize = 2 * size_of::<usize>()
-    + size_of::<ExecutableDocument>()
-    + size_of::<(Box<str>, Arc<ExecutableDocument>)>()
+    + size_of::<Kept>()
+    + 2 * size_of::<usize>()
+    + size_of::<(Arc<str>, Arc<Kept>)>()
     + 1;
+
+/// A text's document, as [`admit`] found it: kept (with what is known of
+/// it) or parsed for this request alone.
+pub(crate) enum Parsed {
+    /// Kept for the text: shared, copied only for async-graphql.
+    Kept(Arc<Kept>),
+    /// Parsed now and not kept (too large, or the cache is off).
+    Fresh(ExecutableDocument),
+}
+
+impl Parsed {
+    /// The document.
+    pub(crate) fn doc(&self) -> &ExecutableDocument {
+        match self {
+            Parsed::Kept(kept) => &kept.doc,
+            Parsed::Fresh(doc) => doc,
+        }
+    }
+
+    /// The document for async-graphql, which takes it: the kept one copied.
+    pub(crate) fn into_owned(self) -> ExecutableDocument {
+        match self {
+            Parsed::Kept(kept) => kept.doc.clone(),
+            Parsed::Fresh(doc) => doc,
+        }
+    }
+
+    /// The entry kept for the text, if there is one.
+    pub(crate) fn kept(&self) -> Option<&Arc<Kept>> {
+        match self {
+            Parsed::Kept(kept) => Some(kept),
+            Parsed::Fresh(_) => None,
+        }
+    }
+}
+
+/// `query` as async-graphql may be given it: kept or parsed, and checked by
+/// the document guard (its verdict kept with a kept document). A text that
+/// does not parse is `GRAPHQL_PARSE_FAILED`, a cycle or an oversized
+/// expansion `GRAPHQL_VALIDATION_FAILED`; either way nothing has run.
+pub(crate) fn admit(
+    documents: &Documents,
+    query: &str,
+    max_selections: u64,
+) -> Result<(Parsed, Arc<Shape>), OperationError> {
+    let parsed = documents
+        .parse(query)
+        .map_err(|err| OperationError::ParseFailed {
+            message: err.to_string(),
+            at: err.positions().collect(),
+        })?;
+    let shape = match &parsed {
+        Parsed::Kept(kept) => kept.verdict(max_selections)?,
+        Parsed::Fresh(doc) => Arc::new(crate::document::guard::check(doc, max_selections)?),
+    };
+    Ok((parsed, shape))
+}
 
 /// The walk of [`weight`] stops this deep. async-graphql's parser refuses
 /// selections nested past 64 levels, so only a document built by hand can
@@ -96,33 +162,37 @@ impl Documents {
         self.max_bytes > 0
     }
 
-    /// `query` parsed: a copy of the kept document, or parsed now (and kept
-    /// if it fits), or why the text does not parse.
-    pub(crate) fn parse(&self, query: &str) -> Result<ExecutableDocument, ParseError> {
+    /// `query` parsed: the kept entry, or parsed now (and kept if it fits),
+    /// or why the text does not parse.
+    pub(crate) fn parse(&self, query: &str) -> Result<Parsed, ParseError> {
         let kept = self.read().docs.get(query).cloned();
-        if let Some(doc) = kept {
+        if let Some(kept) = kept {
             self.metrics().from_cache.increment(1);
-            return Ok((*doc).clone());
+            return Ok(Parsed::Kept(kept));
         }
         let doc = parse_query(query)?;
         self.metrics().parsed.increment(1);
         if self.enabled() && query.len() <= self.max_bytes / 16 {
             if let Some(weight) = weight(&doc) {
-                let entry = query.len() + weight + ENTRY_OVERHEAD;
+                let entry = query.len() + weight + reserve(&doc) + ENTRY_OVERHEAD;
                 if entry <= self.max_bytes / 16 {
-                    self.keep(query, Arc::new(doc.clone()), entry);
+                    let kept = Arc::new(Kept::new(query.into(), doc));
+                    // (Another request may have kept the text meanwhile:
+                    // this one runs on its own entry, which is as good.)
+                    self.keep(kept.clone(), entry);
+                    return Ok(Parsed::Kept(kept));
                 }
             }
         }
-        Ok(doc)
+        Ok(Parsed::Fresh(doc))
     }
 
-    /// Keeps `doc` for `query`; its copy is made, and an emptied map freed,
-    /// outside the write lock.
-    fn keep(&self, query: &str, doc: Arc<ExecutableDocument>, entry: usize) {
+    /// Keeps `kept` for its text; an emptied map is freed outside the write
+    /// lock.
+    fn keep(&self, kept: Arc<Kept>, entry: usize) {
         let emptied = {
             let mut table = self.write();
-            if table.docs.contains_key(query) {
+            if table.docs.contains_key(&*kept.text) {
                 return;
             }
             let metrics = self.metrics();
@@ -136,7 +206,7 @@ impl Documents {
             } else {
                 None
             };
-            table.docs.insert(query.into(), doc);
+            table.docs.insert(kept.text.clone(), kept);
             table.bytes += entry;
             // By difference: several engines in one process share the gauge.
             metrics.kept_bytes.increment(entry as f64);
@@ -372,21 +442,45 @@ mod tests {
 
     /// An entry's weight, as the cache counts it.
     fn entry(query: &str) -> usize {
-        query.len() + weight(&parse_query(query).unwrap()).unwrap() + ENTRY_OVERHEAD
+        let doc = parse_query(query).unwrap();
+        query.len() + weight(&doc).unwrap() + reserve(&doc) + ENTRY_OVERHEAD
     }
 
     #[test]
     fn a_kept_document_is_the_parse_of_its_text() {
         let query = "query Q($n: Int) { a(first: $n) { b ...F } } fragment F on T { c }";
         let docs = documents(16 * entry(query));
-        let first = docs.parse(query).expect("parses");
+        let Parsed::Kept(first) = docs.parse(query).expect("parses") else {
+            panic!("kept")
+        };
         assert_eq!(docs.len(), 1);
         assert_eq!(docs.bytes(), entry(query));
-        let again = docs.parse(query).expect("kept");
+        let Parsed::Kept(again) = docs.parse(query).expect("kept") else {
+            panic!("kept")
+        };
+        assert!(Arc::ptr_eq(&first, &again), "a hit is the entry itself");
         assert_eq!(docs.len(), 1, "the same text is kept once");
         assert_eq!(docs.bytes(), entry(query));
-        assert!(same(&first, &again));
-        assert!(same(&again, &parse_query(query).unwrap()));
+        assert_eq!(&*again.text, query);
+        assert!(same(&again.doc, &parse_query(query).unwrap()));
+        assert!(same(&Parsed::Kept(again).into_owned(), &first.doc));
+    }
+
+    #[test]
+    fn the_guard_verdict_is_kept_for_its_bound() {
+        let query = "{ a { b c } d }";
+        let docs = documents(1 << 20);
+        let (_, shape) = admit(&docs, query, 100).expect("admitted");
+        assert_eq!(shape.selections, 4);
+        let (_, again) = admit(&docs, query, 100).expect("admitted");
+        assert!(Arc::ptr_eq(&shape, &again), "the verdict is found once");
+        // Another bound is another verdict, never the kept one.
+        assert!(admit(&docs, query, 3).is_err());
+        let (_, wider) = admit(&docs, query, 4).expect("admitted");
+        assert!(!Arc::ptr_eq(&shape, &wider));
+        let cycle = "{ ...A } fragment A on Q { ...A }";
+        assert!(admit(&docs, cycle, 100).is_err());
+        assert!(admit(&docs, cycle, 100).is_err(), "a refusal is kept too");
     }
 
     #[test]

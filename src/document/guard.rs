@@ -32,7 +32,6 @@
 //! found is kept ([`Shape::order`]) so the cost preview can price each
 //! fragment once too.
 
-use crate::document::cache::Documents;
 use crate::error::OperationError;
 use async_graphql::parser::types::{
     DocumentOperations, ExecutableDocument, OperationDefinition, Selection, SelectionSet,
@@ -77,25 +76,6 @@ impl From<ShapeError> for OperationError {
             at: err.pos().into_iter().collect(),
         }
     }
-}
-
-/// `query` as async-graphql may be given it: parsed (or copied from the
-/// documents kept) and [`check`]ed. A text that does not parse is
-/// `GRAPHQL_PARSE_FAILED`, a cycle or an oversized expansion
-/// `GRAPHQL_VALIDATION_FAILED`; either way nothing has run.
-pub(crate) fn admit(
-    documents: &Documents,
-    query: &str,
-    max_selections: u64,
-) -> Result<(ExecutableDocument, Shape), OperationError> {
-    let doc = documents
-        .parse(query)
-        .map_err(|err| OperationError::ParseFailed {
-            message: err.to_string(),
-            at: err.positions().collect(),
-        })?;
-    let shape = check(&doc, max_selections)?;
-    Ok((doc, shape))
 }
 
 impl ShapeError {

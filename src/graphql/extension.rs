@@ -45,6 +45,7 @@ use super::finish::{cap_errors, code_errors, report_connection};
 use super::pipeline::Op;
 use super::socket::{self, FanoutConnection};
 use crate::cost::schema_types::SchemaTypes;
+use crate::document::memo::{Kept, SchemaClaim, Validation};
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
@@ -92,6 +93,8 @@ pub struct FanoutExtension {
     /// The schema's types, read from its registry on first use.
     types: Arc<OnceLock<Arc<SchemaTypes>>>,
     data: Option<OperationData>,
+    /// The schema whose validations are kept (`document/memo.rs`).
+    schema: Arc<SchemaClaim>,
 }
 
 impl FanoutExtension {
@@ -103,6 +106,7 @@ impl FanoutExtension {
             engine: engine.clone(),
             types: Arc::default(),
             data: None,
+            schema: Arc::new(SchemaClaim::new()),
         }
     }
 
@@ -137,6 +141,7 @@ impl ExtensionFactory for FanoutExtension {
             meter: OnceLock::new(),
             socket: OnceLock::new(),
             event: Mutex::new(None),
+            validation: Mutex::new(None),
         })
     }
 }
@@ -163,9 +168,28 @@ struct PerOperation {
     /// On a WebSocket: the event being resolved, whose memory counts its
     /// answer (a subscription's events resolve one at a time).
     event: Mutex<Option<FanoutRequest>>,
+    /// The validation kept for the operation's document, or how to keep it.
+    validation: Mutex<Option<Validation>>,
 }
 
 impl PerOperation {
+    /// Finds the validation kept for `request` — admitted from `kept`, the
+    /// document kept for its text — for this schema, or how to keep it.
+    /// Called once the request is what async-graphql will validate (the
+    /// extensions registered after this one have prepared it).
+    fn remember(&self, ctx: &ExtensionContext<'_>, kept: Option<Arc<Kept>>, request: &Request) {
+        let Some(kept) = kept else { return };
+        // An extension after this one may have put another text in.
+        if *request.query != *kept.text {
+            return;
+        }
+        let Some(schema) = self.factory.schema.id(ctx.schema_env) else {
+            return;
+        };
+        let name = request.operation_name.as_deref();
+        *lock(&self.validation) = kept.validation(schema, name, &request.variables);
+    }
+
     /// Counts this operation at `scope`'s pricing barrier, once.
     fn price(&self, scope: &FanoutRequest, requested: u64) {
         if !self.priced.swap(true, Relaxed) {
@@ -211,7 +235,9 @@ impl Extension for PerOperation {
             operation.mark_metered();
             let _ = self.meter.set(operation.request().clone());
             self.aside.store(true, Relaxed);
-            return next.run(ctx, request).await;
+            let request = next.run(ctx, request).await?;
+            self.remember(ctx, operation.take_document(), &request);
+            return Ok(request);
         }
         // On a WebSocket (the connection in the session's data): admitted
         // here, each event run in a scope of its own.
@@ -257,6 +283,7 @@ impl Extension for PerOperation {
         if let Some(refusal) = op.refusal() {
             return Err(operation_error(refusal));
         }
+        self.remember(ctx, op.operation().take_document(), &request);
         match connection {
             Some(connection) => {
                 // Each event may read what one request may: priced past
@@ -287,15 +314,26 @@ impl Extension for PerOperation {
         Ok(request)
     }
 
-    /// async-graphql's validation answers without running the operation
-    /// (so without [`execute`](Extension::execute)): its errors get their
-    /// codes here.
+    /// async-graphql's validation, or what it concluded for the same
+    /// document, schema, operation name and variables, kept
+    /// (`document/memo.rs`). It answers without running the operation (so
+    /// without [`execute`](Extension::execute)): its errors get their codes
+    /// here.
     async fn validation(
         &self,
         ctx: &ExtensionContext<'_>,
         next: NextValidation<'_>,
     ) -> Result<ValidationResult, Vec<ServerError>> {
-        next.run(ctx).await.map_err(|mut errors| {
+        let to_keep = match lock(&self.validation).take() {
+            Some(Validation::Kept(result)) => return Ok(result),
+            Some(Validation::ToKeep(to_keep)) => Some(to_keep),
+            None => None,
+        };
+        let validated = next.run(ctx).await;
+        if let (Ok(result), Some(to_keep)) = (&validated, to_keep) {
+            to_keep.keep(*result);
+        }
+        validated.map_err(|mut errors| {
             cap_errors(&mut errors);
             if !self.aside.load(Relaxed) {
                 code_errors(&mut errors, &lock(&self.query));

@@ -2,8 +2,9 @@
 //! each operation of a request:
 //!
 //! 1. **admit** ([`Op::admit`]): the text is guarded — its kept parsed
-//!    document copied, or parsed and checked (`document/guard.rs`:
-//!    selections, depth, aliases) — the operation it names found (over a
+//!    document and the guard's verdict kept with it (`document/memo.rs`),
+//!    or parsed and checked (`document/guard.rs`: fragment cycles, the
+//!    expanded size) — the operation it names found (over a
 //!    `GET`, only a query: `NOT_A_QUERY`), its required variables present
 //!    (`BAD_USER_INPUT`); a text that fails here never reaches
 //!    async-graphql's own parser and validation;
@@ -27,6 +28,7 @@
 
 use super::finish::finish;
 use crate::cost::schema_types::SchemaTypes;
+use crate::document::cache::admit;
 use crate::document::{guard, root_field};
 use crate::engine::Engine;
 use crate::error::{refused, stopped, OperationError};
@@ -62,7 +64,10 @@ pub(crate) struct Op {
 impl Op {
     /// Steps 1 and 2 for `request`, an operation of `scope` (`prior`: a
     /// refusal found before, such as an unknown persisted query). On
-    /// success the request carries the document async-graphql will run.
+    /// success the request carries the document async-graphql will run (a
+    /// kept document is copied for it then, and only then), and the
+    /// operation's handle the kept entry, whose validations the extension
+    /// answers from.
     pub(crate) fn admit(
         engine: &Engine,
         types: &SchemaTypes,
@@ -77,14 +82,15 @@ impl Op {
         let mut kind = None;
         let mut span_name = None;
         let admitted = prior
-            .and_then(|()| guard::admit(engine.documents(), &request.query, max))
-            .and_then(|(doc, shape)| {
+            .and_then(|()| admit(engine.documents(), &request.query, max))
+            .and_then(|(parsed, shape)| {
+                let doc = parsed.doc();
                 // A subscription selects one root field: one stream.
-                if let Some(refusal) = root_field::check(&doc) {
+                if let Some(refusal) = root_field::check(doc) {
                     return Err(refusal);
                 }
-                let op = guard::operation(&doc, name);
-                span_name = operation_name(&doc, name);
+                let op = guard::operation(doc, name);
+                span_name = operation_name(doc, name);
                 kind = op.map(|op| match op.ty {
                     OperationType::Query => "query",
                     OperationType::Mutation => "mutation",
@@ -104,31 +110,39 @@ impl Op {
                 crate::cost::require_one_slicing_argument(
                     costs,
                     types,
-                    &doc,
+                    doc,
                     &request.variables,
                     name,
                 )?;
                 if let Some(costs) = costs {
                     let variables = &request.variables;
                     requested = Some(crate::cost::estimate(
-                        costs, types, &doc, &shape, variables, name,
+                        costs, types, doc, &shape, variables, name,
                     ));
                 }
-                Ok(doc)
+                Ok(parsed)
             });
         scope.priced(requested.unwrap_or(0));
+        let operation = scope.operation();
+        let mut query = None;
         let refused = match admitted {
-            Ok(doc) => {
-                request.set_parsed_query(doc);
+            Ok(parsed) => {
+                if let Some(kept) = parsed.kept() {
+                    // The kept text, shared: not copied per operation.
+                    query = Some(kept.text.clone());
+                    operation.set_document(kept.clone());
+                }
+                // async-graphql takes the document: the one copy.
+                request.set_parsed_query(parsed.into_owned());
                 None
             }
             Err(refusal) => Some(refusal),
         };
         Op {
-            operation: scope.operation(),
+            operation,
             refused,
             requested,
-            query: request.query.as_str().into(),
+            query: query.unwrap_or_else(|| request.query.as_str().into()),
             name: request.operation_name.clone(),
             span_name,
             kind,
