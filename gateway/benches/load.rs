@@ -88,10 +88,29 @@ const ALLOC_REQUESTS: u64 = 200;
 
 /// Counts heap allocations when `LOAD_ALLOCS=1` (one relaxed increment per
 /// allocation then; otherwise one relaxed load of a flag never written
-/// during the rounds), to report allocations per request.
+/// during the rounds), to report allocations per request. Every side runs
+/// under the same allocator, the gateway binary's: jemalloc with the
+/// `alloc-jemalloc` feature, mimalloc with `alloc-mimalloc`, else the
+/// system's (glibc).
 mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::alloc::{GlobalAlloc, Layout};
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+    #[cfg(all(feature = "alloc-mimalloc", not(feature = "alloc-jemalloc")))]
+    use mimalloc::MiMalloc as Inner;
+    #[cfg(not(any(feature = "alloc-jemalloc", feature = "alloc-mimalloc")))]
+    use std::alloc::System as Inner;
+    #[cfg(feature = "alloc-jemalloc")]
+    use tikv_jemallocator::Jemalloc as Inner;
+
+    /// The allocator every call is forwarded to, for the summary.
+    pub const NAME: &str = if cfg!(feature = "alloc-jemalloc") {
+        "jemalloc"
+    } else if cfg!(feature = "alloc-mimalloc") {
+        "mimalloc"
+    } else {
+        "system (glibc)"
+    };
 
     static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
     static LARGE: AtomicU64 = AtomicU64::new(0);
@@ -124,18 +143,22 @@ mod counting {
 
     struct Counting;
 
-    // SAFETY: every call is forwarded unchanged to the system allocator.
+    // SAFETY: every call is forwarded unchanged to the inner allocator.
     unsafe impl GlobalAlloc for Counting {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
             counted(layout.size());
-            unsafe { System.alloc(layout) }
+            unsafe { Inner.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            counted(layout.size());
+            unsafe { Inner.alloc_zeroed(layout) }
         }
         unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-            unsafe { System.dealloc(ptr, layout) }
+            unsafe { Inner.dealloc(ptr, layout) }
         }
         unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
             counted(new_size);
-            unsafe { System.realloc(ptr, layout, new_size) }
+            unsafe { Inner.realloc(ptr, layout, new_size) }
         }
     }
 
@@ -495,6 +518,7 @@ async fn main() {
     println!("## load summary");
     println!();
     println!("machine: {}", machine());
+    println!("allocator: {}", counting::NAME);
     println!(
         "query: 5 upstream reads per request (measured: {reads:?}); Prometheus recorder installed: {recorder}"
     );
@@ -622,6 +646,43 @@ async fn main() {
             dropped("export_failed")
         );
     }
+    // One machine-readable line for benches/judge.sh: each figure as
+    // `name=value`, medians of the run (`.rps` requests/s, `.cpu` µs of CPU
+    // per request) and paired ratios (`a/b.rps`, `a/b.cpu`), sides not run
+    // left out.
+    let mut judge: Vec<String> = Vec::new();
+    let ran = |i: usize| !sides[i].rps.is_empty();
+    let stock = sides.iter().position(|s| s.name == STOCK_SIDE);
+    for (key, at) in [("on", Some(0)), ("stock", stock), ("off", Some(k - 1))] {
+        if let Some(i) = at.filter(|&i| ran(i)) {
+            let (rps, cpu) = (
+                median(&mut sides[i].rps.clone()),
+                median(&mut sides[i].cpu_us.clone()),
+            );
+            judge.push(format!("{key}.rps={rps:.1} {key}.cpu={cpu:.1}"));
+        }
+    }
+    let mut pairs = vec![("on/stock", 0, stock), ("on/off", 0, Some(k - 1))];
+    for (key, side) in [
+        ("telemetry1.0/on", TELEMETRY_SIDE),
+        ("telemetry0.1/on", TELEMETRY_TENTH_SIDE),
+    ] {
+        pairs.push((
+            key,
+            sides.iter().position(|s| s.name == side).unwrap_or(0),
+            Some(0),
+        ));
+    }
+    for (key, a, b) in pairs {
+        if let Some(b) = b.filter(|&b| a != b && ran(a) && ran(b)) {
+            let (r, c) = (
+                paired(&sides[a].rps, &sides[b].rps),
+                paired(&sides[a].cpu_us, &sides[b].cpu_us),
+            );
+            judge.push(format!("{key}.rps={r:.4} {key}.cpu={c:.4}"));
+        }
+    }
+    println!("judge: {}", judge.join(" "));
     for task in servers {
         task.abort();
     }

@@ -7,6 +7,16 @@ use fanout_gateway::{app, embedded::EmbeddedRegistry};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
+/// The process's allocator: jemalloc with the `alloc-jemalloc` feature,
+/// mimalloc with `alloc-mimalloc` (jemalloc if both), else the system's.
+/// The load bench runs under the same one (BENCHMARKS.md § 4).
+#[cfg(feature = "alloc-jemalloc")]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(all(feature = "alloc-mimalloc", not(feature = "alloc-jemalloc")))]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The registry gateway: GraphQL over an OCI registry, with fan-out budgets.
 #[derive(Parser)]
 #[command(version, about)]

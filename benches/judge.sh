@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# The judge: two builds of the load bench, run interleaved and paired.
+#
+#   benches/judge.sh [-n PAIRS] [-a 'CARGO FLAGS'] [-b 'CARGO FLAGS'] [-o DIR]
+#                    [-t DIR] [--separate-targets] A B [-- BENCH ARGS]
+#
+# A and B are commits (anything `git rev-parse` takes; the same commit twice
+# with different flags compares features, e.g. allocators). Each is exported
+# with `git archive` into a directory under /tmp and its load bench built
+# once, in the bench profile (`cargo bench -p fanout-gateway --bench load
+# --no-run`, plus that side's cargo flags: -a for A, -b for B, e.g.
+# -b '--features alloc-mimalloc' or -a '--no-default-features --features otel').
+# Both builds share one CARGO_TARGET_DIR under /tmp, so the dependencies both
+# commits use are compiled once (--separate-targets: one per side); each
+# executable is copied out and every build directory deleted before the
+# first run, the rest on exit. -t DIR builds in DIR instead and keeps it:
+# judging the same commits again then compiles nothing (delete DIR after).
+#
+# Then PAIRS pairs (default 5) of runs, the order turning about so drift
+# hits both alike: A B, B A, A B, … Each run prints a `judge:` line (the
+# load bench's summary: `on.rps`, `on.cpu` — engine on's requests/s and µs
+# of CPU per request, medians of its rounds —, the same for `stock` and
+# `off`, and the paired ratios `on/stock.rps`, `on/stock.cpu`, `on/off.*`,
+# `telemetry1.0/on.*`, …; a commit from before that line: the summary's
+# `on/off.*` and `on/stock.*` ratios). Per pair, each figure's B / A; printed per figure:
+# the median over pairs, its spread (min, quartiles, max), how many pairs
+# had B above A, and each side's median figure.
+#
+# The bench's environment passes through; unset, LOAD_ONLY=stock (engine
+# on, stock protections, engine off) and LOAD_ROUNDS=3 (LOAD_SECS stays 3):
+# a run takes ~40 s, the 5 pairs ~7 minutes, each build ~5–9 minutes on a
+# 2-core machine (the second one less with the shared target).
+# -o DIR keeps every run's output there.
+#
+# Examples:
+#   benches/judge.sh HEAD~1 HEAD
+#   benches/judge.sh -b '--features alloc-jemalloc' HEAD HEAD
+#   LOAD_ROUNDS=5 benches/judge.sh -n 7 -o /tmp/judge-logs 1a83523 HEAD
+set -euo pipefail
+
+pairs=5
+flags_a=""
+flags_b=""
+keep=""
+builds=""
+separate=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -n) pairs="$2"; shift 2 ;;
+    -a) flags_a="$2"; shift 2 ;;
+    -b) flags_b="$2"; shift 2 ;;
+    -o) keep="$2"; shift 2 ;;
+    -t) builds="$2"; shift 2 ;;
+    --separate-targets) separate=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --) break ;;
+    -*) echo "judge: unknown option $1" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+if [ $# -lt 2 ]; then
+  echo "usage: $0 [-n PAIRS] [-a FLAGS] [-b FLAGS] [-o DIR] [-t DIR] [--separate-targets] A B [-- BENCH ARGS]" >&2
+  exit 2
+fi
+commit_a="$1"
+commit_b="$2"
+shift 2
+[ "${1:-}" = "--" ] && shift
+bench_args=("$@")
+
+repo="$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
+rev_a="$(git -C "$repo" rev-parse --verify "$commit_a^{commit}")"
+rev_b="$(git -C "$repo" rev-parse --verify "$commit_b^{commit}")"
+export LOAD_ONLY="${LOAD_ONLY-stock}"
+export LOAD_ROUNDS="${LOAD_ROUNDS-3}"
+export CARGO_INCREMENTAL=0
+
+work="$(mktemp -d /tmp/judge.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+if [ -n "$keep" ]; then mkdir -p "$keep"; fi
+# Where the sources and targets go: $work, deleted, or -t's, kept.
+builds="${builds:-$work}"
+mkdir -p "$builds"
+
+# build SIDE REV FLAGS: the side's load bench, copied to $work/SIDE.bin.
+build() {
+  local side="$1" rev="$2" flags="$3" src="$builds/src-$1" target="$builds/target"
+  if [ "$separate" = 1 ]; then target="$builds/target-$side"; fi
+  # Files keep the commit's times: an unchanged commit is not rebuilt (-t).
+  rm -rf "$src"
+  mkdir -p "$src"
+  git -C "$repo" archive --format=tar "$rev" | tar -x -C "$src"
+  echo "judge: building $side = ${rev:0:7} ${flags:-(default features)} ..." >&2
+  local started=$SECONDS exe
+  # shellcheck disable=SC2086 # the flags are words
+  exe="$(cd "$src" && CARGO_TARGET_DIR="$target" cargo bench -p fanout-gateway --bench load \
+    --no-run $flags --message-format=json-render-diagnostics \
+    | python3 -c 'import json, sys
+for m in map(json.loads, sys.stdin):
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "load" \
+            and m.get("executable"):
+        print(m["executable"])')"
+  [ -n "$exe" ] || { echo "judge: no load bench executable for $side" >&2; exit 1; }
+  cp "$exe" "$work/$side.bin"
+  echo "judge: built $side in $((SECONDS - started)) s" >&2
+  if [ "$builds" = "$work" ]; then
+    rm -rf "$src"
+    if [ "$separate" = 1 ]; then rm -rf "$target"; fi
+  fi
+}
+
+build A "$rev_a" "$flags_a"
+build B "$rev_b" "$flags_b"
+rm -rf "$work/target"
+
+echo "judge: A = ${rev_a:0:7} ${flags_a:-(default features)}"
+echo "judge: B = ${rev_b:0:7} ${flags_b:-(default features)}"
+echo "judge: $pairs pairs, LOAD_ONLY=$LOAD_ONLY LOAD_ROUNDS=$LOAD_ROUNDS LOAD_SECS=${LOAD_SECS:-3}${bench_args[*]:+, args ${bench_args[*]}}, $(date -u '+%Y-%m-%d %H:%M UTC')"
+
+figures="$work/figures"
+: >"$figures"
+for ((i = 1; i <= pairs; i++)); do
+  if ((i % 2)); then order="A B"; else order="B A"; fi
+  for side in $order; do
+    log="$work/run-$i-$side.log"
+    (cd "$work" && "./$side.bin" --bench "${bench_args[@]}") >"$log" 2>&1 \
+      || { echo "judge: pair $i, side $side failed:" >&2; tail -20 "$log" >&2; exit 1; }
+    line="$(grep '^judge:' "$log" | tail -1 || true)"
+    # A commit from before the judge: line: its summary's ratios.
+    [ -n "$line" ] || line="$(sed -nE \
+      -e 's/^ratio engine on \/ engine off: throughput ([0-9.]+)×.*CPU per request ([0-9.]+)×.*/judge: on\/off.rps=\1 on\/off.cpu=\2/p' \
+      -e 's/^engine on \/ stock protections: throughput ([0-9.]+)×.*CPU per request ([0-9.]+)×.*/judge: on\/stock.rps=\1 on\/stock.cpu=\2/p' \
+      "$log" | sed 's/^judge: //' | paste -sd' ' | sed 's/^./judge: &/')"
+    [ -n "$line" ] || { echo "judge: pair $i, side $side printed no judge: line" >&2; exit 1; }
+    echo "$i $side ${line#judge: }" >>"$figures"
+    echo "pair $i $side: ${line#judge: }"
+    if [ -n "$keep" ]; then cp "$log" "$keep/"; fi
+  done
+done
+
+python3 - "$figures" <<'EOF'
+import sys
+from collections import defaultdict
+
+runs = defaultdict(dict)  # (pair, side) -> {figure: value}
+order = []
+for line in open(sys.argv[1]):
+    pair, side, *fields = line.split()
+    for field in fields:
+        key, value = field.split("=", 1)
+        runs[(int(pair), side)][key] = float(value)
+        if key not in order:
+            order.append(key)
+
+def quantile(xs, q):
+    xs = sorted(xs)
+    at = (len(xs) - 1) * q
+    lo = int(at)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (at - lo)
+
+pairs = sorted({p for p, _ in runs})
+print()
+print("B / A per pair, then over the pairs: median [min, q1, q3, max]; B above A in how many pairs; each side's median")
+print()
+print("| figure | B / A median | min | q1 | q3 | max | B > A | A | B |")
+print("|---|---|---|---|---|---|---|---|---|")
+for key in order:
+    both = [p for p in pairs if key in runs[(p, "A")] and key in runs[(p, "B")]]
+    if not both:
+        continue
+    a = [runs[(p, "A")][key] for p in both]
+    b = [runs[(p, "B")][key] for p in both]
+    r = [y / x for x, y in zip(a, b)]
+    above = sum(y > x for x, y in zip(a, b))
+    print(f"| {key} | {quantile(r, .5):.4f} | {min(r):.4f} | {quantile(r, .25):.4f} | "
+          f"{quantile(r, .75):.4f} | {max(r):.4f} | {above}/{len(r)} | "
+          f"{quantile(a, .5):.4g} | {quantile(b, .5):.4g} |")
+EOF
