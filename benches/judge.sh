@@ -34,7 +34,8 @@
 #
 # Examples:
 #   benches/judge.sh HEAD~1 HEAD
-#   benches/judge.sh -b '--features alloc-jemalloc' HEAD HEAD
+#   benches/judge.sh -b '--features alloc-jemalloc' HEAD HEAD     # mimalloc (the default) → jemalloc
+#   benches/judge.sh -a '--no-default-features --features otel' HEAD HEAD  # glibc → mimalloc
 #   LOAD_ROUNDS=5 benches/judge.sh -n 7 -o /tmp/judge-logs 1a83523 HEAD
 set -euo pipefail
 
@@ -84,7 +85,10 @@ mkdir -p "$builds"
 
 # build SIDE REV FLAGS: the side's load bench, copied to $work/SIDE.bin.
 build() {
-  local side="$1" rev="$2" flags="$3" src="$builds/src-$1" target="$builds/target"
+  # The sources' directory is named by commit and flags: with -t, every
+  # build judged before is still there (one target, no rebuild).
+  local side="$1" rev="$2" flags="$3" target="$builds/target" src
+  src="$builds/src-${rev:0:12}-$(printf '%s' "$flags" | cksum | cut -d' ' -f1)"
   if [ "$separate" = 1 ]; then target="$builds/target-$side"; fi
   # Files keep the commit's times: an unchanged commit is not rebuilt (-t).
   rm -rf "$src"
@@ -94,13 +98,17 @@ build() {
   local started=$SECONDS exe
   # shellcheck disable=SC2086 # the flags are words
   exe="$(cd "$src" && CARGO_TARGET_DIR="$target" cargo bench -p fanout-gateway --bench load \
-    --no-run $flags --message-format=json-render-diagnostics \
+    --no-run $flags --message-format=json-render-diagnostics 2>"$work/build-$side.log" \
     | python3 -c 'import json, sys
 for m in map(json.loads, sys.stdin):
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "load" \
             and m.get("executable"):
-        print(m["executable"])')"
-  [ -n "$exe" ] || { echo "judge: no load bench executable for $side" >&2; exit 1; }
+        print(m["executable"])')" || true
+  [ -n "$exe" ] || {
+    tail -30 "$work/build-$side.log" >&2
+    echo "judge: no load bench executable for $side" >&2
+    exit 1
+  }
   cp "$exe" "$work/$side.bin"
   echo "judge: built $side in $((SECONDS - started)) s" >&2
   if [ "$builds" = "$work" ]; then
