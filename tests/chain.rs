@@ -11,166 +11,14 @@
 mod common;
 
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::Router;
+use common::stand_in::*;
 use common::*;
 use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
-use fanout_testkit::prometheus::value;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
-
-fn recorder() -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().unwrap())
-}
-
-fn counted(name: &str, labels: &[&str]) -> f64 {
-    let page = recorder().render();
-    if labels.is_empty() {
-        // A series without labels: `name value`.
-        let line = page.lines().find(|l| l.starts_with(&format!("{name} ")));
-        return line.map_or(0.0, |l| l.rsplit_once(' ').unwrap().1.parse().unwrap());
-    }
-    value(&page, name, labels).unwrap_or(0.0)
-}
-
-// ---- the stand-in service a caller's reads reach ----
-
-/// What the stand-in reports spent for one request.
-#[derive(Clone, Copy, Debug)]
-enum Report {
-    /// No `Fanout-Spent`.
-    Nothing,
-    /// `reads=n`.
-    Reads(u64),
-    /// All it was granted.
-    Granted,
-}
-
-/// What the stand-in saw, and how it answers.
-#[derive(Default)]
-struct Service {
-    /// Each request's path, `Fanout-Budget` (`None`: without one) and row.
-    seen: Mutex<Vec<(String, Option<String>, usize)>>,
-    /// How row `i` (the request's body) is reported; `Granted` past the end.
-    reports: Mutex<Vec<Report>>,
-    /// Answers wait while set.
-    held: AtomicBool,
-    released: Notify,
-    /// Answers never come.
-    hang: AtomicBool,
-    /// Where `/redirect` sends a request.
-    elsewhere: Mutex<String>,
-}
-
-impl Service {
-    fn budgets(&self) -> Vec<Option<String>> {
-        self.seen
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|s| s.1.clone())
-            .collect()
-    }
-
-    fn arrived(&self) -> usize {
-        self.seen.lock().unwrap().len()
-    }
-
-    fn reset(&self, reports: Vec<Report>) {
-        self.seen.lock().unwrap().clear();
-        *self.reports.lock().unwrap() = reports;
-    }
-
-    fn release(&self) {
-        self.held.store(false, SeqCst);
-        self.released.notify_waiters();
-    }
-}
-
-/// A member of a `Fanout-Budget` value (as this engine writes it).
-fn member(budget: &str, key: &str) -> Option<u64> {
-    budget.split(", ").find_map(|m| {
-        let (k, v) = m.split_once('=')?;
-        (k == key).then(|| v.parse().unwrap())
-    })
-}
-
-async fn answer(
-    State(service): State<Arc<Service>>,
-    uri: axum::http::Uri,
-    headers: HeaderMap,
-    body: String,
-) -> Response {
-    let budget = headers
-        .get("fanout-budget")
-        .map(|v| v.to_str().unwrap().to_string());
-    let path = uri.path().to_string();
-    let row: usize = body.parse().unwrap_or(0);
-    (service.seen.lock().unwrap()).push((path.clone(), budget.clone(), row));
-    if path == "/redirect" {
-        let to = service.elsewhere.lock().unwrap().clone();
-        return (StatusCode::FOUND, [("location", to)]).into_response();
-    }
-    if service.hang.load(SeqCst) {
-        std::future::pending::<()>().await;
-    }
-    loop {
-        let released = service.released.notified();
-        if !service.held.load(SeqCst) {
-            break;
-        }
-        released.await;
-    }
-    let report = (service.reports.lock().unwrap().get(row).copied()).unwrap_or(Report::Granted);
-    let granted = budget.as_deref().and_then(|b| member(b, "reads"));
-    let spent = match report {
-        Report::Nothing => None,
-        Report::Reads(n) => Some(n),
-        Report::Granted => granted,
-    };
-    let mut answer = format!("row {row}").into_response();
-    if let Some(spent) = spent {
-        let value = format!("reads={spent}").parse().unwrap();
-        answer.headers_mut().insert("fanout-spent", value);
-    }
-    answer
-}
-
-/// A stand-in service on a loopback port, stopped when dropped.
-struct Running {
-    service: Arc<Service>,
-    host: String,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn stand_in() -> Running {
-    let service = Arc::new(Service::default());
-    let app = Router::new().fallback(answer).with_state(service.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let host = listener.local_addr().unwrap().to_string();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    Running {
-        service,
-        host,
-        task,
-    }
-}
 
 // ---- the caller: an engine whose resolver calls the stand-in ----
 
@@ -304,6 +152,8 @@ async fn a_host_not_marked_and_a_redirect_off_a_marked_host_receive_nothing() {
     assert_eq!(other.service.budgets(), [None]);
     // Marked, redirecting to a host that is not.
     other.service.reset(Vec::new());
+    // The 302 reports nothing spent, so its grant comes back for the hop.
+    marked_service.service.reports(Report::Nothing);
     let app = marked(&marked_service.host, 20);
     let body = call(&app, 1, "/redirect").await;
     assert_eq!(body["data"]["call"][0], "row 0", "{body}");
@@ -380,11 +230,11 @@ async fn together(running: &Running, max_reads: u64, n: u64, reports: Vec<Report
     service.release();
     let body = asked.await.unwrap();
     // What was charged: every read sent, and what each reported of its grant.
-    let reports = service.reports.lock().unwrap().clone();
+    let reports = service.rows.lock().unwrap().clone();
     let charged: u64 = (service.seen.lock().unwrap().iter())
-        .map(|(_, budget, row)| {
-            let granted = member(budget.as_deref().unwrap(), "reads").unwrap();
-            let Report::Reads(spent) = reports[*row] else {
+        .map(|seen| {
+            let granted = member(seen.budget.as_deref().unwrap(), "reads").unwrap();
+            let Report::Reads(spent) = reports[seen.row] else {
                 unreachable!("every row reports a number")
             };
             1 + spent.min(granted)

@@ -13,175 +13,23 @@
 //! reports what it is told to. Its own test binary: the Prometheus recorder
 //! is process-wide.
 
+mod common;
+
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
-use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::Router;
+use common::stand_in::*;
 use fanout_budget::read::Transport;
 use fanout_budget::{
     Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, FanoutLayer, Read, ReadError,
     UpstreamResponse,
 };
-use fanout_testkit::prometheus::value;
 use futures::future::BoxFuture;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::{json, Value};
 use std::future::IntoFuture;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
-
-fn recorder() -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| PrometheusBuilder::new().install_recorder().unwrap())
-}
-
-fn counted(name: &str, labels: &[&str]) -> f64 {
-    let page = recorder().render();
-    if labels.is_empty() {
-        let line = page.lines().find(|l| l.starts_with(&format!("{name} ")));
-        return line.map_or(0.0, |l| l.rsplit_once(' ').unwrap().1.parse().unwrap());
-    }
-    value(&page, name, labels).unwrap_or(0.0)
-}
-
-// ---- the stand-in service a caller's reads reach ----
-
-/// What the stand-in reports spent for one request.
-#[derive(Clone, Debug)]
-enum Report {
-    /// No `Fanout-Spent`.
-    Nothing,
-    /// `reads=n`.
-    Reads(u64),
-    /// All it was granted.
-    Granted,
-    /// This exact header value.
-    Raw(&'static str),
-}
-
-/// What the stand-in saw, and how it answers.
-#[derive(Default)]
-struct Service {
-    /// Each request's method, path, `Fanout-Budget` (`None`: without one).
-    seen: Mutex<Vec<(String, String, Option<String>)>>,
-    /// How every answer is reported (`Granted` when unset).
-    report: Mutex<Option<Report>>,
-    /// Answers wait while set.
-    held: AtomicBool,
-    released: Notify,
-    /// Where `/redirect` sends a request.
-    elsewhere: Mutex<String>,
-}
-
-impl Service {
-    fn budgets(&self) -> Vec<Option<String>> {
-        (self.seen.lock().unwrap().iter())
-            .map(|s| s.2.clone())
-            .collect()
-    }
-
-    fn arrived(&self) -> usize {
-        self.seen.lock().unwrap().len()
-    }
-
-    fn reports(&self, report: Report) {
-        *self.report.lock().unwrap() = Some(report);
-    }
-
-    fn release(&self) {
-        self.held.store(false, SeqCst);
-        self.released.notify_waiters();
-    }
-}
-
-/// A member of a `Fanout-Budget` value (as this engine writes it).
-fn member(budget: &str, key: &str) -> Option<u64> {
-    budget.split(", ").find_map(|m| {
-        let (k, v) = m.split_once('=')?;
-        (k == key).then(|| v.parse().unwrap())
-    })
-}
-
-async fn answer(
-    State(service): State<Arc<Service>>,
-    method: http::Method,
-    uri: axum::http::Uri,
-    headers: HeaderMap,
-) -> Response {
-    let budget = headers
-        .get("fanout-budget")
-        .map(|v| v.to_str().unwrap().to_string());
-    let path = uri.path().to_string();
-    (service.seen.lock().unwrap()).push((method.to_string(), path.clone(), budget.clone()));
-    loop {
-        let released = service.released.notified();
-        if !service.held.load(SeqCst) {
-            break;
-        }
-        released.await;
-    }
-    let report = service.report.lock().unwrap().clone();
-    let granted = budget.as_deref().and_then(|b| member(b, "reads"));
-    let spent = match report.unwrap_or(Report::Granted) {
-        Report::Nothing => None,
-        Report::Reads(n) => Some(n.to_string()),
-        Report::Granted => granted.map(|g| g.to_string()),
-        Report::Raw(raw) => {
-            let mut answer = "raw".into_response();
-            answer
-                .headers_mut()
-                .insert("fanout-spent", raw.parse().unwrap());
-            return answer;
-        }
-    };
-    let mut answer = if path == "/redirect" {
-        let to = service.elsewhere.lock().unwrap().clone();
-        (StatusCode::FOUND, [("location", to)]).into_response()
-    } else if path == "/auth" {
-        let challenge = [("www-authenticate", "Basic realm=\"svc\"")];
-        (StatusCode::UNAUTHORIZED, challenge, "no").into_response()
-    } else if path == "/cached" {
-        ([("cache-control", "public, max-age=600")], "cached").into_response()
-    } else {
-        "ok".into_response()
-    };
-    if let Some(spent) = spent {
-        let value = format!("reads={spent}").parse().unwrap();
-        answer.headers_mut().insert("fanout-spent", value);
-    }
-    answer
-}
-
-/// A stand-in service on a loopback port, stopped when dropped.
-struct Running {
-    service: Arc<Service>,
-    host: String,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn stand_in() -> Running {
-    let service = Arc::new(Service::default());
-    let app = Router::new().fallback(answer).with_state(service.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let host = listener.local_addr().unwrap().to_string();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    Running {
-        service,
-        host,
-        task,
-    }
-}
 
 // ---- the caller: an engine whose resolvers call stand-ins ----
 
@@ -381,7 +229,7 @@ async fn a_propagate_upstreams_grant_is_cut_to_its_share_and_the_others_go_on() 
     // registry's read after it should go on.
     assert_eq!(
         outcomes[1],
-        "ok",
+        "row 0",
         "search (share 2) was granted {grant:?} reads and spent them; the \
          registry's read after it: {outcomes} (used {})",
         used(&body)
@@ -687,7 +535,7 @@ async fn hops_near_the_largest_integer() {
     let body = query(&app, "{ call(n: 1) }", &[("fanout-budget", "hops=8")])
         .await
         .json();
-    assert_eq!(body["data"]["call"][0], "ok", "{body}");
+    assert_eq!(body["data"]["call"][0], "row 0", "{body}");
     let sent = running.service.budgets()[0].clone().unwrap();
     assert_eq!(member(&sent, "hops"), Some(9), "{sent}");
 }
@@ -761,7 +609,7 @@ async fn dedup_and_a_redirect_between_marked_hosts() {
     let body = query(&app, "{ get(path: \"/redirect\") }", &[])
         .await
         .json();
-    assert_eq!(body["data"]["get"][0], "ok", "{body}");
+    assert_eq!(body["data"]["get"][0], "row 0", "{body}");
     assert_eq!(grants(&a.service), [Some(19)]);
     // The 3xx kept 4 of its 19; 20 - 2 reads - 4 = 14 left for the hop.
     assert_eq!(grants(&b.service), [Some(14)]);
@@ -1058,7 +906,7 @@ async fn a_redirect_to_an_unmarked_host_is_charged_only_the_marked_hops_report()
     let body = query(&app, "{ get(path: \"/redirect\") }", &[])
         .await
         .json();
-    assert_eq!(body["data"]["get"][0], "ok", "{body}");
+    assert_eq!(body["data"]["get"][0], "row 0", "{body}");
     assert_eq!(c.service.budgets(), [None]);
     // Two reads sent, the 3xx's 3 of its grant; the third party's 7 ignored.
     assert_eq!(used(&body), 5, "{body}");

@@ -2,6 +2,8 @@
 //! counting loopback upstream through the engine, as a user's would.
 #![allow(dead_code, unused_imports)] // each test uses a part
 
+pub mod stand_in;
+
 use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema, SimpleObject};
 use axum::http::StatusCode;
 use axum::Router;
