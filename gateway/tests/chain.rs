@@ -14,10 +14,12 @@
 
 #[path = "../../examples/chain.rs"]
 mod example;
+#[path = "common/hops.rs"]
+mod hops;
 
-use axum::Router;
-use fanout_budget::{Config, Engine};
+use fanout_budget::Engine;
 use fanout_gateway::embedded::{EmbeddedRegistry, Fault};
+use hops::{bind, counted, member, nest, roomy, Seen, Server, TEN_MANIFESTS};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -26,80 +28,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-// ---- the services ----
-
-/// A listener on a free loopback port, and its GraphQL URL.
-async fn bind() -> (TcpListener, reqwest::Url) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/graphql", listener.local_addr().unwrap());
-    (listener, url.parse().unwrap())
-}
-
-/// A service being served; stopped when dropped.
-struct Server(JoinHandle<()>);
-
-impl Server {
-    fn start(listener: TcpListener, router: Router, config: &Config) -> Self {
-        let serve = fanout_budget::inbound::serve(listener, router, config);
-        Self(tokio::spawn(async move {
-            let _ = serve.await;
-        }))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// The requests a service received, each with its `Fanout-Budget` (`None`:
-/// without one), in the order they arrived.
-#[derive(Default)]
-struct Seen(Mutex<Vec<Option<String>>>);
-
-impl Seen {
-    fn count(&self) -> u64 {
-        self.0.lock().unwrap().len() as u64
-    }
-
-    fn budgets(&self) -> Vec<Option<String>> {
-        self.0.lock().unwrap().clone()
-    }
-
-    /// Member `key` of every request's header, sorted (a request without
-    /// the header, or without the member, is a failure).
-    fn members(&self, key: &str) -> Vec<u64> {
-        let mut all: Vec<u64> = (self.budgets().iter())
-            .map(|b| member(b.as_deref().expect("a Fanout-Budget"), key).expect(key))
-            .collect();
-        all.sort_unstable();
-        all
-    }
-}
-
-/// `router`, with every request it receives recorded.
-fn counted(router: Router) -> (Router, Arc<Seen>) {
-    let seen = Arc::new(Seen::default());
-    let record = seen.clone();
-    let layer = tower::util::MapRequestLayer::new(move |request: axum::extract::Request| {
-        let budget =
-            (request.headers().get("fanout-budget")).map(|v| v.to_str().unwrap().to_string());
-        record.0.lock().unwrap().push(budget);
-        request
-    });
-    (router.layer(layer), seen)
-}
-
-/// Member `key` of a `Fanout-Budget` value as the engine writes it
-/// (`reads=G, deadline-ms=D, hops=H`).
-fn member(budget: &str, key: &str) -> Option<u64> {
-    budget.split(", ").find_map(|m| {
-        let (k, v) = m.split_once('=')?;
-        (k == key).then(|| v.parse().unwrap())
-    })
-}
 
 // ---- the taps ----
 
@@ -257,15 +185,6 @@ async fn relay(client: TcpStream, target: SocketAddr, record: impl Fn(&dyn Fn(&m
 
 // ---- the chain ----
 
-/// The gateway's limits, and B's: generous, so that only what the edge
-/// sends down the chain bounds them.
-fn roomy(config: &mut Config) {
-    config.budget.max_reads = 100;
-    config.budget.deadline_ms = 60_000;
-    config.budget.read_timeout_ms = 60_000;
-    config.http.max_connections_per_client = 1_000;
-}
-
 /// A → B → tap → gateway → tap → registry, all running.
 struct Chain {
     a: reqwest::Url,
@@ -289,39 +208,24 @@ impl Chain {
         let registry = EmbeddedRegistry::fixture().await.unwrap();
         let to_registry = Tap::start(registry.host().parse().unwrap()).await;
 
-        let (listener, gateway_url) = bind().await;
-        let mut config = Config::default();
-        roomy(&mut config);
-        let gateway =
-            fanout_gateway::app::build(config.clone(), to_registry.url().parse().unwrap(), None);
-        let (router, gateway_seen) = counted(gateway.router);
-        let gateway = Server::start(listener, router, &config);
-        let to_gateway = Tap::start(gateway_url.socket_addrs(|| None).unwrap()[0]).await;
-
-        let (listener, b_url) = bind().await;
+        let gateway = hops::gateway(to_registry.url().parse().unwrap()).await;
+        let to_gateway = Tap::start(gateway.url.socket_addrs(|| None).unwrap()[0]).await;
         let next: reqwest::Url = format!("{}/graphql", to_gateway.url()).parse().unwrap();
-        let mut config = example::config(&next);
-        roomy(&mut config);
-        config.upstreams.get_mut("next").unwrap().propagate = propagate;
-        let (router, b_seen) = counted(example::app(Engine::new(config.clone()), next));
-        let b = Server::start(listener, router, &config);
-
-        let (listener, a) = bind().await;
-        let mut config = example::config(&b_url);
-        config.budget.max_reads = 10;
-        config.budget.deadline_ms = a_deadline_ms;
-        config.upstreams.get_mut("next").unwrap().propagate = propagate;
-        let router = example::app(Engine::new(config.clone()), b_url.clone());
-        let a_server = Server::start(listener, router, &config);
+        let b = hops::service(next, propagate, roomy).await;
+        let a = hops::service(b.url.clone(), propagate, |config| {
+            config.budget.max_reads = 10;
+            config.budget.deadline_ms = a_deadline_ms;
+        })
+        .await;
         Self {
-            a,
-            b: b_url,
-            b_seen,
-            gateway_seen,
+            a: a.url,
+            b: b.url,
+            b_seen: b.seen,
+            gateway_seen: gateway.seen,
             to_gateway,
             to_registry,
             registry,
-            _servers: [a_server, b, gateway],
+            _servers: [a.server, b.server, gateway.server],
         }
     }
 
@@ -348,16 +252,6 @@ async fn ask(url: &reqwest::Url, query: &str) -> Value {
     answer.json().await.unwrap()
 }
 
-/// `leaf` asked through one `fan` per width, the outermost first:
-/// `nest(&[10, 10], leaf)` is A's query whose every row asks B for
-/// `{ fan(width: 10, query: leaf) { answer } }`.
-fn nest(widths: &[u32], leaf: &str) -> String {
-    widths.iter().rev().fold(leaf.to_string(), |inner, width| {
-        let inner = serde_json::to_string(&inner).unwrap(); // a GraphQL string too
-        format!("{{ fan(width: {width}, query: {inner}) {{ answer }} }}")
-    })
-}
-
 /// Row `i` of a service's `fan`: the next service's answer, or null.
 fn row(answer: &Value, i: usize) -> &Value {
     &answer["data"]["fan"][i]["answer"]
@@ -367,10 +261,6 @@ fn row(answer: &Value, i: usize) -> &Value {
 fn used(answer: &Value) -> u64 {
     answer["extensions"]["fanout"]["used"].as_u64().unwrap()
 }
-
-/// Ten manifests after their tag list: 11 registry reads at the gateway.
-const TEN_MANIFESTS: &str =
-    r#"{ repository(name: "acme/app") { tags(first: 10) { nodes { manifest { digest } } } } }"#;
 
 // ---- the tests ----
 

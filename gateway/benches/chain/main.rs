@@ -20,6 +20,8 @@ mod example;
 
 #[path = "../common/mod.rs"]
 mod common;
+#[path = "../../tests/common/hops.rs"]
+mod hops;
 
 mod header;
 mod reads;

@@ -12,78 +12,23 @@
 //! B, and each gateway request reads ten manifests after their tag list (11
 //! registry reads when its budget allows).
 
-use crate::example;
-use axum::Router;
-use fanout_budget::{Config, Engine};
+use crate::hops::{self, nest, roomy, Seen, Server, INNER_BUDGET, TEN_MANIFESTS};
 use fanout_gateway::embedded::EmbeddedRegistry;
 use fanout_testkit::median;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 
-/// The edge's budget (A), and B's and the gateway's.
+/// The edge's budget (A).
 const EDGE_BUDGET: u64 = 10;
-const INNER_BUDGET: u64 = 100;
-
-/// Ten manifests after their tag list: 11 registry reads at the gateway.
-const TEN_MANIFESTS: &str =
-    r#"{ repository(name: "acme/app") { tags(first: 10) { nodes { manifest { digest } } } } }"#;
-
-/// A service being served; stopped when dropped.
-struct Server(JoinHandle<()>);
-
-impl Server {
-    fn start(listener: TcpListener, router: Router, config: &Config) -> Self {
-        let serve = fanout_budget::inbound::serve(listener, router, config);
-        Self(tokio::spawn(async move {
-            let _ = serve.await;
-        }))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// A listener on a free loopback port, and its GraphQL URL.
-async fn bind() -> (TcpListener, reqwest::Url) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let url = format!("http://{}/graphql", listener.local_addr().expect("bound"));
-    (listener, url.parse().expect("a URL"))
-}
-
-/// `router`, with the requests it receives counted.
-fn counted(router: Router) -> (Router, Arc<AtomicU64>) {
-    let seen = Arc::new(AtomicU64::new(0));
-    let count = seen.clone();
-    let layer = tower::util::MapRequestLayer::new(move |request: axum::extract::Request| {
-        count.fetch_add(1, Relaxed);
-        request
-    });
-    (router.layer(layer), seen)
-}
-
-/// B's and the gateway's limits: only what the edge sends down bounds them.
-fn roomy(config: &mut Config) {
-    config.budget.max_reads = INNER_BUDGET;
-    config.budget.deadline_ms = 60_000;
-    config.budget.read_timeout_ms = 60_000;
-    config.http.max_connections_per_client = 1_000;
-    config.rate_limit.requests_per_minute = u32::MAX;
-}
 
 /// A → B → gateway → registry, all running; stopped when dropped.
 struct Chain {
     a: reqwest::Url,
     /// Requests B received (A's reads).
-    b_seen: Arc<AtomicU64>,
+    b_seen: Arc<Seen>,
     /// Requests the gateway received (B's reads).
-    gateway_seen: Arc<AtomicU64>,
+    gateway_seen: Arc<Seen>,
     registry: EmbeddedRegistry,
     _servers: [Server; 3],
 }
@@ -91,44 +36,29 @@ struct Chain {
 impl Chain {
     async fn start(propagate: bool) -> Self {
         let registry = EmbeddedRegistry::fixture().await.expect("the registry");
-        let (listener, gateway_url) = bind().await;
-        let mut config = Config::default();
-        roomy(&mut config);
-        let upstream = registry.url().parse().expect("a URL");
-        let gateway = fanout_gateway::app::build(config.clone(), upstream, None);
-        let (router, gateway_seen) = counted(gateway.router);
-        let gateway = Server::start(listener, router, &config);
-
-        let (listener, b_url) = bind().await;
-        let mut config = example::config(&gateway_url);
-        roomy(&mut config);
-        config.upstreams.get_mut("next").expect("next").propagate = propagate;
-        let (router, b_seen) = counted(example::app(Engine::new(config.clone()), gateway_url));
-        let b = Server::start(listener, router, &config);
-
-        let (listener, a) = bind().await;
-        let mut config = example::config(&b_url);
-        config.budget.max_reads = EDGE_BUDGET;
-        config.budget.deadline_ms = 30_000;
-        config.budget.read_timeout_ms = 30_000;
-        config.rate_limit.requests_per_minute = u32::MAX;
-        config.upstreams.get_mut("next").expect("next").propagate = propagate;
-        let router = example::app(Engine::new(config.clone()), b_url);
-        let a_server = Server::start(listener, router, &config);
+        let gateway = hops::gateway(registry.url().parse().expect("a URL")).await;
+        let b = hops::service(gateway.url.clone(), propagate, roomy).await;
+        let a = hops::service(b.url.clone(), propagate, |config| {
+            config.budget.max_reads = EDGE_BUDGET;
+            config.budget.deadline_ms = 30_000;
+            config.budget.read_timeout_ms = 30_000;
+            config.rate_limit.requests_per_minute = u32::MAX;
+        })
+        .await;
         Self {
-            a,
-            b_seen,
-            gateway_seen,
+            a: a.url,
+            b_seen: b.seen,
+            gateway_seen: gateway.seen,
             registry,
-            _servers: [a_server, b, gateway],
+            _servers: [a.server, b.server, gateway.server],
         }
     }
 
     /// One edge request: what each hop received for it, and A's answer.
     async fn edge_request(&self, client: &reqwest::Client, query: &str) -> Sample {
         self.registry.counters().reset();
-        self.b_seen.store(0, Relaxed);
-        self.gateway_seen.store(0, Relaxed);
+        self.b_seen.clear();
+        self.gateway_seen.clear();
         let started = Instant::now();
         let answer = client
             .post(self.a.clone())
@@ -140,8 +70,8 @@ impl Chain {
         let answer: Value = answer.json().await.expect("a JSON answer");
         let wall = started.elapsed();
         Sample {
-            b: self.b_seen.load(Relaxed),
-            gateway: self.gateway_seen.load(Relaxed),
+            b: self.b_seen.count(),
+            gateway: self.gateway_seen.count(),
             registry: self.registry.counters().requests(),
             used: answer["extensions"]["fanout"]["used"]
                 .as_u64()
@@ -161,15 +91,6 @@ struct Sample {
     /// Errors at the edge (rows refused there).
     errors: usize,
     wall: Duration,
-}
-
-/// `leaf` asked through one `fan` per width, the outermost first (see
-/// `gateway/tests/chain.rs`).
-fn nest(widths: &[u32], leaf: &str) -> String {
-    widths.iter().rev().fold(leaf.to_string(), |inner, width| {
-        let inner = serde_json::to_string(&inner).expect("a string");
-        format!("{{ fan(width: {width}, query: {inner}) {{ answer }} }}")
-    })
 }
 
 /// The mean of `f` over `samples`, and its range when it moved.
