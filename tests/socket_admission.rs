@@ -28,11 +28,24 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 const FLOWS_WITHIN: Duration = Duration::from_secs(10);
 
 /// A shared limiter whose first `free` checks answer at once; each later
-/// one reports that it waits and waits for a permit of `gate`.
+/// one reports that it waits and waits for a permit of `gate`, and reports
+/// when it is dropped before it answered.
 struct Gated {
     free: AtomicUsize,
     waiting: mpsc::UnboundedSender<()>,
+    dropped: mpsc::UnboundedSender<()>,
     gate: Arc<Semaphore>,
+}
+
+/// Reports its drop unless disarmed.
+struct OnDrop(Option<mpsc::UnboundedSender<()>>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(dropped) = self.0.take() {
+            let _ = dropped.send(());
+        }
+    }
 }
 
 impl InboundLimiter for Gated {
@@ -40,8 +53,10 @@ impl InboundLimiter for Gated {
         Box::pin(async move {
             let free = self.free.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
             if free.is_err() {
+                let mut unanswered = OnDrop(Some(self.dropped.clone()));
                 let _ = self.waiting.send(());
                 self.gate.acquire().await.expect("open").forget();
+                unanswered.0 = None;
             }
             Ok(Decision::Allow {
                 remaining: 100,
@@ -94,24 +109,45 @@ async fn flows(socket: &mut Socket, what: &str) -> Value {
     }
 }
 
-#[tokio::test]
-async fn a_slow_admission_check_stalls_neither_pongs_nor_other_subscriptions() {
+/// A server whose per-IP limit is [`Gated`] (the upgrade and the first
+/// `free - 1` subscribes pass at once), and a socket on it, initialised.
+struct Fixture {
+    socket: Socket,
+    /// A word each time a check waits at the gate.
+    waiting: mpsc::UnboundedReceiver<()>,
+    /// A word each time a waiting check is dropped unanswered.
+    dropped: mpsc::UnboundedReceiver<()>,
+    gate: Arc<Semaphore>,
+    ticks: broadcast::Sender<u64>,
+    /// A word each time a subscription listens to the ticks.
+    listening: mpsc::UnboundedReceiver<()>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn fixture(free: usize) -> Fixture {
     let config = Config::default();
     let engine = Engine::new(config.clone());
-    let (waiting_tx, mut waiting) = mpsc::unbounded_channel();
+    let (waiting_tx, waiting) = mpsc::unbounded_channel();
+    let (dropped_tx, dropped) = mpsc::unbounded_channel();
     let gate = Arc::new(Semaphore::new(0));
-    // The upgrade and the first subscribe pass at once.
     let limiter = Gated {
-        free: AtomicUsize::new(2),
+        free: AtomicUsize::new(free),
         waiting: waiting_tx,
+        dropped: dropped_tx,
         gate: gate.clone(),
     };
-    let (sender, _) = broadcast::channel(16);
-    let (listening_tx, mut listening) = mpsc::unbounded_channel();
+    let (ticks, _) = broadcast::channel(16);
+    let (listening_tx, listening) = mpsc::unbounded_channel();
     let schema = Schema::build(Query, EmptyMutation, Ticking)
         .extension(FanoutExtension::new(&engine))
         .data(Ticks {
-            sender: sender.clone(),
+            sender: ticks.clone(),
             listening: listening_tx,
         })
         .finish();
@@ -126,7 +162,6 @@ async fn a_slow_admission_check_stalls_neither_pongs_nor_other_subscriptions() {
     let server = tokio::spawn(async move {
         let _ = serving.await;
     });
-
     let mut request = format!("ws://{address}/graphql")
         .into_client_request()
         .unwrap();
@@ -136,21 +171,44 @@ async fn a_slow_admission_check_stalls_neither_pongs_nor_other_subscriptions() {
     );
     let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
     init(&mut socket, json!({})).await;
+    Fixture {
+        socket,
+        waiting,
+        dropped,
+        gate,
+        ticks,
+        listening,
+        server,
+    }
+}
 
-    subscribe(&mut socket, "a", "subscription { ticks }").await;
+#[tokio::test]
+async fn a_slow_admission_check_stalls_neither_pongs_nor_other_subscriptions() {
+    // The upgrade and the first subscribe pass at once.
+    let mut f = fixture(2).await;
+    let Fixture {
+        socket,
+        waiting,
+        gate,
+        ticks: sender,
+        listening,
+        ..
+    } = &mut f;
+    let socket = &mut *socket;
+    subscribe(socket, "a", "subscription { ticks }").await;
     listening.recv().await.expect("a listens");
 
     // b's check waits at the gate.
-    subscribe(&mut socket, "b", "subscription { ticks }").await;
+    subscribe(socket, "b", "subscription { ticks }").await;
     waiting.recv().await.expect("b's check waits");
 
     // Meanwhile the socket answers a ping …
-    send(&mut socket, json!({ "type": "ping" })).await;
-    let pong = flows(&mut socket, "a pong").await;
+    send(socket, json!({ "type": "ping" })).await;
+    let pong = flows(socket, "a pong").await;
     assert_eq!(pong, json!({ "type": "pong" }));
     // … and writes a's events.
     sender.send(1).unwrap();
-    let event = flows(&mut socket, "a's event").await;
+    let event = flows(socket, "a's event").await;
     assert_eq!(event["type"], "next", "{event}");
     assert_eq!(event["id"], "a", "{event}");
     assert_eq!(event["payload"]["data"]["ticks"], 1, "{event}");
@@ -161,12 +219,35 @@ async fn a_slow_admission_check_stalls_neither_pongs_nor_other_subscriptions() {
     sender.send(2).unwrap();
     let mut ids = Vec::new();
     for _ in 0..2 {
-        let event = flows(&mut socket, "the second tick").await;
+        let event = flows(socket, "the second tick").await;
         assert_eq!(event["type"], "next", "{event}");
         assert_eq!(event["payload"]["data"]["ticks"], 2, "{event}");
         ids.push(event["id"].as_str().unwrap().to_owned());
     }
     ids.sort();
     assert_eq!(ids, ["a", "b"]);
-    server.abort();
+}
+
+#[tokio::test]
+async fn a_subscribe_stopped_while_its_check_waits_is_dropped_with_its_check_and_its_id_freed() {
+    // The upgrade passes at once.
+    let mut f = fixture(1).await;
+    subscribe(&mut f.socket, "b", "subscription { ticks }").await;
+    f.waiting.recv().await.expect("b's check waits");
+    send(&mut f.socket, json!({ "type": "complete", "id": "b" })).await;
+    let dropped = tokio::time::timeout(FLOWS_WITHIN, f.dropped.recv()).await;
+    assert!(
+        matches!(dropped, Ok(Some(()))),
+        "the stopped subscribe's check goes with it"
+    );
+    // Its id is free: b again, its check let through, runs.
+    f.gate.add_permits(1);
+    subscribe(&mut f.socket, "b", "subscription { ticks }").await;
+    f.waiting.recv().await.expect("b's new check");
+    f.listening.recv().await.expect("b listens");
+    f.ticks.send(7).unwrap();
+    let event = flows(&mut f.socket, "b's event").await;
+    assert_eq!(event["type"], "next", "{event}");
+    assert_eq!(event["id"], "b", "{event}");
+    assert_eq!(event["payload"]["data"]["ticks"], 7, "{event}");
 }
