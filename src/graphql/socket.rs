@@ -64,6 +64,7 @@ mod outbox;
 mod poll;
 mod service;
 mod standing;
+mod subscriptions;
 mod upgrade;
 
 pub use connection::FanoutConnection;

@@ -13,6 +13,7 @@ use super::connection::FanoutConnection;
 use super::machine::{Action, EventFrame, Keepalive, Machine, Refusal};
 use super::outbox::Outbox;
 use super::standing::Standing;
+use super::subscriptions::{Ready, Subscriptions, SUBSCRIPTION_WEIGHT};
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError, Rejection, SocketClose};
 use crate::inbound::identity::Caller;
@@ -22,10 +23,9 @@ use crate::memory::{MemoryPool, PoolBytes};
 use async_graphql::{Data, Executor, Request, Response};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures::future::BoxFuture;
-use futures::stream::{BoxStream, SplitSink, StreamExt};
+use futures::stream::{SplitSink, StreamExt};
 use futures::{FutureExt, SinkExt};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -35,47 +35,6 @@ pub(super) const READ_BUFFER: usize = 4096;
 
 /// Keep-alive intervals without a word from the client before it is closed.
 const SILENT_INTERVALS: u32 = 3;
-
-/// One subscription started: its admission checked, or running.
-struct Subscription {
-    id: String,
-    stage: Stage,
-}
-
-/// Where a subscription is.
-enum Stage {
-    /// Its admission check (the client's per-IP limit) waits; then
-    /// `payload` runs. Meanwhile `held` holds the subscribe's frame in its
-    /// client's share of the sockets' pool.
-    Checking {
-        check: BoxFuture<'static, Result<(), Rejection>>,
-        payload: Box<Request>,
-        _held: PoolBytes,
-    },
-    /// Running: its events.
-    Running {
-        events: BoxStream<'static, Response>,
-        /// Whether an event of it has been answered yet.
-        answered: bool,
-        /// What the driver keeps of it while active — its id, its
-        /// stream's box and its place here — in its client's share of the
-        /// sockets' pool (its operation's document, variables and text
-        /// are held by the extension, `held.rs`).
-        _held: PoolBytes,
-    },
-}
-
-/// What a subscription made ready.
-enum Ready {
-    /// Its admission check answered.
-    Checked(Result<(), Rejection>),
-    /// An event, or its end.
-    Event(Option<Response>),
-}
-
-/// What the driver keeps of an active subscription besides its id: its
-/// entry here, and the boxed stream async-graphql hands it.
-const SUBSCRIPTION_WEIGHT: usize = 512;
 
 /// One connection's state, driven by one task.
 pub(super) struct Driver<E> {
@@ -93,9 +52,7 @@ pub(super) struct Driver<E> {
     limit: Option<SocketLimit>,
     /// The session data, with the connection's scope, once initialised.
     session: Option<Arc<Data>>,
-    subscriptions: Vec<Subscription>,
-    /// Which subscription is polled first next time (fairness).
-    turn: usize,
+    subscriptions: Subscriptions,
     outbox: Outbox,
     /// Its client's share of the sockets' pool (`subscriptions.max_bytes`):
     /// its subscriptions, their events resolving and waiting.
@@ -146,8 +103,7 @@ impl<E: Executor> Driver<E> {
             lease,
             limit,
             session: None,
-            subscriptions: Vec::new(),
-            turn: 0,
+            subscriptions: Subscriptions::default(),
             outbox,
             memory,
             standing: None,
@@ -238,11 +194,11 @@ impl<E: Executor> Driver<E> {
                     }
                 }
                 message = incoming.next(), if reading => self.on_frame(message),
-                (at, ready) = next_ready(&mut self.subscriptions, &mut self.turn), if resolving => {
+                ready = self.subscriptions.next(), if resolving => {
                     match ready {
-                        Ready::Checked(checked) => self.on_checked(at, checked),
-                        Ready::Event(event) => {
-                            self.on_event(at, event);
+                        Ready::Checked { id, payload, checked } => self.on_checked(id, payload, checked),
+                        Ready::Event { at, first, event } => {
+                            self.on_event(at, first, event);
                             // A subscription whose events are always ready
                             // would otherwise keep this task running for
                             // good: the runtime's other tasks (and its
@@ -301,7 +257,7 @@ impl<E: Executor> Driver<E> {
                 Next::Go
             }
             Action::Stop { id, reply } => {
-                self.subscriptions.retain(|s| s.id != id);
+                self.subscriptions.stop(&id);
                 self.outbox.forget(&id);
                 if let Some(reply) = reply {
                     self.small(reply);
@@ -353,23 +309,14 @@ impl<E: Executor> Driver<E> {
             return self.answer_refused(&id, &full);
         };
         let check = async move { limit.check().await }.boxed();
-        let stage = Stage::Checking {
-            check,
-            payload,
-            _held: held,
-        };
-        self.subscriptions.push(Subscription { id, stage });
+        self.subscriptions.checking(id, check, payload, held);
         if let Some(lease) = &self.lease {
             lease.busy();
         }
     }
 
-    /// The admission check of the subscription at `at` answered.
-    fn on_checked(&mut self, at: usize, checked: Result<(), Rejection>) {
-        let Subscription { id, stage } = self.subscriptions.swap_remove(at);
-        let Stage::Checking { payload, .. } = stage else {
-            unreachable!("only a subscription being checked is checked");
-        };
+    /// The admission check of subscription `id` answered `checked`.
+    fn on_checked(&mut self, id: String, payload: Box<Request>, checked: Result<(), Rejection>) {
         match checked {
             Ok(()) => self.run_subscription(id, payload),
             Err(refused) => {
@@ -398,12 +345,7 @@ impl<E: Executor> Driver<E> {
             return self.idle_if_none();
         };
         let events = self.executor.execute_stream(*payload, Some(session));
-        let stage = Stage::Running {
-            events,
-            answered: false,
-            _held: held,
-        };
-        self.subscriptions.push(Subscription { id, stage });
+        self.subscriptions.running(id, events, held);
         if let Some(lease) = &self.lease {
             lease.busy();
         }
@@ -420,13 +362,10 @@ impl<E: Executor> Driver<E> {
         (self.standing.as_mut()).is_none_or(|standing| standing.read(bytes))
     }
 
-    /// An event of the subscription at `at`, or its end.
-    fn on_event(&mut self, at: usize, event: Option<Response>) {
-        let Stage::Running { answered, .. } = &mut self.subscriptions[at].stage else {
-            unreachable!("only a running subscription has events");
-        };
-        let first = !std::mem::replace(answered, true);
-        let id = &self.subscriptions[at].id;
+    /// An event of the subscription at `at` (`first`: its first), or its
+    /// end.
+    fn on_event(&mut self, at: usize, first: bool, event: Option<Response>) {
+        let id = self.subscriptions.id(at);
         let protocol = self.machine.protocol();
         let frame = self.machine.event(id, first, event.as_ref());
         drop(event);
@@ -440,7 +379,7 @@ impl<E: Executor> Driver<E> {
             }
             // Refused before it ran: its `error` is its last message.
             EventFrame::Refused(error) => {
-                let id = self.subscriptions.swap_remove(at).id;
+                let id = self.subscriptions.remove(at);
                 if !self.outbox.finish(&id, error) {
                     let full = crate::error::refused(&self.overloaded());
                     let small = protocol.refused(&id, &full).unwrap_or_default();
@@ -449,7 +388,7 @@ impl<E: Executor> Driver<E> {
                 self.idle_if_none();
             }
             EventFrame::Complete(complete) => {
-                let id = self.subscriptions.swap_remove(at).id;
+                let id = self.subscriptions.remove(at);
                 self.outbox.finish_small(&id, complete);
                 self.idle_if_none();
             }
@@ -497,28 +436,6 @@ impl<E: Executor> Driver<E> {
             lease.idle();
         }
     }
-}
-
-/// What a subscription made ready — its admission check answered, an
-/// event, its end — polling them from `turn` on so that none starves the
-/// others.
-async fn next_ready(subscriptions: &mut [Subscription], turn: &mut usize) -> (usize, Ready) {
-    std::future::poll_fn(|cx| {
-        let n = subscriptions.len();
-        for k in 0..n {
-            let at = (*turn + k) % n;
-            let ready = match &mut subscriptions[at].stage {
-                Stage::Checking { check, .. } => check.poll_unpin(cx).map(Ready::Checked),
-                Stage::Running { events, .. } => events.poll_next_unpin(cx).map(Ready::Event),
-            };
-            if let Poll::Ready(ready) = ready {
-                *turn = at + 1;
-                return Poll::Ready((at, ready));
-            }
-        }
-        Poll::Pending
-    })
-    .await
 }
 
 /// Writes `frame` within `timeout`: the sink back, or `None` when the write
