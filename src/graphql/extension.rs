@@ -41,15 +41,17 @@
 //! an extension registered before this one — still counts at the barrier,
 //! at 0, when the extension is dropped.
 
-use super::finish::{cap_errors, code_errors, report_connection};
+mod mode;
+
+use super::finish::{cap_errors, report_connection};
 use super::pipeline::Op;
-use super::socket::{self, FanoutConnection};
+use super::socket::FanoutConnection;
 use crate::cost::schema_types::SchemaTypes;
 use crate::document::memo::{Kept, SchemaClaim, Validation};
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
-use crate::memory::{weigh, weigh_error, PoolBytes, PENDING_WEIGHT, VALUE_WEIGHT};
+use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
@@ -58,6 +60,7 @@ use async_graphql::extensions::{
 use async_graphql::registry::MetaType;
 use async_graphql::{Data, Request, Response, ServerResult, Value};
 use async_graphql::{ServerError, ValidationResult};
+use mode::{Mode, Unadmitted};
 use std::any::TypeId;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -150,84 +153,6 @@ struct PerOperation {
     validation: Mutex<Option<Validation>>,
 }
 
-/// What the extension is to one operation: each hook asks it, and only it,
-/// what to do.
-enum Mode {
-    /// Under `FanoutGraphQL`, which attached the operation's handle: the
-    /// service prices, bounds and finishes it; only its answer is counted
-    /// here, in the request's memory.
-    Aside {
-        /// The request whose memory the answer is counted in.
-        meter: FanoutRequest,
-    },
-    /// Refused before it ran (by this extension's admission, or by an
-    /// extension registered after it), counted at the pricing barrier.
-    Refused {
-        /// The text as far as it is known, for the codes of the errors.
-        text: Arc<str>,
-    },
-    /// Over HTTP or in a bare `schema.execute`: the extension is the
-    /// operation's scope, and runs it in `execute`.
-    Scoped {
-        /// The text that runs, for the codes of errors async-graphql raises.
-        text: Arc<str>,
-        /// The request whose memory the answer is counted in.
-        meter: FanoutRequest,
-        /// The operation as admitted, taken when it runs.
-        op: Mutex<Option<Op>>,
-    },
-    /// On a WebSocket: admitted once, each event run in a scope of its own.
-    Socket {
-        /// The text that runs (a subscription keeps it for hours).
-        text: Arc<str>,
-        /// The connection whose budget each event spends.
-        connection: FanoutConnection,
-        /// The operation as admitted, run once per event.
-        op: Op,
-        /// What it holds in the sockets' pool while active
-        /// (`socket/held.rs`), given back when the operation ends.
-        _held: PoolBytes,
-        /// The event being resolved, whose memory counts its answer (a
-        /// subscription's events resolve one at a time).
-        event: Mutex<Option<FanoutRequest>>,
-    },
-}
-
-impl Mode {
-    /// Gives async-graphql's `errors` their codes against the text that
-    /// runs (`finish.rs`), unless `FanoutGraphQL` does.
-    fn code(mode: Option<&Mode>, errors: &mut [ServerError]) {
-        let text = match mode {
-            Some(Mode::Aside { .. }) => return,
-            Some(
-                Mode::Refused { text } | Mode::Scoped { text, .. } | Mode::Socket { text, .. },
-            ) => text,
-            None => "",
-        };
-        code_errors(errors, text);
-    }
-}
-
-/// The operation's scope while the extensions registered after this one
-/// prepare the request: if the operation ends before it is admitted (one of
-/// them refused it, or the operation was dropped), it counts at the pricing
-/// barrier at 0, once, and is [`Mode::Refused`].
-struct Unadmitted<'a> {
-    mode: &'a OnceLock<Mode>,
-    scope: &'a FanoutRequest,
-}
-
-impl Drop for Unadmitted<'_> {
-    fn drop(&mut self) {
-        let refused = Mode::Refused {
-            text: Arc::from(""),
-        };
-        if self.mode.set(refused).is_ok() {
-            self.scope.priced(0);
-        }
-    }
-}
-
 impl PerOperation {
     /// Finds the validation kept for `request` — admitted from `kept`, the
     /// document kept for its text — for this schema, or how to keep it.
@@ -273,50 +198,6 @@ impl PerOperation {
                 scope.expect_operations(1);
                 scope
             })
-    }
-
-    /// The mode of `op`, admitted without a refusal: on `connection`, what
-    /// it will hold while active is weighed and taken from its client's
-    /// share of the sockets' pool, or it is refused.
-    fn admitted(
-        op: Op,
-        text: Arc<str>,
-        scope: FanoutRequest,
-        connection: Option<FanoutConnection>,
-        request: &mut Request,
-    ) -> ServerResult<Mode> {
-        let Some(connection) = connection else {
-            let op = Mutex::new(Some(op));
-            return Ok(Mode::Scoped {
-                text,
-                meter: scope,
-                op,
-            });
-        };
-        // Each event may read what one request may: priced past it,
-        // refused now (`refuse_over_estimate`), as over HTTP.
-        if let Some(refusal) = connection.over_estimate(op.requested()) {
-            return Err(operation_error(&refusal));
-        }
-        // What it holds while active — its document, variables and text —
-        // in its client's share of the sockets' pool: weighed before it
-        // runs, refused when it does not fit.
-        let length = request.query.len();
-        let variables = std::mem::take(&mut request.variables);
-        let weight =
-            (request.parsed_query()).map(|doc| socket::held::weight(doc, length, &variables));
-        request.variables = variables;
-        let Some(held) = connection.hold(weight?) else {
-            let max = connection.max_bytes();
-            return Err(operation_error(&OperationError::Overloaded { max }));
-        };
-        Ok(Mode::Socket {
-            text,
-            connection,
-            op,
-            _held: held,
-            event: Mutex::new(None),
-        })
     }
 }
 
@@ -380,7 +261,7 @@ impl Extension for PerOperation {
             Some(refusal) => Err(operation_error(refusal)),
             None => {
                 self.remember(ctx, op.operation().take_document(), &request);
-                Self::admitted(op, text.clone(), scope.clone(), connection, &mut request)
+                Mode::admitted(op, text.clone(), scope.clone(), connection, &mut request)
             }
         };
         // Admitted (priced there) or refused: counted at the barrier.
