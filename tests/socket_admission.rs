@@ -11,17 +11,16 @@ use fanout_budget::config::FailureMode;
 use fanout_budget::error::Unavailable;
 use fanout_budget::inbound::{Decision, InboundLimiter, RateLimitLayer};
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
-use fanout_testkit::ws::{init, receive, send, subscribe};
+use fanout_testkit::ws::{connect_from, init, receive, send, subscribe};
 use futures::future::BoxFuture;
 use futures::Stream;
 use serde_json::{json, Value};
 use std::future::IntoFuture;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, Semaphore};
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// Generous: a frame that flows arrives in milliseconds; one that a stalled
 /// socket holds back never does.
@@ -97,8 +96,7 @@ impl Ticking {
     }
 }
 
-type Socket =
-    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+type Socket = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// The next message within [`FLOWS_WITHIN`], or what held it back.
 async fn flows(socket: &mut Socket, what: &str) -> Value {
@@ -162,14 +160,7 @@ async fn fixture(free: usize) -> Fixture {
     let server = tokio::spawn(async move {
         let _ = serving.await;
     });
-    let mut request = format!("ws://{address}/graphql")
-        .into_client_request()
-        .unwrap();
-    request.headers_mut().insert(
-        "sec-websocket-protocol",
-        "graphql-transport-ws".parse().unwrap(),
-    );
-    let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    let mut socket = connect_from(address, Ipv4Addr::LOCALHOST).await.unwrap();
     init(&mut socket, json!({})).await;
     Fixture {
         socket,
