@@ -79,3 +79,61 @@ async fn a_refused_batch_names_no_invalid_location() {
         assert!(response["data"].is_null());
     }
 }
+
+/// Refuses, in `prepare_request`, every operation whose text names `refused`
+/// (as a persisted-query lookup refuses an unknown hash).
+struct Refusing;
+
+impl async_graphql::extensions::ExtensionFactory for Refusing {
+    fn create(&self) -> std::sync::Arc<dyn async_graphql::extensions::Extension> {
+        std::sync::Arc::new(Refusing)
+    }
+}
+
+#[async_trait::async_trait]
+impl async_graphql::extensions::Extension for Refusing {
+    async fn prepare_request(
+        &self,
+        ctx: &async_graphql::extensions::ExtensionContext<'_>,
+        request: Request,
+        next: async_graphql::extensions::NextPrepareRequest<'_>,
+    ) -> async_graphql::ServerResult<Request> {
+        if request.query.contains("refused") {
+            return Err(async_graphql::ServerError::new("refused here", None));
+        }
+        next.run(ctx, request).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operation_refused_by_a_later_extension_does_not_hold_the_batch() {
+    let mut config = Config::default();
+    config.budget.refuse_over_estimate = true;
+    config.budget.deadline_ms = 30_000;
+    let costs = CostTable::new().field("Query", "limit", FieldCost::reads(1));
+    let engine = Engine::builder(config).costs(costs).build();
+    // Registered after the engine's extension: it prepares the request
+    // inside the engine's `prepare_request`, before the operation is priced.
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .extension(Refusing)
+        .finish();
+    let fanout = engine.begin_request(Caller::Public);
+    fanout.expect_operations(2);
+    let started = tokio::time::Instant::now();
+    let batch = BatchRequest::Batch(vec![
+        Request::new("{ limit }"),
+        Request::new("query refused { limit }"),
+    ]);
+    let responses = match schema.execute_batch(batch.data(fanout)).await {
+        async_graphql::BatchResponse::Batch(responses) => responses,
+        single => panic!("a batch answered {single:?}"),
+    };
+    // On paused time a wait for the deadline would jump straight to it.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "the batch waited for the refused operation"
+    );
+    assert!(responses[0].errors.is_empty(), "{:?}", responses[0].errors);
+    assert_eq!(responses[1].errors[0].message, "refused here");
+}

@@ -1,12 +1,13 @@
 //! Errors, and the one place they are mapped to the contract's codes.
 //!
-//! Three kinds, each as narrow as what can go wrong where it is made:
+//! Each kind as narrow as what can go wrong where it is made:
 //!
 //! | type | made by | becomes |
 //! |---|---|---|
 //! | [`ReadError`] | a read (or a resolver refusing its input) | a GraphQL error with `extensions.code`, at the field's path |
 //! | [`HostRefusal`] | a [`HostLimiter`](crate::read::HostLimiter) | a [`ReadError`] naming the host |
 //! | [`Rejection`] | the HTTP integration, the limiter | a whole HTTP answer: status, `errors[0].extensions.code` |
+//! | `SocketClose`, `SocketRefusal` | a GraphQL WebSocket | a close code and reason; an `error` message for one subscription |
 //!
 //! A [`ReadError`] converts into `async_graphql::Error` with its code
 //! already in `extensions`, so `?` in a resolver keeps the code under any
@@ -22,14 +23,17 @@
 //!
 //! The folder is that one place, a file per kind: `read.rs` ([`ReadError`],
 //! [`HostRefusal`]), `rejection.rs` ([`Rejection`]), `operation.rs` (a whole
-//! operation's), `unavailable.rs` ([`Unavailable`]).
+//! operation's), `unavailable.rs` ([`Unavailable`]), `socket.rs` (a
+//! WebSocket's close codes and its refusals of one subscription).
 
 mod operation;
 mod read;
 mod rejection;
+mod socket;
 mod unavailable;
 
 pub(crate) use operation::{operation_error, refused, stopped, OperationError};
 pub use read::{HostRefusal, ReadError};
 pub use rejection::Rejection;
+pub(crate) use socket::{SocketClose, SocketRefusal};
 pub use unavailable::Unavailable;

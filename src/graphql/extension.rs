@@ -41,15 +41,17 @@
 //! an extension registered before this one — still counts at the barrier,
 //! at 0, when the extension is dropped.
 
-use super::finish::{cap_errors, code_errors, report_connection};
+mod mode;
+
+use super::finish::{cap_errors, report_connection};
 use super::pipeline::Op;
-use super::socket::{self, FanoutConnection};
+use super::socket::FanoutConnection;
 use crate::cost::schema_types::SchemaTypes;
 use crate::document::memo::{Kept, SchemaClaim, Validation};
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
-use crate::memory::{weigh, weigh_error, PoolBytes, PENDING_WEIGHT, VALUE_WEIGHT};
+use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use async_graphql::extensions::{
     Extension, ExtensionContext, ExtensionFactory, NextExecute, NextPrepareRequest, NextRequest,
@@ -58,8 +60,8 @@ use async_graphql::extensions::{
 use async_graphql::registry::MetaType;
 use async_graphql::{Data, Request, Response, ServerResult, Value};
 use async_graphql::{ServerError, ValidationResult};
+use mode::{Mode, Unadmitted};
 use std::any::TypeId;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The extension factory; mount it with `Schema::build(..).extension(FanoutExtension::new(&engine))`.
@@ -133,42 +135,21 @@ impl ExtensionFactory for FanoutExtension {
     fn create(&self) -> Arc<dyn Extension> {
         Arc::new(PerOperation {
             factory: self.clone(),
-            aside: AtomicBool::new(false),
-            query: Mutex::new(Arc::from("")),
-            scope: Mutex::new(None),
-            op: Mutex::new(None),
-            priced: AtomicBool::new(false),
-            meter: OnceLock::new(),
-            socket: OnceLock::new(),
-            event: Mutex::new(None),
+            mode: OnceLock::new(),
             validation: Mutex::new(None),
         })
     }
 }
 
+/// One operation, as this extension sees it.
 struct PerOperation {
     factory: FanoutExtension,
-    /// `FanoutGraphQL` already attached this operation's scope.
-    aside: AtomicBool,
-    /// The text that runs, for the codes of errors async-graphql raises.
-    query: Mutex<Arc<str>>,
-    /// The request's scope, found in `prepare_request`.
-    scope: Mutex<Option<FanoutRequest>>,
-    /// The operation, admitted in `prepare_request`, run in `execute`.
-    op: Mutex<Option<Op>>,
-    /// This operation counted at the scope's pricing barrier.
-    priced: AtomicBool,
-    /// The request whose memory this operation's answer is counted in
-    /// (under either integration).
-    meter: OnceLock<FanoutRequest>,
-    /// On a WebSocket: the connection, the operation as admitted (run
-    /// once per event), and what it holds in the sockets' pool while
-    /// active (`socket/held.rs`).
-    socket: OnceLock<(FanoutConnection, Op, PoolBytes)>,
-    /// On a WebSocket: the event being resolved, whose memory counts its
-    /// answer (a subscription's events resolve one at a time).
-    event: Mutex<Option<FanoutRequest>>,
-    /// The validation kept for the operation's document, or how to keep it.
+    /// What the extension is to this operation, decided once in
+    /// `prepare_request`; unset until then (and for good when an extension
+    /// registered before this one ended the operation first).
+    mode: OnceLock<Mode>,
+    /// The validation kept for the operation's document, or how to keep it:
+    /// found in `prepare_request`, taken by `validation`, in every mode.
     validation: Mutex<Option<Validation>>,
 }
 
@@ -190,18 +171,33 @@ impl PerOperation {
         *lock(&self.validation) = kept.validation(schema, name, &request.variables);
     }
 
-    /// Counts this operation at `scope`'s pricing barrier, once.
-    fn price(&self, scope: &FanoutRequest, requested: u64) {
-        if !self.priced.swap(true, Relaxed) {
-            scope.priced(requested);
-        }
-    }
-
     fn types(&self, ctx: &ExtensionContext<'_>) -> Arc<SchemaTypes> {
         self.factory
             .types
             .get_or_init(|| Arc::new(SchemaTypes::from_registry(&ctx.schema_env.registry)))
             .clone()
+    }
+
+    /// The request's scope for an operation this extension admits: the
+    /// connection's, on a WebSocket; else the one the integrator put into
+    /// the operation's data, else the one `FanoutLayer` opened for the HTTP
+    /// request this task serves, else one of its own.
+    fn scope(&self, connection: Option<&FanoutConnection>, request: &Request) -> FanoutRequest {
+        connection
+            .map(FanoutConnection::open_unreserved)
+            .or_else(|| {
+                (request.data.get(&TypeId::of::<FanoutRequest>()))
+                    .and_then(|data| data.downcast_ref::<FanoutRequest>())
+                    .cloned()
+            })
+            .or_else(FanoutRequest::current)
+            .unwrap_or_else(|| {
+                // Outside any HTTP request's scope (a bare `schema.execute`,
+                // a subscription): a scope of its own, still priced first.
+                let scope = self.factory.engine.begin_request(Caller::Public);
+                scope.expect_operations(1);
+                scope
+            })
     }
 }
 
@@ -212,8 +208,8 @@ impl Extension for PerOperation {
     /// codes here.
     async fn request(&self, ctx: &ExtensionContext<'_>, next: NextRequest<'_>) -> Response {
         let mut response = next.run(ctx).await;
-        if !response.errors.is_empty() && !self.aside.load(Relaxed) {
-            code_errors(&mut response.errors, &lock(&self.query));
+        if !response.errors.is_empty() {
+            Mode::code(self.mode.get(), &mut response.errors);
         }
         response
     }
@@ -233,8 +229,8 @@ impl Extension for PerOperation {
             .cloned();
         if let Some(operation) = attached {
             operation.mark_metered();
-            let _ = self.meter.set(operation.request().clone());
-            self.aside.store(true, Relaxed);
+            let meter = operation.request().clone();
+            let _ = self.mode.set(Mode::Aside { meter });
             let request = next.run(ctx, request).await?;
             self.remember(ctx, operation.take_document(), &request);
             return Ok(request);
@@ -242,76 +238,40 @@ impl Extension for PerOperation {
         // On a WebSocket (the connection in the session's data): admitted
         // here, each event run in a scope of its own.
         let connection = ctx.data_opt::<FanoutConnection>().cloned();
-        // The request's scope: the one the integrator put into the
-        // operation's data, else the one `FanoutLayer` opened for the HTTP
-        // request this task serves, else one of its own.
-        let scope = connection
-            .as_ref()
-            .map(FanoutConnection::open_unreserved)
-            .or_else(|| {
-                (request.data.get(&TypeId::of::<FanoutRequest>()))
-                    .and_then(|data| data.downcast_ref::<FanoutRequest>())
-                    .cloned()
-            })
-            .or_else(FanoutRequest::current)
-            .unwrap_or_else(|| {
-                // Outside any HTTP request's scope (a bare `schema.execute`,
-                // a subscription): a scope of its own, still priced first.
-                let scope = self.factory.engine.begin_request(Caller::Public);
-                scope.expect_operations(1);
-                scope
-            });
-        *lock(&self.scope) = Some(scope.clone());
+        let scope = self.scope(connection.as_ref(), &request);
+        let unadmitted = Unadmitted {
+            mode: &self.mode,
+            scope: &scope,
+        };
         // After the extensions registered after this one: the query text
         // and the operation name as they will run.
-        let mut request = next.run(ctx, request).await.inspect_err(|_| {
-            self.price(&scope, 0);
-        })?;
+        let mut request = next.run(ctx, request).await?;
         // The text that runs, whatever a persisted-query lookup put there,
         // is bounded as the body is.
-        let text = scope
+        let bounded = scope
             .run_text(request.query.len())
             .map_err(|max| OperationError::QueryTooLarge { max });
         let types = self.types(ctx);
-        let engine = &self.factory.engine;
-        let op = Op::admit(engine, &types, &scope, &mut request, text);
+        let op = Op::admit(&self.factory.engine, &types, &scope, &mut request, bounded);
         // One copy of the text for the operation and the codes of errors
         // async-graphql raises (a subscription keeps it for hours).
-        *lock(&self.query) = op.text();
-        self.priced.store(true, Relaxed);
+        let text = op.text();
         op.operation().mark_metered();
-        if let Some(refusal) = op.refusal() {
-            return Err(operation_error(refusal));
-        }
-        self.remember(ctx, op.operation().take_document(), &request);
-        match connection {
-            Some(connection) => {
-                // Each event may read what one request may: priced past
-                // it, refused now (`refuse_over_estimate`), as over HTTP.
-                if let Some(refusal) = connection.over_estimate(op.requested()) {
-                    return Err(operation_error(&refusal));
-                }
-                // What it holds while active — its document, variables
-                // and text — in its client's share of the sockets' pool:
-                // weighed before it runs, refused when it does not fit.
-                let text = request.query.len();
-                let variables = std::mem::take(&mut request.variables);
-                let weight =
-                    (request.parsed_query()).map(|doc| socket::held::weight(doc, text, &variables));
-                request.variables = variables;
-                let weight = weight?;
-                let Some(held) = connection.hold(weight) else {
-                    let max = connection.max_bytes();
-                    return Err(operation_error(&OperationError::Overloaded { max }));
-                };
-                let _ = self.socket.set((connection, op, held));
-            }
+        let mode = match op.refusal() {
+            Some(refusal) => Err(operation_error(refusal)),
             None => {
-                let _ = self.meter.set(scope);
-                *lock(&self.op) = Some(op);
+                self.remember(ctx, op.operation().take_document(), &request);
+                Mode::admitted(op, text.clone(), scope.clone(), connection, &mut request)
             }
-        }
-        Ok(request)
+        };
+        // Admitted (priced there) or refused: counted at the barrier.
+        let (mode, answer) = match mode {
+            Ok(mode) => (mode, Ok(request)),
+            Err(refusal) => (Mode::Refused { text }, Err(refusal)),
+        };
+        let _ = self.mode.set(mode);
+        drop(unadmitted);
+        answer
     }
 
     /// async-graphql's validation, or what it concluded for the same
@@ -335,9 +295,7 @@ impl Extension for PerOperation {
         }
         validated.map_err(|mut errors| {
             cap_errors(&mut errors);
-            if !self.aside.load(Relaxed) {
-                code_errors(&mut errors, &lock(&self.query));
-            }
+            Mode::code(self.mode.get(), &mut errors);
             errors
         })
     }
@@ -353,15 +311,16 @@ impl Extension for PerOperation {
         next: NextResolve<'_>,
     ) -> ServerResult<Option<Value>> {
         let event;
-        let scope = match self.meter.get() {
-            Some(scope) => scope,
-            None => {
-                event = lock(&self.event).clone();
+        let scope = match self.mode.get() {
+            Some(Mode::Aside { meter } | Mode::Scoped { meter, .. }) => meter,
+            Some(Mode::Socket { event: current, .. }) => {
+                event = lock(current).clone();
                 match &event {
                     Some(event) => event,
                     None => return next.run(ctx, info).await,
                 }
             }
+            Some(Mode::Refused { .. }) | None => return next.run(ctx, info).await,
         };
         let memory = scope.memory();
         if !memory.answer(PENDING_WEIGHT) {
@@ -397,17 +356,23 @@ impl Extension for PerOperation {
         operation_name: Option<&str>,
         next: NextExecute<'_>,
     ) -> Response {
-        if self.aside.load(Relaxed) {
-            return next.run(ctx, operation_name).await;
-        }
-        if let Some((connection, op, _held)) = self.socket.get() {
-            return self
-                .run_event(ctx, operation_name, next, connection, op)
-                .await;
-        }
-        let Some(op) = lock(&self.op).take() else {
-            // Not admitted here (an extension before this one ran the
-            // operation some other way): nothing to bound.
+        let admitted = match self.mode.get() {
+            Some(Mode::Socket {
+                connection,
+                op,
+                event,
+                ..
+            }) => {
+                return self
+                    .run_event(ctx, operation_name, next, connection, op, event)
+                    .await
+            }
+            Some(Mode::Scoped { op, .. }) => lock(op).take(),
+            Some(Mode::Aside { .. } | Mode::Refused { .. }) | None => None,
+        };
+        // Under `FanoutGraphQL`, or not admitted here (an extension before
+        // this one ran the operation some other way): nothing to bound.
+        let Some(op) = admitted else {
             return next.run(ctx, operation_name).await;
         };
         let mut data = Data::default();
@@ -422,7 +387,7 @@ impl PerOperation {
     /// One event of a subscription on a WebSocket (or a query sent over
     /// one): run in a scope of its own opened on `connection`
     /// (`socket/connection.rs`), its `extensions.fanout` the connection's
-    /// budget and the event's own reads.
+    /// budget and the event's own reads; `current` holds it while it runs.
     async fn run_event(
         &self,
         ctx: &ExtensionContext<'_>,
@@ -430,20 +395,21 @@ impl PerOperation {
         next: NextExecute<'_>,
         connection: &FanoutConnection,
         op: &Op,
+        current: &Mutex<Option<FanoutRequest>>,
     ) -> Response {
         let event = connection.open_priced(op.requested());
         let operation = event.operation();
         operation.mark_metered();
         let mut data = Data::default();
         operation_data(&operation, &mut data, self.factory.data.as_ref());
-        *lock(&self.event) = Some(event.clone());
+        *lock(current) = Some(event.clone());
         let types = self.types(ctx);
         let execute = next.run_with_data(ctx, operation_name, data);
         let mut response = op.run_event(&event, &operation, &types, execute).await;
         // The event is over: its scope goes now — its memory blocks back to
         // the pool, its reservation settled on the client's read quota —
         // not when the next event comes, hours later perhaps.
-        *lock(&self.event) = None;
+        *lock(current) = None;
         drop((event, operation));
         report_connection(&mut response, connection);
         response
@@ -465,19 +431,17 @@ impl PerOperation {
     }
 }
 
-/// An operation that ended before this extension priced it — refused by an
+/// An operation that ended before this extension saw it — refused by an
 /// extension registered before this one, say — still counts at the barrier
 /// (at 0), so the rest of an announced batch does not wait for it until the
 /// deadline. (The operation ends inside the HTTP request's task, where the
 /// layer's scope is still current.)
 impl Drop for PerOperation {
     fn drop(&mut self) {
-        if self.priced.load(Relaxed) || self.aside.load(Relaxed) {
-            return;
-        }
-        let scope = lock(&self.scope).take().or_else(FanoutRequest::current);
-        if let Some(scope) = scope {
-            self.price(&scope, 0);
+        if self.mode.get().is_none() {
+            if let Some(scope) = FanoutRequest::current() {
+                scope.priced(0);
+            }
         }
     }
 }

@@ -7,7 +7,10 @@
 //! service under [`FanoutLayer`](crate::FanoutLayer). Both subprotocols,
 //! `graphql-transport-ws` and the legacy `graphql-ws` (`message.rs`).
 //!
-//! How one connection is served (`upgrade.rs`, then `driver.rs`, one task):
+//! How one connection is served (`upgrade.rs`, then `driver.rs`, one task
+//! that does the socket's I/O and does what the protocol's state machine,
+//! `machine.rs`, decides; the close codes and refusals are in
+//! `error/socket.rs`):
 //!
 //! 1. **The upgrade.** The subprotocol is chosen (none of the two: 400),
 //!    frames are bounded by `subscriptions.max_message_bytes` (a larger one
@@ -26,7 +29,10 @@
 //!    `TOO_MANY_SUBSCRIPTIONS`, the others untouched; a public caller's
 //!    operation counted as one request of its client by the per-IP limit the
 //!    upgrade passed, `inbound/limiter.rs`'s `SocketLimit`: refused, an
-//!    `error` with `RATE_LIMITED`): the operation runs on
+//!    `error` with `RATE_LIMITED`; the check, which may ask Redis, waits
+//!    beside the socket's other work — its writes, pings, other
+//!    subscriptions — the subscribe's frame held in the pool meanwhile, and
+//!    its id taken): the operation runs on
 //!    the executor with the connection in its session data. The engine's
 //!    extension admits it once and runs **each event in a scope of its own**
 //!    opened on the connection (`extension.rs`): its own de-duplication,
@@ -52,11 +58,13 @@
 mod connection;
 mod driver;
 pub(crate) mod held;
+mod machine;
 mod message;
 mod outbox;
 mod poll;
 mod service;
 mod standing;
+mod subscriptions;
 mod upgrade;
 
 pub use connection::FanoutConnection;

@@ -1,24 +1,31 @@
-//! One connection's driver: a task that reads the client's messages,
-//! resolves its subscriptions' events and writes one frame at a time (the
-//! walk is in `socket.rs`).
+//! One connection's driver: a task that does the connection's I/O — reads
+//! the client's frames, writes one frame at a time, keeps the timers, runs
+//! each subscription's admission check and its events — and hands what
+//! happens to the protocol's state machine (`machine.rs`), doing what it
+//! answers (the walk is in `socket.rs`).
+//!
+//! Nothing it waits for stalls the rest: a subscribe's admission check (the
+//! per-IP limit, which may ask Redis) is polled beside the subscriptions'
+//! events, so while it waits the socket still writes, answers pings and
+//! reads the client's messages.
 
 use super::connection::FanoutConnection;
-use super::message::{self, close, ClientMessage, Protocol};
+use super::machine::{Action, EventFrame, Keepalive, Machine, Refusal};
 use super::outbox::Outbox;
 use super::standing::Standing;
+use super::subscriptions::{Ready, Subscriptions, SUBSCRIPTION_WEIGHT};
 use crate::engine::Engine;
-use crate::error::{operation_error, OperationError};
+use crate::error::{operation_error, OperationError, Rejection, SocketClose};
 use crate::inbound::identity::Caller;
 use crate::inbound::limiter::SocketLimit;
-use crate::inbound::serve::{ConnectionLease, Wanted};
+use crate::inbound::serve::ConnectionLease;
 use crate::memory::{MemoryPool, PoolBytes};
-use async_graphql::{Data, Executor, Response};
+use async_graphql::{Data, Executor, Request, Response};
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use futures::future::BoxFuture;
-use futures::stream::{BoxStream, SplitSink, StreamExt};
-use futures::SinkExt;
+use futures::stream::{SplitSink, StreamExt};
+use futures::{FutureExt, SinkExt};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -29,31 +36,12 @@ pub(super) const READ_BUFFER: usize = 4096;
 /// Keep-alive intervals without a word from the client before it is closed.
 const SILENT_INTERVALS: u32 = 3;
 
-/// One active subscription.
-struct Subscription {
-    id: String,
-    events: BoxStream<'static, Response>,
-    /// Whether an event of it has been answered yet.
-    answered: bool,
-    /// What the driver keeps of it while active — its id, its stream's
-    /// box and its place here — in its client's share of the sockets'
-    /// pool (its operation's document, variables and text are held by the
-    /// extension, `held.rs`).
-    _held: PoolBytes,
-}
-
-/// The longest subscription id taken (graphql-ws sends UUIDs: 36 bytes).
-const MAX_ID_BYTES: usize = 128;
-
-/// What the driver keeps of an active subscription besides its id: its
-/// entry here, and the boxed stream async-graphql hands it.
-const SUBSCRIPTION_WEIGHT: usize = 512;
-
 /// One connection's state, driven by one task.
 pub(super) struct Driver<E> {
     executor: E,
     engine: Engine,
-    protocol: Protocol,
+    /// The protocol's state.
+    machine: Machine,
     /// The caller the upgrade request's headers say.
     caller: Caller,
     /// The upgrade request: its client keys the read quota.
@@ -64,9 +52,7 @@ pub(super) struct Driver<E> {
     limit: Option<SocketLimit>,
     /// The session data, with the connection's scope, once initialised.
     session: Option<Arc<Data>>,
-    subscriptions: Vec<Subscription>,
-    /// Which subscription is polled first next time (fairness).
-    turn: usize,
+    subscriptions: Subscriptions,
     outbox: Outbox,
     /// Its client's share of the sockets' pool (`subscriptions.max_bytes`):
     /// its subscriptions, their events resolving and waiting.
@@ -80,7 +66,7 @@ pub(super) struct Driver<E> {
 /// What happens to the connection after a message.
 enum Next {
     Go,
-    Close(u16, &'static str),
+    Close(SocketClose),
     End,
 }
 
@@ -94,7 +80,7 @@ impl<E: Executor> Driver<E> {
     pub(super) fn new(
         executor: E,
         engine: Engine,
-        protocol: Protocol,
+        protocol: super::message::Protocol,
         mut parts: http::request::Parts,
     ) -> Self {
         let lease = parts.extensions.remove::<ConnectionLease>();
@@ -104,20 +90,20 @@ impl<E: Executor> Driver<E> {
         let limit = parts.extensions.remove::<SocketLimit>();
         let caller = (parts.extensions.get::<Caller>().copied())
             .unwrap_or_else(|| engine.identify(&parts.headers));
-        let max_pending = engine.config().subscriptions.max_pending_events;
+        let s = &engine.config().subscriptions;
+        let machine = Machine::new(protocol, s.max_per_connection);
         let memory = engine.socket_share(&parts);
-        let outbox = Outbox::new(max_pending, memory.clone());
+        let outbox = Outbox::new(s.max_pending_events, memory.clone());
         Self {
             executor,
             engine,
-            protocol,
+            machine,
             caller,
             parts,
             lease,
             limit,
             session: None,
-            subscriptions: Vec::new(),
-            turn: 0,
+            subscriptions: Subscriptions::default(),
             outbox,
             memory,
             standing: None,
@@ -132,15 +118,15 @@ impl<E: Executor> Driver<E> {
         let (sink, mut incoming) = socket.split();
         let mut sink = Some(sink);
         let mut writing: Option<BoxFuture<'static, (Option<Sink>, Option<PoolBytes>)>> = None;
-        let mut closing: Option<(u16, &'static str)> = None;
+        let mut closing: Option<SocketClose> = None;
         // Its place among the sockets (`subscriptions.max_connections`),
         // and what it holds however it is used (`standing.rs`).
         let place = self.engine.socket_place();
         let standing = Standing::open(self.memory.clone(), &self.parts.headers);
         if place.is_none() {
-            closing = Some((close::TRY_AGAIN_LATER, SOCKETS_FULL));
+            closing = Some(SocketClose::SocketsFull);
         } else if standing.is_none() {
-            closing = Some((close::TRY_AGAIN_LATER, SHARE_FULL));
+            closing = Some(SocketClose::ShareFull);
         }
         self.standing = standing;
         let mut ping_due = false;
@@ -150,13 +136,11 @@ impl<E: Executor> Driver<E> {
         loop {
             if let Some(idle) = sink.take() {
                 let frame = match closing {
-                    Some((code, reason)) => Some((
-                        Message::Close(Some(CloseFrame {
-                            code,
-                            reason: reason.into(),
-                        })),
-                        None,
-                    )),
+                    Some(close) => {
+                        let (code, reason) = close.frame();
+                        let reason = reason.into();
+                        Some((Message::Close(Some(CloseFrame { code, reason })), None))
+                    }
                     None => (self.outbox.next())
                         .map(|frame| (Message::Text(frame.text.into()), frame.held)),
                 };
@@ -175,6 +159,7 @@ impl<E: Executor> Driver<E> {
             }
             let reading = closing.is_none() && self.outbox.takes_replies();
             let resolving = closing.is_none() && !self.subscriptions.is_empty();
+            let initialised = self.machine.initialised();
             let next = tokio::select! {
                 biased;
                 (written, held) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
@@ -190,42 +175,44 @@ impl<E: Executor> Driver<E> {
                     Next::Go
                 }
                 wanted = async { lease.as_ref().expect("guarded").wanted().await }, if lease.is_some() && closing.is_none() => {
-                    match wanted {
-                        Wanted::Stop => Next::Close(close::GOING_AWAY, "the server is stopping"),
-                        Wanted::Slot if self.subscriptions.is_empty() => {
-                            Next::Close(close::GOING_AWAY, "idle, and its slot is wanted")
-                        }
-                        Wanted::Slot => Next::Go,
-                    }
+                    self.machine.wanted(wanted).map_or(Next::Go, Next::Close)
                 }
-                () = tokio::time::sleep_until(init_by), if self.session.is_none() && closing.is_none() => {
-                    Next::Close(close::INIT_TIMEOUT, "Connection initialisation timeout")
+                () = tokio::time::sleep_until(init_by), if !initialised && closing.is_none() => {
+                    self.machine.init_timeout().map_or(Next::Go, Next::Close)
                 }
                 _ = keepalive.tick(), if closing.is_none() => {
-                    if self.heard.elapsed() > s.keepalive() * SILENT_INTERVALS {
-                        Next::Close(close::GOING_AWAY, "no word from the client")
-                    } else {
-                        ping_due = true;
-                        if self.protocol == Protocol::Legacy && self.session.is_some() {
-                            self.small(self.protocol.keepalive());
+                    let silent = self.heard.elapsed() > s.keepalive() * SILENT_INTERVALS;
+                    match self.machine.keepalive(silent) {
+                        Keepalive::Close(close) => Next::Close(close),
+                        Keepalive::Ping { ka } => {
+                            ping_due = true;
+                            if let Some(ka) = ka {
+                                self.small(ka);
+                            }
+                            Next::Go
                         }
-                        Next::Go
                     }
                 }
-                message = incoming.next(), if reading => self.on_frame(message).await,
-                (at, event) = next_event(&mut self.subscriptions, &mut self.turn), if resolving => {
-                    self.on_event(at, event);
-                    // A subscription whose events are always ready would
-                    // otherwise keep this task running for good: the
-                    // runtime's other tasks (and its timers, the write
-                    // timeout's included) would wait.
-                    tokio::task::coop::consume_budget().await;
+                message = incoming.next(), if reading => self.on_frame(message),
+                ready = self.subscriptions.next(), if resolving => {
+                    match ready {
+                        Ready::Checked { id, payload, checked } => self.on_checked(id, payload, checked),
+                        Ready::Event { at, first, event } => {
+                            self.on_event(at, first, event);
+                            // A subscription whose events are always ready
+                            // would otherwise keep this task running for
+                            // good: the runtime's other tasks (and its
+                            // timers, the write timeout's included) would
+                            // wait.
+                            tokio::task::coop::consume_budget().await;
+                        }
+                    }
                     Next::Go
                 }
             };
             match next {
                 Next::Go => {}
-                Next::Close(code, reason) => closing = Some((code, reason)),
+                Next::Close(close) => closing = Some(close),
                 Next::End => break,
             }
         }
@@ -233,131 +220,134 @@ impl<E: Executor> Driver<E> {
     }
 
     /// One frame from the client.
-    async fn on_frame(&mut self, frame: Option<Result<Message, axum::Error>>) -> Next {
+    fn on_frame(&mut self, frame: Option<Result<Message, axum::Error>>) -> Next {
         self.heard = Instant::now();
         match frame {
             None | Some(Ok(Message::Close(_))) => Next::End,
             // Too large (tungstenite stops reading it at the bound), or not
             // a WebSocket frame at all.
-            Some(Err(_)) => Next::Close(close::BAD_MESSAGE, "message too large or malformed"),
-            Some(Ok(message)) if !self.holds(&message) => {
-                Next::Close(close::TRY_AGAIN_LATER, SHARE_FULL)
-            }
+            Some(Err(_)) => Next::Close(SocketClose::Malformed),
+            Some(Ok(message)) if !self.holds(&message) => Next::Close(SocketClose::ShareFull),
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => Next::Go,
-            Some(Ok(Message::Text(text))) => self.on_message(text.as_bytes()).await,
-            Some(Ok(Message::Binary(bytes))) => self.on_message(&bytes).await,
+            Some(Ok(Message::Text(text))) => self.on_message(text.as_bytes()),
+            Some(Ok(Message::Binary(bytes))) => self.on_message(&bytes),
         }
     }
 
-    /// One protocol message.
-    async fn on_message(&mut self, bytes: &[u8]) -> Next {
-        let Ok(message) = ClientMessage::from_bytes(bytes) else {
-            return Next::Close(close::BAD_MESSAGE, "not a message of the protocol");
+    /// One protocol message: what the machine answers, done.
+    fn on_message(&mut self, bytes: &[u8]) -> Next {
+        match self.machine.message(bytes) {
+            Action::Nothing => Next::Go,
+            Action::Reply(frame) => {
+                self.small(frame);
+                Next::Go
+            }
+            Action::Refuse(frame) => {
+                crate::metrics::subscription_refused();
+                self.small(frame);
+                Next::Go
+            }
+            Action::Init { token, ack } => {
+                self.init(token.as_deref());
+                self.small(ack);
+                Next::Go
+            }
+            Action::Start { id, payload } => {
+                self.start(id, payload, bytes.len());
+                Next::Go
+            }
+            Action::Stop { id, reply } => {
+                self.subscriptions.stop(&id);
+                self.outbox.forget(&id);
+                if let Some(reply) = reply {
+                    self.small(reply);
+                }
+                self.idle_if_none();
+                Next::Go
+            }
+            Action::Close(close) => Next::Close(close),
+            Action::End => Next::End,
+        }
+    }
+
+    /// `connection_init`: the caller fixed (`token`: the payload's internal
+    /// token) and the connection's scope opened.
+    fn init(&mut self, token: Option<&str>) {
+        let caller = match (self.caller, token) {
+            (Caller::Internal, _) => Caller::Internal,
+            (Caller::Public, Some(token)) => self.engine.identify_token(token),
+            (Caller::Public, None) => Caller::Public,
         };
-        match message {
-            ClientMessage::ConnectionInit { payload } => {
-                if self.session.is_some() {
-                    return Next::Close(close::TOO_MANY_INITS, "Too many initialisation requests");
-                }
-                let caller = match (self.caller, message::init_token(payload.as_ref())) {
-                    (Caller::Internal, _) => Caller::Internal,
-                    (Caller::Public, Some(token)) => self.engine.identify_token(token),
-                    (Caller::Public, None) => Caller::Public,
-                };
-                let connection =
-                    FanoutConnection::open(&self.engine, caller, &self.parts, self.memory.clone());
-                // The caller is fixed: the upgrade's headers are no longer
-                // needed (a client may have sent 360 KB of them).
-                self.parts.headers = http::HeaderMap::new();
-                if let Some(standing) = &mut self.standing {
-                    standing.headers_dropped();
-                }
-                let mut data = Data::default();
-                data.insert(connection);
-                self.session = Some(Arc::new(data));
-                if caller == Caller::Internal {
-                    // Exempt from the per-IP limit, as over HTTP.
-                    self.limit = None;
-                }
-                self.small(self.protocol.ack());
-                Next::Go
+        let connection =
+            FanoutConnection::open(&self.engine, caller, &self.parts, self.memory.clone());
+        // The caller is fixed: the upgrade's headers are no longer needed
+        // (a client may have sent 360 KB of them).
+        self.parts.headers = http::HeaderMap::new();
+        if let Some(standing) = &mut self.standing {
+            standing.headers_dropped();
+        }
+        let mut data = Data::default();
+        data.insert(connection);
+        self.session = Some(Arc::new(data));
+        if caller == Caller::Internal {
+            // Exempt from the per-IP limit, as over HTTP.
+            self.limit = None;
+        }
+    }
+
+    /// Subscription `id` started with `payload`, sent in a frame of `bytes`:
+    /// a public caller's operation is a request of its client's, under the
+    /// per-IP limit like one sent over HTTP — checked beside everything
+    /// else the socket does, the frame held in the pool meanwhile; then it
+    /// runs.
+    fn start(&mut self, id: String, payload: Box<Request>, bytes: usize) {
+        let Some(limit) = self.limit.clone() else {
+            return self.run_subscription(id, payload);
+        };
+        let Some(held) = self.memory.lease(SUBSCRIPTION_WEIGHT + id.len() + bytes) else {
+            let full = crate::error::refused(&self.overloaded());
+            return self.answer_refused(&id, &full);
+        };
+        let check = async move { limit.check().await }.boxed();
+        self.subscriptions.checking(id, check, payload, held);
+        if let Some(lease) = &self.lease {
+            lease.busy();
+        }
+    }
+
+    /// The admission check of subscription `id` answered `checked`.
+    fn on_checked(&mut self, id: String, payload: Box<Request>, checked: Result<(), Rejection>) {
+        match checked {
+            Ok(()) => self.run_subscription(id, payload),
+            Err(refused) => {
+                let message = refused.to_string();
+                let frame = self.machine.refused_at_check(&id, &message, refused.code());
+                self.small(frame);
+                self.idle_if_none();
             }
-            ClientMessage::Start { id, payload } => {
-                let Some(session) = &self.session else {
-                    return Next::Close(close::UNAUTHORIZED, "Unauthorized");
-                };
-                if id.len() > MAX_ID_BYTES {
-                    return Next::Close(close::BAD_MESSAGE, "a subscription id past 128 bytes");
-                }
-                if self.subscriptions.iter().any(|s| s.id == id) {
-                    return Next::Close(
-                        close::DUPLICATE_ID,
-                        "Subscriber for this id already exists",
-                    );
-                }
-                let max = self.engine.config().subscriptions.max_per_connection;
-                if self.subscriptions.len() >= max {
-                    crate::metrics::subscription_refused();
-                    let message = format!("at most {max} active subscriptions on one connection");
-                    self.small(self.protocol.error(&id, &message, TOO_MANY_SUBSCRIPTIONS));
-                    return Next::Go;
-                }
-                // Each operation is a request of the client's, under the
-                // per-IP limit like one sent over HTTP.
-                let session = session.clone();
-                if let Some(limit) = &self.limit {
-                    if let Err(refused) = limit.check().await {
-                        let message = refused.to_string();
-                        self.small(self.protocol.error(&id, &message, refused.code()));
-                        return Next::Go;
-                    }
-                }
-                // A persisted query's hash is looked up (or its text
-                // checked and kept) as `FanoutGraphQL` does over HTTP,
-                // before the text it runs is weighed.
-                let mut payload = payload;
-                if let Err(refusal) = self.engine.persisted().resolve(&mut payload) {
-                    let answer = Response::from_errors(vec![operation_error(&refusal)]);
-                    self.answer_refused(&id, &answer);
-                    return Next::Go;
-                }
-                let Some(held) = self.memory.lease(SUBSCRIPTION_WEIGHT + id.len()) else {
-                    let full = crate::error::refused(&self.overloaded());
-                    self.answer_refused(&id, &full);
-                    return Next::Go;
-                };
-                let events = self.executor.execute_stream(payload, Some(session));
-                self.subscriptions.push(Subscription {
-                    id,
-                    events,
-                    answered: false,
-                    _held: held,
-                });
-                if let Some(lease) = &self.lease {
-                    lease.busy();
-                }
-                Next::Go
-            }
-            ClientMessage::Stop { id } => {
-                let before = self.subscriptions.len();
-                self.subscriptions.retain(|s| s.id != id);
-                if self.subscriptions.len() < before {
-                    self.outbox.forget(&id);
-                    if self.protocol.confirms_stop() {
-                        self.small(self.protocol.complete(&id));
-                    }
-                    self.idle_if_none();
-                }
-                Next::Go
-            }
-            ClientMessage::ConnectionTerminate => Next::End,
-            ClientMessage::Ping { .. } => {
-                if let Some(pong) = self.protocol.pong() {
-                    self.small(pong);
-                }
-                Next::Go
-            }
-            ClientMessage::Pong { .. } => Next::Go,
+        }
+    }
+
+    /// Runs subscription `id`, admitted: a persisted query's hash is looked
+    /// up (or its text checked and kept) as `FanoutGraphQL` does over HTTP,
+    /// what the driver keeps of it is taken from the pool, and the operation
+    /// runs on the executor with the connection in its session data.
+    fn run_subscription(&mut self, id: String, mut payload: Box<Request>) {
+        let session = self.session.clone().expect("started once initialised");
+        if let Err(refusal) = self.engine.persisted().resolve(&mut payload) {
+            let answer = Response::from_errors(vec![operation_error(&refusal)]);
+            self.answer_refused(&id, &answer);
+            return self.idle_if_none();
+        }
+        let Some(held) = self.memory.lease(SUBSCRIPTION_WEIGHT + id.len()) else {
+            let full = crate::error::refused(&self.overloaded());
+            self.answer_refused(&id, &full);
+            return self.idle_if_none();
+        };
+        let events = self.executor.execute_stream(*payload, Some(session));
+        self.subscriptions.running(id, events, held);
+        if let Some(lease) = &self.lease {
+            lease.busy();
         }
     }
 
@@ -372,39 +362,33 @@ impl<E: Executor> Driver<E> {
         (self.standing.as_mut()).is_none_or(|standing| standing.read(bytes))
     }
 
-    /// An event of the subscription at `at`, or its end.
-    fn on_event(&mut self, at: usize, event: Option<Response>) {
-        let answered = std::mem::replace(&mut self.subscriptions[at].answered, true);
-        let id = &self.subscriptions[at].id;
-        let refused = match &event {
-            Some(response) if !answered => self.protocol.refused(id, response),
-            _ => None,
-        };
-        if let Some(error) = refused {
-            // Refused before it ran: its `error` is its last message.
-            let id = self.subscriptions.swap_remove(at).id;
-            if !self.outbox.finish(&id, error) {
-                let full = crate::error::refused(&self.overloaded());
-                let small = self.protocol.refused(&id, &full).unwrap_or_default();
-                self.outbox.finish_small(&id, small);
-            }
-            self.idle_if_none();
-            return;
-        }
-        match event {
-            Some(response) => {
-                let protocol = self.protocol;
-                let text = protocol.next(id, &response);
-                drop(response);
+    /// An event of the subscription at `at` (`first`: its first), or its
+    /// end.
+    fn on_event(&mut self, at: usize, first: bool, event: Option<Response>) {
+        let id = self.subscriptions.id(at);
+        let protocol = self.machine.protocol();
+        let frame = self.machine.event(id, first, event.as_ref());
+        drop(event);
+        match frame {
+            EventFrame::Next(text) => {
                 let full = self.overloaded();
                 let overloaded = || protocol.next(id, &crate::error::refused(&full));
                 if !self.outbox.event(id, text, overloaded) {
                     crate::metrics::subscription_event_dropped();
                 }
             }
-            None => {
-                let id = self.subscriptions.swap_remove(at).id;
-                let complete = self.protocol.complete(&id);
+            // Refused before it ran: its `error` is its last message.
+            EventFrame::Refused(error) => {
+                let id = self.subscriptions.remove(at);
+                if !self.outbox.finish(&id, error) {
+                    let full = crate::error::refused(&self.overloaded());
+                    let small = protocol.refused(&id, &full).unwrap_or_default();
+                    self.outbox.finish_small(&id, small);
+                }
+                self.idle_if_none();
+            }
+            EventFrame::Complete(complete) => {
+                let id = self.subscriptions.remove(at);
                 self.outbox.finish_small(&id, complete);
                 self.idle_if_none();
             }
@@ -412,21 +396,22 @@ impl<E: Executor> Driver<E> {
     }
 
     /// Answers subscribe `id`, refused before it ran with `answer`: an
-    /// `error` message, or in the legacy protocol `data` then `complete`.
+    /// `error` message, or in the legacy protocol `data` then `complete`
+    /// (a small one saying `OVERLOADED` when the pool cannot hold it).
     fn answer_refused(&mut self, id: &str, answer: &Response) {
-        let protocol = self.protocol;
+        let protocol = self.machine.protocol();
         let full = crate::error::refused(&self.overloaded());
-        match protocol.refused(id, answer) {
-            Some(error) => {
+        match self.machine.refused(id, answer) {
+            Refusal::Error(error) => {
                 if !self.outbox.reply(error) {
                     self.small(protocol.refused(id, &full).unwrap_or_default());
                 }
             }
-            None => {
-                if !self.outbox.reply(protocol.next(id, answer)) {
+            Refusal::DataThenComplete(data, complete) => {
+                if !self.outbox.reply(data) {
                     self.small(protocol.next(id, &full));
                 }
-                self.small(protocol.complete(id));
+                self.small(complete);
             }
         }
     }
@@ -453,29 +438,6 @@ impl<E: Executor> Driver<E> {
     }
 }
 
-/// The code of a subscribe past `subscriptions.max_per_connection`.
-pub(crate) const TOO_MANY_SUBSCRIPTIONS: &str = "TOO_MANY_SUBSCRIPTIONS";
-
-/// The next event of any subscription (or its end), polling them from
-/// `turn` on so that none starves the others.
-async fn next_event(
-    subscriptions: &mut [Subscription],
-    turn: &mut usize,
-) -> (usize, Option<Response>) {
-    std::future::poll_fn(|cx| {
-        let n = subscriptions.len();
-        for k in 0..n {
-            let at = (*turn + k) % n;
-            if let Poll::Ready(event) = subscriptions[at].events.poll_next_unpin(cx) {
-                *turn = at + 1;
-                return Poll::Ready((at, event));
-            }
-        }
-        Poll::Pending
-    })
-    .await
-}
-
 /// Writes `frame` within `timeout`: the sink back, or `None` when the write
 /// failed, timed out, or was the `last` (a close); and `held`, the pool's
 /// bytes the frame held while it was written (`standing.rs` keeps the
@@ -492,10 +454,3 @@ async fn write(
         _ => (None, held),
     }
 }
-
-/// Why a connection is closed 1013: its client's share of the sockets'
-/// memory is full.
-const SHARE_FULL: &str = "this client's sockets hold their share of memory";
-
-/// Why a connection is closed 1013: `subscriptions.max_connections` are open.
-const SOCKETS_FULL: &str = "the server holds all the sockets it may";

@@ -1,6 +1,7 @@
 //! The two GraphQL-over-WebSocket protocols, as messages: what a client
 //! may send ([`ClientMessage`], async-graphql's, which reads both), what the
-//! server sends ([`Protocol`]'s frames), and the close codes.
+//! server sends ([`Protocol`]'s frames). The close codes are with the other
+//! errors' codes (`error/socket.rs`).
 //!
 //! - `graphql-transport-ws`, the `graphql-ws` library's (Apollo Client's
 //!   `GraphQLWsLink`, urql, GraphiQL): `connection_init` → `connection_ack`;
@@ -39,26 +40,6 @@ pub(crate) fn choose(headers: &http::HeaderMap) -> Option<(&'static str, Protoco
                 .find(|served| *served == name)
                 .map(|served| (served, protocol))
         })
-}
-
-/// Close codes (graphql-transport-ws's, which the legacy clients read too).
-pub(crate) mod close {
-    /// A message that is not one of the protocol's, or too large.
-    pub(crate) const BAD_MESSAGE: u16 = 4400;
-    /// A subscribe before `connection_ack`.
-    pub(crate) const UNAUTHORIZED: u16 = 4401;
-    /// No `connection_init` within `subscriptions.init_timeout_ms`.
-    pub(crate) const INIT_TIMEOUT: u16 = 4408;
-    /// A subscribe whose id is already active.
-    pub(crate) const DUPLICATE_ID: u16 = 4409;
-    /// A second `connection_init`.
-    pub(crate) const TOO_MANY_INITS: u16 = 4429;
-    /// The server is stopping, or wants an idle connection's slot, or the
-    /// client went silent.
-    pub(crate) const GOING_AWAY: u16 = 1001;
-    /// The client's share of the sockets' memory cannot hold the
-    /// connection, or a message it sent (RFC 6455: try again later).
-    pub(crate) const TRY_AGAIN_LATER: u16 = 1013;
 }
 
 /// Which protocol a connection speaks, from its subprotocol.
