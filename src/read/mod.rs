@@ -402,31 +402,34 @@ impl<'a> Upstream<'a> {
 }
 
 /// Step 5 on the wire, for the walk and for a coalesced read's own send
-/// alike: `read` sent to `host` inside `span` (its CLIENT span, made where
-/// the read's span is current), cut at `limit`; `settle` sees the answer's
-/// headers, then what they say of the host's quota is learned (`quota.rs`)
-/// — a quota spent is the read's error — and `answer` makes the result.
-async fn on_the_wire(
-    parts: &ReadParts,
+/// alike: `read` handed to the transport now, inside `span` (its CLIENT
+/// span, made where the read's span is current), and sent until `limit`;
+/// `settle` sees the answer's headers, then what they say of the host's
+/// quota is learned (`quota.rs`) — a quota spent is the read's error — and
+/// `answer` makes the result. The future holds the transport's, not the read.
+fn on_the_wire<'w>(
+    parts: &'w ReadParts,
     span: spans::ClientSpan,
     read: Read,
-    host: &HostEntry,
+    host: &'w HostEntry,
     limit: Limit,
-    settle: impl FnOnce(&http::HeaderMap),
-    answer: impl FnOnce(UpstreamResponse) -> ReadResult,
-) -> ReadResult {
+    settle: impl FnOnce(&http::HeaderMap) + 'w,
+    answer: impl FnOnce(UpstreamResponse) -> ReadResult + 'w,
+) -> impl Future<Output = ReadResult> + 'w {
     let fetch = span.around(parts.transport.fetch(read, &host.name));
-    let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
-        settle(&r.headers);
-        // What the answer says of the host's quota (`quota.rs`).
-        match (parts.quotas).observe(&host.name, r.status, &r.headers, limit.started) {
-            Some(spent) => Err(spent),
-            None => answer(r),
-        }
-    })
-    .await;
-    span.finish(&outcome, host.metrics());
-    outcome
+    async move {
+        let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
+            settle(&r.headers);
+            // What the answer says of the host's quota (`quota.rs`).
+            match (parts.quotas).observe(&host.name, r.status, &r.headers, limit.started) {
+                Some(spent) => Err(spent),
+                None => answer(r),
+            }
+        })
+        .await;
+        span.finish(&outcome, host.metrics());
+        outcome
+    }
 }
 
 impl std::fmt::Debug for Upstream<'_> {
