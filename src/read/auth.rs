@@ -66,11 +66,11 @@ mod site;
 mod token;
 pub(crate) mod walk;
 
-pub(crate) use challenge::{challenge, Challenge};
-pub(crate) use fault::{Fault, FetchError, REFETCHES};
+use challenge::{challenge, Challenge};
+use fault::{Fault, FetchError, REFETCHES};
 pub(crate) use rejected::Rejected;
 use site::{Learned, Origin, Site};
-pub(crate) use token::{rejected_again, token, Token, TokenKey};
+use token::{rejected_again, token, Token, TokenKey};
 
 use super::message::{Read, UpstreamResponse};
 use crate::config::UpstreamTable;
