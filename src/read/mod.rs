@@ -2,7 +2,7 @@
 //! file is the hub, and walks a read; each step it takes is a spoke beside
 //! it, which knows nothing of the others (ARCHITECTURE.md draws the walk).
 //! The steps that bring several spokes together are the hub's too, each a
-//! file of `hub/` (below): this file names none of them, they name its types.
+//! file of `hub/` (`hub.rs`): this file names none of them, they name its types.
 //!
 //! One read, in order ([`Upstream::read`]):
 //!
