@@ -26,10 +26,15 @@
 //!    names B (naming an item of the module's own file is an edge to that
 //!    file), has no cycle. A cycle is reported with the file and line of each
 //!    edge.
-//! 2. The read path is a hub and spokes: no child of `src/read/` (a spoke)
-//!    names a sibling or the hub `read/mod.rs`, except that every spoke may
-//!    name a vocabulary file (`VOCABULARY`: the read's data types), which
-//!    itself names no sibling. The hub may name every spoke.
+//! 2. The read path is a hub and spokes. The hub is `read/mod.rs` and the
+//!    hub's own child (`HUB`: `read/hub.rs` and every file under
+//!    `read/hub/`, the steps that bring several spokes together); every
+//!    other child of `src/read/` is a spoke. No spoke names a sibling, the
+//!    hub's child or the hub `read/mod.rs`, except that every spoke may name
+//!    a vocabulary file (`VOCABULARY`: the read's data types), which itself
+//!    names no sibling. The hub may name every spoke (and rule 1 keeps
+//!    `read/mod.rs` from naming its own child's items: that child names
+//!    `read/mod.rs`'s).
 //! 3. Nothing under `src/read/` names the GraphQL layer (`GRAPHQL_LAYER`) or
 //!    `async_graphql`.
 //! 4. Every file ARCHITECTURE.md names in backticks exists, and every file
@@ -40,6 +45,10 @@ use std::path::{Path, PathBuf};
 /// The files of the read path that hold its data types (`Read`,
 /// `UpstreamResponse`): every spoke may name them; they name no sibling.
 const VOCABULARY: &[&str] = &["message"];
+
+/// The child of `src/read/` that is the hub's own (with `read/mod.rs`): its
+/// files may name every spoke; no spoke names them.
+const HUB: &[&str] = &["hub"];
 
 /// The modules above the read path, which nothing under `src/read/` names.
 const GRAPHQL_LAYER: &[&str] = &["graphql", "request", "engine", "document", "cost"];
@@ -288,7 +297,7 @@ fn spoke_violations(tree: &Tree) -> Vec<String> {
     for reference in &scan.references {
         let module = module_of(&reference.site.file);
         let spoke = match module.as_slice() {
-            [read, spoke, ..] if read == "read" => spoke,
+            [read, spoke, ..] if read == "read" && !HUB.contains(&spoke.as_str()) => spoke,
             _ => continue,
         };
         let followed = scan.follow_reexports(&reference.path);
@@ -309,6 +318,10 @@ fn spoke_problem(modules: &Modules, spoke: &str, path: &[String]) -> Option<Stri
         return None;
     }
     match path.get(1) {
+        Some(target) if HUB.contains(&target.as_str()) => Some(format!(
+            "the spoke `{spoke}` names the hub's `{target}`: the hub uses its spokes, never \
+             the other way"
+        )),
         Some(target) if modules.has_child(&read, target) => {
             let vocabulary = |name: &str| VOCABULARY.contains(&name);
             if target == spoke || (vocabulary(target) && !vocabulary(spoke)) {
@@ -1218,6 +1231,78 @@ fn a_spoke_naming_the_hub_is_caught() {
             &["the spoke `hosts` names the hub read/mod.rs"],
         );
     }
+}
+
+#[test]
+fn a_spoke_naming_the_hub_s_steps_is_caught() {
+    let mut tree = real_tree();
+    let step = format!("read/{}.rs", HUB[0]);
+    assert!(tree.contains_key(Path::new(&step)), "src/{step} was read");
+    let by_super = plant(
+        &mut tree,
+        "read/dedup.rs",
+        &format!("use super::{}::Planted;", HUB[0]),
+    );
+    let vocabulary = format!("read/{}.rs", VOCABULARY[0]);
+    let from_vocabulary = plant(
+        &mut tree,
+        &vocabulary,
+        &format!("fn planted(_: crate::read::{}::x::Planted) {{}}", HUB[0]),
+    );
+    let violations = spoke_violations(&tree);
+    assert_caught(
+        &violations,
+        &by_super,
+        &[&format!("the spoke `dedup` names the hub's `{}`", HUB[0])],
+    );
+    assert_caught(
+        &violations,
+        &from_vocabulary,
+        &[&format!("the spoke `{}` names the hub's", VOCABULARY[0])],
+    );
+}
+
+#[test]
+fn the_hub_s_steps_may_name_every_spoke_and_the_hub() {
+    let mut tree = real_tree();
+    let under = PathBuf::from("read").join(HUB[0]);
+    let steps: Vec<String> = (tree.keys())
+        .filter(|file| file.starts_with(&under))
+        .map(|file| file.to_string_lossy().into_owned())
+        .chain([format!("read/{}.rs", HUB[0])])
+        .collect();
+    assert!(steps.len() >= 2, "the hub's steps were read: {steps:?}");
+    let planted: Vec<String> = (steps.iter())
+        .map(|step| {
+            let line = "use crate::read::{budget::Planted, hosts::HostTable, Upstream};";
+            plant(&mut tree, step, line)
+        })
+        .collect();
+    let violations = spoke_violations(&tree);
+    for planted in planted {
+        assert!(
+            !violations
+                .iter()
+                .any(|v| v.contains(&format!("{planted} `"))),
+            "a file of the hub may name the spokes and read/mod.rs: {violations:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_hub_naming_its_own_steps_is_a_cycle() {
+    let mut tree = real_tree();
+    let planted = plant(
+        &mut tree,
+        "read/mod.rs",
+        &format!("use {}::Planted;", HUB[0]),
+    );
+    let cycles = import_cycles(&tree);
+    assert_caught(
+        &cycles,
+        &planted,
+        &[&format!("<read/mod.rs> → {}: ", HUB[0])],
+    );
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //! registries and most HTTP APIs ask (RFC 9110 §11, the Docker registry
 //! token flow). The hub sends every request this asks for as a read of its
 //! own — the challenge, the token fetch and the retry are each charged,
-//! capped and timed like any read; this file only decides.
+//! capped and timed like any read; this file decides, and `walk.rs` walks a
+//! read through its decisions.
 //!
 //! - **Basic** (`WWW-Authenticate: Basic`): the read is sent again with the
 //!   upstream's configured user and password; later reads to that origin
@@ -49,7 +50,10 @@
 //! A read that carries its own `Authorization` header is left alone: its
 //! `401` is answered as it is.
 //!
-//! Beside this file: `challenge.rs` reads `WWW-Authenticate`, `realm.rs`
+//! Beside this file: `walk.rs` walks a read through these decisions —
+//! credentials up front, a `401` answered, a token fetched once (and again,
+//! by the rule of `fault.rs`) — sending each request it asks for through the
+//! hub's [`Sender`](walk::Sender); `challenge.rs` reads `WWW-Authenticate`, `realm.rs`
 //! the realm rule, `site.rs` the configured upstreams and what each learned,
 //! `token.rs` a realm's answer and the kept tokens, `rejected.rs` the tokens
 //! one request saw rejected, `fault.rs` whose doing a failed token fetch is.
@@ -60,12 +64,13 @@ mod realm;
 mod rejected;
 mod site;
 mod token;
+pub(crate) mod walk;
 
-pub(crate) use challenge::{challenge, Challenge};
-pub(crate) use fault::{Fault, FetchError, REFETCHES};
+use challenge::{challenge, Challenge};
+use fault::{Fault, FetchError, REFETCHES};
 pub(crate) use rejected::Rejected;
 use site::{Learned, Origin, Site};
-pub(crate) use token::{rejected_again, token, Token, TokenKey};
+use token::{rejected_again, token, Token, TokenKey};
 
 use super::message::{Read, UpstreamResponse};
 use crate::config::UpstreamTable;
@@ -159,11 +164,6 @@ impl Auth {
             .map(|(_, site)| site.identity.clone())
     }
 
-    /// The kept tokens (the hub fetches through them, once per key).
-    pub(crate) fn tokens(&self) -> &Cache<TokenKey, Token> {
-        &self.tokens
-    }
-
     /// Whether `read` goes to a configured origin whose challenge is
     /// known, so [`before`](Self::before) may give it credentials.
     pub(crate) fn knows(&self, read: &Read) -> bool {
@@ -178,7 +178,7 @@ impl Auth {
     /// origin that asked for them, or a token kept (or to fetch) for the
     /// read's scope at an origin whose bearer challenge is known — never one
     /// its request saw `rejected`.
-    pub(crate) async fn before(&self, read: &Read, rejected: &Rejected) -> Before {
+    async fn before(&self, read: &Read, rejected: &Rejected) -> Before {
         let Some(site) = self.site(&read.url) else {
             return Before::Send;
         };
@@ -221,7 +221,7 @@ impl Auth {
     /// the answer fetches a new one.
     ///
     /// [`reject`]: Self::reject
-    pub(crate) async fn answer(
+    async fn answer(
         &self,
         read: &Read,
         response: &UpstreamResponse,
@@ -300,7 +300,7 @@ impl Auth {
     /// and its realm forgotten.
     ///
     /// [`reject`]: Self::reject
-    pub(crate) async fn refused(
+    async fn refused(
         &self,
         read: &Read,
         response: &UpstreamResponse,
@@ -345,7 +345,7 @@ impl Auth {
     /// read learns the upstream's challenge afresh. A refusal of the
     /// credentials or the scope, or a read the engine stopped for its
     /// request's own bounds, says nothing against the realm (`fault.rs`).
-    pub(crate) fn fetch_failed(&self, read: &Read, source: &TokenSource, err: &FetchError) {
+    fn fetch_failed(&self, read: &Read, source: &TokenSource, err: &FetchError) {
         if err.fault == Fault::Realm {
             self.forget(read, source);
         }
@@ -374,7 +374,7 @@ impl Auth {
     }
 
     /// Drops the token kept under `key` if it is still `sent`.
-    pub(crate) async fn drop_token(&self, key: &TokenKey, sent: &HeaderValue) {
+    async fn drop_token(&self, key: &TokenKey, sent: &HeaderValue) {
         use moka::ops::compute::Op;
         self.tokens
             .entry(key.clone())
