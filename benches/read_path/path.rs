@@ -245,7 +245,7 @@ fn prebuilt_gets<K, V>(
 /// is not handed to `memcmp` (glibc's AVX-512 `memcmp` loads an empty
 /// `Bytes`' dangling pointer under an empty mask, a microcode assist; the
 /// derived `PartialEq` costs ~100 ns a lookup more).
-#[derive(Clone, Eq, Hash)]
+#[derive(Clone, Eq)]
 struct EngineKey {
     method: http::Method,
     url: Box<str>,
@@ -266,6 +266,13 @@ impl PartialEq for EngineKey {
             && self.credential == other.credential
             && self.headers == other.headers
             && same(&self.body, &other.body)
+    }
+}
+
+impl std::hash::Hash for EngineKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (&self.method, &self.url, &self.headers, &self.body).hash(state);
+        (&self.key, &self.credential, self.shared).hash(state);
     }
 }
 
