@@ -208,6 +208,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && (a.is_empty() || a == b)
 }
 
+/// [`same`], for optional strings.
 fn same_str(a: Option<&str>, b: Option<&str>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => same(a.as_bytes(), b.as_bytes()),
