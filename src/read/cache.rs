@@ -61,9 +61,8 @@ mod hits;
 
 pub(crate) use hits::RequestHits;
 
-use super::message::{KeyView, Read, ReadKey, UpstreamResponse};
+use super::message::{KeyHash, KeyView, Read, ReadKey, UpstreamResponse};
 use crate::error::ReadError;
-use foldhash::fast::SeedableRandomState;
 use http::HeaderValue;
 use http_cache_semantics::{CacheOptions, CachePolicy, ResponseLike};
 use moka::sync::Cache;
@@ -93,9 +92,10 @@ const AGE_CEILING: &str = "2147483648";
 
 /// The engine's cache of answers.
 pub(crate) struct AnswerCache<H> {
-    /// Seeded foldhash: the key (a URL, headers) hashed in a fraction of
-    /// SipHash's time, and not predictable by whoever chooses the URLs.
-    entries: Option<Cache<ReadKey, Arc<Kept<H>>, SeedableRandomState>>,
+    /// Hashed by the hash each key carries (seeded foldhash, computed once
+    /// when the read's key is made: not predictable by whoever chooses the
+    /// URLs); a probe past another entry compares that hash before the URL.
+    entries: Option<Cache<ReadKey, Arc<Kept<H>>, KeyHash>>,
     /// The most one entry may weigh.
     max_entry: u64,
 }
@@ -170,7 +170,7 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
                     u32::try_from(weight(key, &kept.answer)).unwrap_or(u32::MAX)
                 })
                 .expire_after(PerEntry)
-                .build_with_hasher(crate::seed::random_state())
+                .build_with_hasher(KeyHash)
         });
         Self {
             entries,

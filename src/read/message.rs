@@ -5,7 +5,7 @@
 
 mod key;
 
-pub(crate) use key::{KeyView, ReadKey};
+pub(crate) use key::{KeyHash, KeyView, ReadKey};
 
 use crate::error::ReadError;
 use bytes::Bytes;

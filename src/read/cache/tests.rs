@@ -1,4 +1,5 @@
-//! The cache's own tests: the fill-once rule under misses that end together.
+//! The cache's own tests: the fill-once rule under misses that end
+//! together; keys whose stored hashes collide.
 
 use super::*;
 
@@ -36,4 +37,46 @@ fn misses_ending_together_fill_an_entry_once() {
             "round {round}: {kept} of {threads} kept the answer"
         );
     }
+}
+
+/// An answer whose body is `body`.
+fn answer(body: &'static str) -> Arc<UpstreamResponse> {
+    Arc::new(UpstreamResponse::new(
+        "registry.local",
+        http::StatusCode::OK,
+        http::HeaderMap::new(),
+        bytes::Bytes::from_static(body.as_bytes()),
+    ))
+}
+
+/// Two reads whose keys carry the same stored hash are still two keys: each
+/// is answered with its own entry, never the other's, and a read whose
+/// entry is not kept misses though another under its hash is.
+#[test]
+fn keys_with_the_same_hash_are_told_apart() {
+    let cache = AnswerCache::<()>::new(1 << 20);
+    let read = |tag: &str| {
+        let url = format!("http://registry.local/v2/app/manifests/{tag}");
+        Read::get(url.parse().unwrap()).immutable()
+    };
+    let (a, b) = (read("a"), read("b"));
+    let probe = |read| {
+        let mut probe = cache.probe(read, None, false).unwrap();
+        probe.key = probe.key.with_hash(42);
+        probe
+    };
+    let body = |probe: &Probe<'_>| {
+        let (answer, ()) = cache.get(probe, None)?;
+        Some(answer.unwrap().body.clone())
+    };
+    assert!(cache
+        .keep(probe(&a).missed(), &answer("a"), None, ())
+        .is_some());
+    assert_eq!(body(&probe(&a)).as_deref(), Some(&b"a"[..]));
+    assert_eq!(body(&probe(&b)), None, "b answered with a's entry");
+    assert!(cache
+        .keep(probe(&b).missed(), &answer("b"), None, ())
+        .is_some());
+    assert_eq!(body(&probe(&b)).as_deref(), Some(&b"b"[..]));
+    assert_eq!(body(&probe(&a)).as_deref(), Some(&b"a"[..]));
 }
