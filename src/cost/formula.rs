@@ -15,8 +15,8 @@
 
 use super::estimate::times_of;
 use super::table::CostTable;
-use crate::cost::schema_types::SchemaTypes;
 use super::table::Stamp;
+use crate::cost::schema_types::SchemaTypes;
 use crate::document::guard::Shape;
 use crate::document::memo::{Kept, MAX_FORMULA_BYTES};
 use async_graphql::parser::types::{ExecutableDocument, Field, Selection, SelectionSet};
@@ -24,7 +24,6 @@ use async_graphql::{Name, Positioned, Value, Variables};
 use async_graphql_value::Value as Input;
 use std::collections::HashMap;
 use std::mem::size_of;
-
 
 /// What a kept document keeps: the formula compiled for one operation, costs
 /// and schema types (the first it was priced for), or that it was too large.
