@@ -273,7 +273,7 @@ type Sized<'a> = Option<(&'a [String], &'a Formula)>;
 
 impl<'a> Compile<'a> {
     /// [`super::estimate`]'s `Walk::selection`, a formula for its figure.
-    fn selection<'s>(
+    fn selection(
         &mut self,
         set: &'a Positioned<SelectionSet>,
         ty: &str,

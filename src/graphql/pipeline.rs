@@ -118,9 +118,9 @@ impl Op {
                     let variables = &request.variables;
                     // A kept document is priced from its formula.
                     requested = Some(match parsed.kept() {
-                        Some(kept) => crate::cost::estimate_kept(
-                            kept, costs, types, &shape, variables, name,
-                        ),
+                        Some(kept) => {
+                            crate::cost::estimate_kept(kept, costs, types, &shape, variables, name)
+                        }
                         None => crate::cost::estimate(costs, types, doc, &shape, variables, name),
                     });
                 }
