@@ -159,37 +159,50 @@ impl Walk<'_> {
 
     /// How many times a field's sub-selection may be resolved.
     fn times(&self, times: &Multiplier, field: &Field, info: &FieldInfo) -> u64 {
-        let arg = match times {
-            Multiplier::One => return 1,
-            Multiplier::Fixed(n) => return *n,
-            Multiplier::Arg(arg) | Multiplier::Len(arg) => arg,
-            Multiplier::Slicing(slicing) => {
-                let vars = |name: &Name| self.variable(name);
-                return super::slicing::times(slicing, field, info, self.types, &vars);
-            }
-        };
-        let given = field.get_argument(arg).map(|v| {
-            v.node
-                .clone()
-                .into_const_with(|name| self.variable(&name).ok_or(()))
-                .ok()
-        });
-        let value = match given {
-            Some(value) => value,
-            // Absent: the argument's default in the schema.
-            None => return info.default_of(arg).unwrap_or(0),
-        };
-        match value {
-            Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
-            // A list argument counts its elements, whichever multiplier
-            // names it: a list is never "0 items".
-            Some(Value::List(items)) => items.len() as u64,
-            _ => 0,
-        }
+        times_of(times, field, info, self.types, &|name| self.variable(name))
     }
 
     /// A variable's value: the request's, else the operation's default.
     fn variable(&self, name: &Name) -> Option<Value> {
         super::slicing::variable(self.variables, self.op, name)
+    }
+}
+
+/// How many times a field's sub-selection may be resolved: `times` with the
+/// field's arguments, `vars` giving a variable's value (the request's, else
+/// the operation's default). Called with no variable when none of the
+/// field's arguments names one.
+pub(super) fn times_of(
+    times: &Multiplier,
+    field: &Field,
+    info: &FieldInfo,
+    types: &SchemaTypes,
+    vars: &dyn Fn(&Name) -> Option<Value>,
+) -> u64 {
+    let arg = match times {
+        Multiplier::One => return 1,
+        Multiplier::Fixed(n) => return *n,
+        Multiplier::Arg(arg) | Multiplier::Len(arg) => arg,
+        Multiplier::Slicing(slicing) => {
+            return super::slicing::times(slicing, field, info, types, vars);
+        }
+    };
+    let given = field.get_argument(arg).map(|v| {
+        v.node
+            .clone()
+            .into_const_with(|name| vars(&name).ok_or(()))
+            .ok()
+    });
+    let value = match given {
+        Some(value) => value,
+        // Absent: the argument's default in the schema.
+        None => return info.default_of(arg).unwrap_or(0),
+    };
+    match value {
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+        // A list argument counts its elements, whichever multiplier
+        // names it: a list is never "0 items".
+        Some(Value::List(items)) => items.len() as u64,
+        _ => 0,
     }
 }

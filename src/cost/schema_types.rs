@@ -37,6 +37,9 @@ pub(crate) struct SchemaTypes {
     /// [`crate::cost::check_schema`]); a field whose directives are wrong
     /// declares no cost.
     pub(crate) problems: Vec<String>,
+    /// Told apart from every other `SchemaTypes` built in the process: a
+    /// compiled cost formula is kept for one.
+    pub(crate) id: super::table::Stamp,
 }
 
 /// One field of an object or interface type.

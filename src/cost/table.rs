@@ -1,6 +1,7 @@
 //! The declared costs: a [`FieldCost`] per `Type.field`, in a [`CostTable`].
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What resolving one field may cost.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -112,6 +113,21 @@ impl FieldCost {
 pub struct CostTable {
     /// By type, then field (looked up with borrowed names).
     fields: HashMap<String, HashMap<String, FieldCost>>,
+    /// Its contents' own number (a copy shares it, a change renews it): a
+    /// compiled cost formula is kept for one.
+    pub(crate) id: Stamp,
+}
+
+/// A number never given twice in the process, telling a [`CostTable`]'s or
+/// a schema's types' contents apart from any other's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp(u64);
+
+impl Default for Stamp {
+    fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Stamp(NEXT.fetch_add(1, Relaxed))
+    }
 }
 
 impl CostTable {
@@ -126,6 +142,7 @@ impl CostTable {
             .entry(type_name.to_string())
             .or_default()
             .insert(field.to_string(), cost);
+        self.id = Stamp::default();
         self
     }
 

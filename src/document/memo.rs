@@ -39,16 +39,25 @@
 //! [`MAX_VALIDATIONS`], the newest replacing the oldest, and their room is
 //! reserved in the document cache's weight when the document is kept
 //! ([`reserve`]), so the cache's bound holds them.
+//!
+//! **The cost estimate's formula** (`cost/formula.rs`) is kept in a slot of
+//! its own, typed by its owner (this module names nothing of `cost`, which
+//! names it), with the schema and operation it was compiled for; at most
+//! [`MAX_FORMULA_BYTES`] of heap, reserved likewise.
 
 use crate::document::guard::{check, Shape, ShapeError};
 use async_graphql::parser::types::ExecutableDocument;
 use async_graphql::{Name, SchemaEnv, ValidationResult, Value as ConstValue, Variables};
+use std::any::Any;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, RwLock};
 
 /// Validations a document keeps, over every schema, name and variables.
 pub(crate) const MAX_VALIDATIONS: usize = 4;
+
+/// The most heap a kept cost formula takes; a larger one is not kept.
+pub(crate) const MAX_FORMULA_BYTES: usize = 1024;
 
 /// The longest string or enum value a kept validation's variables hold.
 pub(crate) const MAX_VALUE_BYTES: usize = 64;
@@ -63,6 +72,8 @@ pub(crate) struct Kept {
     verdict: OnceLock<(u64, Result<Arc<Shape>, ShapeError>)>,
     /// Successful validations, newest last.
     validated: RwLock<Vec<Validated>>,
+    /// The cost estimate's formula, as its owner keeps it.
+    formula: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Kept {
@@ -89,7 +100,13 @@ struct Validated {
 pub(crate) fn reserve(doc: &ExecutableDocument) -> usize {
     let value = size_of::<Option<ConstValue>>() + MAX_VALUE_BYTES + 2 * size_of::<usize>();
     MAX_VALIDATIONS * (size_of::<Validated>() + defined(doc).count() * value)
+        + FORMULA_SLOT
+        + MAX_FORMULA_BYTES
 }
+
+/// What the formula's slot takes besides the formula's own heap (its box,
+/// whose owner's key and roots are a few words).
+const FORMULA_SLOT: usize = 16 * size_of::<usize>();
 
 /// Every variable definition of `doc`'s operations, in a fixed order (the
 /// kept document's: the same on every call).
@@ -107,7 +124,21 @@ impl Kept {
             doc,
             verdict: OnceLock::new(),
             validated: RwLock::new(Vec::new()),
+            formula: OnceLock::new(),
         }
+    }
+
+    /// The formula kept in this document's slot, made by `make` the first
+    /// time it is asked for (`None` when what the slot holds is of another
+    /// type). The owner checks the kept value fits (its schema, its
+    /// operation): one is kept, the first.
+    pub(crate) fn formula<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.formula.get_or_init(|| Box::new(make())).downcast_ref()
+    }
+
+    /// Whether a formula is kept.
+    pub(crate) fn has_formula(&self) -> bool {
+        self.formula.get().is_some()
     }
 
     /// The guard's verdict for `max_selections`: found once.

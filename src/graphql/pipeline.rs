@@ -116,9 +116,13 @@ impl Op {
                 )?;
                 if let Some(costs) = costs {
                     let variables = &request.variables;
-                    requested = Some(crate::cost::estimate(
-                        costs, types, doc, &shape, variables, name,
-                    ));
+                    // A kept document is priced from its formula.
+                    requested = Some(match parsed.kept() {
+                        Some(kept) => {
+                            crate::cost::estimate_kept(kept, costs, types, &shape, variables, name)
+                        }
+                        None => crate::cost::estimate(costs, types, doc, &shape, variables, name),
+                    });
                 }
                 Ok(parsed)
             });
