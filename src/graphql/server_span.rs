@@ -181,10 +181,12 @@ impl Metric {
     fn of(request: &http::Request<Body>, get: bool) -> Option<Metric> {
         use opentelemetry::KeyValue;
         let instruments = crate::telemetry::instruments()?;
-        let mut attributes = vec![KeyValue::new(
+        // Room for the status, pushed at the end.
+        let mut attributes = Vec::with_capacity(3);
+        attributes.push(KeyValue::new(
             "http.request.method",
             if get { "GET" } else { "POST" },
-        )];
+        ));
         if let Some(route) = request.extensions().get::<MatchedPath>() {
             attributes.push(KeyValue::new("http.route", route.as_str().to_owned()));
         }

@@ -50,7 +50,7 @@ pub(crate) struct ClientSpan {
 
 /// `http.client.request.duration`'s start and method; the instrument and
 /// the host's attributes are taken at the end (nothing allocated per
-/// request but the attributes' list).
+/// request: the attributes' list is on the stack).
 #[cfg(feature = "otel")]
 struct Metric {
     method: &'static str,
@@ -71,23 +71,30 @@ impl Metric {
         let Some(instruments) = crate::telemetry::instruments() else {
             return; // the telemetry ended meanwhile
         };
-        let mut attributes = Vec::with_capacity(5);
-        attributes.push(KeyValue::new("http.request.method", self.method));
-        attributes.extend(host.server.iter().cloned());
+        // On the stack: the method, the host's one or two, a status and an
+        // error at most; the unused places are never read.
+        let mut attributes: [KeyValue; 5] = std::array::from_fn(|_| KeyValue::new("", false));
+        let mut len = 0;
+        let mut push = |attribute| {
+            attributes[len] = attribute;
+            len += 1;
+        };
+        push(KeyValue::new("http.request.method", self.method));
+        host.server.iter().take(2).cloned().for_each(&mut push);
         if let Some(status) = status {
-            attributes.push(KeyValue::new(
+            push(KeyValue::new(
                 "http.response.status_code",
                 i64::from(status),
             ));
         }
         match error {
             Some(ErrorType::Status(status)) => {
-                attributes.push(KeyValue::new("error.type", status.to_string()));
+                push(KeyValue::new("error.type", status.to_string()));
             }
-            Some(ErrorType::Code(code)) => attributes.push(KeyValue::new("error.type", code)),
+            Some(ErrorType::Code(code)) => push(KeyValue::new("error.type", code)),
             None => {}
         }
-        instruments.client_request(self.started.elapsed(), &attributes);
+        instruments.client_request(self.started.elapsed(), &attributes[..len]);
     }
 }
 

@@ -106,10 +106,14 @@ async fn fetch(
     }
     #[cfg(feature = "otel")]
     {
-        // The trace's context, when spans are exported (`telemetry`).
-        let mut trace = http::HeaderMap::new();
-        crate::telemetry::inject_traceparent(&mut trace);
-        request = request.headers(trace);
+        // The trace's context, when spans are exported (`telemetry`): the
+        // header alone, no map built for it.
+        if let Some(traceparent) = crate::telemetry::current_traceparent() {
+            request = request.header(
+                http::header::HeaderName::from_static("traceparent"),
+                traceparent,
+            );
+        }
     }
     if !body.is_empty() {
         request = request.body(body);

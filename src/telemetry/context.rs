@@ -14,8 +14,8 @@
 //! (`sampling.rs`).
 
 use super::live::is_active;
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
-use opentelemetry::trace::TraceContextExt as _;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceId};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 use std::borrow::Cow;
@@ -106,41 +106,84 @@ impl Extractor for Inbound<'_> {
 /// Adds `traceparent` naming the current span to `headers`, when spans are
 /// exported and there is one.
 pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
-    if !is_active() {
-        return;
-    }
-    let cx = tracing::Span::current().context();
-    if cx.span().span_context().is_valid() {
-        TraceContextPropagator::new().inject_context(&cx, &mut TraceparentOnly(headers));
-        return;
-    }
-    // A request sampled out has no span: its trace id, unsampled.
-    if let Some(decision) = super::sampling::current() {
-        let span_id = RandomIdGenerator::default().new_span_id();
-        let value = format!("00-{}-{span_id}-00", decision.trace_id);
-        if let Ok(value) = http::HeaderValue::from_str(&value) {
-            headers.insert(http::header::HeaderName::from_static("traceparent"), value);
-        }
+    if let Some(value) = current_traceparent() {
+        headers.insert(http::header::HeaderName::from_static("traceparent"), value);
     }
 }
 
-/// Writes `traceparent` and nothing else (no `tracestate`).
-struct TraceparentOnly<'a>(&'a mut http::HeaderMap);
-
-impl Injector for TraceparentOnly<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        if key == "traceparent" {
-            if let Ok(value) = http::HeaderValue::from_str(&value) {
-                self.0
-                    .insert(http::header::HeaderName::from_static("traceparent"), value);
-            }
+/// `traceparent` naming the current span, when spans are exported and there
+/// is one; for a request sampled out, its trace id, a span id of its own
+/// and the unsampled flag. Written into a buffer on the stack: the header's
+/// value is the one allocation (the propagator formats a `String`, and a
+/// `tracestate` nobody sends, for each upstream request).
+pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
+    if !is_active() {
+        return None;
+    }
+    let decision = super::sampling::current();
+    // A request sampled out has no span to look for.
+    if decision.is_none_or(|decision| decision.sampled) {
+        let cx = tracing::Span::current().context();
+        let span = cx.span();
+        let context = span.span_context();
+        if context.is_valid() {
+            return Some(traceparent(
+                context.trace_id(),
+                context.span_id(),
+                context.is_sampled(),
+            ));
         }
     }
+    let decision = decision?;
+    let span_id = RandomIdGenerator::default().new_span_id();
+    Some(traceparent(decision.trace_id, span_id, false))
+}
+
+/// `00-{trace id}-{span id}-{flags}`, as `TraceContextPropagator` writes
+/// it (lowercase hex; the sampled flag alone).
+fn traceparent(trace_id: TraceId, span_id: SpanId, sampled: bool) -> http::HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut value = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    let digits = |out: &mut [u8], bytes: &[u8]| {
+        for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
+            pair[0] = HEX[usize::from(byte >> 4)];
+            pair[1] = HEX[usize::from(byte & 0xf)];
+        }
+    };
+    digits(&mut value[3..35], &trace_id.to_bytes());
+    digits(&mut value[36..52], &span_id.to_bytes());
+    if sampled {
+        value[54] = b'1';
+    }
+    http::HeaderValue::from_bytes(&value).expect("hex digits and dashes")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn traceparent_is_written_as_the_propagator_writes_it() {
+        use opentelemetry::propagation::TextMapPropagator as _;
+        use opentelemetry::trace::{SpanContext, TraceFlags, TraceState};
+        let ids = RandomIdGenerator::default();
+        for sampled in [true, false] {
+            let (trace_id, span_id) = (ids.new_trace_id(), ids.new_span_id());
+            let flags = if sampled {
+                TraceFlags::SAMPLED
+            } else {
+                TraceFlags::default()
+            };
+            let context = SpanContext::new(trace_id, span_id, flags, false, TraceState::NONE);
+            let cx = opentelemetry::Context::new().with_remote_span_context(context);
+            let mut expected = std::collections::HashMap::new();
+            TraceContextPropagator::new().inject_context(&cx, &mut expected);
+            assert_eq!(
+                traceparent(trace_id, span_id, sampled).to_str().unwrap(),
+                expected["traceparent"],
+            );
+        }
+    }
 
     #[test]
     fn a_tracestate_within_512_bytes_is_kept_whole() {

@@ -55,7 +55,7 @@ mod sampling;
 mod truncate;
 mod weight;
 
-pub(crate) use context::adopt_parent;
+pub(crate) use context::{adopt_parent, current_traceparent};
 pub(crate) use instruments::{current as instruments, is_recording, Instruments};
 pub(crate) use sampling::{decide, root as root_decision, within, within_sync, Sampling};
 
