@@ -14,7 +14,7 @@
 # commits use are compiled once (--separate-targets: one per side); each
 # executable is copied out and every build directory deleted before the
 # first run, the rest on exit. -t DIR builds in DIR instead and keeps it:
-# judging the same commits again then compiles nothing (delete DIR after).
+# judging again then compiles only the workspace's crates (delete DIR after).
 #
 # Then PAIRS pairs (default 5) of runs, the order turning about so drift
 # hits both alike: A B, B A, A B, … Each run prints a `judge:` line (the
@@ -90,10 +90,14 @@ build() {
   local side="$1" rev="$2" flags="$3" target="$builds/target" src
   src="$builds/src-${rev:0:12}-$(printf '%s' "$flags" | cksum | cut -d' ' -f1)"
   if [ "$separate" = 1 ]; then target="$builds/target-$side"; fi
-  # Files keep the commit's times: an unchanged commit is not rebuilt (-t).
+  # Files get the time they are written (-m), not their commit's: cargo
+  # takes a workspace member's unit in both sources' copies for the same
+  # unit (its metadata hashes the path relative to the workspace), so a
+  # source older than the other side's build would be taken as built, and
+  # B would be A's binary. Every build compiles the workspace's own crates.
   rm -rf "$src"
   mkdir -p "$src"
-  git -C "$repo" archive --format=tar "$rev" | tar -x -C "$src"
+  git -C "$repo" archive --format=tar "$rev" | tar -x -m -C "$src"
   echo "judge: building $side = ${rev:0:7} ${flags:-(default features)} ..." >&2
   local started=$SECONDS exe
   # shellcheck disable=SC2086 # the flags are words
@@ -119,6 +123,12 @@ for m in map(json.loads, sys.stdin):
 
 build A "$rev_a" "$flags_a"
 build B "$rev_b" "$flags_b"
+if cmp -s "$work/A.bin" "$work/B.bin"; then
+  if [ "$rev_a" != "$rev_b" ] || [ "$flags_a" != "$flags_b" ]; then
+    echo "judge: A and B built to the same executable; nothing to judge" >&2
+    exit 1
+  fi
+fi
 rm -rf "$work/target"
 
 echo "judge: A = ${rev_a:0:7} ${flags_a:-(default features)}"
