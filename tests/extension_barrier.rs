@@ -81,7 +81,8 @@ async fn a_refused_batch_names_no_invalid_location() {
 }
 
 /// Refuses, in `prepare_request`, every operation whose text names `refused`
-/// (as a persisted-query lookup refuses an unknown hash).
+/// (as a persisted-query lookup refuses an unknown hash); one whose text
+/// names `late` it passes on after a turn.
 struct Refusing;
 
 impl async_graphql::extensions::ExtensionFactory for Refusing {
@@ -100,6 +101,10 @@ impl async_graphql::extensions::Extension for Refusing {
     ) -> async_graphql::ServerResult<Request> {
         if request.query.contains("refused") {
             return Err(async_graphql::ServerError::new("refused here", None));
+        }
+        if request.query.contains("late") {
+            // Priced after the batch's other operations were polled once.
+            tokio::task::yield_now().await;
         }
         next.run(ctx, request).await
     }
@@ -136,4 +141,33 @@ async fn an_operation_refused_by_a_later_extension_does_not_hold_the_batch() {
     );
     assert!(responses[0].errors.is_empty(), "{:?}", responses[0].errors);
     assert_eq!(responses[1].errors[0].message, "refused here");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_operation_refused_before_it_was_priced_counts_once_at_the_barrier() {
+    // Two operations of one read each, a budget of one: the batch's worst
+    // case, two, refuses both — unless the refused one counted twice and
+    // the barrier opened before the late one was priced.
+    let (engine, _) = priced(1);
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .extension(Refusing)
+        .finish();
+    let fanout = engine.begin_request(Caller::Public);
+    fanout.expect_operations(3);
+    let batch = BatchRequest::Batch(vec![
+        Request::new("{ limit }"),
+        Request::new("query refused { limit }"),
+        Request::new("query late { limit }"),
+    ]);
+    let answer = serde_json::to_value(schema.execute_batch(batch.data(fanout)).await).unwrap();
+    let codes: Vec<_> = (answer.as_array().unwrap().iter())
+        .map(|response| response["errors"][0]["extensions"]["code"].clone())
+        .collect();
+    assert_eq!(codes[0], "FANOUT_ESTIMATE_EXCEEDS_BUDGET", "{answer}");
+    assert_eq!(codes[2], "FANOUT_ESTIMATE_EXCEEDS_BUDGET", "{answer}");
+    assert_eq!(
+        answer[1]["errors"][0]["message"], "refused here",
+        "{answer}"
+    );
 }

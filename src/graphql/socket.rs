@@ -31,8 +31,8 @@
 //!    upgrade passed, `inbound/limiter.rs`'s `SocketLimit`: refused, an
 //!    `error` with `RATE_LIMITED`; the check, which may ask Redis, waits
 //!    beside the socket's other work — its writes, pings, other
-//!    subscriptions — the subscribe's frame held in the pool meanwhile, and
-//!    its id taken): the operation runs on
+//!    subscriptions — what the parsed subscribe holds taken from the pool
+//!    meanwhile (`held.rs`), and its id taken): the operation runs on
 //!    the executor with the connection in its session data. The engine's
 //!    extension admits it once and runs **each event in a scope of its own**
 //!    opened on the connection (`extension.rs`): its own de-duplication,

@@ -253,7 +253,7 @@ impl<E: Executor> Driver<E> {
                 Next::Go
             }
             Action::Start { id, payload } => {
-                self.start(id, payload, bytes.len());
+                self.start(id, payload);
                 Next::Go
             }
             Action::Stop { id, reply } => {
@@ -295,16 +295,17 @@ impl<E: Executor> Driver<E> {
         }
     }
 
-    /// Subscription `id` started with `payload`, sent in a frame of `bytes`:
-    /// a public caller's operation is a request of its client's, under the
-    /// per-IP limit like one sent over HTTP — checked beside everything
-    /// else the socket does, the frame held in the pool meanwhile; then it
-    /// runs.
-    fn start(&mut self, id: String, payload: Box<Request>, bytes: usize) {
+    /// Subscription `id` started with `payload`: a public caller's
+    /// operation is a request of its client's, under the per-IP limit like
+    /// one sent over HTTP — checked beside everything else the socket does,
+    /// what the parsed subscribe holds (`held::waiting`) taken from the pool
+    /// meanwhile; then it runs.
+    fn start(&mut self, id: String, payload: Box<Request>) {
         let Some(limit) = self.limit.clone() else {
             return self.run_subscription(id, payload);
         };
-        let Some(held) = self.memory.lease(SUBSCRIPTION_WEIGHT + id.len() + bytes) else {
+        let weight = SUBSCRIPTION_WEIGHT + id.len() + super::held::waiting(&payload);
+        let Some(held) = self.memory.lease(weight) else {
             let full = crate::error::refused(&self.overloaded());
             return self.answer_refused(&id, &full);
         };

@@ -24,7 +24,7 @@
 
 use crate::memory::{weigh, ENTRY_WEIGHT};
 use async_graphql::parser::types::ExecutableDocument;
-use async_graphql::Variables;
+use async_graphql::{Request, Value, Variables};
 
 /// What an active operation holds beyond its document, variables and
 /// text: async-graphql's stream and query environment, the extension's
@@ -45,14 +45,30 @@ pub(crate) fn weight(doc: &ExecutableDocument, text: usize, variables: &Variable
         .map_or(text.saturating_mul(UNWEIGHED_DOCUMENT), |w| {
             w.saturating_mul(DOCUMENT_FACTOR)
         });
-    let variables: usize = variables
-        .iter()
-        .map(|(name, value)| ENTRY_WEIGHT + name.len() + weigh(value, true))
-        .sum();
     OPERATION_WEIGHT
         .saturating_add(document)
-        .saturating_add(variables)
+        .saturating_add(entries(variables.iter().map(|(n, v)| (n.as_str(), v))))
         .saturating_add(text)
+}
+
+/// What a subscribe holds while its admission is checked: its request as
+/// parsed — its text and operation name, its variables and extensions
+/// weighed as the answer memory weighs values (a 2-byte `0,` in the frame
+/// is a whole `Value` once parsed: 40 times its bytes).
+pub(crate) fn waiting(request: &Request) -> usize {
+    let variables = request.variables.iter().map(|(n, v)| (n.as_str(), v));
+    let extensions = request.extensions.iter().map(|(n, v)| (n.as_str(), v));
+    let name = request.operation_name.as_ref().map_or(0, String::len);
+    (request.query.len() + name)
+        .saturating_add(entries(variables))
+        .saturating_add(entries(extensions))
+}
+
+/// A map's entries, each its name and its value (deep).
+fn entries<'a>(entries: impl Iterator<Item = (&'a str, &'a Value)>) -> usize {
+    entries
+        .map(|(name, value)| ENTRY_WEIGHT + name.len() + weigh(value, true))
+        .sum()
 }
 
 #[cfg(test)]

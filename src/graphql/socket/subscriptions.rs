@@ -31,8 +31,8 @@ struct Subscription {
 /// Where a subscription is.
 enum Stage {
     /// Its admission check (the client's per-IP limit) waits; then
-    /// `payload` runs. Meanwhile `held` holds the subscribe's frame in its
-    /// client's share of the sockets' pool.
+    /// `payload` runs. Meanwhile `held` holds what `payload` holds
+    /// (`held::waiting`) in its client's share of the sockets' pool.
     Checking {
         check: BoxFuture<'static, Result<(), Rejection>>,
         payload: Box<Request>,
