@@ -475,7 +475,7 @@ async fn a_panicking_shared_read_answers_an_error_and_leaves_nothing_behind() {
     next.abort();
 }
 
-/// Issue 23, item 4: the host cap is used only by reads being sent.
+/// Since 2026-12-03: the host cap is used only by reads being sent.
 ///
 /// Cap 4, all of it taken by slots no read uses; four requests read
 /// `/item/1` and queue for a host slot. One slot frees: the first of them

@@ -278,7 +278,7 @@ async fn idle_spare_goes_back_within_one_refresh_of_another_replica_short() {
     drop(reads);
 }
 
-/// Issue 23, item 4, on Redis: a read that joins another request's read
+/// On Redis (since 2026-12-03): a read that joins another request's read
 /// (a host with `coalesce = true`) leaves the queues it waited in — the
 /// local cap's and its pool's — so it holds no slot of either and is no
 /// longer counted among the pool's waiters (the demand claims report).
