@@ -479,3 +479,65 @@ async fn a_request_sampled_out_builds_no_opentelemetry_span() {
         .await
         .unwrap();
 }
+
+/// The names of the spans the subscriber opens (a layer without a filter
+/// of its own, as a log's: it sees every span the registry makes).
+#[derive(Clone, Default)]
+struct Opened(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Opened {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _id: &tracing::span::Id,
+        _cx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.lock().unwrap().push(attrs.metadata().name());
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_sampled_out_opens_none_of_the_engines_debug_spans() {
+    // Not even for another layer: a per-layer filter does not stop the
+    // registry from opening a span (tracing-subscriber opens it unless all
+    // 64 of its filter slots disable it), so the reads of a request sampled
+    // out used to cost their spans whatever the filter said.
+    let (upstream, _task) = start_upstream().await;
+    let app = app(Config::default(), &upstream);
+    let collector = Collector::start().await;
+    let config = TelemetryConfig::default()
+        .otlp_endpoint(collector.base.clone())
+        .sample_ratio(0.0);
+    let telemetry = Telemetry::builder(config).build().unwrap().unwrap();
+    let opened = Opened::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(telemetry.layer())
+        .with(opened.clone());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let query = r#"{"query":"{ a: get(path: \"/item/1\") b: get(path: \"/item/2\") }"}"#;
+
+    let answer = fanout_testkit::post(&app, query.to_owned(), &[]).await;
+    assert_eq!(answer.json()["data"]["a"], 200);
+    let names = std::mem::take(&mut *opened.0.lock().unwrap());
+    assert_eq!(
+        names,
+        ["graphql.request"],
+        "sampled out: the request's span alone"
+    );
+
+    let sampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let answer = fanout_testkit::post(&app, query.to_owned(), &[("traceparent", sampled)]).await;
+    assert_eq!(answer.json()["data"]["b"], 200);
+    let names = std::mem::take(&mut *opened.0.lock().unwrap());
+    for name in ["graphql.request", "graphql.operation", "upstream.request"] {
+        assert!(names.contains(&name), "sampled: {name} in {names:?}");
+    }
+    assert_eq!(
+        names.iter().filter(|n| **n == "upstream.read").count(),
+        2,
+        "{names:?}"
+    );
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+}

@@ -239,6 +239,12 @@ impl Op {
     /// its own ([`run_event`](Self::run_event)): a connection lives for
     /// hours, and a trace per event is what a tracing backend can show.
     fn span(&self) -> tracing::Span {
+        // A request a telemetry sampled out opens none of the engine's
+        // debug spans, for any layer (`telemetry::sampled_out`).
+        #[cfg(feature = "otel")]
+        if crate::telemetry::sampled_out() {
+            return tracing::Span::none();
+        }
         self.described(tracing::debug_span!(
             "graphql.operation",
             otel.name = self.kind.unwrap_or("GraphQL Operation"),

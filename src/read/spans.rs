@@ -254,7 +254,7 @@ where
 /// caller is in — when some subscriber takes debug spans at all: else one
 /// atomic load.
 pub(crate) fn note(field: &str, value: impl tracing::Value) {
-    if tracing::level_enabled!(tracing::Level::DEBUG) {
+    if wanted() {
         tracing::Span::current().record(field, value);
     }
 }
@@ -264,7 +264,7 @@ pub(crate) fn note(field: &str, value: impl tracing::Value) {
 /// tracing's `log` feature, on while no subscriber is set, would offer each
 /// disabled span's fields to `log` — 30 ns a span on the read path.
 fn enabled(span: impl FnOnce() -> tracing::Span) -> tracing::Span {
-    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+    if !wanted() {
         return tracing::Span::none();
     }
     let span = span();
@@ -273,6 +273,20 @@ fn enabled(span: impl FnOnce() -> tracing::Span) -> tracing::Span {
     } else {
         span
     }
+}
+
+/// Whether the read's spans are opened: some subscriber takes debug spans,
+/// and the request is not one a telemetry sampled out (whose debug spans
+/// no layer gets: `telemetry::sampled_out`).
+pub(crate) fn wanted() -> bool {
+    if !tracing::level_enabled!(tracing::Level::DEBUG) {
+        return false;
+    }
+    #[cfg(feature = "otel")]
+    if crate::telemetry::sampled_out() {
+        return false;
+    }
+    true
 }
 
 impl ClientSpan {

@@ -57,7 +57,9 @@ mod weight;
 
 pub(crate) use context::{adopt_parent, current_traceparent};
 pub(crate) use instruments::{current as instruments, is_recording, Instruments};
-pub(crate) use sampling::{decide, root as root_decision, within, within_sync, Sampling};
+pub(crate) use sampling::{
+    decide, root as root_decision, sampled_out, within, within_sync, Sampling,
+};
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream
 /// request's) while a [`Telemetry`] layer exports spans; else nothing.

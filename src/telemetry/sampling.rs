@@ -157,6 +157,16 @@ pub(crate) fn current() -> Option<Decision> {
         .flatten()
 }
 
+/// Whether the request the current task serves was sampled out: then the
+/// engine opens none of its DEBUG spans (reads, requests, operations), for
+/// any layer. The layer's filter alone would not spare them: with
+/// per-layer filters, tracing-subscriber's registry opens a span unless
+/// all 64 of its filter slots disable it, so every read of every request
+/// cost its spans whatever the sampling said.
+pub(crate) fn sampled_out() -> bool {
+    is_active() && current().is_some_and(|decision| !decision.sampled)
+}
+
 /// The OpenTelemetry layer's filter: within a request, only a sampled
 /// request's spans and events; outside any, everything (the sampler
 /// decides).
