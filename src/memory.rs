@@ -224,9 +224,20 @@ pub(crate) fn weigh(value: &async_graphql::Value, deep: bool) -> usize {
     use async_graphql::Value;
     VALUE_WEIGHT
         + match value {
-            Value::String(s) => s.len(),
+            Value::String(s) => s.capacity(),
             Value::Binary(b) => b.len(),
-            Value::List(items) if deep => items.iter().map(|v| weigh(v, true)).sum(),
+            // A list holds its capacity: one parsed from JSON grew by
+            // doubling, so one just past a power of two holds nearly twice
+            // its items' places.
+            Value::List(items) => {
+                let slack = (items.capacity() - items.len()) * VALUE_WEIGHT;
+                slack
+                    + if deep {
+                        items.iter().map(|v| weigh(v, true)).sum()
+                    } else {
+                        0
+                    }
+            }
             Value::Object(map) if deep => map
                 .iter()
                 .map(|(k, v)| ENTRY_WEIGHT + k.len() + weigh(v, true))
@@ -349,5 +360,25 @@ mod tests {
             "items count on their own"
         );
         assert_eq!(weigh(&list, true), VALUE_WEIGHT * 3 + 2000);
+    }
+
+    #[test]
+    fn a_list_is_weighed_by_the_places_it_holds_not_its_items() {
+        // As a client's variables arrive: parsed from JSON, the list grown
+        // by doubling as its items came.
+        let items = (1 << 12) + 1;
+        let json = format!("[{}]", vec!["0"; items].join(","));
+        let value: async_graphql::Value = serde_json::from_str(&json).unwrap();
+        let async_graphql::Value::List(list) = &value else {
+            panic!("a list");
+        };
+        assert_eq!(list.len(), items);
+        let held = list.capacity() * std::mem::size_of::<async_graphql::Value>();
+        assert!(list.capacity() > items, "grown past its items");
+        assert!(
+            weigh(&value, true) >= held,
+            "{} weighed for {held} bytes held",
+            weigh(&value, true)
+        );
     }
 }
