@@ -31,7 +31,7 @@
 use super::message::{Read, UpstreamResponse};
 use crate::error::ReadError;
 use crate::metrics::HostMetrics;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Either};
 use std::fmt;
 use std::future::Future;
 use std::ops::ControlFlow;
@@ -43,7 +43,7 @@ use tracing::Instrument;
 /// feature, while telemetry lives) when it started: small, as it is held
 /// in the read's future.
 pub(crate) struct ClientSpan {
-    span: tracing::Span,
+    span: Spanned,
     #[cfg(feature = "otel")]
     metric: Option<Metric>,
 }
@@ -132,9 +132,26 @@ pub(crate) fn client_span(read: &Read) -> ClientSpan {
     }
 }
 
-fn span(read: &Read) -> tracing::Span {
+fn span(read: &Read) -> Spanned {
     let url = &read.url;
-    enabled(|| {
+    #[cfg(feature = "otel")]
+    if let Some(span) = direct(|| {
+        use opentelemetry::KeyValue;
+        let method = read.method.as_str().to_owned();
+        let mut attributes = Vec::with_capacity(7);
+        attributes.push(KeyValue::new("http.request.method", method.clone()));
+        if let Some(host) = url.host_str() {
+            attributes.push(KeyValue::new("server.address", host.to_owned()));
+        }
+        if let Some(port) = url.port_or_known_default() {
+            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        attributes.push(KeyValue::new("url.full", SafeUrl(url).to_string()));
+        (method, opentelemetry::trace::SpanKind::Client, attributes)
+    }) {
+        return span;
+    }
+    Spanned::Tracing(enabled(|| {
         tracing::debug_span!(
             "upstream.request",
             otel.name = read.method.as_str(),
@@ -147,12 +164,19 @@ fn span(read: &Read) -> tracing::Span {
             error.type = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         )
-    })
+    }))
 }
 
 /// The span of one read a resolver asks for (see the module docs).
-pub(crate) fn read_span(read: &Read) -> tracing::Span {
-    enabled(|| {
+pub(crate) fn read_span(read: &Read) -> Spanned {
+    #[cfg(feature = "otel")]
+    if let Some(span) = direct(|| {
+        let (kind, attributes) = read_attributes(read);
+        ("upstream.read", kind, attributes)
+    }) {
+        return span;
+    }
+    Spanned::Tracing(enabled(|| {
         tracing::debug_span!(
             "upstream.read",
             server.address = read.url.host_str(),
@@ -166,12 +190,19 @@ pub(crate) fn read_span(read: &Read) -> tracing::Span {
             fanout.spent = tracing::field::Empty,
             fanout.outcome = tracing::field::Empty,
         )
-    })
+    }))
 }
 
 /// The span of a token fetch `ask` runs for the read it is under.
-pub(crate) fn token_span(ask: &Read) -> tracing::Span {
-    enabled(|| {
+pub(crate) fn token_span(ask: &Read) -> Spanned {
+    #[cfg(feature = "otel")]
+    if let Some(span) = direct(|| {
+        let (kind, attributes) = read_attributes(ask);
+        ("upstream.token", kind, attributes)
+    }) {
+        return span;
+    }
+    Spanned::Tracing(enabled(|| {
         tracing::debug_span!(
             "upstream.token",
             server.address = ask.url.host_str(),
@@ -179,7 +210,143 @@ pub(crate) fn token_span(ask: &Read) -> tracing::Span {
             fanout.charged = tracing::field::Empty,
             fanout.refused = tracing::field::Empty,
         )
-    })
+    }))
+}
+
+/// `server.address` and `url.path` of a read's (or token fetch's) direct
+/// span.
+#[cfg(feature = "otel")]
+fn read_attributes(read: &Read) -> (opentelemetry::trace::SpanKind, Vec<opentelemetry::KeyValue>) {
+    use opentelemetry::KeyValue;
+    let mut attributes = Vec::with_capacity(6);
+    if let Some(host) = read.url.host_str() {
+        attributes.push(KeyValue::new("server.address", host.to_owned()));
+    }
+    attributes.push(KeyValue::new("url.path", read.url.path().to_owned()));
+    (opentelemetry::trace::SpanKind::Internal, attributes)
+}
+
+/// A direct span (`telemetry/direct.rs`), named, of the kind and with the
+/// attributes `describe` gives, when the request is sampled and its
+/// operation's span exported; `None` otherwise.
+#[cfg(feature = "otel")]
+fn direct<N: Into<std::borrow::Cow<'static, str>>>(
+    describe: impl FnOnce() -> (
+        N,
+        opentelemetry::trace::SpanKind,
+        Vec<opentelemetry::KeyValue>,
+    ),
+) -> Option<Spanned> {
+    use crate::telemetry::direct;
+    if !crate::telemetry::is_exporting() || !wanted() {
+        return None;
+    }
+    let (name, kind, attributes) = describe();
+    direct::Span::child(name, kind, attributes).map(Spanned::Direct)
+}
+
+/// A read path's span: a `tracing` one (`Span::none()` when no subscriber
+/// wants it), or, for a request a telemetry sampled, a direct one
+/// (`telemetry/direct.rs`).
+pub(crate) enum Spanned {
+    Tracing(tracing::Span),
+    #[cfg(feature = "otel")]
+    Direct(crate::telemetry::direct::Span),
+}
+
+impl Spanned {
+    /// Whether there is no span at all.
+    fn is_none(&self) -> bool {
+        matches!(self, Spanned::Tracing(span) if span.is_none())
+    }
+
+    /// `f`, inside the span.
+    fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self {
+            Spanned::Tracing(span) if span.is_none() => f(),
+            Spanned::Tracing(span) => span.in_scope(f),
+            #[cfg(feature = "otel")]
+            Spanned::Direct(span) => span.enter(f),
+        }
+    }
+
+    /// Records `field` = `value`.
+    fn record<V: Note>(&self, field: &'static str, value: V) {
+        match self {
+            Spanned::Tracing(span) => {
+                span.record(field, value);
+            }
+            #[cfg(feature = "otel")]
+            Spanned::Direct(span) => span.set(field, value.otel()),
+        }
+    }
+
+    /// Marks the span failed (`otel.status_code = "error"`).
+    fn fail(&self) {
+        match self {
+            Spanned::Tracing(span) => {
+                span.record("otel.status_code", "error");
+            }
+            #[cfg(feature = "otel")]
+            Spanned::Direct(span) => span.fail(),
+        }
+    }
+
+    /// `future` run inside the span.
+    pub(crate) fn around<F: Future>(
+        self,
+        future: F,
+    ) -> Either<Either<F, tracing::instrument::Instrumented<F>>, Entered<F>> {
+        match self {
+            Spanned::Tracing(span) if span.is_none() => Either::Left(Either::Left(future)),
+            Spanned::Tracing(span) => Either::Left(Either::Right(future.instrument(span))),
+            #[cfg(feature = "otel")]
+            Spanned::Direct(span) => Either::Right(span.around(future)),
+        }
+    }
+}
+
+/// A future inside a direct span (`telemetry/direct.rs`).
+#[cfg(feature = "otel")]
+type Entered<F> = crate::telemetry::direct::Entered<F>;
+/// Without the `otel` feature, never built.
+#[cfg(not(feature = "otel"))]
+type Entered<F> = F;
+
+/// A value the read path notes on its spans: as `tracing` records it, and
+/// as OpenTelemetry's.
+pub(crate) trait Note: tracing::Value + Copy {
+    /// The value as an OpenTelemetry attribute's.
+    #[cfg(feature = "otel")]
+    fn otel(self) -> opentelemetry::Value;
+}
+
+impl Note for bool {
+    #[cfg(feature = "otel")]
+    fn otel(self) -> opentelemetry::Value {
+        self.into()
+    }
+}
+
+impl Note for &'static str {
+    #[cfg(feature = "otel")]
+    fn otel(self) -> opentelemetry::Value {
+        self.into()
+    }
+}
+
+impl Note for u64 {
+    #[cfg(feature = "otel")]
+    fn otel(self) -> opentelemetry::Value {
+        i64::try_from(self).unwrap_or(i64::MAX).into()
+    }
+}
+
+impl Note for u16 {
+    #[cfg(feature = "otel")]
+    fn otel(self) -> opentelemetry::Value {
+        i64::from(self).into()
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -190,8 +357,8 @@ pin_project_lite::pin_project! {
     /// future to read by. Without a span, polled as it is.
     #[project = TracedProj]
     pub(crate) enum Traced<S, F: Future> {
-        Starting { start: Option<S>, span: tracing::Span },
-        Reading { #[pin] read: F, span: tracing::Span },
+        Starting { start: Option<S>, span: Spanned },
+        Reading { #[pin] read: F, span: Spanned },
     }
 }
 
@@ -201,7 +368,7 @@ where
     F: Future,
 {
     /// A read that starts with `start`, inside `span`.
-    pub(crate) fn new(span: tracing::Span, start: S) -> Self {
+    pub(crate) fn new(span: Spanned, start: S) -> Self {
         Traced::Starting {
             start: Some(start),
             span,
@@ -229,7 +396,8 @@ where
                     match started {
                         ControlFlow::Break(answer) => break (answer, span),
                         ControlFlow::Continue(read) => {
-                            let span = std::mem::replace(span, tracing::Span::none());
+                            let span =
+                                std::mem::replace(span, Spanned::Tracing(tracing::Span::none()));
                             self.set(Traced::Reading { read, span });
                         }
                     }
@@ -245,6 +413,9 @@ where
                 "fanout.outcome",
                 outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
             );
+            // The span ends as the read does, not when its future is
+            // dropped.
+            *span = Spanned::Tracing(tracing::Span::none());
         }
         Poll::Ready(outcome)
     }
@@ -253,8 +424,12 @@ where
 /// Records `value` as `field` of the read's span (or token fetch's) the
 /// caller is in — when some subscriber takes debug spans at all: else one
 /// atomic load.
-pub(crate) fn note(field: &str, value: impl tracing::Value) {
+pub(crate) fn note<V: Note>(field: &'static str, value: V) {
     if wanted() {
+        #[cfg(feature = "otel")]
+        if crate::telemetry::direct::with_current(|span| span.set(field, value.otel())).is_some() {
+            return;
+        }
         tracing::Span::current().record(field, value);
     }
 }
@@ -294,10 +469,11 @@ impl ClientSpan {
     /// `traceparent` the transport writes names it. Without a span,
     /// `fetch` as it is: nothing wraps the read's future.
     pub(crate) fn around<'a, T: 'a>(&self, fetch: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
-        if self.span.is_none() {
-            fetch
-        } else {
-            Box::pin(fetch.instrument(self.span.clone()))
+        match &self.span {
+            Spanned::Tracing(span) if span.is_none() => fetch,
+            Spanned::Tracing(span) => Box::pin(fetch.instrument(span.clone())),
+            #[cfg(feature = "otel")]
+            Spanned::Direct(span) => Box::pin(span.around(fetch)),
         }
     }
 
@@ -340,7 +516,7 @@ impl ClientSpan {
                 if status >= 400 {
                     // The conventions' `error.type` of an HTTP error answer.
                     span.record("error.type", status);
-                    span.record("otel.status_code", "error");
+                    span.fail();
                 }
             }
             Err(err) => {
@@ -349,10 +525,10 @@ impl ClientSpan {
                     ..
                 } = err
                 {
-                    span.record("http.response.status_code", status);
+                    span.record("http.response.status_code", *status);
                 }
                 span.record("error.type", err.code());
-                span.record("otel.status_code", "error");
+                span.fail();
             }
         }
     }

@@ -120,6 +120,14 @@ pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
     if !is_active() {
         return None;
     }
+    // A direct span entered (`direct.rs`): the CLIENT span the transport
+    // runs in.
+    if let Some(value) = super::direct::with_current(|span| {
+        let context = span.context();
+        traceparent(context.trace_id(), context.span_id(), true)
+    }) {
+        return Some(value);
+    }
     let decision = super::sampling::current();
     // A request sampled out has no span to look for.
     if decision.is_none_or(|decision| decision.sampled) {

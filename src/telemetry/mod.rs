@@ -12,9 +12,12 @@
 //!   `tracing` one (`otel.kind`, `otel.name` and the semantic-convention
 //!   fields set where the engine opens its spans). The layer sees only the
 //!   engine's targets, at `DEBUG` and above, whatever the log's own filter.
+//!   The spans of a sampled request's reads skip `tracing`: they are built
+//!   as span data straight away and queued as they end (`direct.rs`).
 //! - Each inbound request is sampled once, as it arrives: an inbound
 //!   `traceparent`'s flag, else `sample_ratio`. A request sampled out
-//!   builds no span at all (`sampling.rs`, the layer's filter).
+//!   opens no span but its `graphql.request` (`sampling.rs`, the layer's
+//!   filter, and the engine's own check before its DEBUG spans).
 //! - An ended span has every text past `attribute_value_length_limit` cut
 //!   (`truncate.rs`) and is queued without blocking; past `max_queued_spans`
 //!   or `max_queued_bytes` of estimated weight (`weight.rs`) it is dropped
@@ -44,6 +47,7 @@
 //! ```
 
 mod context;
+pub(crate) mod direct;
 mod error;
 mod export_client;
 mod instruments;
@@ -57,6 +61,7 @@ mod weight;
 
 pub(crate) use context::{adopt_parent, current_traceparent};
 pub(crate) use instruments::{current as instruments, is_recording, Instruments};
+pub(crate) use live::is_active as is_exporting;
 pub(crate) use sampling::{
     decide, root as root_decision, sampled_out, within, within_sync, Sampling,
 };
@@ -165,11 +170,12 @@ impl TelemetryBuilder {
         }
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
-        let (provider, meters) =
+        let (provider, sink, meters) =
             provider::build(&self.config, &self.service_name, &self.limits, runtime)?;
         let instruments = Instruments::publish(&meters.meter(env!("CARGO_PKG_NAME")));
         Ok(Some(Telemetry {
             provider,
+            sink,
             meters,
             instruments,
             targets: self.targets,
@@ -184,6 +190,8 @@ impl TelemetryBuilder {
 #[derive(Debug)]
 pub struct Telemetry {
     provider: SdkTracerProvider,
+    /// Where the sampled requests' reads' spans go (`direct.rs`).
+    sink: Arc<direct::Sink>,
     meters: SdkMeterProvider,
     instruments: Arc<Instruments>,
     targets: Vec<String>,
@@ -239,6 +247,7 @@ impl Telemetry {
             .with_context_activation(false)
             .with_filter(targets.and(sampling::SampledOnly {
                 ratio: self.sample_ratio,
+                sink: self.sink.clone(),
             }))
     }
 

@@ -154,6 +154,30 @@ impl SpanProcessor for CountingProcessor {
     }
 }
 
+/// A [`CountingProcessor`] shared by the tracer provider and the direct
+/// spans (`direct.rs`). Its resource is set before it is shared: the
+/// provider's own `set_resource` call reaches nothing.
+#[derive(Debug)]
+pub(crate) struct SharedProcessor(pub(crate) Arc<CountingProcessor>);
+
+impl SpanProcessor for SharedProcessor {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.0.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        self.0.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+}
+
 /// An exporter that gives back the places and bytes of each batch it was
 /// handed, and counts a failed batch's spans.
 #[derive(Debug)]

@@ -2,18 +2,21 @@
 //! client, the bounded batch processor, the periodic metric reader, the
 //! resource (`service.name`) and the sampler.
 
+use super::direct::Sink;
 use super::error::TelemetryError;
 use super::export_client::ExportClient;
 use super::limits::Limits;
-use super::processor::{CountingExporter, CountingProcessor, InFlight};
+use super::processor::{CountingExporter, CountingProcessor, InFlight, SharedProcessor};
 use super::sampling::RequestSampler;
 use crate::config::TelemetryConfig;
 use opentelemetry_otlp::{
     MetricExporter, Protocol, RetryPolicy, SpanExporter, WithExportConfig, WithHttpConfig,
 };
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::SpanProcessor as _;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
+use std::sync::Arc;
 use tokio::runtime::Handle;
 
 /// Builds the providers exporting to `config.otlp_endpoint` (already
@@ -24,7 +27,7 @@ pub(crate) fn build(
     service_name: &str,
     limits: &Limits,
     runtime: Handle,
-) -> Result<(SdkTracerProvider, SdkMeterProvider), TelemetryError> {
+) -> Result<(SdkTracerProvider, Arc<Sink>, SdkMeterProvider), TelemetryError> {
     let client = ExportClient::new(runtime, limits.export_timeout)
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
     let name = if config.service_name.is_empty() {
@@ -36,10 +39,12 @@ pub(crate) fn build(
         .with_service_name(name.to_owned())
         .build();
     let meters = meters(config, limits, client.clone(), resource.clone())?;
-    Ok((traces(config, limits, client, resource)?, meters))
+    let (traces, sink) = traces(config, limits, client, resource)?;
+    Ok((traces, sink, meters))
 }
 
-/// The tracer provider: spans through the counting batch queue.
+/// The tracer provider: spans through the counting batch queue; and the
+/// sink of the direct spans (`direct.rs`), into the same queue.
 ///
 /// The sampler keeps a request's root when the request's decision did
 /// (`sampling.rs`), follows the parent otherwise, so a trace is kept or
@@ -49,7 +54,7 @@ fn traces(
     limits: &Limits,
     client: ExportClient,
     resource: Resource,
-) -> Result<SdkTracerProvider, TelemetryError> {
+) -> Result<(SdkTracerProvider, Arc<Sink>), TelemetryError> {
     let exporter = SpanExporter::builder()
         .with_http()
         .with_http_client(client)
@@ -70,12 +75,16 @@ fn traces(
     let batch = BatchSpanProcessor::builder(CountingExporter::new(exporter, in_flight.clone()))
         .with_batch_config(batches)
         .build();
-    let processor = CountingProcessor::new(batch, in_flight, config.attribute_value_length_limit);
-    Ok(SdkTracerProvider::builder()
-        .with_span_processor(processor)
+    let mut processor =
+        CountingProcessor::new(batch, in_flight, config.attribute_value_length_limit);
+    processor.set_resource(&resource);
+    let processor = Arc::new(processor);
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(SharedProcessor(processor.clone()))
         .with_resource(resource)
         .with_sampler(RequestSampler::new(config.sample_ratio))
-        .build())
+        .build();
+    Ok((provider, Sink::new(processor, env!("CARGO_PKG_NAME"))))
 }
 
 /// The meter provider: a reader that exports every `metric_interval` (and

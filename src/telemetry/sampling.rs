@@ -24,6 +24,7 @@
 //!   trace id (the caller's, or the fresh one) and the unsampled flag
 //!   (`context.rs`), so an upstream's own sampling follows the decision.
 
+use super::direct::Sink;
 use super::live::is_active;
 use futures::future::Either;
 use opentelemetry::propagation::TextMapPropagator as _;
@@ -58,6 +59,9 @@ pub(crate) struct Sampling {
     /// The inbound `traceparent`'s flag and trace id.
     inbound: Option<Decision>,
     decided: OnceLock<Decision>,
+    /// Where the request's direct spans go (`direct.rs`): the sink of the
+    /// telemetry whose filter sampled it.
+    sink: OnceLock<Arc<Sink>>,
 }
 
 impl Sampling {
@@ -65,6 +69,7 @@ impl Sampling {
         Arc::new(Sampling {
             inbound,
             decided: OnceLock::new(),
+            sink: OnceLock::new(),
         })
     }
 
@@ -157,6 +162,15 @@ pub(crate) fn current() -> Option<Decision> {
         .flatten()
 }
 
+/// Where the direct spans of the request the current task serves go, when
+/// a telemetry sampled it (`direct.rs`).
+pub(crate) fn sink() -> Option<Arc<Sink>> {
+    SAMPLING
+        .try_with(|sampling| sampling.sink.get().cloned())
+        .ok()
+        .flatten()
+}
+
 /// Whether the request the current task serves was sampled out: then the
 /// engine opens none of its DEBUG spans (reads, requests, operations), for
 /// any layer. The layer's filter alone would not spare them: with
@@ -170,16 +184,24 @@ pub(crate) fn sampled_out() -> bool {
 /// The OpenTelemetry layer's filter: within a request, only a sampled
 /// request's spans and events; outside any, everything (the sampler
 /// decides).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct SampledOnly {
     /// `sample_ratio`, for a request whose caller did not decide.
     pub(crate) ratio: f64,
+    /// The telemetry's sink, left in each request it samples.
+    pub(crate) sink: Arc<Sink>,
 }
 
 impl<S> Filter<S> for SampledOnly {
     fn enabled(&self, _meta: &Metadata<'_>, _cx: &LayerContext<'_, S>) -> bool {
         SAMPLING
-            .try_with(|sampling| sampling.decide(self.ratio).sampled)
+            .try_with(|sampling| {
+                let sampled = sampling.decide(self.ratio).sampled;
+                if sampled && sampling.sink.get().is_none() {
+                    let _ = sampling.sink.set(self.sink.clone());
+                }
+                sampled
+            })
             .unwrap_or(true)
     }
 

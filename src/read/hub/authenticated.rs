@@ -8,7 +8,6 @@ use crate::read::auth::Rejected;
 use crate::read::{host_name, spans, Read, ReadResult, Upstream};
 use std::future::Future;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 /// The hub as the authentication walk sends (`auth/walk.rs`): each request
 /// it asks for a read of its own, from step 1.
@@ -18,8 +17,7 @@ impl Sender for Upstream<'_> {
     }
 
     fn fetch_token(&self, ask: &mut Read) -> impl Future<Output = ReadResult> + Send {
-        let span = spans::token_span(ask);
-        Upstream::follow(self, ask).instrument(span)
+        spans::token_span(ask).around(Upstream::follow(self, ask))
     }
 
     fn rejected(&self) -> &Rejected {

@@ -1,0 +1,242 @@
+//! The spans of a sampled request's reads, built straight as
+//! OpenTelemetry's span data: no `tracing` span, no registry slot, no
+//! OpenTelemetry layer in between.
+//!
+//! A read's spans (`upstream.read`, each upstream request's CLIENT span,
+//! `upstream.token`) are the engine's own: no resolver, no layer of the
+//! application runs inside them. As `tracing` spans, each one cost a slot
+//! in the subscriber's registry, a filter check and a lock with a clock
+//! read at every poll that entered it, a `String` per attribute and the
+//! OpenTelemetry layer's builder, context and sampler at its end — about
+//! thirty allocations, ten spans to a request of five reads. Here a span is
+//! one allocation: its ids, start, name and kind, and its attributes as
+//! they are noted (keys and most values `'static`).
+//!
+//! How it works:
+//! - A read's span is made direct when its request is sampled (the
+//!   decision the layer's filter took, which also left the telemetry's
+//!   [`Sink`] in the request's sampling) and the current `tracing` span has
+//!   a valid OpenTelemetry context (the operation's span): that context is
+//!   its parent. Anything else (a read outside a request, no telemetry) has
+//!   a `tracing` span as before (`read/spans.rs`).
+//! - While a read's future is polled its span is entered ([`Span::enter`]):
+//!   a thread-local handle to it, so the spans it opens (its requests, a
+//!   token fetch) are its children, what the read path notes lands on it,
+//!   and the `traceparent` a transport writes names the CLIENT span it runs
+//!   in (`context.rs`).
+//! - A span ends when its last handle is dropped: its end time taken, it is
+//!   handed to the telemetry's processor as the OpenTelemetry layer would
+//!   (cut, weighed, queued or dropped and counted: `processor.rs`).
+//!
+//! A log layer sees none of these spans: while a telemetry exports, a
+//! read's spans go to it alone (the book's Telemetry chapter says so).
+
+use super::processor::CountingProcessor;
+use opentelemetry::trace::{
+    SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags,
+};
+use opentelemetry::{InstrumentationScope, KeyValue, Value};
+use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator, SpanData, SpanProcessor};
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+/// Where a telemetry's direct spans go: its processor, and the scope its
+/// spans are exported under (the tracer's).
+#[derive(Debug)]
+pub(crate) struct Sink {
+    processor: Arc<CountingProcessor>,
+    scope: InstrumentationScope,
+}
+
+impl Sink {
+    /// Spans handed to `processor`, under the scope `name`.
+    pub(crate) fn new(processor: Arc<CountingProcessor>, name: &'static str) -> Arc<Sink> {
+        Arc::new(Sink {
+            processor,
+            scope: InstrumentationScope::builder(name).build(),
+        })
+    }
+}
+
+/// One direct span; it ends when its last handle is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct Span(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    context: SpanContext,
+    parent: SpanId,
+    parent_is_remote: bool,
+    name: Cow<'static, str>,
+    kind: SpanKind,
+    start: SystemTime,
+    sink: Arc<Sink>,
+    noted: Mutex<Noted>,
+}
+
+/// What was recorded on a span after it started.
+#[derive(Debug, Default)]
+struct Noted {
+    attributes: Vec<KeyValue>,
+    error: bool,
+}
+
+thread_local! {
+    /// The direct span entered on this thread, while its future is polled.
+    static CURRENT: RefCell<Option<Span>> = const { RefCell::new(None) };
+}
+
+impl Span {
+    /// A span named `name` of `kind` with `attributes`, under the direct
+    /// span entered now, else under the current `tracing` span when the
+    /// request is sampled and that span is exported (`None` otherwise:
+    /// the caller opens a `tracing` span instead).
+    pub(crate) fn child(
+        name: impl Into<Cow<'static, str>>,
+        kind: SpanKind,
+        attributes: Vec<KeyValue>,
+    ) -> Option<Span> {
+        let (parent, sink, parent_is_remote) =
+            match with_current(|span| (span.0.context.clone(), span.0.sink.clone())) {
+                Some((parent, sink)) => (parent, sink, false),
+                None => {
+                    let sink = super::sampling::sink()?;
+                    let context = tracing::Span::current().context();
+                    let span = context.span();
+                    let parent = span.span_context();
+                    if !parent.is_valid() || !parent.is_sampled() {
+                        return None;
+                    }
+                    (parent.clone(), sink, parent.is_remote())
+                }
+            };
+        let context = SpanContext::new(
+            parent.trace_id(),
+            RandomIdGenerator::default().new_span_id(),
+            TraceFlags::SAMPLED,
+            false,
+            parent.trace_state().clone(),
+        );
+        Some(Span(Arc::new(Inner {
+            context,
+            parent: parent.span_id(),
+            parent_is_remote,
+            name: name.into(),
+            kind,
+            start: SystemTime::now(),
+            sink,
+            noted: Mutex::new(Noted {
+                attributes,
+                error: false,
+            }),
+        })))
+    }
+
+    /// Records `key` = `value` on the span.
+    pub(crate) fn set(&self, key: &'static str, value: impl Into<Value>) {
+        self.0.set(key, value);
+    }
+
+    /// Marks the span failed (status `Error`).
+    pub(crate) fn fail(&self) {
+        self.0.noted().error = true;
+    }
+
+    /// The span's own context (its `traceparent`).
+    pub(crate) fn context(&self) -> &SpanContext {
+        &self.0.context
+    }
+
+    /// Runs `f` with the span entered on this thread.
+    pub(crate) fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Restore(Option<Span>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                let previous = self.0.take();
+                // Out of the cell before it drops: the span may end here.
+                let mine = CURRENT.with(|current| current.replace(previous));
+                drop(mine);
+            }
+        }
+        let previous = CURRENT.with(|current| current.replace(Some(self.clone())));
+        let _restore = Restore(previous);
+        f()
+    }
+
+    /// `future`, with the span entered at each poll.
+    pub(crate) fn around<F: Future>(&self, future: F) -> Entered<F> {
+        Entered {
+            span: self.clone(),
+            future,
+        }
+    }
+}
+
+impl Inner {
+    fn set(&self, key: &'static str, value: impl Into<Value>) {
+        self.noted().attributes.push(KeyValue::new(key, value));
+    }
+
+    fn noted(&self) -> std::sync::MutexGuard<'_, Noted> {
+        self.noted.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// `f` on the direct span entered on this thread, if any.
+pub(crate) fn with_current<R>(f: impl FnOnce(&Span) -> R) -> Option<R> {
+    let current = CURRENT.with(|current| current.borrow().clone())?;
+    Some(f(&current))
+}
+
+pin_project_lite::pin_project! {
+    /// A future run with a direct span entered at each poll.
+    pub(crate) struct Entered<F> {
+        span: Span,
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F: Future> Future for Entered<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let future = this.future;
+        this.span.enter(|| future.poll(cx))
+    }
+}
+
+impl Drop for Inner {
+    /// The span's end: handed to the telemetry's processor.
+    fn drop(&mut self) {
+        let end = SystemTime::now();
+        let noted = std::mem::take(self.noted.get_mut().unwrap_or_else(|e| e.into_inner()));
+        let data = SpanData {
+            span_context: self.context.clone(),
+            parent_span_id: self.parent,
+            parent_span_is_remote: self.parent_is_remote,
+            span_kind: self.kind.clone(),
+            name: std::mem::take(&mut self.name),
+            start_time: self.start,
+            end_time: end,
+            attributes: noted.attributes,
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: if noted.error {
+                Status::error("")
+            } else {
+                Status::Unset
+            },
+            instrumentation_scope: self.sink.scope.clone(),
+        };
+        self.sink.processor.on_end(data);
+    }
+}
