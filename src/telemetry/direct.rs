@@ -31,12 +31,12 @@
 //! A log layer sees none of these spans: while a telemetry exports, a
 //! read's spans go to it alone (the book's Telemetry chapter says so).
 
-use super::processor::CountingProcessor;
+use super::sink::Sink;
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags,
 };
-use opentelemetry::{InstrumentationScope, KeyValue, Value};
-use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator, SpanData, SpanProcessor};
+use opentelemetry::{KeyValue, Value};
+use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator, SpanData};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::future::Future;
@@ -45,24 +45,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::SystemTime;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-
-/// Where a telemetry's direct spans go: its processor, and the scope its
-/// spans are exported under (the tracer's).
-#[derive(Debug)]
-pub(crate) struct Sink {
-    processor: Arc<CountingProcessor>,
-    scope: InstrumentationScope,
-}
-
-impl Sink {
-    /// Spans handed to `processor`, under the scope `name`.
-    pub(crate) fn new(processor: Arc<CountingProcessor>, name: &'static str) -> Arc<Sink> {
-        Arc::new(Sink {
-            processor,
-            scope: InstrumentationScope::builder(name).build(),
-        })
-    }
-}
 
 /// One direct span; it ends when its last handle is dropped.
 #[derive(Clone, Debug)]
@@ -235,8 +217,8 @@ impl Drop for Inner {
             } else {
                 Status::Unset
             },
-            instrumentation_scope: self.sink.scope.clone(),
+            instrumentation_scope: self.sink.scope().clone(),
         };
-        self.sink.processor.on_end(data);
+        self.sink.end(data);
     }
 }

@@ -56,6 +56,7 @@ mod live;
 mod processor;
 mod provider;
 mod sampling;
+mod sink;
 mod truncate;
 mod weight;
 
@@ -191,7 +192,7 @@ impl TelemetryBuilder {
 pub struct Telemetry {
     provider: SdkTracerProvider,
     /// Where the sampled requests' reads' spans go (`direct.rs`).
-    sink: Arc<direct::Sink>,
+    sink: Arc<sink::Sink>,
     meters: SdkMeterProvider,
     instruments: Arc<Instruments>,
     targets: Vec<String>,

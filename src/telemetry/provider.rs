@@ -2,12 +2,12 @@
 //! client, the bounded batch processor, the periodic metric reader, the
 //! resource (`service.name`) and the sampler.
 
-use super::direct::Sink;
 use super::error::TelemetryError;
 use super::export_client::ExportClient;
 use super::limits::Limits;
 use super::processor::{CountingExporter, CountingProcessor, InFlight, SharedProcessor};
 use super::sampling::RequestSampler;
+use super::sink::Sink;
 use crate::config::TelemetryConfig;
 use opentelemetry_otlp::{
     MetricExporter, Protocol, RetryPolicy, SpanExporter, WithExportConfig, WithHttpConfig,

@@ -24,8 +24,8 @@
 //!   trace id (the caller's, or the fresh one) and the unsampled flag
 //!   (`context.rs`), so an upstream's own sampling follows the decision.
 
-use super::direct::Sink;
 use super::live::is_active;
+use super::sink::Sink;
 use futures::future::Either;
 use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{
