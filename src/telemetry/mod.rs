@@ -48,6 +48,7 @@
 
 mod context;
 pub(crate) mod direct;
+mod encode;
 mod error;
 mod export_client;
 mod instruments;
@@ -57,6 +58,7 @@ mod processor;
 mod provider;
 mod sampling;
 mod sink;
+mod span_exporter;
 mod truncate;
 mod weight;
 
