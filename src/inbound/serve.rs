@@ -26,16 +26,19 @@
 //!   holding the most is closed for it (a FIN, as the header timeout would
 //!   close it; one found busy after all closes after its answer, through
 //!   hyper's graceful shutdown: no answer is cut;
-//!   `src/inbound/serve/idle.rs`), and the slot is its. Freed slots go first to those connections and to clients holding
-//!   no other, then to the rest in order. So a table held by idle
-//!   connections, reopened as they are closed, costs a fresh client one
-//!   close of someone's idle connection (which costs its holder only a
+//!   `src/inbound/serve/idle.rs`), and the slot is its. Freed slots go
+//!   first to clients holding no other connection, then to those
+//!   connections, then to the rest, each line in order. So a table held by
+//!   idle connections, reopened as they are closed, costs a fresh client
+//!   one close of someone's idle connection (which costs its holder only a
 //!   reconnect), not a wait for the header timeout; the client whose
 //!   connection was closed holds as many as before when it reconnects, and
-//!   waits like any other. At most 128 connections wait; past that one for
-//!   the first line takes the place of the newest of the rest, and the
-//!   others are refused as past a share (reset, or held and reset). The
-//!   gateway's descriptors: `http.max_connections`, 128 waiting, 256 held.
+//!   waits like any other. At most 128 connections wait; past that a fresh
+//!   client's takes the place of the newest of the rest, else of the newest
+//!   of those that made room (so only 128 fresh clients waiting refuse a
+//!   fresh one), and the others are refused as past a share (reset, or
+//!   held and reset). The gateway's descriptors: `http.max_connections`,
+//!   128 waiting, 256 held.
 //!   The listen backlog is the listener's own: `TcpListener::bind` gives
 //!   128, which a flood of connections (even ones refused at once) can fill,
 //!   and a handshake that finds it full is dropped (the client sends its
@@ -108,7 +111,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tower::{Service, ServiceExt};
-use waiting::{Accepted, Waiting};
+use waiting::{Accepted, Line, Waiting};
 use write_timeout::WriteTimeout;
 
 mod idle;
@@ -261,8 +264,13 @@ where
                     }
                     // Its client holding fewer than another, that one's
                     // longest-idle connection is closed for it.
-                    let first = clients.make_room_for(accepted.slot.key()) || alone;
-                    if let Some(displaced) = waiting.push(accepted, first) {
+                    let made_room = clients.make_room_for(accepted.slot.key());
+                    let line = match (alone, made_room) {
+                        (true, _) => Line::Fresh,
+                        (false, true) => Line::MadeRoom,
+                        (false, false) => Line::Rest,
+                    };
+                    if let Some(displaced) = waiting.push(accepted, line) {
                         refuse(&clients, &mut held, displaced);
                     }
                 }
