@@ -89,9 +89,10 @@ fn coercion_fails(op: &OperationDefinition, variables: &Variables) -> bool {
 /// per request, in the walk's order.
 #[derive(Debug)]
 pub(crate) struct SlicingCheck {
-    /// The fields checked per request, in the walk's order, up to the first
-    /// that fails whatever the variables (its error last).
+    /// The fields checked per request, in the walk's order, up to the
+    /// first that fails whatever the variables.
     leaves: Box<[Leaf]>,
+    /// That field's error, answered when none of `leaves` fails.
     fails: Option<OperationError>,
 }
 

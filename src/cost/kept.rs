@@ -112,7 +112,7 @@ pub(crate) fn require_one_kept(
     match kept_for(kept, costs, types, shape, operation_name).and_then(|k| k.slicing.as_ref()) {
         Some(check) => check.check(costs, types, doc, variables, operation_name),
         None => {
-            super::check::require_one_slicing_argument(costs, types, doc, variables, operation_name)
+            require_one_slicing_argument(costs, types, doc, variables, operation_name)
         }
     }
 }
