@@ -50,15 +50,12 @@ pub(crate) fn require_one_slicing_argument(
 ) -> Result<(), OperationError> {
     #[cfg(test)]
     WALKS.with(|walks| walks.set(walks.get() + 1));
-    let Some(op) = crate::document::guard::operation(doc, operation_name) else {
+    let Some(op) = to_check(doc, operation_name, variables) else {
         return Ok(());
     };
     let Some(root) = types.root(op.ty) else {
         return Ok(());
     };
-    if coercion_fails(op, variables) {
-        return Ok(());
-    }
     let vars = |name: &Name| super::slicing::variable(variables, op, name);
     Check::new(costs, types, doc, &vars, None).set(&op.selection_set, root)
 }
@@ -69,16 +66,25 @@ thread_local! {
     pub(super) static WALKS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// A non-null variable set to null fails coercion (BAD_USER_INPUT,
-/// async-graphql's), which comes before validation of what it sizes.
-fn coercion_fails(op: &OperationDefinition, variables: &Variables) -> bool {
-    op.variable_definitions.iter().any(|def| {
+/// The operation of `doc` named `operation_name` (or the only one), whose
+/// slicing arguments are checked for `variables`; `None` when there is no
+/// such operation, or when a non-null variable set to null fails coercion
+/// (BAD_USER_INPUT, async-graphql's), which comes before validation of what
+/// it sizes.
+fn to_check<'d>(
+    doc: &'d ExecutableDocument,
+    operation_name: Option<&str>,
+    variables: &Variables,
+) -> Option<&'d OperationDefinition> {
+    let op = crate::document::guard::operation(doc, operation_name)?;
+    let coercion_fails = op.variable_definitions.iter().any(|def| {
         !def.node.var_type.node.nullable
             && matches!(
                 variables.get(&def.node.name.node),
                 Some(async_graphql::Value::Null)
             )
-    })
+    });
+    (!coercion_fails).then_some(op)
 }
 
 /// [`require_one_slicing_argument`] done once per document, operation and
@@ -133,12 +139,9 @@ impl SlicingCheck {
         if self.leaves.is_empty() && self.fails.is_none() {
             return Ok(());
         }
-        let Some(op) = crate::document::guard::operation(doc, operation_name) else {
+        let Some(op) = to_check(doc, operation_name, variables) else {
             return Ok(());
         };
-        if coercion_fails(op, variables) {
-            return Ok(());
-        }
         let vars = |name: &Name| super::slicing::variable(variables, op, name);
         for leaf in self.leaves.iter() {
             let Some(field) = leaf.field(doc, &op.selection_set) else {
