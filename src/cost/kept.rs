@@ -111,8 +111,6 @@ pub(crate) fn require_one_kept(
     let doc = &kept.doc;
     match kept_for(kept, costs, types, shape, operation_name).and_then(|k| k.slicing.as_ref()) {
         Some(check) => check.check(costs, types, doc, variables, operation_name),
-        None => {
-            require_one_slicing_argument(costs, types, doc, variables, operation_name)
-        }
+        None => require_one_slicing_argument(costs, types, doc, variables, operation_name),
     }
 }
