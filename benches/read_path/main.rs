@@ -19,7 +19,8 @@
 //! armed vs bare timeout, GET through the engine vs plain reqwest) turn
 //! about, 31 rounds, and prints the medians of the per-round differences and
 //! ratios: on a shared machine two benches run seconds apart can drift apart
-//! by tens of percent, a pair measured turn about does not.
+//! by tens of percent, a pair measured turn about does not
+//! (`READ_PATH_PAIRED=0` skips that pass).
 //!
 //! Everything here goes through the library's public API only (the parts of
 //! the miss path — de-duplication, host caps — are private to the engine and
@@ -81,7 +82,10 @@ fn main() {
         g.finish();
     }
     contended::contended(&mut c);
-    let run_paired = !support::quick_mode();
+    // `READ_PATH_PAIRED=0`: criterion's benches only (a filtered run
+    // judged A against B by runs turn about needs no paired pass).
+    let run_paired =
+        !support::quick_mode() && std::env::var("READ_PATH_PAIRED").as_deref() != Ok("0");
     let get = loopback::loopback(&mut c, run_paired);
     c.final_summary();
     let figures = run_paired.then(|| {

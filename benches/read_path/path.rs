@@ -151,12 +151,18 @@ pub(crate) fn engine_uncontended(
 /// honest floor beside the bare one: `moka_get_configured` (and
 /// `_prebuilt`), a moka cache built as the engine's is — a key of its
 /// key's fields, seeded foldhash, a weigher, an expiry per entry.
+///
+/// `engine_cache_hit_10k` and `moka_get_configured_10k`: the same, with
+/// [`POPULATED`] other entries kept beside the one hit (a probe then meets
+/// other keys in moka's table, where the stored hash is compared first).
 fn cache_hit(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, rt: &Runtime) {
-    for (id, prebuilt) in [
-        ("engine_cache_hit", true),
-        ("engine_cache_hit_built", false),
+    for (id, prebuilt, populated) in [
+        ("engine_cache_hit", true, 0),
+        ("engine_cache_hit_built", false, 0),
+        ("engine_cache_hit_10k", true, POPULATED),
     ] {
         let engine = mem_engine(false);
+        populate(rt, &engine, populated);
         let url = urls(0, 1)[0].clone();
         let mut hits = move |iters: u64| {
             let (engine, url) = (engine.clone(), url.clone());
@@ -207,13 +213,41 @@ fn cache_hit(g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>, rt: &
     // the engine's key's fields, hashed by seeded foldhash, a weigher, an
     // expiry per entry (a `get` reads the clock); one entry, as the engine's
     // cache holds in `engine_cache_hit`.
-    let configured = configured_floor(&key);
+    let configured = configured_floor(&key, 0);
+    let populated = configured_floor(&key, POPULATED);
     let key = EngineKey::of(&key);
     g.bench_function("moka_get_configured", |b| {
         b.iter(|| black_box(configured.get(black_box(&key)).expect("kept")))
     });
     g.bench_function("moka_get_configured_prebuilt", |b| {
         b.iter_custom(prebuilt_gets(|| key.clone(), |key| configured.get(&key)))
+    });
+    g.bench_function("moka_get_configured_10k", |b| {
+        b.iter(|| black_box(populated.get(black_box(&key)).expect("kept")))
+    });
+}
+
+/// The other entries the populated cache-hit benches keep.
+const POPULATED: usize = 10_000;
+
+/// Keeps `n` answers in `engine`'s cache (URLs of their own, not the one
+/// hit), a few hundred reads per request (its budget holds a thousand).
+fn populate(rt: &Runtime, engine: &Engine, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let (engine, urls) = (engine.clone(), urls(1, n));
+    in_task(rt, async move {
+        for chunk in urls.chunks(500) {
+            let request = engine.begin_request(Caller::Public);
+            let op = request.operation();
+            let upstream = op.upstream();
+            for url in chunk {
+                let read = Read::get(url.clone()).immutable();
+                black_box(upstream.read(read).await.expect("kept"));
+            }
+        }
+        Duration::ZERO
     });
 }
 
@@ -312,8 +346,9 @@ impl moka::Expiry<EngineKey, Arc<EngineEntry>> for PerEntry {
 type Configured =
     moka::sync::Cache<EngineKey, Arc<EngineEntry>, foldhash::fast::SeedableRandomState>;
 
-/// A moka cache built as the engine builds its own, holding `url`.
-fn configured_floor(url: &str) -> Configured {
+/// A moka cache built as the engine builds its own, holding `url` and
+/// `others` entries more.
+fn configured_floor(url: &str, others: usize) -> Configured {
     let cache: Configured = moka::sync::Cache::builder()
         .max_capacity(32 << 20)
         .weigher(|key: &EngineKey, entry: &Arc<EngineEntry>| {
@@ -325,8 +360,13 @@ fn configured_floor(url: &str) -> Configured {
         answer: Arc::new(vec![0; 64]),
         ttl: None,
     };
-    cache.insert(EngineKey::of(url), Arc::new(entry));
+    let entry = Arc::new(entry);
+    cache.insert(EngineKey::of(url), entry.clone());
+    for other in urls(1, others).iter() {
+        cache.insert(EngineKey::of(other.as_str()), entry.clone());
+    }
     cache.run_pending_tasks();
+    assert_eq!(cache.entry_count() as usize, others + 1);
     cache
 }
 

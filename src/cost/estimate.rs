@@ -1,7 +1,7 @@
 //! The estimate: an operation's worst case, walked once with the schema's
 //! types (see the module docs of `cost`).
 
-use super::table::{CostTable, Multiplier};
+use super::table::{CostTable, FieldCost, Multiplier};
 use crate::cost::schema_types::{FieldInfo, SchemaTypes};
 use crate::document::guard::Shape;
 use async_graphql::parser::types::{
@@ -27,6 +27,8 @@ pub(crate) fn estimate(
     variables: &Variables,
     operation_name: Option<&str>,
 ) -> u64 {
+    #[cfg(test)]
+    WALKS.with(|walks| walks.set(walks.get() + 1));
     let Some(op) = crate::document::guard::operation(doc, operation_name) else {
         return 0;
     };
@@ -51,6 +53,12 @@ pub(crate) fn estimate(
         walk.fragments.insert(name, price);
     }
     walk.selection(&op.selection_set, root, &mut Vec::new(), None)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// The estimates walked on this thread.
+    pub(super) static WALKS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 /// The fields of an object a list's size applies to (`@listSize(sizedFields:)`),
@@ -87,36 +95,22 @@ impl Walk<'_> {
             let cost = match &item.node {
                 Selection::Field(field) => {
                     let field = &field.node;
-                    let Some(info) = self.types.field(ty, &field.name.node) else {
+                    let Some(priced) =
+                        PricedField::of(Some(self.costs), self.types, ty, &field.name.node)
+                    else {
                         continue;
                     };
-                    // The table wins over the schema's directives.
-                    let cost = self
-                        .costs
-                        .get(ty, &field.name.node)
-                        .or(info.declared.as_ref());
-                    let shared = cost.and_then(|c| c.shared.as_deref());
-                    let provides = cost.and_then(|c| c.provides.as_deref());
-                    let (reads, times) = match cost {
-                        None => (0, 1),
-                        Some(cost) => {
-                            let made_already = shared.is_some_and(|key| made.contains(&key));
-                            let reads = if made_already { 0 } else { cost.reads };
-                            (reads, self.times(&cost.times, field, info))
-                        }
-                    };
-                    if let Some(key) = shared.filter(|key| !made.contains(key)) {
-                        made.push(key);
-                    }
+                    let (info, cost) = (priced.info, priced.cost);
+                    let times = cost.map_or(1, |cost| self.times(&cost.times, field, info));
+                    let reads = priced.reads(made);
                     let nested = if field.selection_set.node.items.is_empty() {
                         0
                     } else {
-                        // The object this field returns has what it provides.
-                        let mut child: Vec<&str> = provides.into_iter().collect();
+                        let mut child = priced.provides();
                         let set = &field.selection_set;
-                        match cost.map(|c| c.sized.as_slice()) {
+                        match priced.sized() {
                             // A connection: `times` sizes its `nodes`/`edges`.
-                            Some(names) if !names.is_empty() => {
+                            names if !names.is_empty() => {
                                 let sized = Some((names, times));
                                 self.selection(set, &info.named, &mut child, sized)
                             }
@@ -165,6 +159,59 @@ impl Walk<'_> {
     /// A variable's value: the request's, else the operation's default.
     fn variable(&self, name: &Name) -> Option<Value> {
         super::slicing::variable(self.variables, self.op, name)
+    }
+}
+
+/// A field as the walk prices it: its schema's description and the cost
+/// declared for it — the table's, which wins over the schema's directives.
+pub(super) struct PricedField<'a> {
+    pub(super) info: &'a FieldInfo,
+    pub(super) cost: Option<&'a FieldCost>,
+}
+
+impl<'a> PricedField<'a> {
+    /// The field `name` of type `ty`; `None` when the schema has no such field.
+    pub(super) fn of(
+        costs: Option<&'a CostTable>,
+        types: &'a SchemaTypes,
+        ty: &str,
+        name: &str,
+    ) -> Option<Self> {
+        let info = types.field(ty, name)?;
+        let cost = costs
+            .and_then(|c| c.get(ty, name))
+            .or(info.declared.as_ref());
+        Some(PricedField { info, cost })
+    }
+
+    /// The field's own reads where its object has made the shared reads
+    /// `made` already: 0 for a shared read made already, which it notes
+    /// made otherwise.
+    pub(super) fn reads(&self, made: &mut Vec<&'a str>) -> u64 {
+        let Some(cost) = self.cost else { return 0 };
+        match cost.shared.as_deref() {
+            Some(key) if made.contains(&key) => 0,
+            Some(key) => {
+                made.push(key);
+                cost.reads
+            }
+            None => cost.reads,
+        }
+    }
+
+    /// The shared reads the object the field returns starts with: the one
+    /// the field provides.
+    pub(super) fn provides(&self) -> Vec<&'a str> {
+        self.cost
+            .and_then(|c| c.provides.as_deref())
+            .into_iter()
+            .collect()
+    }
+
+    /// The fields of the returned object its list size applies to; empty:
+    /// the whole sub-selection.
+    pub(super) fn sized(&self) -> &'a [String] {
+        self.cost.map_or(&[], |c| c.sized.as_slice())
     }
 }
 

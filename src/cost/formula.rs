@@ -1,8 +1,9 @@
 //! The estimate compiled: the walk of [`super::estimate`] done once per
 //! document, operation and schema, into a formula of its saturating sums and
 //! products whose only unknowns are the list sizes that read a variable.
-//! Priced per request from the request's variables, it answers what the walk
-//! would: the walk stays the reference (the first sight of a document, and
+//! Priced per request from the request's variables (the first sight of a
+//! document included: `kept.rs`), it answers what the walk would: the walk
+//! stays the reference (documents not kept, formulas too large to keep, and
 //! the property test in `formula_tests.rs`).
 //!
 //! A list size whose arguments name no variable is found at compile time
@@ -13,71 +14,15 @@
 //! Sums and products of known terms are folded, so a document without
 //! variable list sizes compiles to a constant.
 
-use super::estimate::times_of;
+use super::estimate::{times_of, PricedField};
 use super::table::CostTable;
-use super::table::Stamp;
 use crate::cost::schema_types::SchemaTypes;
 use crate::document::guard::Shape;
-use crate::document::memo::{Kept, MAX_FORMULA_BYTES};
 use async_graphql::parser::types::{ExecutableDocument, Field, Selection, SelectionSet};
 use async_graphql::{Name, Positioned, Value, Variables};
 use async_graphql_value::Value as Input;
 use std::collections::HashMap;
 use std::mem::size_of;
-
-/// What a kept document keeps: the formula compiled for one operation, costs
-/// and schema types (the first it was priced for), or that it was too large.
-struct Priced {
-    costs: Stamp,
-    types: Stamp,
-    /// The operation selected, as the document names it.
-    operation: Option<Name>,
-    compiled: Option<Compiled>,
-}
-
-/// The estimate of a kept document: from its formula when one is kept for
-/// these `costs`, `types` and `operation_name`; else walked, and the first
-/// time compiled and kept.
-pub(crate) fn estimate_kept(
-    kept: &Kept,
-    costs: &CostTable,
-    types: &SchemaTypes,
-    shape: &Shape,
-    variables: &Variables,
-    operation_name: Option<&str>,
-) -> u64 {
-    let doc = &kept.doc;
-    let fits = |p: &Priced| {
-        p.costs == costs.id && p.types == types.id && p.operation.as_deref() == operation_name
-    };
-    if kept.has_formula() {
-        let priced = kept.formula(|| None::<Priced>).and_then(Option::as_ref);
-        if let Some(compiled) = priced.filter(|p| fits(p)).and_then(|p| p.compiled.as_ref()) {
-            return compiled.price(costs, types, doc, variables, operation_name);
-        }
-    } else {
-        // An operation name the document does not define keeps nothing.
-        let operation = match operation_name {
-            None => Some(None),
-            Some(name) => doc
-                .operations
-                .iter()
-                .find_map(|(op, _)| op.filter(|op| op.as_str() == name))
-                .map(|op| Some(op.clone())),
-        };
-        if let Some(operation) = operation {
-            kept.formula(|| {
-                Some(Priced {
-                    costs: costs.id,
-                    types: types.id,
-                    operation,
-                    compiled: compile(costs, types, doc, shape, operation_name, MAX_FORMULA_BYTES),
-                })
-            });
-        }
-    }
-    super::estimate(costs, types, doc, shape, variables, operation_name)
-}
 
 /// An operation's estimate as a function of the request's variables.
 #[derive(Debug)]
@@ -100,14 +45,54 @@ enum Formula {
     Fragment(usize),
 }
 
-/// Where a field whose list size reads a variable is, and on which type.
+/// Where a field whose figure reads a variable is, and on which type.
 #[derive(Clone, Debug)]
-struct Leaf {
-    ty: Box<str>,
+pub(super) struct Leaf {
+    pub(super) ty: Box<str>,
     /// `None`: the operation's selection; else the fragment so named.
     root: Option<Name>,
     /// The item's index in each selection set, from the root down.
     path: Box<[u32]>,
+}
+
+impl Leaf {
+    /// The leaf of the item `at` is on, of type `ty`.
+    pub(super) fn new(ty: &str, at: &At) -> Self {
+        Leaf {
+            ty: ty.into(),
+            root: at.root.clone(),
+            path: at.path.as_slice().into(),
+        }
+    }
+
+    /// The field at this place of `doc`, whose operation selects `op_set`.
+    pub(super) fn field<'d>(
+        &self,
+        doc: &'d ExecutableDocument,
+        op_set: &'d Positioned<SelectionSet>,
+    ) -> Option<&'d Positioned<Field>> {
+        let mut set = match &self.root {
+            None => op_set,
+            Some(name) => &doc.fragments.get(name)?.node.selection_set,
+        };
+        let (last, path) = self.path.split_last()?;
+        for i in path {
+            set = match &set.node.items.get(*i as usize)?.node {
+                Selection::Field(field) => &field.node.selection_set,
+                Selection::InlineFragment(fragment) => &fragment.node.selection_set,
+                Selection::FragmentSpread(_) => return None,
+            };
+        }
+        match &set.node.items.get(*last as usize)?.node {
+            Selection::Field(field) => Some(field),
+            _ => None,
+        }
+    }
+
+    /// The heap it takes.
+    pub(super) fn heap(&self) -> usize {
+        size_of::<Leaf>() + self.ty.len() + self.path.len() * size_of::<u32>()
+    }
 }
 
 /// Compiles the estimate of the operation `operation_name` of `doc` (see
@@ -162,15 +147,24 @@ pub(crate) fn compile(
         path: Vec::new(),
     };
     let root = c.selection(&op.selection_set, root, &mut Vec::new(), None, &mut at);
-    let heap: usize = c.compiled.iter().chain([&root]).map(heap).sum::<usize>()
-        + c.compiled.len() * size_of::<Formula>();
-    (heap <= max_bytes).then(|| Compiled {
+    let compiled = Compiled {
         fragments: c.compiled.into(),
         root,
-    })
+    };
+    (compiled.heap() <= max_bytes).then_some(compiled)
 }
 
 impl Compiled {
+    /// The heap it takes.
+    pub(super) fn heap(&self) -> usize {
+        self.fragments
+            .iter()
+            .chain([&self.root])
+            .map(heap)
+            .sum::<usize>()
+            + self.fragments.len() * size_of::<Formula>()
+    }
+
     /// The estimate for `variables`: what [`super::estimate`] answers for
     /// the document, operation, costs and types it was compiled for.
     pub(crate) fn price(
@@ -228,35 +222,23 @@ impl Eval<'_> {
 
     /// The list size at `leaf`, as the walk finds it.
     fn times(&self, leaf: &Leaf) -> Option<u64> {
-        let mut set = match &leaf.root {
-            None => self.op_set,
-            Some(name) => &self.doc.fragments.get(name)?.node.selection_set,
-        };
-        let (last, path) = leaf.path.split_last()?;
-        for i in path {
-            set = match &set.node.items.get(*i as usize)?.node {
-                Selection::Field(field) => &field.node.selection_set,
-                Selection::InlineFragment(fragment) => &fragment.node.selection_set,
-                Selection::FragmentSpread(_) => return None,
-            };
-        }
-        let Selection::Field(field) = &set.node.items.get(*last as usize)?.node else {
-            return None;
-        };
-        let field = &field.node;
-        let info = self.types.field(&leaf.ty, &field.name.node)?;
-        let cost = self
-            .costs
-            .get(&leaf.ty, &field.name.node)
-            .or(info.declared.as_ref())?;
-        Some(times_of(&cost.times, field, info, self.types, self.vars))
+        let field = &leaf.field(self.doc, self.op_set)?.node;
+        let priced = PricedField::of(Some(self.costs), self.types, &leaf.ty, &field.name.node)?;
+        let cost = priced.cost?;
+        Some(times_of(
+            &cost.times,
+            field,
+            priced.info,
+            self.types,
+            self.vars,
+        ))
     }
 }
 
 /// The place of the selection being compiled.
-struct At {
-    root: Option<Name>,
-    path: Vec<u32>,
+pub(super) struct At {
+    pub(super) root: Option<Name>,
+    pub(super) path: Vec<u32>,
 }
 
 struct Compile<'a> {
@@ -318,39 +300,25 @@ impl<'a> Compile<'a> {
         sized: Sized<'_>,
         at: &mut At,
     ) -> Formula {
-        let Some(info) = self.types.field(ty, &field.name.node) else {
+        let Some(priced) = PricedField::of(Some(self.costs), self.types, ty, &field.name.node)
+        else {
             return Formula::Const(0);
         };
-        let cost = self
-            .costs
-            .get(ty, &field.name.node)
-            .or(info.declared.as_ref());
-        let shared = cost.and_then(|c| c.shared.as_deref());
-        let provides = cost.and_then(|c| c.provides.as_deref());
-        let (reads, times) = match cost {
-            None => (0, Formula::Const(1)),
-            Some(cost) => {
-                let made_already = shared.is_some_and(|key| made.contains(&key));
-                let reads = if made_already { 0 } else { cost.reads };
-                let times = if names_a_variable(field) {
-                    self.leaf(ty, at)
-                } else {
-                    // No variable: the walk's figure, whatever the request.
-                    Formula::Const(times_of(&cost.times, field, info, self.types, &|_| None))
-                };
-                (reads, times)
-            }
+        let (info, cost) = (priced.info, priced.cost);
+        let times = match cost {
+            None => Formula::Const(1),
+            Some(_) if names_a_variable(field) => self.leaf(ty, at),
+            // No variable: the walk's figure, whatever the request.
+            Some(cost) => Formula::Const(times_of(&cost.times, field, info, self.types, &|_| None)),
         };
-        if let Some(key) = shared.filter(|key| !made.contains(key)) {
-            made.push(key);
-        }
+        let reads = priced.reads(made);
         let nested = if field.selection_set.node.items.is_empty() {
             Formula::Const(0)
         } else {
-            let mut child: Vec<&str> = provides.into_iter().collect();
+            let mut child = priced.provides();
             let set = &field.selection_set;
-            match cost.map(|c| c.sized.as_slice()) {
-                Some(names) if !names.is_empty() => {
+            match priced.sized() {
+                names if !names.is_empty() => {
                     self.selection(set, &info.named, &mut child, Some((names, &times)), at)
                 }
                 _ => {
@@ -369,11 +337,7 @@ impl<'a> Compile<'a> {
     }
 
     fn leaf(&self, ty: &str, at: &At) -> Formula {
-        Formula::Times(Box::new(Leaf {
-            ty: ty.into(),
-            root: at.root.clone(),
-            path: at.path.as_slice().into(),
-        }))
+        Formula::Times(Box::new(Leaf::new(ty, at)))
     }
 
     /// A saturating sum, its constant terms folded.
@@ -417,15 +381,13 @@ fn heap(f: &Formula) -> usize {
             terms.len() * size_of::<Formula>() + terms.iter().map(heap).sum::<usize>()
         }
         Formula::Mul(pair) => size_of::<(Formula, Formula)>() + heap(&pair.0) + heap(&pair.1),
-        Formula::Times(leaf) => {
-            size_of::<Leaf>() + leaf.ty.len() + leaf.path.len() * size_of::<u32>()
-        }
+        Formula::Times(leaf) => leaf.heap(),
     }
 }
 
 /// Whether any of `field`'s arguments names a variable, defined by the
 /// operation or not.
-fn names_a_variable(field: &Field) -> bool {
+pub(super) fn names_a_variable(field: &Field) -> bool {
     fn has(value: &Input) -> bool {
         match value {
             Input::Variable(_) => true,

@@ -2,8 +2,10 @@
 //! variables, and never reused for a document, operation or schema it was
 //! not compiled for.
 
-use super::formula::{compile, estimate_kept};
-use super::{estimate, CostTable, FieldCost};
+use super::check::SlicingCheck;
+use super::formula::compile;
+use super::kept::estimate_kept;
+use super::{estimate, require_one_slicing_argument, CostTable, FieldCost};
 use crate::cost::schema_types::SchemaTypes;
 use crate::document::memo::Kept;
 use async_graphql::parser::parse_query;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 
 const SDL: &str = r#"
 type Query {
-  users(first: Int, last: Int): [User!]! @listSize(slicingArguments: ["first", "last"], requireOneSlicingArgument: false)
+  users(first: Int, last: Int): [User!]! @listSize(slicingArguments: ["first", "last"])
   pages(first: Int = 10): [User!]! @listSize(slicingArguments: ["first"], assumedSize: 3)
   filtered(filter: Filter): [User!]! @cost(weight: "1") @listSize(slicingArguments: ["filter.max"], assumedSize: 7, requireOneSlicingArgument: false)
   repos(first: Int! = 20): RepoConnection! @cost(weight: "1") @listSize(slicingArguments: ["first"], sizedFields: ["edges", "nodes"])
@@ -160,9 +162,11 @@ impl Gen<'_> {
 
     fn definitions(&mut self) -> String {
         let defs: Vec<String> = (0..4)
-            .filter_map(|i| match self.pick(4) {
+            .filter_map(|i| match self.pick(5) {
                 0 => None,
                 1 => Some(format!("$v{i}: Int")),
+                // Set to null, it fails coercion: nothing is checked.
+                4 => Some(format!("$v{i}: Int!")),
                 2 => Some(format!(
                     "$v{i}: Int = {}",
                     [4, 0, 11][self.pick(3) as usize]
@@ -220,7 +224,8 @@ fn variables() -> impl Strategy<Value = Variables> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
-    /// One formula, compiled once, prices every request as the walk does.
+    /// One formula, compiled once, prices every request as the walk does;
+    /// one slicing check, compiled once, answers as its walk does.
     #[test]
     fn the_formula_prices_as_the_walk_does(
         bytes in proptest::collection::vec(any::<u8>(), 0..160),
@@ -232,10 +237,14 @@ proptest! {
         let shape = crate::document::guard::check(&doc, 1_000_000).unwrap();
         let (costs, types) = (table(), types());
         let compiled = compile(&costs, &types, &doc, &shape, name, usize::MAX).unwrap();
+        let check = SlicingCheck::compile(Some(&costs), &types, &doc, name);
         for variables in &requests {
             let walked = estimate(&costs, &types, &doc, &shape, variables, name);
             let priced = compiled.price(&costs, &types, &doc, variables, name);
             prop_assert_eq!(priced, walked, "{} {:?}", text, variables);
+            let walked = require_one_slicing_argument(Some(&costs), &types, &doc, variables, name);
+            let kept = check.check(Some(&costs), &types, &doc, variables, name);
+            prop_assert_eq!(kept, walked, "{} {:?}", text, variables);
         }
     }
 }
@@ -267,7 +276,7 @@ fn the_same_text_is_priced_from_each_requests_variables() {
     let (costs, types) = (CostTable::new(), types());
     let kept = kept(DOC);
     assert_eq!(price(&kept, &costs, &types, json!({"n": 2}), Some("A")), 2);
-    assert!(kept.has_formula());
+    assert!(kept.has_cost());
     assert_eq!(
         price(&kept, &costs, &types, json!({"n": 40}), Some("A")),
         40

@@ -27,6 +27,7 @@ mod check;
 pub mod directives;
 mod estimate;
 mod formula;
+mod kept;
 pub(crate) mod schema_types;
 mod slicing;
 mod table;
@@ -35,11 +36,13 @@ pub use crate::document::cache::weight as document_weight;
 pub use check::check_schema;
 pub(crate) use check::require_one_slicing_argument;
 pub(crate) use estimate::estimate;
-pub(crate) use formula::estimate_kept;
+pub(crate) use kept::{estimate_kept, require_one_kept};
 pub use schema_types::DirectiveError;
 pub use table::{CostTable, FieldCost};
 
 #[cfg(test)]
 mod formula_tests;
+#[cfg(test)]
+mod kept_tests;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! The cost directives priced from SDL: the specification's examples, each
 //! an exact figure, and `requireOneSlicingArgument` both ways.
 
+use super::check::SlicingCheck;
 use super::{check_schema, estimate, require_one_slicing_argument, CostTable, FieldCost};
 use crate::cost::schema_types::SchemaTypes;
 use crate::error::OperationError;
@@ -47,11 +48,15 @@ fn price(query: &str, variables: serde_json::Value) -> u64 {
     price_with(&CostTable::new(), query, variables)
 }
 
+/// The walk's verdict, which the check compiled for the document gives too.
 fn require_one(query: &str, variables: serde_json::Value) -> Result<(), OperationError> {
     let types = types();
     let doc = async_graphql::parser::parse_query(query).unwrap();
     let variables = Variables::from_json(variables);
-    require_one_slicing_argument(None, &types, &doc, &variables, None)
+    let walked = require_one_slicing_argument(None, &types, &doc, &variables, None);
+    let compiled = SlicingCheck::compile(None, &types, &doc, None);
+    assert_eq!(compiled.check(None, &types, &doc, &variables, None), walked);
+    walked
 }
 
 #[test]

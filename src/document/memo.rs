@@ -40,10 +40,12 @@
 //! reserved in the document cache's weight when the document is kept
 //! ([`reserve`]), so the cache's bound holds them.
 //!
-//! **The cost estimate's formula** (`cost/formula.rs`) is kept in a slot of
-//! its own, typed by its owner (this module names nothing of `cost`, which
-//! names it), with the schema and operation it was compiled for; at most
-//! [`MAX_FORMULA_BYTES`] of heap, reserved likewise.
+//! **The cost estimate's formula** (`cost/formula.rs`) and
+//! **`requireOneSlicingArgument`'s check** (`cost/check.rs`) are kept in a
+//! slot of their own, typed by their owner (`cost/kept.rs`: this module
+//! names nothing of `cost`, which names it), with the schema, cost table and
+//! operation they were compiled for; at most [`MAX_FORMULA_BYTES`] of heap
+//! together, reserved likewise.
 
 use crate::document::guard::{check, Shape, ShapeError};
 use async_graphql::parser::types::ExecutableDocument;
@@ -56,7 +58,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// Validations a document keeps, over every schema, name and variables.
 pub(crate) const MAX_VALIDATIONS: usize = 4;
 
-/// The most heap a kept cost formula takes; a larger one is not kept.
+/// The most heap a kept cost formula and slicing check take together; a
+/// larger one is not kept.
 pub(crate) const MAX_FORMULA_BYTES: usize = 1024;
 
 /// The longest string or enum value a kept validation's variables hold.
@@ -72,8 +75,9 @@ pub(crate) struct Kept {
     verdict: OnceLock<(u64, Result<Arc<Shape>, ShapeError>)>,
     /// Successful validations, newest last.
     validated: RwLock<Vec<Validated>>,
-    /// The cost estimate's formula, as its owner keeps it.
-    formula: OnceLock<Box<dyn Any + Send + Sync>>,
+    /// The cost estimate's formula and `requireOneSlicingArgument`'s
+    /// check, as their owner (`cost/kept.rs`) keeps them.
+    cost: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Kept {
@@ -104,9 +108,9 @@ pub(crate) fn reserve(doc: &ExecutableDocument) -> usize {
         + MAX_FORMULA_BYTES
 }
 
-/// What the formula's slot takes besides the formula's own heap (its box,
-/// whose owner's key and roots are a few words).
-const FORMULA_SLOT: usize = 16 * size_of::<usize>();
+/// What the cost slot takes besides its heap counted by its owner (its box,
+/// whose owner's keys and roots are a few words).
+pub(crate) const FORMULA_SLOT: usize = 24 * size_of::<usize>();
 
 /// Every variable definition of `doc`'s operations, in a fixed order (the
 /// kept document's: the same on every call).
@@ -124,21 +128,21 @@ impl Kept {
             doc,
             verdict: OnceLock::new(),
             validated: RwLock::new(Vec::new()),
-            formula: OnceLock::new(),
+            cost: OnceLock::new(),
         }
     }
 
-    /// The formula kept in this document's slot, made by `make` the first
-    /// time it is asked for (`None` when what the slot holds is of another
-    /// type). The owner checks the kept value fits (its schema, its
-    /// operation): one is kept, the first.
-    pub(crate) fn formula<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
-        self.formula.get_or_init(|| Box::new(make())).downcast_ref()
+    /// What the cost checks keep in this document's slot, made by `make`
+    /// the first time it is asked for (`None` when what the slot holds is
+    /// of another type). The owner checks the kept value fits (its schema,
+    /// its operation): one is kept, the first.
+    pub(crate) fn cost<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> Option<&T> {
+        self.cost.get_or_init(|| Box::new(make())).downcast_ref()
     }
 
-    /// Whether a formula is kept.
-    pub(crate) fn has_formula(&self) -> bool {
-        self.formula.get().is_some()
+    /// Whether the cost checks keep anything.
+    pub(crate) fn has_cost(&self) -> bool {
+        self.cost.get().is_some()
     }
 
     /// The guard's verdict for `max_selections`: found once.

@@ -27,6 +27,7 @@
 //! async-graphql's `prepare_request` hook and runs in its `execute` hook.
 
 use super::finish::finish;
+use crate::cost;
 use crate::cost::schema_types::SchemaTypes;
 use crate::document::cache::admit;
 use crate::document::{guard, root_field};
@@ -107,22 +108,21 @@ impl Op {
                     return Err(OperationError::BadUserInput { message });
                 }
                 // `@listSize(requireOneSlicingArgument)`: a validation error.
-                crate::cost::require_one_slicing_argument(
-                    costs,
-                    types,
-                    doc,
-                    &request.variables,
-                    name,
-                )?;
-                if let Some(costs) = costs {
-                    let variables = &request.variables;
-                    // A kept document is priced from its formula.
-                    requested = Some(match parsed.kept() {
-                        Some(kept) => {
-                            crate::cost::estimate_kept(kept, costs, types, &shape, variables, name)
-                        }
-                        None => crate::cost::estimate(costs, types, doc, &shape, variables, name),
-                    });
+                // A kept document is checked and priced from what it keeps.
+                let variables = &request.variables;
+                match parsed.kept() {
+                    Some(kept) => {
+                        cost::require_one_kept(kept, costs, types, &shape, variables, name)?;
+                        requested = costs.map(|costs| {
+                            cost::estimate_kept(kept, costs, types, &shape, variables, name)
+                        });
+                    }
+                    None => {
+                        cost::require_one_slicing_argument(costs, types, doc, variables, name)?;
+                        requested = costs.map(|costs| {
+                            cost::estimate(costs, types, doc, &shape, variables, name)
+                        });
+                    }
                 }
                 Ok(parsed)
             });

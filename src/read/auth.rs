@@ -157,11 +157,11 @@ impl Auth {
     /// Whom the credentials the engine sends to `url`'s upstream belong
     /// to (`origin user`), for the cache's keys; `None` for an upstream
     /// without a table (its tokens, if any, are anonymous).
-    pub(crate) fn identity(&self, url: &reqwest::Url) -> Option<Arc<str>> {
+    pub(crate) fn identity(&self, url: &reqwest::Url) -> Option<&str> {
         self.sites
             .iter()
             .find(|(origin, _)| origin.is(url))
-            .map(|(_, site)| site.identity.clone())
+            .map(|(_, site)| &*site.identity)
     }
 
     /// Whether `read` goes to a configured origin whose challenge is

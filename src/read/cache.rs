@@ -112,6 +112,28 @@ struct Kept<H> {
     host: H,
 }
 
+/// An entry found for a read: held (the one pointer moka hands out) while
+/// the hit is answered, its answer and tag borrowed from it, not copied.
+pub(crate) struct Hit<H> {
+    kept: Arc<Kept<H>>,
+    /// The read's own check of the body, when it names another digest.
+    checked: Result<(), ReadError>,
+}
+
+impl<H> Hit<H> {
+    /// What the keeping read tagged the entry with.
+    pub(crate) fn tag(&self) -> &H {
+        &self.kept.host
+    }
+
+    /// The answer kept, or the read's own error when the body is not the
+    /// digest it names (taken: a second call answers the entry).
+    pub(crate) fn answer(&mut self) -> Result<&Arc<UpstreamResponse>, ReadError> {
+        std::mem::replace(&mut self.checked, Ok(()))?;
+        Ok(&self.kept.answer)
+    }
+}
+
 /// Each entry lives as long as its read (or its headers) said.
 struct PerEntry;
 
@@ -201,18 +223,14 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
         Some(Probe { key, rule })
     }
 
-    /// The answer kept for `probe`: under its own key, or — by the
+    /// The entry kept for `probe`: under its own key, or — by the
     /// headers — under the key any credentials share. The cache's own copy:
     /// a reader gets a [`copy`](UpstreamResponse::copy) of it. A read that
     /// names the SHA-256 its body must have (`sha256`) is answered only by
     /// a body that has it (checked once, when kept, for the digest the
     /// keeping read named; hashed again for another), else its own
     /// `UPSTREAM_ERROR` — the entry stays, for the reads it does answer.
-    pub(crate) fn get(
-        &self,
-        probe: &Probe<'_>,
-        sha256: Option<&str>,
-    ) -> Option<(Result<Arc<UpstreamResponse>, ReadError>, H)> {
+    pub(crate) fn get(&self, probe: &Probe<'_>, sha256: Option<&str>) -> Option<Hit<H>> {
         let entries = self.entries.as_ref()?;
         let usable = |key: &KeyView<'_>| {
             let kept = entries.get(key)?;
@@ -229,13 +247,13 @@ impl<H: Clone + Send + Sync + 'static> AnswerCache<H> {
                 Rule::Declared(_) => return None,
             },
         };
-        let answer = match sha256 {
+        let checked = match sha256 {
             Some(named) if kept.sha256.as_deref() != Some(named) => {
-                verified(kept.answer.clone(), Some(named))
+                verified(kept.answer.clone(), Some(named)).map(drop)
             }
-            _ => Ok(kept.answer.clone()),
+            _ => Ok(()),
         };
-        Some((answer, kept.host.clone()))
+        Some(Hit { kept, checked })
     }
 
     /// Keeps `answer` for `lookup` if it may be kept (a `2xx`; by the

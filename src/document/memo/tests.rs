@@ -109,7 +109,7 @@ fn a_document_keeps_at_most_its_reserved_validations() {
     // Their room is reserved: the variables' values at their largest.
     let value = size_of::<Option<ConstValue>>() + MAX_VALUE_BYTES + 2 * size_of::<usize>();
     let per = size_of::<Validated>() + value;
-    // And the cost formula's, at its largest.
-    let formula = 16 * size_of::<usize>() + MAX_FORMULA_BYTES;
+    // And the cost slot's (formula and slicing check), at its largest.
+    let formula = 24 * size_of::<usize>() + MAX_FORMULA_BYTES;
     assert_eq!(reserve(&doc.doc), MAX_VALIDATIONS * per + formula);
 }

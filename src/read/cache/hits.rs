@@ -35,19 +35,20 @@ impl RequestHits {
 
     /// The request's response for the entry `kept`: the one it has, else
     /// what `make` makes of the entry (kept for the request when it is an
-    /// answer).
+    /// answer). The entry is held only then: a repeat hit copies no
+    /// pointer of it.
     pub(crate) fn answer(
         &self,
-        kept: Arc<UpstreamResponse>,
+        kept: &Arc<UpstreamResponse>,
         make: impl FnOnce(&UpstreamResponse) -> Result<Arc<UpstreamResponse>, ReadError>,
     ) -> Result<Arc<UpstreamResponse>, ReadError> {
         let mut own = self.own();
-        let at = Arc::as_ptr(&kept) as usize;
+        let at = Arc::as_ptr(kept) as usize;
         if let Some((_, answer)) = own.get(&at) {
             return Ok(answer.clone());
         }
-        let answer = make(&kept)?;
-        own.insert(at, (kept, answer.clone()));
+        let answer = make(kept)?;
+        own.insert(at, (kept.clone(), answer.clone()));
         Ok(answer)
     }
 

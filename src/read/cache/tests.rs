@@ -66,8 +66,8 @@ fn keys_with_the_same_hash_are_told_apart() {
         probe
     };
     let body = |probe: &Probe<'_>| {
-        let (answer, ()) = cache.get(probe, None)?;
-        Some(answer.unwrap().body.clone())
+        let mut hit = cache.get(probe, None)?;
+        Some(hit.answer().unwrap().body.clone())
     };
     assert!(cache
         .keep(probe(&a).missed(), &answer("a"), None, ())

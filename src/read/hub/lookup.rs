@@ -24,7 +24,7 @@ impl Upstream<'_> {
             return ControlFlow::Continue(Cached::Not);
         }
         let identity = parts.auth.identity(&read.url);
-        let Some(probe) = parts.cache.probe(read, identity.as_deref(), by_headers) else {
+        let Some(probe) = parts.cache.probe(read, identity, by_headers) else {
             return ControlFlow::Continue(Cached::Missed(None));
         };
         self.hit(read, &probe)?;
@@ -59,7 +59,7 @@ impl Upstream<'_> {
     /// (`Break`); else the miss counted (`Continue`).
     fn hit(&self, read: &Read, probe: &cache::Probe<'_>) -> ControlFlow<ReadResult> {
         let parts = &self.reads.parts;
-        let Some((kept, host)) = parts.cache.get(probe, read.sha256_named()) else {
+        let Some(mut hit) = parts.cache.get(probe, read.sha256_named()) else {
             let host = parts.host_table.resolve(&read.url);
             host.metrics().cache_misses.increment(1);
             return ControlFlow::Continue(());
@@ -67,8 +67,8 @@ impl Upstream<'_> {
         self.op.cache_hits.fetch_add(1, Relaxed);
         bump(&self.reads.budget.stats().cache_hits);
         spans::note("fanout.cache_hit", true);
-        host.metrics().cache_hits.increment(1);
-        let kept = match kept {
+        hit.tag().metrics().cache_hits.increment(1);
+        let kept = match hit.answer() {
             Ok(kept) => kept,
             // Not the digest this read names: its own error.
             Err(err) => return ControlFlow::Break(Err(err)),
