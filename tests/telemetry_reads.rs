@@ -27,6 +27,15 @@ use tracing_subscriber::layer::SubscriberExt as _;
 /// An upstream with items, a redirect to one, and a resource behind a
 /// Bearer challenge whose realm is on the same origin.
 async fn start_upstream() -> (String, tokio::task::JoinHandle<()>) {
+    let (base, task, _heard) = start_hearing_upstream().await;
+    (base, task)
+}
+
+/// Each request's path and the `traceparent` it came with, in order.
+type Heard = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
+/// [`start_upstream`], with what it heard.
+async fn start_hearing_upstream() -> (String, tokio::task::JoinHandle<()>, Heard) {
     async fn item() -> Json<serde_json::Value> {
         Json(json!({ "value": "v" }))
     }
@@ -57,10 +66,21 @@ async fn start_upstream() -> (String, tokio::task::JoinHandle<()>) {
         .route("/moved", get(moved))
         .route("/private", get(private))
         .route("/token", get(token));
+    let heard = Heard::default();
+    let hearing = heard.clone();
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let traceparent = request.headers().get("traceparent");
+            let traceparent = traceparent.map(|v| v.to_str().unwrap().to_owned());
+            let path = request.uri().path().to_owned();
+            hearing.lock().unwrap().push((path, traceparent));
+            next.run(request)
+        },
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (base, task)
+    (base, task, heard)
 }
 
 struct Base(String);
@@ -108,6 +128,11 @@ fn app(config: Config, upstream: &str) -> Router {
 /// exporting to a collector of its own; every span received once the last
 /// request's SERVER span arrived.
 async fn traced(app: &Router, requests: &[&str]) -> Vec<Received> {
+    traced_with(app, requests, &[]).await
+}
+
+/// [`traced`], each request sent with `headers`.
+async fn traced_with(app: &Router, requests: &[&str], headers: &[(&str, &str)]) -> Vec<Received> {
     let collector = Collector::start().await;
     let telemetry =
         Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
@@ -118,7 +143,7 @@ async fn traced(app: &Router, requests: &[&str]) -> Vec<Received> {
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
     for body in requests {
-        let answer = fanout_testkit::post(app, body.to_string(), &[]).await;
+        let answer = fanout_testkit::post(app, body.to_string(), headers).await;
         assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
     }
     let telemetry = tokio::task::spawn_blocking(move || {
@@ -272,6 +297,124 @@ async fn each_read_says_what_answered_it_and_its_requests_are_its_children() {
         .find(|r| attribute(&r.span, "graphql.operation.type").is_some())
         .unwrap();
     assert_eq!(attribute(&operation.span, "graphql.document"), None);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_request_sent_upstream_names_its_own_client_span() {
+    // Plain, and to a host that coalesces (the leader's request is sent
+    // from a task of its own); with a fresh trace, and under a caller's
+    // sampled one.
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    for (coalesce, inbound) in [(false, None), (true, None), (false, Some(caller))] {
+        let (upstream, _task, heard) = start_hearing_upstream().await;
+        let mut config = Config::default();
+        if coalesce {
+            let host = upstream.trim_start_matches("http://").to_owned();
+            let table = fanout_budget::config::HostConfig::default().coalesce(true);
+            config.hosts.insert(host, table);
+        }
+        let app = app(config, &upstream);
+        let query = r#"{"query":"{ a: get(path: \"/item/1\") b: get(path: \"/item/1\") moved: get(path: \"/moved\") private: get(path: \"/private\") }"}"#;
+        let headers: Vec<_> = inbound.map(|tp| ("traceparent", tp)).into_iter().collect();
+        let spans = traced_with(&app, &[query], &headers).await;
+        let heard = std::mem::take(&mut *heard.lock().unwrap());
+        let clients: Vec<_> = spans
+            .iter()
+            .filter(|r| r.span.kind == SpanKind::Client as i32)
+            .collect();
+        assert_eq!(
+            heard.len(),
+            clients.len(),
+            "a CLIENT span per request sent ({coalesce}, {inbound:?}): {heard:?}"
+        );
+        let server = spans
+            .iter()
+            .find(|r| r.span.kind == SpanKind::Server as i32)
+            .unwrap();
+        if inbound.is_some() {
+            assert_eq!(
+                fanout_testkit::otlp::hex(&server.span.trace_id),
+                "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
+        }
+        for (path, traceparent) in &heard {
+            let traceparent = traceparent.as_deref().unwrap_or_else(|| {
+                panic!("{path} sent without traceparent ({coalesce}, {inbound:?})")
+            });
+            let parts: Vec<_> = traceparent.split('-').collect();
+            assert_eq!(parts[3], "01", "{path}: {traceparent}");
+            let client = clients
+                .iter()
+                .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2])
+                .unwrap_or_else(|| {
+                    panic!("{path}: {traceparent} names no CLIENT span ({coalesce}, {inbound:?})")
+                });
+            assert_eq!(fanout_testkit::otlp::hex(&client.span.trace_id), parts[1]);
+            assert_eq!(client.span.trace_id, server.span.trace_id, "{path}");
+            let url = attribute(&client.span, "url.full").unwrap();
+            assert!(url.ends_with(path.as_str()), "{url} sent to {path}");
+        }
+        // One trace, each span once, each under a span of it.
+        let mut ids: Vec<_> = spans.iter().map(|r| r.span.span_id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), spans.len(), "a span exported twice");
+        for received in &spans {
+            assert_eq!(received.span.trace_id, server.span.trace_id);
+            if received.span.span_id != server.span.span_id {
+                assert!(
+                    ids.contains(&received.span.parent_span_id),
+                    "{} under a span not exported",
+                    received.span.name
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_sampled_out_sends_its_trace_unsampled_upstream() {
+    // Plain, and to a host that coalesces (the leader's request is sent
+    // from a task of its own): each request carries the caller's trace id
+    // and the unsampled flag.
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    for coalesce in [false, true] {
+        let (upstream, _task, heard) = start_hearing_upstream().await;
+        let mut config = Config::default();
+        if coalesce {
+            let host = upstream.trim_start_matches("http://").to_owned();
+            let table = fanout_budget::config::HostConfig::default().coalesce(true);
+            config.hosts.insert(host, table);
+        }
+        let app = app(config, &upstream);
+        let collector = Collector::start().await;
+        let telemetry = Telemetry::builder(
+            TelemetryConfig::default()
+                .otlp_endpoint(collector.base.clone())
+                .sample_ratio(1.0),
+        )
+        .build()
+        .unwrap()
+        .unwrap();
+        let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+        let _default = tracing::subscriber::set_default(subscriber);
+        let query = r#"{"query":"{ a: get(path: \"/item/1\") moved: get(path: \"/moved\") private: get(path: \"/private\") }"}"#;
+        let answer = fanout_testkit::post(&app, query.to_owned(), &[("traceparent", caller)]).await;
+        assert_eq!(answer.json()["data"]["private"], 200, "{:?}", answer.json());
+        let heard = std::mem::take(&mut *heard.lock().unwrap());
+        assert_eq!(heard.len(), 6, "{heard:?}");
+        for (path, traceparent) in &heard {
+            let traceparent = traceparent.as_deref().unwrap_or_else(|| {
+                panic!("{path} sent without traceparent (coalesce: {coalesce})")
+            });
+            let parts: Vec<_> = traceparent.split('-').collect();
+            assert_eq!(parts[1], "4bf92f3577b34da6a3ce929d0e0e4736", "{path}");
+            assert_eq!(parts[3], "00", "{path}: {traceparent}");
+        }
+        tokio::task::spawn_blocking(move || drop(telemetry))
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
