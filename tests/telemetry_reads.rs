@@ -65,7 +65,8 @@ async fn start_hearing_upstream() -> (String, tokio::task::JoinHandle<()>, Heard
         .route("/item/{id}", get(item))
         .route("/moved", get(moved))
         .route("/private", get(private))
-        .route("/token", get(token));
+        .route("/token", get(token))
+        .route("/hang", get(std::future::pending::<()>));
     let heard = Heard::default();
     let hearing = heard.clone();
     let app = app.layer(axum::middleware::from_fn(
@@ -305,7 +306,14 @@ async fn each_request_sent_upstream_names_its_own_client_span() {
     // from a task of its own); with a fresh trace, and under a caller's
     // sampled one.
     let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    for (coalesce, inbound) in [(false, None), (true, None), (false, Some(caller))] {
+    let one = r#"{"query":"{ a: get(path: \"/item/1\") b: get(path: \"/item/1\") moved: get(path: \"/moved\") private: get(path: \"/private\") }"}"#;
+    let batch = r#"[{"query":"{ a: get(path: \"/item/1\") moved: get(path: \"/moved\") }"},{"query":"{ private: get(path: \"/private\") b: get(path: \"/item/3\") }"}]"#;
+    for (coalesce, inbound, query) in [
+        (false, None, one),
+        (true, None, one),
+        (false, Some(caller), one),
+        (true, None, batch),
+    ] {
         let (upstream, _task, heard) = start_hearing_upstream().await;
         let mut config = Config::default();
         if coalesce {
@@ -314,7 +322,6 @@ async fn each_request_sent_upstream_names_its_own_client_span() {
             config.hosts.insert(host, table);
         }
         let app = app(config, &upstream);
-        let query = r#"{"query":"{ a: get(path: \"/item/1\") b: get(path: \"/item/1\") moved: get(path: \"/moved\") private: get(path: \"/private\") }"}"#;
         let headers: Vec<_> = inbound.map(|tp| ("traceparent", tp)).into_iter().collect();
         let spans = traced_with(&app, &[query], &headers).await;
         let heard = std::mem::take(&mut *heard.lock().unwrap());
@@ -370,6 +377,78 @@ async fn each_request_sent_upstream_names_its_own_client_span() {
             }
         }
     }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_cut_or_dropped_mid_request_ends_its_spans_once_and_leaves_nothing_entered() {
+    let (upstream, _task, heard) = start_hearing_upstream().await;
+    let mut config = Config::default();
+    config.budget.read_timeout_ms = 100;
+    let app = app(config, &upstream);
+    let collector = Collector::start().await;
+    let telemetry =
+        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
+            .export_interval(Duration::from_millis(50))
+            .build()
+            .unwrap()
+            .unwrap();
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let _default = tracing::subscriber::set_default(subscriber);
+    let hang = r#"{"query":"{ h: get(path: \"/hang\") }"}"#;
+    // Dropped mid-read (a client gone), then cut by the read timeout.
+    let dropped = fanout_testkit::post(&app, hang.to_owned(), &[]);
+    assert!(tokio::time::timeout(Duration::from_millis(50), dropped)
+        .await
+        .is_err());
+    let cut = fanout_testkit::post(&app, hang.to_owned(), &[]).await;
+    assert_eq!(cut.status, StatusCode::OK);
+    assert!(cut.json()["errors"].is_array(), "{:?}", cut.json());
+    let item = r#"{"query":"{ a: get(path: \"/item/1\") }"}"#;
+    let answer = fanout_testkit::post(&app, item.to_owned(), &[]).await;
+    assert_eq!(answer.json()["data"]["a"], 200);
+    let telemetry = tokio::task::spawn_blocking(move || {
+        let _ = telemetry.flush();
+        telemetry
+    })
+    .await
+    .unwrap();
+    let servers = |spans: &[Received]| {
+        spans
+            .iter()
+            .filter(|r| r.span.kind == SpanKind::Server as i32)
+            .count()
+    };
+    let spans = collector
+        .wait_for(Duration::from_secs(10), "three SERVER spans", |spans| {
+            servers(spans) == 3
+        })
+        .await;
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+    let mut ids: Vec<_> = spans.iter().map(|r| r.span.span_id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), spans.len(), "a span exported twice");
+    let hung = read_of(&spans, "/hang");
+    assert_eq!(hung.len(), 2, "each read's span, once");
+    for read in &hung {
+        assert_eq!(statuses(&children(&spans, read)).len(), 1, "its request");
+        assert!(ids.contains(&read.span.parent_span_id));
+    }
+    // The next request's own spans: nothing of the dropped one was left
+    // entered on the thread.
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    let (_, traceparent) = heard.iter().find(|(path, _)| path == "/item/1").unwrap();
+    let parts: Vec<_> = traceparent.as_deref().unwrap().split('-').collect();
+    let client = spans
+        .iter()
+        .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2])
+        .expect("the traceparent names an exported span");
+    assert_eq!(client.span.kind, SpanKind::Client as i32);
+    let read = read_of(&spans, "/item/1");
+    assert_eq!(client.span.parent_span_id, read[0].span.span_id);
+    assert_eq!(client.span.trace_id, read[0].span.trace_id);
 }
 
 #[tokio::test(flavor = "current_thread")]
