@@ -134,6 +134,21 @@ async fn traced(app: &Router, requests: &[&str]) -> Vec<Received> {
 
 /// [`traced`], each request sent with `headers`.
 async fn traced_with(app: &Router, requests: &[&str], headers: &[(&str, &str)]) -> Vec<Received> {
+    exported(requests.len(), async {
+        for body in requests {
+            let answer = fanout_testkit::post(app, body.to_string(), headers).await;
+            assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+        }
+    })
+    .await
+}
+
+/// Runs `requests` with a telemetry exporting to a collector of its own;
+/// every span received once `servers` SERVER spans arrived.
+async fn exported(
+    servers: usize,
+    requests: impl std::future::Future<Output = ()>,
+) -> Vec<Received> {
     let collector = Collector::start().await;
     let telemetry =
         Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
@@ -143,17 +158,13 @@ async fn traced_with(app: &Router, requests: &[&str], headers: &[(&str, &str)]) 
             .unwrap();
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
-    for body in requests {
-        let answer = fanout_testkit::post(app, body.to_string(), headers).await;
-        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
-    }
+    requests.await;
     let telemetry = tokio::task::spawn_blocking(move || {
         let _ = telemetry.flush();
         telemetry
     })
     .await
     .unwrap();
-    let servers = requests.len();
     let spans = collector
         .wait_for(
             Duration::from_secs(10),
@@ -171,6 +182,18 @@ async fn traced_with(app: &Router, requests: &[&str], headers: &[(&str, &str)]) 
         .await
         .unwrap();
     spans
+}
+
+/// The default configuration, `coalesce = true` for `upstream`'s host
+/// when `coalesce`.
+fn coalescing(upstream: &str, coalesce: bool) -> Config {
+    let mut config = Config::default();
+    if coalesce {
+        let host = upstream.trim_start_matches("http://").to_owned();
+        let table = fanout_budget::config::HostConfig::default().coalesce(true);
+        config.hosts.insert(host, table);
+    }
+    config
 }
 
 /// The spans whose parent is `parent`, in the order they started.
@@ -315,13 +338,7 @@ async fn each_request_sent_upstream_names_its_own_client_span() {
         (true, None, batch),
     ] {
         let (upstream, _task, heard) = start_hearing_upstream().await;
-        let mut config = Config::default();
-        if coalesce {
-            let host = upstream.trim_start_matches("http://").to_owned();
-            let table = fanout_budget::config::HostConfig::default().coalesce(true);
-            config.hosts.insert(host, table);
-        }
-        let app = app(config, &upstream);
+        let app = app(coalescing(&upstream, coalesce), &upstream);
         let headers: Vec<_> = inbound.map(|tp| ("traceparent", tp)).into_iter().collect();
         let spans = traced_with(&app, &[query], &headers).await;
         let heard = std::mem::take(&mut *heard.lock().unwrap());
@@ -385,47 +402,21 @@ async fn a_read_cut_or_dropped_mid_request_ends_its_spans_once_and_leaves_nothin
     let mut config = Config::default();
     config.budget.read_timeout_ms = 100;
     let app = app(config, &upstream);
-    let collector = Collector::start().await;
-    let telemetry =
-        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
-            .export_interval(Duration::from_millis(50))
-            .build()
-            .unwrap()
-            .unwrap();
-    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
-    let _default = tracing::subscriber::set_default(subscriber);
     let hang = r#"{"query":"{ h: get(path: \"/hang\") }"}"#;
-    // Dropped mid-read (a client gone), then cut by the read timeout.
-    let dropped = fanout_testkit::post(&app, hang.to_owned(), &[]);
-    assert!(tokio::time::timeout(Duration::from_millis(50), dropped)
-        .await
-        .is_err());
-    let cut = fanout_testkit::post(&app, hang.to_owned(), &[]).await;
-    assert_eq!(cut.status, StatusCode::OK);
-    assert!(cut.json()["errors"].is_array(), "{:?}", cut.json());
     let item = r#"{"query":"{ a: get(path: \"/item/1\") }"}"#;
-    let answer = fanout_testkit::post(&app, item.to_owned(), &[]).await;
-    assert_eq!(answer.json()["data"]["a"], 200);
-    let telemetry = tokio::task::spawn_blocking(move || {
-        let _ = telemetry.flush();
-        telemetry
+    let spans = exported(3, async {
+        // Dropped mid-read (a client gone), then cut by the read timeout.
+        let dropped = fanout_testkit::post(&app, hang.to_owned(), &[]);
+        assert!(tokio::time::timeout(Duration::from_millis(50), dropped)
+            .await
+            .is_err());
+        let cut = fanout_testkit::post(&app, hang.to_owned(), &[]).await;
+        assert_eq!(cut.status, StatusCode::OK);
+        assert!(cut.json()["errors"].is_array(), "{:?}", cut.json());
+        let answer = fanout_testkit::post(&app, item.to_owned(), &[]).await;
+        assert_eq!(answer.json()["data"]["a"], 200);
     })
-    .await
-    .unwrap();
-    let servers = |spans: &[Received]| {
-        spans
-            .iter()
-            .filter(|r| r.span.kind == SpanKind::Server as i32)
-            .count()
-    };
-    let spans = collector
-        .wait_for(Duration::from_secs(10), "three SERVER spans", |spans| {
-            servers(spans) == 3
-        })
-        .await;
-    tokio::task::spawn_blocking(move || drop(telemetry))
-        .await
-        .unwrap();
+    .await;
     let mut ids: Vec<_> = spans.iter().map(|r| r.span.span_id.clone()).collect();
     ids.sort();
     ids.dedup();
@@ -459,13 +450,7 @@ async fn a_request_sampled_out_sends_its_trace_unsampled_upstream() {
     let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
     for coalesce in [false, true] {
         let (upstream, _task, heard) = start_hearing_upstream().await;
-        let mut config = Config::default();
-        if coalesce {
-            let host = upstream.trim_start_matches("http://").to_owned();
-            let table = fanout_budget::config::HostConfig::default().coalesce(true);
-            config.hosts.insert(host, table);
-        }
-        let app = app(config, &upstream);
+        let app = app(coalescing(&upstream, coalesce), &upstream);
         let collector = Collector::start().await;
         let telemetry = Telemetry::builder(
             TelemetryConfig::default()
