@@ -27,6 +27,15 @@ use tracing_subscriber::layer::SubscriberExt as _;
 /// An upstream with items, a redirect to one, and a resource behind a
 /// Bearer challenge whose realm is on the same origin.
 async fn start_upstream() -> (String, tokio::task::JoinHandle<()>) {
+    let (base, task, _heard) = start_hearing_upstream().await;
+    (base, task)
+}
+
+/// Each request's path and the `traceparent` it came with, in order.
+type Heard = std::sync::Arc<std::sync::Mutex<Vec<(String, Option<String>)>>>;
+
+/// [`start_upstream`], with what it heard.
+async fn start_hearing_upstream() -> (String, tokio::task::JoinHandle<()>, Heard) {
     async fn item() -> Json<serde_json::Value> {
         Json(json!({ "value": "v" }))
     }
@@ -56,11 +65,23 @@ async fn start_upstream() -> (String, tokio::task::JoinHandle<()>) {
         .route("/item/{id}", get(item))
         .route("/moved", get(moved))
         .route("/private", get(private))
-        .route("/token", get(token));
+        .route("/token", get(token))
+        .route("/hang", get(std::future::pending::<()>));
+    let heard = Heard::default();
+    let hearing = heard.clone();
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let traceparent = request.headers().get("traceparent");
+            let traceparent = traceparent.map(|v| v.to_str().unwrap().to_owned());
+            let path = request.uri().path().to_owned();
+            hearing.lock().unwrap().push((path, traceparent));
+            next.run(request)
+        },
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (base, task)
+    (base, task, heard)
 }
 
 struct Base(String);
@@ -108,6 +129,26 @@ fn app(config: Config, upstream: &str) -> Router {
 /// exporting to a collector of its own; every span received once the last
 /// request's SERVER span arrived.
 async fn traced(app: &Router, requests: &[&str]) -> Vec<Received> {
+    traced_with(app, requests, &[]).await
+}
+
+/// [`traced`], each request sent with `headers`.
+async fn traced_with(app: &Router, requests: &[&str], headers: &[(&str, &str)]) -> Vec<Received> {
+    exported(requests.len(), async {
+        for body in requests {
+            let answer = fanout_testkit::post(app, body.to_string(), headers).await;
+            assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
+        }
+    })
+    .await
+}
+
+/// Runs `requests` with a telemetry exporting to a collector of its own;
+/// every span received once `servers` SERVER spans arrived.
+async fn exported(
+    servers: usize,
+    requests: impl std::future::Future<Output = ()>,
+) -> Vec<Received> {
     let collector = Collector::start().await;
     let telemetry =
         Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
@@ -117,17 +158,13 @@ async fn traced(app: &Router, requests: &[&str]) -> Vec<Received> {
             .unwrap();
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
-    for body in requests {
-        let answer = fanout_testkit::post(app, body.to_string(), &[]).await;
-        assert_eq!(answer.status, StatusCode::OK, "{:?}", answer.json());
-    }
+    requests.await;
     let telemetry = tokio::task::spawn_blocking(move || {
         let _ = telemetry.flush();
         telemetry
     })
     .await
     .unwrap();
-    let servers = requests.len();
     let spans = collector
         .wait_for(
             Duration::from_secs(10),
@@ -145,6 +182,18 @@ async fn traced(app: &Router, requests: &[&str]) -> Vec<Received> {
         .await
         .unwrap();
     spans
+}
+
+/// The default configuration, `coalesce = true` for `upstream`'s host
+/// when `coalesce`.
+fn coalescing(upstream: &str, coalesce: bool) -> Config {
+    let mut config = Config::default();
+    if coalesce {
+        let host = upstream.trim_start_matches("http://").to_owned();
+        let table = fanout_budget::config::HostConfig::default().coalesce(true);
+        config.hosts.insert(host, table);
+    }
+    config
 }
 
 /// The spans whose parent is `parent`, in the order they started.
@@ -272,6 +321,164 @@ async fn each_read_says_what_answered_it_and_its_requests_are_its_children() {
         .find(|r| attribute(&r.span, "graphql.operation.type").is_some())
         .unwrap();
     assert_eq!(attribute(&operation.span, "graphql.document"), None);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_request_sent_upstream_names_its_own_client_span() {
+    // Plain, and to a host that coalesces (the leader's request is sent
+    // from a task of its own); with a fresh trace, and under a caller's
+    // sampled one.
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let one = r#"{"query":"{ a: get(path: \"/item/1\") b: get(path: \"/item/1\") moved: get(path: \"/moved\") private: get(path: \"/private\") }"}"#;
+    let batch = r#"[{"query":"{ a: get(path: \"/item/1\") moved: get(path: \"/moved\") }"},{"query":"{ private: get(path: \"/private\") b: get(path: \"/item/3\") }"}]"#;
+    for (coalesce, inbound, query) in [
+        (false, None, one),
+        (true, None, one),
+        (false, Some(caller), one),
+        (true, None, batch),
+    ] {
+        let (upstream, _task, heard) = start_hearing_upstream().await;
+        let app = app(coalescing(&upstream, coalesce), &upstream);
+        let headers: Vec<_> = inbound.map(|tp| ("traceparent", tp)).into_iter().collect();
+        let spans = traced_with(&app, &[query], &headers).await;
+        let heard = std::mem::take(&mut *heard.lock().unwrap());
+        let clients: Vec<_> = spans
+            .iter()
+            .filter(|r| r.span.kind == SpanKind::Client as i32)
+            .collect();
+        assert_eq!(
+            heard.len(),
+            clients.len(),
+            "a CLIENT span per request sent ({coalesce}, {inbound:?}): {heard:?}"
+        );
+        let server = spans
+            .iter()
+            .find(|r| r.span.kind == SpanKind::Server as i32)
+            .unwrap();
+        if inbound.is_some() {
+            assert_eq!(
+                fanout_testkit::otlp::hex(&server.span.trace_id),
+                "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
+        }
+        for (path, traceparent) in &heard {
+            let traceparent = traceparent.as_deref().unwrap_or_else(|| {
+                panic!("{path} sent without traceparent ({coalesce}, {inbound:?})")
+            });
+            let parts: Vec<_> = traceparent.split('-').collect();
+            assert_eq!(parts[3], "01", "{path}: {traceparent}");
+            let client = clients
+                .iter()
+                .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2])
+                .unwrap_or_else(|| {
+                    panic!("{path}: {traceparent} names no CLIENT span ({coalesce}, {inbound:?})")
+                });
+            assert_eq!(fanout_testkit::otlp::hex(&client.span.trace_id), parts[1]);
+            assert_eq!(client.span.trace_id, server.span.trace_id, "{path}");
+            let url = attribute(&client.span, "url.full").unwrap();
+            assert!(url.ends_with(path.as_str()), "{url} sent to {path}");
+        }
+        // One trace, each span once, each under a span of it.
+        let mut ids: Vec<_> = spans.iter().map(|r| r.span.span_id.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), spans.len(), "a span exported twice");
+        for received in &spans {
+            assert_eq!(received.span.trace_id, server.span.trace_id);
+            if received.span.span_id != server.span.span_id {
+                assert!(
+                    ids.contains(&received.span.parent_span_id),
+                    "{} under a span not exported",
+                    received.span.name
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_cut_or_dropped_mid_request_ends_its_spans_once_and_leaves_nothing_entered() {
+    let (upstream, _task, heard) = start_hearing_upstream().await;
+    let mut config = Config::default();
+    config.budget.read_timeout_ms = 100;
+    let app = app(config, &upstream);
+    let hang = r#"{"query":"{ h: get(path: \"/hang\") }"}"#;
+    let item = r#"{"query":"{ a: get(path: \"/item/1\") }"}"#;
+    let spans = exported(3, async {
+        // Dropped mid-read (a client gone), then cut by the read timeout.
+        let dropped = fanout_testkit::post(&app, hang.to_owned(), &[]);
+        assert!(tokio::time::timeout(Duration::from_millis(50), dropped)
+            .await
+            .is_err());
+        let cut = fanout_testkit::post(&app, hang.to_owned(), &[]).await;
+        assert_eq!(cut.status, StatusCode::OK);
+        assert!(cut.json()["errors"].is_array(), "{:?}", cut.json());
+        let answer = fanout_testkit::post(&app, item.to_owned(), &[]).await;
+        assert_eq!(answer.json()["data"]["a"], 200);
+    })
+    .await;
+    let mut ids: Vec<_> = spans.iter().map(|r| r.span.span_id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), spans.len(), "a span exported twice");
+    let hung = read_of(&spans, "/hang");
+    assert_eq!(hung.len(), 2, "each read's span, once");
+    for read in &hung {
+        assert_eq!(statuses(&children(&spans, read)).len(), 1, "its request");
+        assert!(ids.contains(&read.span.parent_span_id));
+    }
+    // The next request's own spans: nothing of the dropped one was left
+    // entered on the thread.
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    let (_, traceparent) = heard.iter().find(|(path, _)| path == "/item/1").unwrap();
+    let parts: Vec<_> = traceparent.as_deref().unwrap().split('-').collect();
+    let client = spans
+        .iter()
+        .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2])
+        .expect("the traceparent names an exported span");
+    assert_eq!(client.span.kind, SpanKind::Client as i32);
+    let read = read_of(&spans, "/item/1");
+    assert_eq!(client.span.parent_span_id, read[0].span.span_id);
+    assert_eq!(client.span.trace_id, read[0].span.trace_id);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_sampled_out_sends_its_trace_unsampled_upstream() {
+    // Plain, and to a host that coalesces (the leader's request is sent
+    // from a task of its own): each request carries the caller's trace id
+    // and the unsampled flag.
+    let caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    for coalesce in [false, true] {
+        let (upstream, _task, heard) = start_hearing_upstream().await;
+        let app = app(coalescing(&upstream, coalesce), &upstream);
+        let collector = Collector::start().await;
+        let telemetry = Telemetry::builder(
+            TelemetryConfig::default()
+                .otlp_endpoint(collector.base.clone())
+                .sample_ratio(1.0),
+        )
+        .build()
+        .unwrap()
+        .unwrap();
+        let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+        let _default = tracing::subscriber::set_default(subscriber);
+        let query = r#"{"query":"{ a: get(path: \"/item/1\") moved: get(path: \"/moved\") private: get(path: \"/private\") }"}"#;
+        let answer = fanout_testkit::post(&app, query.to_owned(), &[("traceparent", caller)]).await;
+        assert_eq!(answer.json()["data"]["private"], 200, "{:?}", answer.json());
+        let heard = std::mem::take(&mut *heard.lock().unwrap());
+        assert_eq!(heard.len(), 6, "{heard:?}");
+        for (path, traceparent) in &heard {
+            let traceparent = traceparent.as_deref().unwrap_or_else(|| {
+                panic!("{path} sent without traceparent (coalesce: {coalesce})")
+            });
+            let parts: Vec<_> = traceparent.split('-').collect();
+            assert_eq!(parts[1], "4bf92f3577b34da6a3ce929d0e0e4736", "{path}");
+            assert_eq!(parts[3], "00", "{path}: {traceparent}");
+        }
+        tokio::task::spawn_blocking(move || drop(telemetry))
+            .await
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]

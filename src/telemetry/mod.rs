@@ -66,7 +66,7 @@ pub(crate) use context::{adopt_parent, current_traceparent};
 pub(crate) use instruments::{current as instruments, is_recording, Instruments};
 pub(crate) use live::is_active as is_exporting;
 pub(crate) use sampling::{
-    decide, root as root_decision, sampled_out, within, within_sync, Sampling,
+    carried, decide, root as root_decision, sampled_out, within, within_sync, Sampling,
 };
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream

@@ -154,6 +154,14 @@ pub(crate) fn within_sync<R>(sampling: Option<Arc<Sampling>>, open: impl FnOnce(
     }
 }
 
+/// The sampling of the request the current task serves, for work it
+/// hands to a task of its own (a coalesced read's send): run under it
+/// ([`within`]), that work names the request's trace upstream, sampled or
+/// not.
+pub(crate) fn carried() -> Option<Arc<Sampling>> {
+    SAMPLING.try_with(Arc::clone).ok()
+}
+
 /// The decision of the request the current task serves, once taken.
 pub(crate) fn current() -> Option<Decision> {
     SAMPLING

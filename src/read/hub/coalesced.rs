@@ -35,11 +35,16 @@ impl Upstream<'_> {
             let (parts, host) = (self.reads.parts.clone(), host.clone());
             let limit = Limit::read_timeout(now, parts.read_timeout);
             let span = spans::client_span(&read);
-            Ok(async move {
+            let send = async move {
                 let _host_slot = host_slot;
                 let shared = |r| Ok(Arc::new(r));
                 on_the_wire(&parts, span, read, &host, limit, |_| {}, shared).await
-            })
+            };
+            // Sent from a task of its own, under the leader's sampling: its
+            // `traceparent` names the leader's trace, sampled or not.
+            #[cfg(feature = "otel")]
+            let send = crate::telemetry::within(crate::telemetry::carried(), send);
+            Ok(send)
         };
         match table.join_or_lead(key, lead)? {
             Role::Joined(flight) => {
