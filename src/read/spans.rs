@@ -170,10 +170,7 @@ fn span(read: &Read) -> Spanned {
 /// The span of one read a resolver asks for (see the module docs).
 pub(crate) fn read_span(read: &Read) -> Spanned {
     #[cfg(feature = "otel")]
-    if let Some(span) = direct(|| {
-        let (kind, attributes) = read_attributes(read);
-        ("upstream.read", kind, attributes)
-    }) {
+    if let Some(span) = direct_read("upstream.read", read) {
         return span;
     }
     Spanned::Tracing(enabled(|| {
@@ -196,10 +193,7 @@ pub(crate) fn read_span(read: &Read) -> Spanned {
 /// The span of a token fetch `ask` runs for the read it is under.
 pub(crate) fn token_span(ask: &Read) -> Spanned {
     #[cfg(feature = "otel")]
-    if let Some(span) = direct(|| {
-        let (kind, attributes) = read_attributes(ask);
-        ("upstream.token", kind, attributes)
-    }) {
+    if let Some(span) = direct_read("upstream.token", ask) {
         return span;
     }
     Spanned::Tracing(enabled(|| {
@@ -213,17 +207,19 @@ pub(crate) fn token_span(ask: &Read) -> Spanned {
     }))
 }
 
-/// `server.address` and `url.path` of a read's (or token fetch's) direct
-/// span.
+/// The direct span `name` of a read (or token fetch): INTERNAL, with its
+/// `server.address` and `url.path` (see [`direct`]).
 #[cfg(feature = "otel")]
-fn read_attributes(read: &Read) -> (opentelemetry::trace::SpanKind, Vec<opentelemetry::KeyValue>) {
+fn direct_read(name: &'static str, read: &Read) -> Option<Spanned> {
     use opentelemetry::KeyValue;
-    let mut attributes = Vec::with_capacity(6);
-    if let Some(host) = read.url.host_str() {
-        attributes.push(KeyValue::new("server.address", host.to_owned()));
-    }
-    attributes.push(KeyValue::new("url.path", read.url.path().to_owned()));
-    (opentelemetry::trace::SpanKind::Internal, attributes)
+    direct(|| {
+        let mut attributes = Vec::with_capacity(6);
+        if let Some(host) = read.url.host_str() {
+            attributes.push(KeyValue::new("server.address", host.to_owned()));
+        }
+        attributes.push(KeyValue::new("url.path", read.url.path().to_owned()));
+        (name, opentelemetry::trace::SpanKind::Internal, attributes)
+    })
 }
 
 /// A direct span (`telemetry/direct.rs`), named, of the kind and with the
