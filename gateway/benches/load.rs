@@ -385,14 +385,17 @@ async fn main() {
         }
     }
     let receiver = match env("LOAD_TELEMETRY", 0) {
-        1 => Some(telemetry::Receiver::start().await),
+        1 => {
+            telemetry::rounds::install();
+            Some(telemetry::Receiver::start().await)
+        }
         _ => None,
     };
     let mut traced = Vec::new();
     for (name, ratio) in [(TELEMETRY_SIDE, 1.0), (TELEMETRY_TENTH_SIDE, 0.1)] {
         if let Some(receiver) = &receiver {
             let side = telemetry::Side::new(receiver, ratio);
-            let router = side.wrap(app::build(config.clone(), upstream.clone(), None).router);
+            let router = app::build(config.clone(), upstream.clone(), None).router;
             routers.push((name, router));
             traced.push((name, side));
         }
@@ -703,22 +706,31 @@ mod telemetry {
     use axum::Router;
     use fanout_budget::config::TelemetryConfig;
     use fanout_budget::telemetry::Telemetry;
-    use std::sync::{Arc, Mutex};
-    use tracing::instrument::WithSubscriber as _;
-    use tracing::Dispatch;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
     use tracing_subscriber::layer::SubscriberExt as _;
 
     /// An OTLP/HTTP receiver on loopback that takes every export and drops
     /// it: what a collector on another machine costs this process.
     pub struct Receiver {
         base: String,
+        /// Bytes of trace exports received.
+        traces: Arc<AtomicU64>,
         _task: tokio::task::JoinHandle<()>,
     }
 
     impl Receiver {
         pub async fn start() -> Receiver {
+            let traces = Arc::new(AtomicU64::new(0));
+            let received = traces.clone();
             let app = Router::new()
-                .route("/v1/traces", post(|_: Bytes| async { StatusCode::OK }))
+                .route(
+                    "/v1/traces",
+                    post(move |body: Bytes| async move {
+                        received.fetch_add(body.len() as u64, Ordering::Relaxed);
+                        StatusCode::OK
+                    }),
+                )
                 .route("/v1/metrics", post(|_: Bytes| async { StatusCode::OK }));
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
@@ -727,23 +739,30 @@ mod telemetry {
             let task = tokio::spawn(async move {
                 let _ = axum::serve(listener, app).await;
             });
-            Receiver { base, _task: task }
+            Receiver {
+                base,
+                traces,
+                _task: task,
+            }
         }
     }
 
     /// A side's telemetry: built at the start of each of its rounds and
-    /// dropped (flushed) at the end; while it lives, the dispatcher of the
-    /// side's requests.
+    /// dropped (flushed) at the end; while it lives, the subscriber every
+    /// request of the process reaches (`Rounds`, the process's global
+    /// default: no request of another side runs then).
     pub struct Side {
         endpoint: String,
         ratio: f64,
-        current: Arc<Mutex<Option<Dispatch>>>,
+        traces: Arc<AtomicU64>,
     }
 
     /// A round's telemetry, live until dropped.
-    pub struct Exporting<'a> {
-        side: &'a Side,
+    pub struct Exporting {
         telemetry: Option<Telemetry>,
+        traces: Arc<AtomicU64>,
+        /// Trace bytes received before the round.
+        before: u64,
     }
 
     impl Side {
@@ -751,29 +770,13 @@ mod telemetry {
             Side {
                 endpoint: receiver.base.clone(),
                 ratio,
-                current: Arc::new(Mutex::new(None)),
+                traces: receiver.traces.clone(),
             }
         }
 
-        /// `router`, each request run under the side's dispatcher while
-        /// one of its rounds runs.
-        pub fn wrap(&self, router: Router) -> Router {
-            let current = self.current.clone();
-            router.layer(axum::middleware::from_fn(
-                move |request: axum::extract::Request, next: axum::middleware::Next| {
-                    let dispatch = current.lock().unwrap().clone();
-                    async move {
-                        match dispatch {
-                            Some(dispatch) => next.run(request).with_subscriber(dispatch).await,
-                            None => next.run(request).await,
-                        }
-                    }
-                },
-            ))
-        }
-
-        /// Builds the telemetry of one round and makes it the dispatcher.
-        pub fn start(&self) -> Exporting<'_> {
+        /// Builds the telemetry of one round and makes its subscriber the
+        /// one `Rounds` hands every call to.
+        pub fn start(&self) -> Exporting {
             let config = TelemetryConfig::default()
                 .otlp_endpoint(self.endpoint.clone())
                 .sample_ratio(self.ratio);
@@ -782,22 +785,178 @@ mod telemetry {
                 .build()
                 .expect("telemetry")
                 .expect("an endpoint");
-            let dispatch = Some(Dispatch::new(
-                tracing_subscriber::registry().with(telemetry.layer()),
-            ));
-            *self.current.lock().unwrap() = dispatch;
+            rounds::open(tracing_subscriber::registry().with(telemetry.layer()));
             Exporting {
-                side: self,
                 telemetry: Some(telemetry),
+                traces: self.traces.clone(),
+                before: self.traces.load(Ordering::Relaxed),
             }
         }
     }
 
-    impl Drop for Exporting<'_> {
+    impl Drop for Exporting {
         fn drop(&mut self) {
-            *self.side.current.lock().unwrap() = None;
+            rounds::close();
             drop(self.telemetry.take()); // flushes what is queued
+                                         // The subscriber the round's requests reached was the telemetry's.
+            assert!(
+                self.traces.load(Ordering::Relaxed) > self.before,
+                "a telemetry round exported no trace"
+            );
+        }
+    }
+
+    /// The process's one subscriber, installed as the global default the
+    /// way an application installs its own (`.init()`), which hands every
+    /// call to the subscriber of the telemetry round running, and between
+    /// rounds to none (the other sides then run as without a subscriber:
+    /// every callsite's interest is `never`).
+    ///
+    /// Before 2026-12-06 each request of a telemetry side ran under a
+    /// scoped dispatcher (`WithSubscriber`), which sets a thread-local
+    /// default at every poll of the request's future (two shared atomics,
+    /// an `Arc` clone and a middleware a request): a cost no deployment
+    /// with a global subscriber pays, charged to the telemetry sides alone.
+    ///
+    /// A round's subscriber is kept for the rest of the process (a slot
+    /// set once): a `Span` names its subscriber by this global one, so a
+    /// span must end in the registry it began in. None outlives its round:
+    /// hyper drops a request's future as soon as it is ready, before the
+    /// answer is written, so every span a request opens has ended by the
+    /// time its client reads the answer, and a round ends after the last
+    /// answer is read.
+    pub mod rounds {
+        use std::any::TypeId;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{Arc, OnceLock};
+        use tracing::level_filters::LevelFilter;
+        use tracing::span::{Attributes, Id, Record};
+        use tracing::subscriber::Interest;
+        use tracing::{Event, Metadata, Subscriber};
+        use tracing_core::span::Current;
+
+        type Round = Arc<dyn Subscriber + Send + Sync>;
+
+        /// Rounds a process may run with telemetry: 2 sides × (rounds + the
+        /// allocation count) stays well under it.
+        const SLOTS: usize = 128;
+        const NONE: usize = usize::MAX;
+        static ROUNDS: [OnceLock<Round>; SLOTS] = [const { OnceLock::new() }; SLOTS];
+        /// The slot of the round running, `NONE` between rounds.
+        static CURRENT: AtomicUsize = AtomicUsize::new(NONE);
+        /// The next slot to fill.
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+        /// Makes `Rounds` the process's global subscriber, once.
+        pub fn install() {
+            tracing::subscriber::set_global_default(Rounds)
+                .expect("no other global subscriber in the load bench");
+        }
+
+        /// `subscriber` receives every call until [`close`].
+        pub fn open(subscriber: impl Subscriber + Send + Sync) {
+            let slot = NEXT.fetch_add(1, Ordering::Relaxed);
+            let round: Round = Arc::new(subscriber);
+            assert!(
+                slot < SLOTS && ROUNDS[slot].set(round).is_ok(),
+                "more than {SLOTS} telemetry rounds"
+            );
+            CURRENT.store(slot, Ordering::Release);
             tracing::callsite::rebuild_interest_cache();
+        }
+
+        /// No subscriber receives anything until the next [`open`].
+        pub fn close() {
+            CURRENT.store(NONE, Ordering::Release);
+            tracing::callsite::rebuild_interest_cache();
+        }
+
+        fn current() -> Option<&'static (dyn Subscriber + Send + Sync)> {
+            ROUNDS
+                .get(CURRENT.load(Ordering::Acquire))?
+                .get()
+                .map(|round| &**round)
+        }
+
+        struct Rounds;
+
+        impl Subscriber for Rounds {
+            fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+                current().map_or(Interest::never(), |s| s.register_callsite(meta))
+            }
+
+            fn max_level_hint(&self) -> Option<LevelFilter> {
+                current().map_or(Some(LevelFilter::OFF), |s| s.max_level_hint())
+            }
+
+            fn enabled(&self, meta: &Metadata<'_>) -> bool {
+                current().is_some_and(|s| s.enabled(meta))
+            }
+
+            fn event_enabled(&self, event: &Event<'_>) -> bool {
+                current().is_some_and(|s| s.event_enabled(event))
+            }
+
+            fn new_span(&self, span: &Attributes<'_>) -> Id {
+                match current() {
+                    Some(s) => s.new_span(span),
+                    // Not reached: no callsite is enabled between rounds.
+                    None => Id::from_u64(u64::MAX),
+                }
+            }
+
+            fn record(&self, span: &Id, values: &Record<'_>) {
+                if let Some(s) = current() {
+                    s.record(span, values)
+                }
+            }
+
+            fn record_follows_from(&self, span: &Id, follows: &Id) {
+                if let Some(s) = current() {
+                    s.record_follows_from(span, follows)
+                }
+            }
+
+            fn event(&self, event: &Event<'_>) {
+                if let Some(s) = current() {
+                    s.event(event)
+                }
+            }
+
+            fn enter(&self, span: &Id) {
+                if let Some(s) = current() {
+                    s.enter(span)
+                }
+            }
+
+            fn exit(&self, span: &Id) {
+                if let Some(s) = current() {
+                    s.exit(span)
+                }
+            }
+
+            fn clone_span(&self, id: &Id) -> Id {
+                current().map_or_else(|| id.clone(), |s| s.clone_span(id))
+            }
+
+            fn try_close(&self, id: Id) -> bool {
+                current().is_some_and(|s| s.try_close(id))
+            }
+
+            fn current_span(&self) -> Current {
+                current().map_or_else(Current::none, |s| s.current_span())
+            }
+
+            unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
+                if id == TypeId::of::<Self>() {
+                    return Some(self as *const Self as *const ());
+                }
+                // SAFETY: forwarded to the round's subscriber, under the
+                // same contract; it lives for the rest of the process (a
+                // static slot, never emptied), so the pointer outlives the
+                // caller's use of it.
+                current().and_then(|s| unsafe { s.downcast_raw(id) })
+            }
         }
     }
 }
