@@ -155,9 +155,7 @@ impl Drop for Scope {
         }
         crate::metrics::request_reads(used);
         #[cfg(feature = "otel")]
-        if let Some(instruments) = crate::telemetry::instruments() {
-            instruments.request_reads(used);
-        }
+        crate::telemetry::instruments(|i| i.request_reads(used));
     }
 }
 

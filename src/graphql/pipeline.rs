@@ -280,9 +280,7 @@ impl Op {
                 .map(|requested| requested as f64 - reads as f64);
             crate::metrics::operation(kind, reads, delta);
             #[cfg(feature = "otel")]
-            if let Some(instruments) = crate::telemetry::instruments() {
-                instruments.operation(kind, reads, delta);
-            }
+            crate::telemetry::instruments(|i| i.operation(kind, reads, delta));
         }
         if span.is_disabled() {
             return;

@@ -171,7 +171,6 @@ impl Opened {
 /// `http.server.request.duration`'s instrument, attributes and start.
 #[cfg(feature = "otel")]
 struct Metric {
-    instruments: std::sync::Arc<crate::telemetry::Instruments>,
     attributes: Vec<opentelemetry::KeyValue>,
     started: std::time::Instant,
 }
@@ -180,7 +179,9 @@ struct Metric {
 impl Metric {
     fn of(request: &http::Request<Body>, get: bool) -> Option<Metric> {
         use opentelemetry::KeyValue;
-        let instruments = crate::telemetry::instruments()?;
+        if !crate::telemetry::is_recording() {
+            return None;
+        }
         // Room for the status, pushed at the end.
         let mut attributes = Vec::with_capacity(3);
         attributes.push(KeyValue::new(
@@ -191,7 +192,6 @@ impl Metric {
             attributes.push(KeyValue::new("http.route", route.as_str().to_owned()));
         }
         Some(Metric {
-            instruments,
             attributes,
             started: std::time::Instant::now(),
         })
@@ -202,7 +202,7 @@ impl Metric {
             "http.response.status_code",
             i64::from(status.as_u16()),
         ));
-        self.instruments
-            .server_request(self.started.elapsed(), &self.attributes);
+        let took = self.started.elapsed();
+        crate::telemetry::instruments(|i| i.server_request(took, &self.attributes));
     }
 }

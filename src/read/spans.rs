@@ -68,9 +68,6 @@ impl Metric {
 
     fn record(self, host: &HostMetrics, status: Option<u16>, error: Option<ErrorType>) {
         use opentelemetry::KeyValue;
-        let Some(instruments) = crate::telemetry::instruments() else {
-            return; // the telemetry ended meanwhile
-        };
         // On the stack: the method, the host's one or two, a status and an
         // error at most; the unused places are never read.
         let mut attributes: [KeyValue; 5] = std::array::from_fn(|_| KeyValue::new("", false));
@@ -94,7 +91,9 @@ impl Metric {
             Some(ErrorType::Code(code)) => push(KeyValue::new("error.type", code)),
             None => {}
         }
-        instruments.client_request(self.started.elapsed(), &attributes[..len]);
+        let took = self.started.elapsed();
+        // Nothing when the telemetry ended meanwhile.
+        crate::telemetry::instruments(|i| i.client_request(took, &attributes[..len]));
     }
 }
 

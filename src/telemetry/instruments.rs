@@ -11,15 +11,22 @@
 //!
 //! The instruments are built once, when a [`Telemetry`](super::Telemetry)
 //! is, and published process-wide: the read path takes them with one
-//! atomic load when no telemetry lives (nothing recorded), else a read
-//! lock. `server.address` (and `server.port`) is the host a read was sent
+//! atomic load when no telemetry lives (nothing recorded). Else each
+//! thread keeps the instruments it last took, with the generation they
+//! were published in ([`with`]): a record reads the generation (a shared
+//! line only written when a telemetry starts or ends) and borrows the
+//! thread's own handle, instead of taking the process's read lock and an
+//! `Arc` (three atomic writes on one line every core shares, at every read
+//! and request). A thread keeps the last instruments it used until it
+//! records again after they are withdrawn. `server.address` (and `server.port`) is the host a read was sent
 //! to when it has a `[hosts]` table or is known to the engine, else
 //! `other` (no port): the series stay bounded by the configuration, as the
 //! Prometheus `host` label does (`src/metrics.rs`).
 
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::KeyValue;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -52,6 +59,15 @@ const DURATION_BOUNDS: [f64; 14] = [
 static CURRENT: RwLock<Option<Arc<Instruments>>> = RwLock::new(None);
 /// Whether `CURRENT` holds instruments: the read path's one atomic load.
 static PUBLISHED: AtomicBool = AtomicBool::new(false);
+/// Bumped each time `CURRENT` changes: a thread's kept handle is good while
+/// its generation is this one.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The instruments this thread last took, and their generation (0:
+    /// none taken yet; the first publication is generation 1).
+    static KEPT: RefCell<(u64, Option<Arc<Instruments>>)> = const { RefCell::new((0, None)) };
+}
 
 impl Instruments {
     /// Builds them from `meter` and publishes them; the result is the
@@ -89,8 +105,11 @@ impl Instruments {
                 .with_boundaries(DELTA_BOUNDS.to_vec())
                 .build(),
         });
-        *CURRENT.write().unwrap_or_else(|e| e.into_inner()) = Some(instruments.clone());
+        let mut current = CURRENT.write().unwrap_or_else(|e| e.into_inner());
+        *current = Some(instruments.clone());
+        GENERATION.fetch_add(1, Ordering::Release);
         PUBLISHED.store(true, Ordering::Release);
+        drop(current);
         instruments
     }
 
@@ -99,6 +118,7 @@ impl Instruments {
         let mut current = CURRENT.write().unwrap_or_else(|e| e.into_inner());
         if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, mine)) {
             *current = None;
+            GENERATION.fetch_add(1, Ordering::Release);
             PUBLISHED.store(false, Ordering::Release);
         }
     }
@@ -134,10 +154,76 @@ pub(crate) fn is_recording() -> bool {
     PUBLISHED.load(Ordering::Acquire)
 }
 
-/// The published instruments, when a telemetry lives.
-pub(crate) fn current() -> Option<Arc<Instruments>> {
+/// `record` run with the published instruments, when a telemetry lives.
+pub(crate) fn with<R>(record: impl FnOnce(&Instruments) -> R) -> Option<R> {
     if !PUBLISHED.load(Ordering::Acquire) {
         return None;
     }
+    let generation = GENERATION.load(Ordering::Acquire);
+    let mut record = Some(record);
+    let kept = KEPT.try_with(|kept| {
+        let mut kept = kept.try_borrow_mut().ok()?;
+        if kept.0 != generation {
+            *kept = (generation, current());
+        }
+        let record = record.take().expect("taken once");
+        Some(kept.1.as_deref().map(record))
+    });
+    if let Ok(Some(recorded)) = kept {
+        return recorded;
+    }
+    // The thread's values are being destroyed, or recording reentered:
+    // the process's own.
+    let record = record.take()?;
+    current().map(|instruments| record(&instruments))
+}
+
+/// The published instruments, when a telemetry lives.
+fn current() -> Option<Arc<Instruments>> {
     CURRENT.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::SdkMeterProvider;
+
+    /// The instruments a record on this thread would use.
+    fn taken() -> Option<usize> {
+        with(|instruments| instruments as *const Instruments as usize)
+    }
+
+    fn address(instruments: &Arc<Instruments>) -> Option<usize> {
+        Some(Arc::as_ptr(instruments) as usize)
+    }
+
+    #[test]
+    fn a_thread_records_with_the_instruments_published_last() {
+        let provider = SdkMeterProvider::builder().build();
+        let meter = provider.meter("test");
+        assert_eq!(taken(), None, "none published");
+        let first = Instruments::publish(&meter);
+        assert_eq!(taken(), address(&first));
+        let second = Instruments::publish(&meter);
+        assert_eq!(
+            taken(),
+            address(&second),
+            "the thread's kept handle replaced"
+        );
+        Instruments::withdraw(&first);
+        assert_eq!(
+            taken(),
+            address(&second),
+            "withdrawing others' changes nothing"
+        );
+        let elsewhere = std::thread::spawn(taken).join().expect("a thread");
+        assert_eq!(elsewhere, address(&second), "another thread takes them too");
+        Instruments::withdraw(&second);
+        assert_eq!(taken(), None, "withdrawn");
+        let third = Instruments::publish(&meter);
+        assert_eq!(taken(), address(&third));
+        Instruments::withdraw(&third);
+        assert_eq!(taken(), None);
+    }
 }

@@ -63,7 +63,7 @@ mod truncate;
 mod weight;
 
 pub(crate) use context::{adopt_parent, current_traceparent};
-pub(crate) use instruments::{current as instruments, is_recording, Instruments};
+pub(crate) use instruments::{is_recording, with as instruments, Instruments};
 pub(crate) use live::is_active as is_exporting;
 pub(crate) use sampling::{
     carried, decide, root as root_decision, sampled_out, within, within_sync, Sampling,
