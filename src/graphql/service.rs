@@ -67,8 +67,23 @@ use tracing::{Instrument, Span};
 /// let app: axum::Router = axum::Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
 /// # drop(app);
 /// ```
-#[derive(Clone)]
 pub struct FanoutGraphQL<E> {
+    /// Everything, behind one pointer: axum clones the service for every
+    /// request, and so does `call` (one reference count each, not seven).
+    served: Arc<Served<E>>,
+}
+
+impl<E> Clone for FanoutGraphQL<E> {
+    fn clone(&self) -> Self {
+        Self {
+            served: self.served.clone(),
+        }
+    }
+}
+
+/// What a [`FanoutGraphQL`] serves with.
+#[derive(Clone)]
+struct Served<E> {
     executor: E,
     engine: Engine,
     types: Arc<SchemaTypes>,
@@ -84,7 +99,7 @@ pub struct FanoutGraphQL<E> {
 impl<E> std::fmt::Debug for FanoutGraphQL<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FanoutGraphQL")
-            .field("engine", &self.engine)
+            .field("engine", &self.served.engine)
             .finish_non_exhaustive()
     }
 }
@@ -110,13 +125,15 @@ impl<E: Executor> FanoutGraphQL<E> {
         let types = Arc::new(SchemaTypes::from_sdl(sdl));
         let envelope = CostEnvelope::of(engine.config());
         Self {
-            executor,
-            engine,
-            types,
-            data: None,
-            metered: Arc::default(),
-            example: None,
-            envelope,
+            served: Arc::new(Served {
+                executor,
+                engine,
+                types,
+                data: None,
+                metered: Arc::default(),
+                example: None,
+                envelope,
+            }),
         }
     }
 
@@ -124,7 +141,7 @@ impl<E: Executor> FanoutGraphQL<E> {
     /// written one yet (GraphiQL keeps a visitor's own in the browser):
     /// an example of your schema instead of GraphiQL's welcome text.
     pub fn graphiql_query(mut self, query: impl Into<String>) -> Self {
-        self.example = Some(Arc::from(query.into()));
+        Arc::make_mut(&mut self.served).example = Some(Arc::from(query.into()));
         self
     }
 
@@ -137,11 +154,13 @@ impl<E: Executor> FanoutGraphQL<E> {
         mut self,
         data: impl Fn(&Arc<Operation>, &mut async_graphql::Data) + Send + Sync + 'static,
     ) -> Self {
-        self.data = Some(Arc::new(data));
+        Arc::make_mut(&mut self.served).data = Some(Arc::new(data));
         self
     }
+}
 
-    async fn handle(self, mut request: http::Request<Body>) -> HttpResponse {
+impl<E: Executor> Served<E> {
+    async fn handle(self: Arc<Self>, mut request: http::Request<Body>) -> HttpResponse {
         let get = request.method() == Method::GET;
         CostEnvelope::mark(self.envelope, request.extensions_mut());
         // A WebSocket: subscriptions (and queries) over one connection, one
@@ -153,7 +172,8 @@ impl<E: Executor> FanoutGraphQL<E> {
                 }
                 .unread();
             }
-            return super::socket::upgrade(self.executor, self.engine, request).await;
+            return super::socket::upgrade(self.executor.clone(), self.engine.clone(), request)
+                .await;
         }
         // GraphiQL's assets: their route may be mounted outside the rate
         // limiter, so nothing there is ever a GraphQL request.
@@ -378,8 +398,8 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.handle(request).await) })
+        let served = self.served.clone();
+        Box::pin(async move { Ok(served.handle(request).await) })
     }
 }
 
