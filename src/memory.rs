@@ -152,6 +152,18 @@ impl RequestMemory {
         self.held.fetch_sub(bytes, Relaxed);
     }
 
+    /// Counts a resolve that ended: its `pending` weight given back and
+    /// the `bytes` of the value it produced counted, in one step (the
+    /// answer never dips below what it holds between the two). `false`:
+    /// the request has tripped (now or before) and must stop building.
+    pub(crate) fn settle_answer(&self, pending: usize, bytes: usize) -> bool {
+        if bytes >= pending {
+            return self.answer(bytes - pending);
+        }
+        self.release_answer(pending - bytes);
+        self.trip.load(Relaxed) == NOT_TRIPPED
+    }
+
     /// Counts `bytes` more held by the request (a kept upstream body, or
     /// the answer through [`answer`](Self::answer)). `false`: the process
     /// bound is reached (the request has tripped) or the request had tripped.
@@ -298,6 +310,25 @@ mod tests {
         assert!(!memory.hold(1), "a tripped request stays stopped");
         drop(memory);
         assert_eq!(pool.used(), 0);
+    }
+
+    #[test]
+    fn a_settled_resolve_counts_its_value_in_place_of_its_pending_weight() {
+        let memory = RequestMemory::new(Arc::new(MemoryPool::new(1 << 20)), 10_000);
+        assert!(memory.answer(3_000), "pending");
+        assert!(memory.settle_answer(3_000, 200), "a small value");
+        assert_eq!(memory.answer.load(Relaxed), 200);
+        assert_eq!(memory.held.load(Relaxed), 200);
+        assert!(memory.answer(3_000), "pending");
+        assert!(memory.settle_answer(3_000, 5_000), "a large value");
+        assert_eq!(memory.answer.load(Relaxed), 5_200);
+        assert!(memory.answer(3_000), "pending");
+        assert!(!memory.settle_answer(3_000, 6_000), "past the bound");
+        assert_eq!(memory.trip(), Some(Trip::AnswerTooLarge { max: 10_000 }));
+        assert!(
+            !memory.settle_answer(3_000, 0),
+            "a tripped request stops, whatever it gives back"
+        );
     }
 
     #[test]

@@ -329,7 +329,6 @@ impl Extension for PerOperation {
         let ty = info.return_type;
         let path = info.path_node;
         let resolved = next.run(ctx, info).await;
-        memory.release_answer(PENDING_WEIGHT);
         let weight = match &resolved {
             Ok(Some(value @ (Value::Object(_) | Value::List(_)))) => {
                 weigh(value, Self::built_whole(ctx, ty))
@@ -343,7 +342,7 @@ impl Extension for PerOperation {
                 4 * VALUE_WEIGHT + weigh_error(err, depth)
             }
         };
-        if !memory.answer(weight) {
+        if !memory.settle_answer(PENDING_WEIGHT, weight) {
             drop(resolved);
             return std::future::pending().await;
         }
