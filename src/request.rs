@@ -432,7 +432,7 @@ impl FanoutRequest {
     pub fn operation(&self) -> Arc<Operation> {
         Arc::new(Operation {
             request: self.clone(),
-            reads: OperationReads::default(),
+            reads: OperationReads::here(),
             metered: AtomicBool::new(false),
             document: Mutex::new(None),
         })
@@ -509,6 +509,15 @@ impl Operation {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+    }
+
+    /// The operation's span opened: the reads made through this handle
+    /// outside the request's task are its children (`telemetry`).
+    pub(crate) fn traced_under(&self, span: &tracing::Span) {
+        #[cfg(feature = "otel")]
+        self.reads.trace.under(span);
+        #[cfg(not(feature = "otel"))]
+        let _ = span;
     }
 
     /// The extension saw this operation and counts its answer.

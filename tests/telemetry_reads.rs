@@ -149,13 +149,40 @@ async fn exported(
     servers: usize,
     requests: impl std::future::Future<Output = ()>,
 ) -> Vec<Received> {
+    let servers_received = move |spans: &[Received]| {
+        spans
+            .iter()
+            .filter(|r| r.span.kind == SpanKind::Server as i32)
+            .count()
+            == servers
+    };
+    exported_until(
+        1.0,
+        "every request's SERVER span",
+        servers_received,
+        requests,
+    )
+    .await
+}
+
+/// Runs `requests` with a telemetry sampling at `sample_ratio` and
+/// exporting to a collector of its own; every span received once they
+/// satisfy `until` (`what` names it), after the telemetry was flushed.
+async fn exported_until(
+    sample_ratio: f64,
+    what: &str,
+    until: impl Fn(&[Received]) -> bool,
+    requests: impl std::future::Future<Output = ()>,
+) -> Vec<Received> {
     let collector = Collector::start().await;
-    let telemetry =
-        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
-            .export_interval(Duration::from_millis(50))
-            .build()
-            .unwrap()
-            .unwrap();
+    let config = TelemetryConfig::default()
+        .otlp_endpoint(collector.base.clone())
+        .sample_ratio(sample_ratio);
+    let telemetry = Telemetry::builder(config)
+        .export_interval(Duration::from_millis(50))
+        .build()
+        .unwrap()
+        .unwrap();
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
     requests.await;
@@ -166,17 +193,7 @@ async fn exported(
     .await
     .unwrap();
     let spans = collector
-        .wait_for(
-            Duration::from_secs(10),
-            "every request's SERVER span",
-            |spans| {
-                spans
-                    .iter()
-                    .filter(|r| r.span.kind == SpanKind::Server as i32)
-                    .count()
-                    == servers
-            },
-        )
+        .wait_for(Duration::from_secs(10), what, until)
         .await;
     tokio::task::spawn_blocking(move || drop(telemetry))
         .await
@@ -561,28 +578,21 @@ impl Events {
     }
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn each_event_of_a_subscription_is_a_trace_of_its_own() {
+/// Serves `schema` over WebSocket on loopback, runs the subscription
+/// `query` to its end, and gives its events.
+async fn subscribed<Q, S>(
+    schema: Schema<Q, EmptyMutation, S>,
+    engine: Engine,
+    query: &str,
+) -> Vec<serde_json::Value>
+where
+    Q: async_graphql::ObjectType + 'static,
+    S: async_graphql::SubscriptionType + 'static,
+{
     use fanout_testkit::ws::{init, subscribe, until_complete};
     use std::future::IntoFuture as _;
     use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
-    let (upstream, _task) = start_upstream().await;
-    let collector = Collector::start().await;
-    let telemetry =
-        Telemetry::builder(TelemetryConfig::default().otlp_endpoint(collector.base.clone()))
-            .export_interval(Duration::from_millis(50))
-            .build()
-            .unwrap()
-            .unwrap();
-    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
-    let _default = tracing::subscriber::set_default(subscriber);
-
-    let config = Config::default();
-    let engine = Engine::new(config.clone());
-    let schema = Schema::build(Query, EmptyMutation, Events)
-        .extension(FanoutExtension::new(&engine))
-        .data(Base(upstream))
-        .finish();
+    let config = engine.config().clone();
     let router = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
@@ -599,35 +609,34 @@ async fn each_event_of_a_subscription_is_a_trace_of_its_own() {
     );
     let (mut socket, _) = tokio_tungstenite::connect_async(request).await.unwrap();
     init(&mut socket, json!({})).await;
-    subscribe(
-        &mut socket,
-        "1",
-        r#"subscription Watch { events(n: 2) { get(path: "/item/1") } }"#,
-    )
-    .await;
+    subscribe(&mut socket, "1", query).await;
     let events = until_complete(&mut socket, "1").await;
-    assert_eq!(events.len(), 2, "{events:?}");
     drop(socket);
-
-    let telemetry = tokio::task::spawn_blocking(move || {
-        let _ = telemetry.flush();
-        telemetry
-    })
-    .await
-    .unwrap();
-    let spans = collector
-        .wait_for(Duration::from_secs(10), "both events' spans", |spans| {
-            spans
-                .iter()
-                .filter(|r| r.span.kind == SpanKind::Server as i32)
-                .count()
-                >= 2
-        })
-        .await;
     server.abort();
-    tokio::task::spawn_blocking(move || drop(telemetry))
-        .await
-        .unwrap();
+    events
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_event_of_a_subscription_is_a_trace_of_its_own() {
+    let (upstream, _task) = start_upstream().await;
+    let both = |spans: &[Received]| {
+        spans
+            .iter()
+            .filter(|r| r.span.kind == SpanKind::Server as i32)
+            .count()
+            >= 2
+    };
+    let spans = exported_until(1.0, "both events' spans", both, async {
+        let engine = Engine::new(Config::default());
+        let schema = Schema::build(Query, EmptyMutation, Events)
+            .extension(FanoutExtension::new(&engine))
+            .data(Base(upstream))
+            .finish();
+        let query = r#"subscription Watch { events(n: 2) { get(path: "/item/1") } }"#;
+        let events = subscribed(schema, engine, query).await;
+        assert_eq!(events.len(), 2, "{events:?}");
+    })
+    .await;
 
     let roots: Vec<_> = spans
         .iter()
@@ -746,4 +755,271 @@ async fn no_read_opens_a_span_in_the_subscriber_while_a_telemetry_exports() {
     tokio::task::spawn_blocking(move || drop(telemetry))
         .await
         .unwrap();
+}
+
+/// Items read by a `DataLoader` whose loads run in a task of their own
+/// (`tokio::spawn`), through the operation's handle: the status of each.
+struct Items {
+    operation: std::sync::Arc<fanout_budget::request::Operation>,
+    base: String,
+}
+
+impl async_graphql::dataloader::Loader<u64> for Items {
+    type Value = u16;
+    type Error = fanout_budget::ReadError;
+
+    async fn load(
+        &self,
+        ids: &[u64],
+    ) -> Result<std::collections::HashMap<u64, u16>, fanout_budget::ReadError> {
+        let upstream = self.operation.upstream();
+        let reads = ids.iter().map(|&id| {
+            let url = format!("{}/item/{id}", self.base).parse().expect("a URL");
+            async move { Ok((id, upstream.read(Read::get(url)).await?.status.as_u16())) }
+        });
+        futures::future::try_join_all(reads)
+            .await
+            .map(std::collections::HashMap::from_iter)
+    }
+}
+
+struct Loaded;
+
+#[Object]
+impl Loaded {
+    /// `/item/{id}`'s status, read through the operation's loader.
+    async fn item(&self, ctx: &Context<'_>, id: u64) -> async_graphql::Result<Option<u16>> {
+        let loader = ctx.data::<async_graphql::dataloader::DataLoader<Items>>()?;
+        Ok(loader.load_one(id).await?)
+    }
+}
+
+/// A service whose resolvers read through a `DataLoader` of each
+/// operation, its loads spawned.
+fn loading_app(upstream: &str) -> Router {
+    let engine = Engine::new(Config::default());
+    let schema = Schema::build(Loaded, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .finish();
+    let base = upstream.to_owned();
+    let graphql = FanoutGraphQL::new(schema, engine).operation_data(move |operation, data| {
+        let items = Items {
+            operation: operation.clone(),
+            base: base.clone(),
+        };
+        data.insert(async_graphql::dataloader::DataLoader::new(
+            items,
+            tokio::spawn,
+        ));
+    });
+    Router::new().route_service("/graphql", graphql)
+}
+
+const LOADED: &str = r#"{"query":"{ a: item(id: 1) b: item(id: 2) }"}"#;
+
+#[tokio::test(flavor = "current_thread")]
+async fn reads_a_dataloader_makes_from_a_task_of_its_own_are_in_the_requests_trace() {
+    let (upstream, _task, heard) = start_hearing_upstream().await;
+    let app = loading_app(&upstream);
+    let spans = traced(&app, &[LOADED]).await;
+    let server = spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .unwrap();
+    let operation = spans.iter().find(|r| r.span.name == "query").unwrap();
+    assert_eq!(operation.span.parent_span_id, server.span.span_id);
+    for path in ["/item/1", "/item/2"] {
+        let read = read_of(&spans, path);
+        assert_eq!(read.len(), 1, "{path}: its read's span, once");
+        assert_eq!(
+            read[0].span.trace_id, server.span.trace_id,
+            "{path}: in the request's trace"
+        );
+        assert_eq!(
+            read[0].span.parent_span_id, operation.span.span_id,
+            "{path}: under the operation"
+        );
+        assert_eq!(statuses(&children(&spans, read[0])), ["GET 200"]);
+    }
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(heard.len(), 2, "{heard:?}");
+    for (path, traceparent) in &heard {
+        let traceparent = traceparent.as_deref().expect("a traceparent");
+        let parts: Vec<_> = traceparent.split('-').collect();
+        assert_eq!(
+            parts[1],
+            fanout_testkit::otlp::hex(&server.span.trace_id),
+            "{path}: the request's trace"
+        );
+        assert_eq!(parts[3], "01", "{path}: {traceparent}");
+        let client = spans
+            .iter()
+            .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2])
+            .unwrap_or_else(|| panic!("{path}: {traceparent} names no exported span"));
+        assert_eq!(client.span.kind, SpanKind::Client as i32);
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_sampled_out_requests_dataloader_exports_nothing_and_sends_its_trace_unsampled() {
+    let (upstream, _task, heard) = start_hearing_upstream().await;
+    let app = loading_app(&upstream);
+    let unsampled = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00";
+    let sampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    // Sampled out, then sampled (what is exported once its SERVER span is
+    // in: the first request's spans, had it any, were flushed before).
+    let spans = exported(1, async {
+        for caller in [unsampled, sampled] {
+            let answer =
+                fanout_testkit::post(&app, LOADED.to_owned(), &[("traceparent", caller)]).await;
+            assert_eq!(answer.json()["data"]["a"], 200, "{:?}", answer.json());
+        }
+    })
+    .await;
+    for received in &spans {
+        assert_eq!(
+            fanout_testkit::otlp::hex(&received.span.trace_id),
+            "0af7651916cd43dd8448eb211c80319c",
+            "{} exported outside the sampled request's trace",
+            received.span.name
+        );
+    }
+    assert_eq!(read_of(&spans, "/item/1").len(), 1, "the sampled request's");
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(heard.len(), 4, "{heard:?}");
+    for (path, traceparent) in &heard[..2] {
+        let traceparent = traceparent.as_deref().expect("a traceparent");
+        let parts: Vec<_> = traceparent.split('-').collect();
+        assert_eq!(parts[1], "4bf92f3577b34da6a3ce929d0e0e4736", "{path}");
+        assert_eq!(parts[3], "00", "{path}: {traceparent}");
+    }
+}
+
+/// A subscription to a [`SharedPoll`] of `/item/{id}`.
+struct Polled;
+
+#[Subscription]
+impl Polled {
+    /// `n` polls of `/item/{id}`, each answer its status.
+    async fn polled(
+        &self,
+        ctx: &Context<'_>,
+        id: u64,
+        n: usize,
+    ) -> async_graphql::Result<impl futures::Stream<Item = u16>> {
+        use fanout_budget::graphql::{FanoutConnection, SharedPoll};
+        use futures::StreamExt as _;
+        let connection = ctx.data::<FanoutConnection>()?.clone();
+        let polls = ctx.data::<SharedPoll<u64, u16>>()?;
+        let url: fanout_budget::reqwest::Url =
+            format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let answers = polls.subscribe(id, &connection, move |operation| {
+            let url = url.clone();
+            async move {
+                let read = operation.upstream().read(Read::get(url)).await;
+                read.map_or(0, |r| r.status.as_u16())
+            }
+        });
+        Ok(answers.take(n))
+    }
+}
+
+/// Runs a subscription of `n` polls of `/item/1` under a telemetry
+/// sampling at `ratio`: what is exported once `until`, and what the
+/// upstream heard.
+async fn polled(
+    ratio: f64,
+    until: impl Fn(&[Received]) -> bool,
+) -> (Vec<Received>, Vec<(String, Option<String>)>) {
+    let (upstream, _task, heard) = start_hearing_upstream().await;
+    let spans = exported_until(ratio, "the polls' spans", until, async {
+        let engine = Engine::new(Config::default());
+        let polls = fanout_budget::graphql::SharedPoll::<u64, u16>::new(Duration::from_millis(100));
+        let schema = Schema::build(Query, EmptyMutation, Polled)
+            .extension(FanoutExtension::new(&engine))
+            .data(Base(upstream))
+            .data(polls)
+            .finish();
+        let query = "subscription { polled(id: 1, n: 2) }";
+        let events = subscribed(schema, engine, query).await;
+        assert_eq!(events.len(), 2, "{events:?}");
+    })
+    .await;
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    (spans, heard)
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn each_poll_of_a_shared_poll_is_a_trace_of_its_own() {
+    let two_polls = |spans: &[Received]| {
+        spans
+            .iter()
+            .filter(|r| r.span.name == "upstream.poll")
+            .count()
+            >= 2
+            && read_of(spans, "/item/1").len() >= 2
+    };
+    let (spans, heard) = polled(1.0, two_polls).await;
+    let polls: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.name == "upstream.poll")
+        .collect();
+    assert_ne!(
+        polls[0].span.trace_id, polls[1].span.trace_id,
+        "a trace each"
+    );
+    for poll in &polls {
+        assert!(poll.span.parent_span_id.is_empty(), "the root of its trace");
+        let reads = children(&spans, poll);
+        assert_eq!(
+            statuses(&reads),
+            ["upstream.read"],
+            "the poll's read under it"
+        );
+        assert_eq!(statuses(&children(&spans, reads[0])), ["GET 200"]);
+    }
+    // Every read of a poll is under one, and each request sent names its
+    // CLIENT span, in the poll's trace.
+    for read in read_of(&spans, "/item/1") {
+        let under = |poll: &&Received| poll.span.span_id == read.span.parent_span_id;
+        assert!(polls.iter().any(under), "a read outside a poll");
+    }
+    for (path, traceparent) in &heard {
+        let traceparent = traceparent.as_deref().expect("a traceparent");
+        let parts: Vec<_> = traceparent.split('-').collect();
+        assert_eq!(parts[3], "01", "{path}: {traceparent}");
+        let client = spans
+            .iter()
+            .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2]);
+        // A poll sent after the last flush is not exported: only those.
+        if let Some(client) = client {
+            assert_eq!(fanout_testkit::otlp::hex(&client.span.trace_id), parts[1]);
+            assert!(polls
+                .iter()
+                .any(|p| p.span.trace_id == client.span.trace_id));
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_poll_sampled_out_exports_nothing_and_sends_its_own_trace_unsampled() {
+    // The events' SERVER spans are sampled out too: wait for nothing.
+    let (spans, heard) = polled(0.0, |_| true).await;
+    assert!(
+        spans.is_empty(),
+        "{:?}",
+        statuses(&spans.iter().collect::<Vec<_>>())
+    );
+    assert!(heard.len() >= 2, "{heard:?}");
+    let mut traces: Vec<_> = heard
+        .iter()
+        .map(|(path, traceparent)| {
+            let traceparent = traceparent.as_deref().expect("a traceparent");
+            let parts: Vec<_> = traceparent.split('-').collect();
+            assert_eq!(parts[3], "00", "{path}: {traceparent}");
+            parts[1].to_owned()
+        })
+        .collect();
+    traces.dedup();
+    assert_eq!(traces.len(), heard.len(), "a trace per poll: {heard:?}");
 }

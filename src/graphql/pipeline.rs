@@ -211,6 +211,7 @@ impl Op {
                         fanout.delta = tracing::field::Empty,
                         fanout.would_refuse = tracing::field::Empty,
                     ));
+                    operation.traced_under(&span);
                     let response = event.within_bounds(execute.instrument(span.clone())).await;
                     self.record(operation, &span);
                     response
@@ -313,6 +314,7 @@ impl Op {
                 Some(rejection) => stopped(&rejection),
                 None => {
                     let span = self.span();
+                    self.operation.traced_under(&span);
                     let response = scope.within_bounds(execute.instrument(span.clone())).await;
                     self.record(&self.operation, &span);
                     response

@@ -56,6 +56,22 @@ pub(super) fn event<F: std::future::Future>(
     run
 }
 
+/// One poll of a [`SharedPoll`](crate::graphql::SharedPoll), the future
+/// `make` gives: a trace of its own, under a sampling decision of its own,
+/// rooted at its `upstream.poll` span. A poll reads for subscribers of many
+/// connections, so for no one request's trace. `make` runs inside that
+/// span, so the operation handle it opens keeps its trace (`telemetry`).
+pub(crate) fn poll<F: std::future::Future>(
+    make: impl FnOnce() -> F,
+) -> impl std::future::Future<Output = F::Output> {
+    use tracing::Instrument as _;
+    event(async move {
+        let span = tracing::debug_span!(parent: None, "upstream.poll");
+        let run = span.in_scope(make);
+        run.instrument(span).await
+    })
+}
+
 fn span(request: &http::Request<Body>, get: bool) -> Span {
     let route = request
         .extensions()

@@ -212,12 +212,35 @@ pub struct Upstream<'a> {
 }
 
 /// What one operation's reads did: sent (`operationReads`), answered from
-/// the engine's cache (`cacheHits`).
+/// the engine's cache (`cacheHits`); and the trace they belong to.
 #[derive(Debug, Default)]
 pub(crate) struct OperationReads {
     pub(crate) sent: AtomicU64,
     pub(crate) cache_hits: AtomicU64,
+    /// The request's trace, for a read made outside its task
+    /// (`telemetry/carried.rs`).
+    #[cfg(feature = "otel")]
+    pub(crate) trace: crate::telemetry::CarriedTrace,
 }
+
+impl OperationReads {
+    /// An operation's, made in its request's task (the trace it is in
+    /// kept, while a telemetry exports).
+    pub(crate) fn here() -> Self {
+        OperationReads {
+            #[cfg(feature = "otel")]
+            trace: crate::telemetry::CarriedTrace::here(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A read made under its request's trace away from the request's task.
+#[cfg(feature = "otel")]
+type Carried<F> = crate::telemetry::Carried<F>;
+/// Without the `otel` feature, never built.
+#[cfg(not(feature = "otel"))]
+type Carried<F> = F;
 
 /// What the engine's cache said of a read before its future was built.
 enum Cached {
@@ -250,11 +273,24 @@ impl<'a> Upstream<'a> {
     /// The future runs inside the read's span (`spans.rs`): a plain
     /// wrapper, no async layer of its own, so the read's arguments are held
     /// once (a batch of thousands of rows holds one such future per row).
+    ///
+    /// Made outside the request's task (a `DataLoader`'s spawned load), it
+    /// runs under the request's trace all the same (`telemetry`).
     pub fn read(
         &self,
         read: Read,
     ) -> impl std::future::Future<Output = Result<Arc<UpstreamResponse>, ReadError>> + Send + use<'_, 'a>
     {
+        let traced = move || self.traced(read);
+        #[cfg(feature = "otel")]
+        if let Some(away) = self.op.trace.away() {
+            return Either::Left(crate::telemetry::carry(away, traced));
+        }
+        Either::<Carried<_>, _>::Right(traced())
+    }
+
+    /// [`read`](Self::read), in the task that asks for it.
+    fn traced(&self, read: Read) -> impl Future<Output = ReadResult> + Send + use<'_, 'a> {
         let span = spans::read_span(&read);
         spans::Traced::new(span, move || match self.look_up(&read) {
             ControlFlow::Break(hit) => ControlFlow::Break(hit),

@@ -17,7 +17,9 @@
 //!   decision the layer's filter took, which also left the telemetry's
 //!   [`Sink`] in the request's sampling) and the current `tracing` span has
 //!   a valid OpenTelemetry context (the operation's span): that context is
-//!   its parent. Anything else (a read outside a request, no telemetry) has
+//!   its parent. A read made away from its request's task (a `DataLoader`'s
+//!   spawned load) is under the span its operation's handle kept
+//!   (`carried.rs`). Anything else (a read outside a request, no telemetry) has
 //!   a `tracing` span as before (`read/spans.rs`).
 //! - While a read's future is polled its span is entered ([`Span::enter`]):
 //!   a thread-local handle to it, so the spans it opens (its requests, a
@@ -89,13 +91,14 @@ impl Span {
                 Some((parent, sink)) => (parent, sink, false),
                 None => {
                     let sink = super::sampling::sink()?;
-                    let context = tracing::Span::current().context();
-                    let span = context.span();
-                    let parent = span.span_context();
-                    if !parent.is_valid() || !parent.is_sampled() {
+                    // Away from its request's task, no span of it is
+                    // current: the one its handle kept (`carried.rs`).
+                    let parent = tracing_parent().or_else(super::carried::parent)?;
+                    if !parent.is_sampled() {
                         return None;
                     }
-                    (parent.clone(), sink, parent.is_remote())
+                    let remote = parent.is_remote();
+                    (parent, sink, remote)
                 }
             };
         let context = SpanContext::new(
@@ -168,6 +171,14 @@ impl Inner {
     fn noted(&self) -> std::sync::MutexGuard<'_, Noted> {
         self.noted.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The OpenTelemetry context of the current `tracing` span, when it has a
+/// valid one.
+fn tracing_parent() -> Option<SpanContext> {
+    let context = tracing::Span::current().context();
+    let parent = context.span().span_context().clone();
+    parent.is_valid().then_some(parent)
 }
 
 /// `f` on the direct span entered on this thread, if any.

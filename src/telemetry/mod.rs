@@ -17,7 +17,10 @@
 //! - Each inbound request is sampled once, as it arrives: an inbound
 //!   `traceparent`'s flag, else `sample_ratio`. A request sampled out
 //!   opens no span but its `graphql.request` (`sampling.rs`, the layer's
-//!   filter, and the engine's own check before its DEBUG spans).
+//!   filter, and the engine's own check before its DEBUG spans). A read
+//!   made through an operation's handle outside the request's task (a
+//!   `DataLoader`'s spawned load) runs under the request's sampling and
+//!   span all the same (`carried.rs`).
 //! - An ended span has every text past `attribute_value_length_limit` cut
 //!   (`truncate.rs`) and is queued without blocking; past `max_queued_spans`
 //!   or `max_queued_bytes` of estimated weight (`weight.rs`) it is dropped
@@ -46,6 +49,7 @@
 //! # Ok(()) }
 //! ```
 
+mod carried;
 mod context;
 pub(crate) mod direct;
 mod encode;
@@ -62,6 +66,7 @@ mod span_exporter;
 mod truncate;
 mod weight;
 
+pub(crate) use carried::{carry, Carried, CarriedTrace};
 pub(crate) use context::{adopt_parent, current_traceparent};
 pub(crate) use instruments::{is_recording, with as instruments, Instruments};
 pub(crate) use live::is_active as is_exporting;

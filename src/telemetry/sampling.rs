@@ -87,8 +87,9 @@ impl Sampling {
 }
 
 tokio::task_local! {
-    /// The sampling of the request the current task serves.
-    static SAMPLING: Arc<Sampling>;
+    /// The sampling of the request the current task serves (or whose
+    /// read it makes: `carried.rs`).
+    pub(super) static SAMPLING: Arc<Sampling>;
 }
 
 /// The sampling of a request whose headers are `headers`, while spans are

@@ -27,6 +27,9 @@
 //!   paid for: an answer is the resource's state, whoever paid to learn it.
 //! - A read that panics costs that poll only (logged); the next runs at the
 //!   next tick.
+//! - Each poll is a trace of its own, rooted at its `upstream.poll` span,
+//!   sampled on its own: its read is for subscribers of many connections,
+//!   none of whose events it belongs to.
 
 use super::connection::FanoutConnection;
 use crate::request::Operation;
@@ -230,7 +233,9 @@ where
         };
         // A read that panics costs its poll, not the key's: the next one
         // runs at the next tick.
-        let answer = std::panic::AssertUnwindSafe(read(event.operation()));
+        // Each poll a trace of its own (`server_span::poll`).
+        let polled = crate::graphql::server_span::poll(|| read(event.operation()));
+        let answer = std::panic::AssertUnwindSafe(polled);
         let Ok(answer) = futures::FutureExt::catch_unwind(answer).await else {
             tracing::error!("a shared poll's read panicked; polling again at the next tick");
             continue;

@@ -1,0 +1,97 @@
+//! A request's trace, carried by an operation's handle to the reads made
+//! through it outside the request's task: a `DataLoader` whose loads
+//! async-graphql spawns, a task a resolver spawns, a shared poll's read.
+//! Such a task has none of the request's task-local sampling
+//! (`sampling.rs`) and none of its `tracing` spans entered: without this,
+//! its reads' spans were traces of their own, sampled by `sample_ratio`,
+//! and the `traceparent` they sent named those.
+//!
+//! How it works:
+//! - As the handle is made in the request's task ([`CarriedTrace::here`]),
+//!   it keeps the request's sampling and, when the request is sampled, the
+//!   context of the span current then (the request's); when the
+//!   operation's span opens, that one's ([`CarriedTrace::under`]).
+//! - A read made through the handle in a task without a request's sampling
+//!   ([`CarriedTrace::away`]) is made and run under the kept sampling
+//!   ([`carry`]), its direct spans parented to the kept span ([`parent`],
+//!   `direct.rs`): the request's trace, sampled or not, as in its own task.
+//! - Nothing is kept while no telemetry exports, and a read in the
+//!   request's own task costs one atomic load and a task-local look-up.
+
+use super::live::is_active;
+use super::sampling::{carried, sampled_out, Sampling, SAMPLING};
+use opentelemetry::trace::{SpanContext, TraceContextExt as _};
+use std::sync::{Arc, Mutex};
+use tokio::task::futures::TaskLocalFuture;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+/// The trace an operation's reads belong to, for those made outside its
+/// request's task.
+#[derive(Debug, Default)]
+pub(crate) struct CarriedTrace(Mutex<Option<Away>>);
+
+/// A request's sampling, and the span its reads are under when it is
+/// sampled.
+#[derive(Clone, Debug)]
+pub(crate) struct Away {
+    sampling: Arc<Sampling>,
+    parent: Option<SpanContext>,
+}
+
+tokio::task_local! {
+    /// The span a read made away from its request's task is under.
+    static PARENT: Option<SpanContext>;
+}
+
+/// A read's future made and run under a request's trace ([`carry`]).
+pub(crate) type Carried<F> =
+    TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<Option<SpanContext>, F>>;
+
+impl CarriedTrace {
+    /// The trace of the request the current task serves, under its current
+    /// span (nothing outside a request, or while no telemetry exports).
+    pub(crate) fn here() -> Self {
+        let trace = CarriedTrace::default();
+        trace.under(&tracing::Span::current());
+        trace
+    }
+
+    /// Keeps `span` (in the request's task) as the parent of the reads made
+    /// away from it, with the request's sampling.
+    pub(crate) fn under(&self, span: &tracing::Span) {
+        if !is_active() {
+            return;
+        }
+        let Some(sampling) = carried() else {
+            return;
+        };
+        // A request sampled out has no span to name.
+        let parent = (!sampled_out() && !span.is_none())
+            .then(|| span.context().span().span_context().clone())
+            .filter(|parent| parent.is_valid() && parent.is_sampled());
+        let kept = Away { sampling, parent };
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+    }
+
+    /// The kept trace, when a read is made in a task without a request's
+    /// sampling (`None` in the request's own task, or with nothing kept).
+    pub(crate) fn away(&self) -> Option<Away> {
+        if !is_active() || carried().is_some() {
+            return None;
+        }
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The future `make` gives, made and run under `away`: the request's
+/// sampling, and the span its reads' spans are under.
+pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F) -> Carried<F> {
+    let Away { sampling, parent } = away;
+    let made = SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(parent.clone(), make));
+    SAMPLING.scope(sampling, PARENT.scope(parent, made))
+}
+
+/// The span a read made away from its request's task is under, if any.
+pub(crate) fn parent() -> Option<SpanContext> {
+    PARENT.try_with(Clone::clone).ok().flatten()
+}
