@@ -514,10 +514,7 @@ impl Operation {
     /// The operation's span opened: the reads made through this handle
     /// outside the request's task are its children (`telemetry`).
     pub(crate) fn traced_under(&self, span: &tracing::Span) {
-        #[cfg(feature = "otel")]
-        self.reads.trace.under(span);
-        #[cfg(not(feature = "otel"))]
-        let _ = span;
+        self.reads.under(span);
     }
 
     /// The extension saw this operation and counts its answer.
@@ -567,7 +564,8 @@ pub trait FanoutContext {
     /// 'static`): for work that outlives the resolver's borrow — a
     /// `DataLoader`'s loader, a spawned task. Its reads go through the same
     /// acquisition point and count for the request (`used`) and for this
-    /// operation (`operationReads`).
+    /// operation (`operationReads`), in its trace even from a task of their
+    /// own (`telemetry`).
     fn fanout_operation(&self) -> async_graphql::Result<Arc<Operation>>;
 }
 

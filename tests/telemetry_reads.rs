@@ -648,21 +648,23 @@ async fn each_event_of_a_subscription_is_a_trace_of_its_own() {
         "a trace each"
     );
     for root in &roots {
-        assert!(root.span.parent_span_id.is_empty(), "the root of its trace");
         assert_eq!(root.span.name, "subscription");
         assert_eq!(
             attribute(&root.span, "graphql.operation.type").as_deref(),
             Some("subscription")
         );
         assert_eq!(attribute(&root.span, "fanout.reads").as_deref(), Some("1"));
-        let reads = children(&spans, root);
-        assert_eq!(
-            statuses(&reads),
-            ["upstream.read"],
-            "the event's read under it"
-        );
-        assert_eq!(statuses(&children(&spans, reads[0])), ["GET 200"]);
+        assert_a_root_over_one_read(&spans, root);
     }
+}
+
+/// `root` is the root of its trace, with one read under it, which sent
+/// one request, answered 200.
+fn assert_a_root_over_one_read(spans: &[Received], root: &Received) {
+    assert!(root.span.parent_span_id.is_empty(), "the root of its trace");
+    let reads = children(spans, root);
+    assert_eq!(statuses(&reads), ["upstream.read"], "its read under it");
+    assert_eq!(statuses(&children(spans, reads[0])), ["GET 200"]);
 }
 
 /// A telemetry exporting to a collector of its own that samples no trace
@@ -969,14 +971,7 @@ async fn each_poll_of_a_shared_poll_is_a_trace_of_its_own() {
         "a trace each"
     );
     for poll in &polls {
-        assert!(poll.span.parent_span_id.is_empty(), "the root of its trace");
-        let reads = children(&spans, poll);
-        assert_eq!(
-            statuses(&reads),
-            ["upstream.read"],
-            "the poll's read under it"
-        );
-        assert_eq!(statuses(&children(&spans, reads[0])), ["GET 200"]);
+        assert_a_root_over_one_read(&spans, poll);
     }
     // Every read of a poll is under one, and each request sent names its
     // CLIENT span, in the poll's trace.

@@ -233,6 +233,15 @@ impl OperationReads {
             ..Default::default()
         }
     }
+
+    /// The operation's span opened (`span`): the parent of the reads made
+    /// away from the request's task.
+    pub(crate) fn under(&self, span: &tracing::Span) {
+        #[cfg(feature = "otel")]
+        self.trace.under(span);
+        #[cfg(not(feature = "otel"))]
+        let _ = span;
+    }
 }
 
 /// A read made under its request's trace away from the request's task.
@@ -241,6 +250,11 @@ type Carried<F> = crate::telemetry::Carried<F>;
 /// Without the `otel` feature, never built.
 #[cfg(not(feature = "otel"))]
 type Carried<F> = F;
+
+/// A read run as it is, in the task that asks for it.
+fn in_task<F>(read: F) -> Either<Carried<F>, F> {
+    Either::Right(read)
+}
 
 /// What the engine's cache said of a read before its future was built.
 enum Cached {
@@ -286,7 +300,7 @@ impl<'a> Upstream<'a> {
         if let Some(away) = self.op.trace.away() {
             return Either::Left(crate::telemetry::carry(away, traced));
         }
-        Either::<Carried<_>, _>::Right(traced())
+        in_task(traced())
     }
 
     /// [`read`](Self::read), in the task that asks for it.
