@@ -308,19 +308,19 @@ fn measure(test: &str, case: &str) -> Measured {
     }
 }
 
+/// [`measure`] with telemetry off, then on.
+fn off_and_on(test: &str) -> (Measured, Measured) {
+    (measure(test, "off"), measure(test, "on"))
+}
+
 #[test]
 fn a_collector_that_never_answers_holds_bounded_bytes_whatever_clients_send() {
     if let Some(case) = child::case() {
         return run_requests(Shape::OperationName, case == "on");
     }
     let test = "a_collector_that_never_answers_holds_bounded_bytes_whatever_clients_send";
-    let off = measure(test, "off").gained;
-    let Measured {
-        gained: on,
-        queue_full,
-        queue_bytes,
-        ..
-    } = measure(test, "on");
+    let (off, on) = off_and_on(test);
+    let (off, on, queue_full, queue_bytes) = (off.gained, on.gained, on.queue_full, on.queue_bytes);
     println!(
         "resident MiB gained by {REQUESTS} requests: telemetry off {off:.1}, \
          on {on:.1} (spans dropped: {queue_full} queue_full, {queue_bytes} queue_bytes)"
@@ -345,13 +345,8 @@ fn the_queue_s_bytes_bound_it_when_its_spans_are_large() {
         return run_requests(Shape::Document, case == "on");
     }
     let test = "the_queue_s_bytes_bound_it_when_its_spans_are_large";
-    let off = measure(test, "off").gained;
-    let Measured {
-        gained: on,
-        queue_full,
-        queue_bytes,
-        ..
-    } = measure(test, "on");
+    let (off, on) = off_and_on(test);
+    let (off, on, queue_full, queue_bytes) = (off.gained, on.gained, on.queue_full, on.queue_bytes);
     println!(
         "resident MiB gained by {REQUESTS} requests of 60 KB documents, recorded: \
          telemetry off {off:.1}, on {on:.1} \
@@ -379,8 +374,7 @@ fn a_request_s_reads_cost_the_queue_bounded_bytes_however_many_and_long() {
         return run_requests(Shape::Reads, case == "on");
     }
     let test = "a_request_s_reads_cost_the_queue_bounded_bytes_however_many_and_long";
-    let off = measure(test, "off");
-    let on = measure(test, "on");
+    let (off, on) = off_and_on(test);
     let dropped = on.queue_full + on.queue_bytes;
     println!(
         "resident MiB gained by {READ_REQUESTS} requests of {READS} reads of a \
