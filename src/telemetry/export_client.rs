@@ -10,10 +10,25 @@
 //!
 //! It is a client of its own, not the engine's read path: exports are not
 //! charged, capped or traced (a trace of its own export would feed itself).
+//!
+//! A batch's body is handed to the connection in copied chunks, and taken
+//! back when the export ends ([`Revocable`]): a collector that accepts and
+//! never reads leaves the connection of an export that timed out writing
+//! (hyper did not always close it), and that connection would otherwise
+//! keep the whole body — one batch, up to the queue's bytes — for as long
+//! as the collector holds the socket.
 
+use bytes::Buf as _;
+use http_body::{Frame, SizeHint};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::runtime::Handle;
+
+/// The most bytes of a body handed to the connection at once (copied).
+const CHUNK_BYTES: usize = 64 * 1024;
 
 /// The most bytes of a collector's answer read (it is a status and,
 /// at most, a partial-success message).
@@ -48,13 +63,69 @@ impl ExportClient {
 impl HttpClient for ExportClient {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let (client, timeout) = (self.client.clone(), self.timeout);
-        let request = reqwest::Request::try_from(request)?;
+        let (parts, body) = request.into_parts();
+        let body = Revocable::new(body);
+        let kept = body.clone();
+        let mut request = reqwest::Request::try_from(Request::from_parts(parts, Bytes::new()))?;
+        *request.body_mut() = Some(reqwest::Body::wrap(body));
         let sent = self.runtime.spawn(async move {
-            tokio::time::timeout(timeout, exchange(client, request))
+            let answer = tokio::time::timeout(timeout, exchange(client, request))
                 .await
-                .map_err(|_| -> HttpError { format!("no answer within {timeout:?}").into() })?
+                .map_err(|_| -> HttpError { format!("no answer within {timeout:?}").into() });
+            // Whatever the connection still holds, the body is let go.
+            kept.revoke();
+            answer?
         });
         sent.await.map_err(|e| -> HttpError { Box::new(e) })?
+    }
+}
+
+/// A request body the export takes back when it ends: chunks of at most
+/// [`CHUNK_BYTES`] copied out of it while it lasts, an error once revoked.
+#[derive(Clone)]
+struct Revocable {
+    rest: Arc<Mutex<Option<Bytes>>>,
+}
+
+impl Revocable {
+    fn new(body: Bytes) -> Self {
+        Revocable {
+            rest: Arc::new(Mutex::new(Some(body))),
+        }
+    }
+
+    fn rest(&self) -> std::sync::MutexGuard<'_, Option<Bytes>> {
+        self.rest.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops what was not yet handed to the connection.
+    fn revoke(&self) {
+        let rest = self.rest().take();
+        drop(rest);
+    }
+}
+
+impl http_body::Body for Revocable {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        Poll::Ready(match self.rest().as_mut() {
+            None => Some(Err(std::io::Error::other("the export ended"))),
+            Some(rest) if rest.is_empty() => None,
+            Some(rest) => {
+                let chunk = Bytes::copy_from_slice(&rest[..rest.len().min(CHUNK_BYTES)]);
+                rest.advance(chunk.len());
+                Some(Ok(Frame::data(chunk)))
+            }
+        })
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.rest().as_ref().map_or(0, |rest| rest.len() as u64))
     }
 }
 
@@ -75,4 +146,59 @@ async fn exchange(
     *answer.status_mut() = response.status();
     *answer.headers_mut() = std::mem::take(response.headers_mut());
     Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A body's bytes that say when they are freed.
+    struct Owned(Vec<u8>, Arc<AtomicBool>);
+
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::Relaxed);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_is_sent_in_copied_chunks_and_let_go_when_revoked() {
+        let freed = Arc::new(AtomicBool::new(false));
+        let bytes = Bytes::from_owner(Owned(vec![7; 3 * CHUNK_BYTES / 2], freed.clone()));
+        let mut body = Revocable::new(bytes);
+        let kept = body.clone();
+        assert_eq!(body.size_hint().exact(), Some(3 * CHUNK_BYTES as u64 / 2));
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first.len(), CHUNK_BYTES);
+        assert_eq!(body.size_hint().exact(), Some(CHUNK_BYTES as u64 / 2));
+        // What the connection holds is a copy: revoked, the body is freed
+        // while the chunk lives.
+        kept.revoke();
+        assert!(freed.load(Ordering::Relaxed), "the body is let go");
+        assert!(first.iter().all(|b| *b == 7));
+        assert!(body.frame().await.unwrap().is_err(), "a revoked body fails");
+
+        // Sent whole, it ends.
+        let mut body = Revocable::new(Bytes::from(vec![1; 10]));
+        assert_eq!(
+            body.frame()
+                .await
+                .unwrap()
+                .unwrap()
+                .into_data()
+                .unwrap()
+                .len(),
+            10
+        );
+        assert!(body.frame().await.is_none());
+    }
 }

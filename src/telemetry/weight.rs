@@ -3,8 +3,12 @@
 //! holds — name, attributes, events, links, status, trace state.
 //!
 //! An estimate, not an allocator's count: what a span holds grows with it,
-//! so a queue bounded in these bytes is bounded in memory. The same span
-//! always weighs the same (the queue gives back what it took).
+//! so a queue bounded in these bytes is bounded in memory. A list is
+//! weighed by what it holds, its capacity, not by the entries it uses: a
+//! direct span's attributes (`direct.rs`) are reserved for those it may
+//! note later, and the SDK's grow by doubling. The same span always weighs
+//! the same (the queue gives back what it took: nothing between them
+//! touches a span's lists).
 
 use opentelemetry::trace::{SpanContext, Status};
 use opentelemetry::{Array, KeyValue, StringValue, Value};
@@ -15,13 +19,13 @@ use std::mem::size_of;
 pub(crate) fn of(span: &SpanData) -> u64 {
     let mut bytes = size_of::<SpanData>() + span.name.len() + context(&span.span_context);
     bytes += attributes(&span.attributes);
+    bytes += held(&span.events.events);
     for event in span.events.iter() {
-        bytes += size_of::<opentelemetry::trace::Event>() + event.name.len();
-        bytes += attributes(&event.attributes);
+        bytes += event.name.len() + attributes(&event.attributes);
     }
+    bytes += held(&span.links.links);
     for link in span.links.iter() {
-        bytes += size_of::<opentelemetry::trace::Link>() + context(&link.span_context);
-        bytes += attributes(&link.attributes);
+        bytes += context(&link.span_context) + attributes(&link.attributes);
     }
     if let Status::Error { description } = &span.status {
         bytes += description.len();
@@ -38,11 +42,17 @@ fn context(context: &SpanContext) -> usize {
         .sum()
 }
 
-fn attributes(attributes: &[KeyValue]) -> usize {
-    attributes
-        .iter()
-        .map(|kv| size_of::<KeyValue>() + kv.key.as_str().len() + value(&kv.value))
-        .sum()
+/// What `list`'s buffer holds: every place it reserved, used or not.
+fn held<T>(list: &Vec<T>) -> usize {
+    list.capacity() * size_of::<T>()
+}
+
+fn attributes(attributes: &Vec<KeyValue>) -> usize {
+    held(attributes)
+        + attributes
+            .iter()
+            .map(|kv| kv.key.as_str().len() + value(&kv.value))
+            .sum::<usize>()
 }
 
 fn value(value: &Value) -> usize {
@@ -88,5 +98,29 @@ mod tests {
         assert!(of(&stated) >= bare + 402);
         // The same span, the same weight.
         assert_eq!(of(&stated), of(&stated.clone()));
+    }
+
+    #[test]
+    fn a_span_weighs_the_places_its_lists_reserved_not_only_those_used() {
+        // A direct span's attributes are reserved for those it may note
+        // later (`direct.rs`): seven places, two used.
+        let mut reserved = Vec::with_capacity(7);
+        reserved.push(KeyValue::new("server.address", "registry.test"));
+        reserved.push(KeyValue::new("url.path", "/v2/x/manifests/1"));
+        let exact = reserved.clone();
+        assert_eq!(exact.capacity(), 2);
+        let (spare, tight) = (of(&data("GET", reserved)), of(&data("GET", exact)));
+        assert_eq!(
+            spare,
+            tight + 5 * size_of::<KeyValue>() as u64,
+            "the five unused places are held too"
+        );
+        // Events and links: the same.
+        let mut with_events = data("GET", vec![]);
+        with_events.events.events.reserve_exact(4);
+        assert_eq!(
+            of(&with_events),
+            of(&data("GET", vec![])) + 4 * size_of::<opentelemetry::trace::Event>() as u64
+        );
     }
 }
