@@ -4,11 +4,14 @@
 //! start-up): `fanout_requests_total{caller}`, `fanout_request_reads`,
 //! `fanout_request_seconds`, `fanout_operation_reads{type}`,
 //! `fanout_operation_delta{type}`, `fanout_dedup_hits_total`,
-//! `fanout_budget_exhausted_total` and `fanout_memory_held_bytes`. Its own
-//! binary: the recorder is process-wide.
+//! `fanout_budget_exhausted_total` and `fanout_memory_held_bytes`; and the
+//! per-IP limiter's decisions (`fanout_rate_limit_exempt_total`,
+//! `fanout_wrong_internal_token_total`, `fanout_rate_limited_total`). Its
+//! own binary: the recorder is process-wide.
 mod common;
 
 use fanout_budget::cost::{CostTable, FieldCost};
+use fanout_budget::inbound::RateLimitLayer;
 use fanout_budget::{Config, Engine};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
@@ -27,13 +30,16 @@ async fn each_request_and_operation_is_recorded_with_a_recorder_installed_after_
     config.rate_limit.internal_token = "s3cret".into();
     // Priced: the list at 5 reads, its items at none.
     let costs = CostTable::new().field("Query", "items", FieldCost::reads(5));
+    let limit = RateLimitLayer::new(&config.rate_limit);
     let engine = Engine::builder(config).costs(costs).build();
     let mut tight = Config::default();
     tight.budget.max_reads = 1;
+    tight.rate_limit.requests_per_minute = 1;
+    let tight_limit = RateLimitLayer::new(&tight.rate_limit);
     let tight = Engine::new(tight);
     let (app, tight_app) = (
-        common::app(&engine, &upstream),
-        common::app(&tight, &upstream),
+        common::app(&engine, &upstream).layer(limit),
+        common::app(&tight, &upstream).layer(tight_limit),
     );
 
     // Installed once the engines are built, before their first request.
@@ -59,6 +65,13 @@ async fn each_request_and_operation_is_recorded_with_a_recorder_installed_after_
         ["FANOUT_BUDGET_EXHAUSTED", "FANOUT_BUDGET_EXHAUSTED"],
         "{body}"
     );
+    // Past its one request a minute: refused before the engine, once with
+    // a wrong internal token.
+    let (status, body) = common::post_with(&tight_app, query, &[("x-internal-token", "no")]).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(common::codes(&body), ["RATE_LIMITED"], "{body}");
+    let (status, _) = common::post(&tight_app, query).await;
+    assert_eq!(status, 429);
 
     let page = handle.render();
     let at = |series: &str| {
@@ -95,4 +108,7 @@ async fn each_request_and_operation_is_recorded_with_a_recorder_installed_after_
     assert_eq!(at("fanout_budget_exhausted_total"), 2.0);
     // Every answer written and dropped: nothing held, once something was.
     assert_eq!(at("fanout_memory_held_bytes"), 0.0);
+    assert_eq!(at("fanout_rate_limit_exempt_total"), 1.0);
+    assert_eq!(at("fanout_wrong_internal_token_total"), 1.0);
+    assert_eq!(at("fanout_rate_limited_total"), 2.0);
 }

@@ -278,7 +278,7 @@ impl Op {
             let delta = self
                 .requested
                 .map(|requested| requested as f64 - reads as f64);
-            crate::metrics::operation(kind, reads, delta);
+            (operation.request().metrics()).operation(kind, reads, delta);
             #[cfg(feature = "otel")]
             if let Some(instruments) = crate::telemetry::instruments() {
                 instruments.operation(kind, reads, delta);

@@ -127,8 +127,12 @@ impl<'a> Upstream<'a> {
     /// names why; a host's cap refusing is the host's to count too).
     pub(in crate::read) fn refused(&self, host: &HostEntry, err: ReadError) -> ReadError {
         let why = self.reads.budget.count_refusal(&err);
-        if matches!(err, ReadError::HostSaturated { .. }) {
-            host.metrics().rejections.increment(1);
+        match err {
+            ReadError::HostSaturated { .. } => host.metrics().rejections.increment(1),
+            ReadError::BudgetExhausted { .. } | ReadError::UpstreamBudgetExhausted { .. } => {
+                self.reads.parts.metrics.budget_exhausted()
+            }
+            _ => {}
         }
         spans::note("fanout.refused", why);
         err
