@@ -124,7 +124,8 @@ impl<'a> Upstream<'a> {
     }
 
     /// `err`, counted as the refusal of a read to `host` (`budget.rs`
-    /// names why; a host's cap refusing is the host's to count too).
+    /// names why; a host's cap refusing is the host's to count too, a
+    /// budget's is `fanout_budget_exhausted_total`'s).
     pub(in crate::read) fn refused(&self, host: &HostEntry, err: ReadError) -> ReadError {
         let why = self.reads.budget.count_refusal(&err);
         match err {
