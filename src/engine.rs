@@ -19,6 +19,7 @@ use crate::document::persisted::PersistedQueries;
 use crate::inbound::identity::{Caller, ClientPrefix, InternalToken, TrustedProxies};
 use crate::inbound::quota::{ClientQuota, QuotaStore, Ticket};
 use crate::memory::{ClientKey, MemoryPool, SocketMemory};
+use crate::metrics::RequestMetrics;
 use crate::read::auth::Auth;
 use crate::read::budget::RequestBudget;
 use crate::read::cache::AnswerCache;
@@ -245,6 +246,7 @@ impl EngineBuilder {
             quotas,
             cache: AnswerCache::new(upstream.cache_bytes),
             shares: Shares::new(&self.config.upstreams),
+            metrics: RequestMetrics::default(),
         });
         let mode = self.config.redis.failure_mode;
         let quota = ClientQuota::new(&self.config).map(|quota| match self.quota_store {
@@ -325,6 +327,11 @@ impl Engine {
         &self.inner.documents
     }
 
+    /// The handles of what each request and operation records.
+    pub(crate) fn metrics(&self) -> &RequestMetrics {
+        &self.inner.reads.metrics
+    }
+
     /// The persisted queries' texts.
     pub(crate) fn persisted(&self) -> &PersistedQueries {
         &self.inner.persisted
@@ -351,7 +358,7 @@ impl Engine {
             .get::<Caller>()
             .copied()
             .unwrap_or_else(|| self.identify(&parts.headers));
-        crate::metrics::request(caller == Caller::Internal);
+        self.metrics().request(caller == Caller::Internal);
         let queries_only = parts.method == http::Method::GET;
         let mut extensions = parts.extensions.clone();
         // A caller's `Fanout-Budget` lowers the request's limits (`chain/`).

@@ -5,7 +5,10 @@
 //! no-op. Per-host handles are registered once per `host` label and engine
 //! (on the first read that needs them, so after the application installed
 //! its recorder) and kept in the engine's host table, so the read path
-//! registers nothing.
+//! registers nothing. The engine keeps the handles of what each request and
+//! operation records too ([`RequestMetrics`], `request.rs`), each registered
+//! the first time it records it, each memory pool its gauge, and the
+//! inbound limits theirs (`inbound.rs`).
 //!
 //! **The `host` label is bounded by the configuration.** A host with a
 //! `[hosts."HOST:PORT"]` table, or known to the engine
@@ -53,6 +56,12 @@
 //! | `fanout_telemetry_spans_dropped_total` | counter | `reason` | trace spans never delivered to the OTLP collector (`otel` feature, `[telemetry]`): `queue_full` (the export queue held its most spans, the collector slow or down), `queue_bytes` (the queue held its most bytes), `export_failed` (the collector refused them or was not reached in time) |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+
+mod inbound;
+mod request;
+
+pub(crate) use inbound::{LimiterMetrics, QuotaMetrics, QuotaReads};
+pub(crate) use request::RequestMetrics;
 
 /// Cached metric handles for one `host` label: a host of its own, or `other`.
 pub(crate) struct HostMetrics {
@@ -140,39 +149,6 @@ impl DocumentMetrics {
     }
 }
 
-pub(crate) fn budget_exhausted() {
-    counter!("fanout_budget_exhausted_total").increment(1);
-}
-
-pub(crate) fn dedup_hit() {
-    counter!("fanout_dedup_hits_total").increment(1);
-}
-
-pub(crate) fn request(internal: bool) {
-    counter!("fanout_requests_total", "caller" => if internal { "internal" } else { "public" })
-        .increment(1);
-}
-
-/// The reads one inbound request (or WebSocket event) was charged, when its
-/// scope ends.
-pub(crate) fn request_reads(reads: u64) {
-    histogram!("fanout_request_reads").record(reads as f64);
-}
-
-/// How long an inbound GraphQL request over HTTP took to answer.
-pub(crate) fn request_seconds(took: std::time::Duration) {
-    histogram!("fanout_request_seconds").record(took.as_secs_f64());
-}
-
-/// What one operation (`kind`: `query`, `mutation`, `subscription`) sent,
-/// and, when it was priced, `requested − reads` (`delta`).
-pub(crate) fn operation(kind: &'static str, reads: u64, delta: Option<f64>) {
-    histogram!("fanout_operation_reads", "type" => kind).record(reads as f64);
-    if let Some(delta) = delta {
-        histogram!("fanout_operation_delta", "type" => kind).record(delta);
-    }
-}
-
 /// A subscribe refused past `subscriptions.max_per_connection`.
 pub(crate) fn subscription_refused() {
     counter!("fanout_subscriptions_refused_total").increment(1);
@@ -188,24 +164,6 @@ pub(crate) fn subscription_event_dropped() {
 /// or `unpaid` (none of its subscribers could pay; no read sent).
 pub(crate) fn shared_poll(outcome: &'static str) {
     counter!("fanout_shared_polls_total", "outcome" => outcome).increment(1);
-}
-
-/// `n` reads of a client's quota `reserved`, `refunded` or `refused`, by
-/// quota class (`reads`, `internal-reads`; never a label per client).
-pub(crate) fn quota_reads(class: &'static str, outcome: &'static str, n: u64) {
-    counter!("fanout_quota_reads_total", "class" => class, "outcome" => outcome).increment(n);
-}
-
-pub(crate) fn rate_limited() {
-    counter!("fanout_rate_limited_total").increment(1);
-}
-
-pub(crate) fn rate_limit_exempt() {
-    counter!("fanout_rate_limit_exempt_total").increment(1);
-}
-
-pub(crate) fn wrong_internal_token() {
-    counter!("fanout_wrong_internal_token_total").increment(1);
 }
 
 /// Counts one call sent to Redis.
@@ -230,10 +188,10 @@ pub(crate) fn shared_state_fallback(backend: &'static str) {
     counter!("fanout_shared_state_fallback_total", "backend" => backend).increment(1);
 }
 
-/// What the requests in flight hold in the pool now (set once per 64 KiB
-/// block taken or given back, not per value).
-pub(crate) fn memory_held(bytes: usize) {
-    gauge!("fanout_memory_held_bytes").set(bytes as f64);
+/// The gauge of what the requests in flight hold in their pool (set once
+/// per 64 KiB block taken or given back, not per value).
+pub(crate) fn memory_held() -> Gauge {
+    gauge!("fanout_memory_held_bytes")
 }
 
 /// `n` (requests or reads) a limit in measure mode would have refused,
@@ -270,9 +228,9 @@ pub(crate) fn spent_beyond_grant(over: u64) {
     counter!("fanout_spent_beyond_grant_reads_total").increment(over);
 }
 
-/// What the open sockets hold in their pool now.
-pub(crate) fn socket_memory_held(bytes: usize) {
-    gauge!("fanout_socket_memory_held_bytes").set(bytes as f64);
+/// The gauge of what the open sockets hold in their pool.
+pub(crate) fn socket_memory_held() -> Gauge {
+    gauge!("fanout_socket_memory_held_bytes")
 }
 
 /// Counts a request stopped by a memory bound (its own answer's, or the

@@ -153,7 +153,7 @@ impl Drop for Scope {
         if self.probe.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        crate::metrics::request_reads(used);
+        self.reads.metrics().request_reads(used);
         #[cfg(feature = "otel")]
         crate::telemetry::instruments(|i| i.request_reads(used));
     }
@@ -331,6 +331,11 @@ impl FanoutRequest {
     /// The request's budget.
     pub fn budget(&self) -> &RequestBudget {
         self.inner.reads.budget()
+    }
+
+    /// The engine's handles of what each request and operation records.
+    pub(crate) fn metrics(&self) -> &crate::metrics::RequestMetrics {
+        self.inner.reads.metrics()
     }
 
     /// The request's body: at most `http.max_body_bytes` (else

@@ -279,7 +279,7 @@ impl Op {
             let delta = self
                 .requested
                 .map(|requested| requested as f64 - reads as f64);
-            crate::metrics::operation(kind, reads, delta);
+            (operation.request().metrics()).operation(kind, reads, delta);
             #[cfg(feature = "otel")]
             crate::telemetry::instruments(|i| i.operation(kind, reads, delta));
         }

@@ -144,14 +144,20 @@ pub(super) fn spent(span: &Span, scope: Option<&crate::request::FanoutRequest>) 
     }
 }
 
-/// The answer's status; and, while telemetry lives, how long the request
-/// took (`http.server.request.duration`).
-pub(super) fn close(span: &Span, opened: Opened, status: http::StatusCode) {
+/// The answer's status; how long the request took
+/// (`fanout_request_seconds`, on `metrics`), and, while telemetry lives,
+/// `http.server.request.duration`.
+pub(super) fn close(
+    span: &Span,
+    opened: Opened,
+    status: http::StatusCode,
+    metrics: &crate::metrics::RequestMetrics,
+) {
     span.record("http.response.status_code", status.as_u16());
     if status.is_server_error() {
         span.record("otel.status_code", "error");
     }
-    crate::metrics::request_seconds(opened.started.elapsed());
+    metrics.request_seconds(opened.started.elapsed());
     #[cfg(feature = "otel")]
     if let Some(metric) = opened.metric {
         metric.record(status);

@@ -211,7 +211,7 @@ impl<E: Executor> Served<E> {
         cost_headers(&mut answer, &self.engine, scope.as_ref(), caller);
         spent_header(&mut answer, scope.as_ref());
         server_span::spent(&span, scope.as_ref());
-        server_span::close(&span, opened, answer.status());
+        server_span::close(&span, opened, answer.status(), self.engine.metrics());
         answer
     }
 

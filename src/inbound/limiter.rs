@@ -269,6 +269,8 @@ pub struct RateLimitLayer {
     policy_header: HeaderValue,
     /// `rate_limit.mode`: refuse, or only count.
     mode: LimitMode,
+    /// Its decisions' metrics, shared by its clones.
+    metrics: Arc<metrics::LimiterMetrics>,
 }
 
 impl RateLimitLayer {
@@ -283,6 +285,7 @@ impl RateLimitLayer {
             limit: rpm.get(),
             policy_header: HeaderValue::from_str(&policy(rpm.get())).expect("the policy is ASCII"),
             mode: config.mode,
+            metrics: Arc::default(),
         }
     }
 
@@ -375,11 +378,11 @@ where
         Box::pin(async move {
             match layer.token.check(request.headers()) {
                 TokenCheck::Valid => {
-                    metrics::rate_limit_exempt();
+                    layer.metrics.exempt();
                     request.extensions_mut().insert(Caller::Internal);
                     return inner.call(request).await;
                 }
-                TokenCheck::Wrong => metrics::wrong_internal_token(),
+                TokenCheck::Wrong => layer.metrics.wrong_internal_token(),
                 TokenCheck::Absent => {}
             }
             request.extensions_mut().insert(Caller::Public);
@@ -422,7 +425,7 @@ where
             };
             match decision {
                 Decision::Deny { retry_after } => {
-                    metrics::rate_limited();
+                    layer.metrics.rate_limited();
                     let secs = whole_seconds(retry_after);
                     let refused = Rejection::RateLimited {
                         retry_after_secs: secs,
@@ -534,7 +537,7 @@ impl SocketLimit {
                 Ok(())
             }
             Decision::Deny { retry_after } => {
-                metrics::rate_limited();
+                self.layer.metrics.rate_limited();
                 Err(Rejection::RateLimited {
                     retry_after_secs: whole_seconds(retry_after),
                 })

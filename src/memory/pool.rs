@@ -12,7 +12,7 @@
 //! so that no number of sockets can take what an HTTP request needs.
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Which gauge a pool's level is reported on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +33,8 @@ pub(crate) struct MemoryPool {
     /// Taken from too, for every byte taken here.
     parent: Option<Arc<MemoryPool>>,
     gauge: Gauge,
+    /// The gauge's handle, registered on the first report.
+    held: OnceLock<metrics::Gauge>,
 }
 
 impl MemoryPool {
@@ -48,6 +50,7 @@ impl MemoryPool {
             used: AtomicUsize::new(0),
             parent: None,
             gauge,
+            held: OnceLock::new(),
         }
     }
 
@@ -59,6 +62,7 @@ impl MemoryPool {
             used: AtomicUsize::new(0),
             parent: Some(parent),
             gauge: Gauge::Silent,
+            held: OnceLock::new(),
         }
     }
 
@@ -102,11 +106,12 @@ impl MemoryPool {
     }
 
     fn report(&self, level: usize) {
-        match self.gauge {
-            Gauge::Requests => crate::metrics::memory_held(level),
-            Gauge::Sockets => crate::metrics::socket_memory_held(level),
-            Gauge::Silent => {}
-        }
+        let register = match self.gauge {
+            Gauge::Requests => crate::metrics::memory_held,
+            Gauge::Sockets => crate::metrics::socket_memory_held,
+            Gauge::Silent => return,
+        };
+        self.held.get_or_init(register).set(level as f64);
     }
 
     /// Takes `bytes` for as long as the returned lease lives, or `None`

@@ -270,9 +270,8 @@ impl RequestBudget {
         }
     }
 
-    /// Counts `err`, a read's refusal, in the request's counters (and a
-    /// budget's in `fanout_budget_exhausted_total`): why, as the read's
-    /// span names it (`fanout.refused`).
+    /// Counts `err`, a read's refusal, in the request's counters: why, as
+    /// the read's span names it (`fanout.refused`).
     pub(crate) fn count_refusal(&self, err: &ReadError) -> &'static str {
         let stats = &self.stats;
         let (counter, why) = match err {
@@ -284,12 +283,6 @@ impl RequestBudget {
             // Refused a host slot: saturated, or the shared caps down.
             _ => (&stats.refused_host, "host_cap"),
         };
-        if matches!(
-            err,
-            ReadError::BudgetExhausted { .. } | ReadError::UpstreamBudgetExhausted { .. }
-        ) {
-            crate::metrics::budget_exhausted();
-        }
         bump(counter);
         why
     }

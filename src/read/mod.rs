@@ -65,7 +65,7 @@ pub use transport::{HttpTransport, Transport};
 
 use crate::error::ReadError;
 use crate::memory::{MemoryPool, RequestMemory};
-use crate::metrics;
+use crate::metrics::RequestMetrics;
 use auth::{Auth, Rejected};
 use budget::{bump, Pending};
 use cache::AnswerCache;
@@ -112,6 +112,9 @@ pub(crate) struct ReadParts {
     /// The upstreams with a share of each request's budget of their own
     /// (`[upstreams."NAME"] max_reads`).
     pub(crate) shares: Shares,
+    /// The handles of what each request and operation records
+    /// (`fanout_requests_total`, `fanout_request_reads`, …).
+    pub(crate) metrics: RequestMetrics,
 }
 
 /// The reads of one inbound HTTP request: its budget, its de-duplication
@@ -182,6 +185,11 @@ impl RequestReads {
 
     pub(crate) fn memory(&self) -> &RequestMemory {
         &self.memory
+    }
+
+    /// The engine's handles of what each request and operation records.
+    pub(crate) fn metrics(&self) -> &RequestMetrics {
+        &self.parts.metrics
     }
 }
 
@@ -368,7 +376,7 @@ impl<'a> Upstream<'a> {
         };
         if origin == Origin::Shared {
             bump(&self.reads.budget.stats().dedup_hits);
-            metrics::dedup_hit();
+            self.reads.parts.metrics.dedup_hit();
             spans::note("fanout.dedup", true);
         }
         // A read answered at once (de-duplicated, refused) never waits, and

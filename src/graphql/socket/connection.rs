@@ -94,7 +94,7 @@ impl FanoutConnection {
             Caller::Internal => (s.internal_reads_per_minute, s.internal_burst),
             Caller::Public => (s.reads_per_minute, s.burst),
         };
-        crate::metrics::request(caller == Caller::Internal);
+        engine.metrics().request(caller == Caller::Internal);
         FanoutConnection {
             inner: Arc::new(Inner {
                 engine: engine.clone(),

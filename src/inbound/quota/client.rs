@@ -9,7 +9,7 @@ use super::store::{QuotaClass, QuotaStore, Verdict};
 use crate::config::{Config, FailureMode};
 use crate::error::Rejection;
 use crate::inbound::identity::{Caller, ClientPrefix, TrustedProxies};
-use crate::metrics;
+use crate::metrics::{self, QuotaMetrics, QuotaReads};
 use axum::extract::ConnectInfo;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -22,6 +22,8 @@ pub(crate) struct ClientQuota {
     shared: Option<(Arc<dyn QuotaStore>, FailureMode)>,
     proxies: TrustedProxies,
     prefix: ClientPrefix,
+    /// `fanout_quota_reads_total`'s handles.
+    metrics: Arc<QuotaMetrics>,
 }
 
 impl std::fmt::Debug for ClientQuota {
@@ -48,6 +50,7 @@ impl ClientQuota {
             shared: None,
             proxies: TrustedProxies::new(&rl.trusted_proxies),
             prefix: ClientPrefix::new(rl.ipv4_prefix, rl.ipv6_prefix),
+            metrics: Arc::default(),
         })
     }
 
@@ -150,9 +153,11 @@ impl Ticket {
         let (verdict, store) = self.quota.verdict(self.class, client, reads).await?;
         match verdict {
             Verdict::Reserved { full_in, .. } => {
-                metrics::quota_reads(self.class.name(), "reserved", reads);
+                let metrics = &self.quota.metrics;
+                metrics.reads(self.class.name(), QuotaReads::Reserved, reads);
                 Ok(Reservation::new(
                     store,
+                    metrics.clone(),
                     self.class,
                     client,
                     rate,
@@ -164,7 +169,7 @@ impl Ticket {
                 remaining,
                 retry_after,
             } => {
-                metrics::quota_reads(self.class.name(), "refused", reads);
+                (self.quota.metrics).reads(self.class.name(), QuotaReads::Refused, reads);
                 Err(Rejection::QuotaExhausted {
                     policy: self.class.name(),
                     quota: rate.burst(),

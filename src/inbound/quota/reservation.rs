@@ -2,7 +2,7 @@
 
 use super::rate::Rate;
 use super::store::{QuotaClass, QuotaStore};
-use crate::metrics;
+use crate::metrics::{QuotaMetrics, QuotaReads};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -15,6 +15,8 @@ use tokio::time::Instant;
 pub(crate) struct Reservation {
     /// The store it was taken from, which takes back what is not spent.
     store: Arc<dyn QuotaStore>,
+    /// `fanout_quota_reads_total`'s handles.
+    metrics: Arc<QuotaMetrics>,
     class: QuotaClass,
     client: IpAddr,
     rate: Rate,
@@ -56,9 +58,10 @@ impl std::fmt::Debug for Reservation {
 
 impl Reservation {
     /// Reads `reserved` for `client` from `store`, which answered that the
-    /// quota is full again at `full_at`.
+    /// quota is full again at `full_at` (counted on `metrics`).
     pub(crate) fn new(
         store: Arc<dyn QuotaStore>,
+        metrics: Arc<QuotaMetrics>,
         class: QuotaClass,
         client: IpAddr,
         rate: Rate,
@@ -67,6 +70,7 @@ impl Reservation {
     ) -> Self {
         Self {
             store,
+            metrics,
             class,
             client,
             rate,
@@ -89,6 +93,7 @@ impl Reservation {
     /// quota holds, however long it runs.
     pub(crate) fn extend(&self) -> impl Fn() -> bool + Send + Sync + 'static {
         let (store, class, client) = (self.store.clone(), self.class, self.client);
+        let metrics = self.metrics.clone();
         let extra = self.extra.clone();
         let room = self.rate.burst().saturating_sub(self.reserved);
         move || match (extra.load(Relaxed) < room)
@@ -97,7 +102,7 @@ impl Reservation {
         {
             Some(super::store::Verdict::Reserved { .. }) => {
                 extra.fetch_add(1, Relaxed);
-                metrics::quota_reads(class.name(), "reserved", 1);
+                metrics.reads(class.name(), QuotaReads::Reserved, 1);
                 true
             }
             _ => false,
@@ -130,7 +135,7 @@ impl Reservation {
     pub(crate) fn settle(self, used: u64) {
         let unspent = self.total().saturating_sub(used);
         if unspent > 0 {
-            metrics::quota_reads(self.class.name(), "refunded", unspent);
+            (self.metrics).reads(self.class.name(), QuotaReads::Refunded, unspent);
             self.store.refund(self.class, self.client, unspent);
         }
     }

@@ -124,11 +124,16 @@ impl<'a> Upstream<'a> {
     }
 
     /// `err`, counted as the refusal of a read to `host` (`budget.rs`
-    /// names why; a host's cap refusing is the host's to count too).
+    /// names why; a host's cap refusing is the host's to count too, a
+    /// budget's is `fanout_budget_exhausted_total`'s).
     pub(in crate::read) fn refused(&self, host: &HostEntry, err: ReadError) -> ReadError {
         let why = self.reads.budget.count_refusal(&err);
-        if matches!(err, ReadError::HostSaturated { .. }) {
-            host.metrics().rejections.increment(1);
+        match err {
+            ReadError::HostSaturated { .. } => host.metrics().rejections.increment(1),
+            ReadError::BudgetExhausted { .. } | ReadError::UpstreamBudgetExhausted { .. } => {
+                self.reads.parts.metrics.budget_exhausted()
+            }
+            _ => {}
         }
         spans::note("fanout.refused", why);
         err
