@@ -58,9 +58,8 @@ pub mod telemetry;
 pub use config::Config;
 pub use engine::{Engine, EngineBuilder};
 pub use error::ReadError;
-pub use graphql::{FanoutExtension, FanoutGraphQL, FanoutLayer, OrNull};
+pub use graphql::{FanoutContext, FanoutExtension, FanoutGraphQL, FanoutLayer, OrNull};
 pub use read::{Read, UpstreamResponse};
-pub use request::FanoutContext;
 
 /// The HTTP client the default transport uses (its `Url` names every read).
 pub use reqwest;

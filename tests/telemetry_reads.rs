@@ -174,6 +174,18 @@ async fn exported_until(
     until: impl Fn(&[Received]) -> bool,
     requests: impl std::future::Future<Output = ()>,
 ) -> Vec<Received> {
+    exported_filtered(sample_ratio, None, what, until, requests).await
+}
+
+/// [`exported_until`], with `level` a global level filter of the
+/// application's subscriber, above the telemetry's layer.
+async fn exported_filtered(
+    sample_ratio: f64,
+    level: Option<tracing_subscriber::filter::LevelFilter>,
+    what: &str,
+    until: impl Fn(&[Received]) -> bool,
+    requests: impl std::future::Future<Output = ()>,
+) -> Vec<Received> {
     let collector = Collector::start().await;
     let config = TelemetryConfig::default()
         .otlp_endpoint(collector.base.clone())
@@ -183,7 +195,9 @@ async fn exported_until(
         .build()
         .unwrap()
         .unwrap();
-    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let subscriber = tracing_subscriber::registry()
+        .with(telemetry.layer())
+        .with(level);
     let _default = tracing::subscriber::set_default(subscriber);
     requests.await;
     let telemetry = tokio::task::spawn_blocking(move || {
@@ -859,6 +873,59 @@ async fn reads_a_dataloader_makes_from_a_task_of_its_own_are_in_the_requests_tra
             .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2])
             .unwrap_or_else(|| panic!("{path}: {traceparent} names no exported span"));
         assert_eq!(client.span.kind, SpanKind::Client as i32);
+    }
+}
+
+/// An application whose subscriber keeps INFO and above for every layer
+/// opens no operation span (DEBUG): a read a loader makes away from the
+/// request's task stays under the request's span, and says upstream that
+/// the request is sampled.
+#[tokio::test(flavor = "current_thread")]
+async fn a_loaders_reads_stay_in_the_trace_when_the_application_filters_out_debug_spans() {
+    let (upstream, _task, heard) = start_hearing_upstream().await;
+    let app = loading_app(&upstream);
+    let server_received =
+        |spans: &[Received]| spans.iter().any(|r| r.span.kind == SpanKind::Server as i32);
+    let spans = exported_filtered(
+        1.0,
+        Some(tracing_subscriber::filter::LevelFilter::INFO),
+        "the request's SERVER span",
+        server_received,
+        async {
+            let answer = fanout_testkit::post(&app, LOADED.to_owned(), &[]).await;
+            assert_eq!(answer.json()["data"]["a"], 200, "{:?}", answer.json());
+        },
+    )
+    .await;
+    let server = spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .unwrap();
+    assert!(
+        spans.iter().all(|r| r.span.name != "query"),
+        "no operation span under the filter"
+    );
+    for path in ["/item/1", "/item/2"] {
+        let read = read_of(&spans, path);
+        assert_eq!(read.len(), 1, "{path}: its read's span, once");
+        assert_eq!(read[0].span.trace_id, server.span.trace_id, "{path}");
+        assert_eq!(
+            read[0].span.parent_span_id, server.span.span_id,
+            "{path}: under the request's span"
+        );
+    }
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(heard.len(), 2, "{heard:?}");
+    for (path, traceparent) in &heard {
+        let traceparent = traceparent.as_deref().expect("a traceparent");
+        assert!(
+            traceparent.ends_with("-01"),
+            "{path}: a sampled request says so upstream: {traceparent}"
+        );
+        assert!(
+            traceparent.contains(&fanout_testkit::otlp::hex(&server.span.trace_id)),
+            "{path}: {traceparent}"
+        );
     }
 }
 

@@ -1,5 +1,6 @@
 //! The GraphQL integrations and the GraphQL-over-HTTP protocol.
 
+pub(crate) mod context;
 pub(crate) mod extension;
 pub(crate) mod finish;
 pub(crate) mod graphiql;
@@ -11,6 +12,7 @@ pub(crate) mod server_span;
 pub(crate) mod service;
 pub(crate) mod socket;
 
+pub use context::FanoutContext;
 pub use extension::FanoutExtension;
 pub use finish::OrNull;
 pub use layer::{FanoutLayer, FanoutService};

@@ -69,8 +69,16 @@ impl CarriedTrace {
         let parent = (!sampled_out() && !span.is_none())
             .then(|| span.context().span().span_context().clone())
             .filter(|parent| parent.is_valid() && parent.is_sampled());
-        let kept = Away { sampling, parent };
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // A span no layer opened (the application's level filter keeps
+        // DEBUG out: no operation span) names nothing: the reads stay
+        // under the span kept before, the request's.
+        let parent = parent.or_else(|| {
+            kept.as_ref()
+                .filter(|before| Arc::ptr_eq(&before.sampling, &sampling))
+                .and_then(|before| before.parent.clone())
+        });
+        *kept = Some(Away { sampling, parent });
     }
 
     /// The kept trace, when a read is made in a task without a request's
