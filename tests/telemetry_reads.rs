@@ -190,7 +190,9 @@ async fn exported_filtered(
     let config = TelemetryConfig::default()
         .otlp_endpoint(collector.base.clone())
         .sample_ratio(sample_ratio);
+    // The application's own spans are exported too, as the gateway's are.
     let telemetry = Telemetry::builder(config)
+        .target(module_path!())
         .export_interval(Duration::from_millis(50))
         .build()
         .unwrap()
@@ -778,6 +780,9 @@ async fn no_read_opens_a_span_in_the_subscriber_while_a_telemetry_exports() {
 struct Items {
     operation: std::sync::Arc<fanout_budget::request::Operation>,
     base: String,
+    /// Each load runs inside a span of its own trace (an application's
+    /// worker span, opened outside any request).
+    worker_span: bool,
 }
 
 impl async_graphql::dataloader::Loader<u64> for Items {
@@ -793,9 +798,16 @@ impl async_graphql::dataloader::Loader<u64> for Items {
             let url = format!("{}/item/{id}", self.base).parse().expect("a URL");
             async move { Ok((id, upstream.read(Read::get(url)).await?.status.as_u16())) }
         });
-        futures::future::try_join_all(reads)
-            .await
-            .map(std::collections::HashMap::from_iter)
+        let loaded = futures::future::try_join_all(reads);
+        let loaded = if self.worker_span {
+            use tracing::Instrument as _;
+            loaded
+                .instrument(tracing::info_span!(parent: None, "worker"))
+                .await
+        } else {
+            loaded.await
+        };
+        loaded.map(std::collections::HashMap::from_iter)
     }
 }
 
@@ -813,6 +825,12 @@ impl Loaded {
 /// A service whose resolvers read through a `DataLoader` of each
 /// operation, its loads spawned.
 fn loading_app(upstream: &str) -> Router {
+    loading_app_with(upstream, false)
+}
+
+/// [`loading_app`], each load inside a worker span of its own when
+/// `worker_span`.
+fn loading_app_with(upstream: &str, worker_span: bool) -> Router {
     let engine = Engine::new(Config::default());
     let schema = Schema::build(Loaded, EmptyMutation, EmptySubscription)
         .extension(FanoutExtension::new(&engine))
@@ -822,6 +840,7 @@ fn loading_app(upstream: &str) -> Router {
         let items = Items {
             operation: operation.clone(),
             base: base.clone(),
+            worker_span,
         };
         data.insert(async_graphql::dataloader::DataLoader::new(
             items,
@@ -873,6 +892,33 @@ async fn reads_a_dataloader_makes_from_a_task_of_its_own_are_in_the_requests_tra
             .find(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2])
             .unwrap_or_else(|| panic!("{path}: {traceparent} names no exported span"));
         assert_eq!(client.span.kind, SpanKind::Client as i32);
+    }
+}
+
+/// A load that runs inside an application's span of another trace (a
+/// worker span opened outside any request) still reads in the request's
+/// trace: the handle's request decides, not the task's span.
+#[tokio::test(flavor = "current_thread")]
+async fn a_loaders_reads_stay_in_the_requests_trace_inside_a_span_of_another() {
+    let (upstream, _task, _heard) = start_hearing_upstream().await;
+    let app = loading_app_with(&upstream, true);
+    let spans = traced(&app, &[LOADED]).await;
+    let server = spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .unwrap();
+    let operation = spans.iter().find(|r| r.span.name == "query").unwrap();
+    for path in ["/item/1", "/item/2"] {
+        let read = read_of(&spans, path);
+        assert_eq!(read.len(), 1, "{path}: its read's span, once");
+        assert_eq!(
+            read[0].span.trace_id, server.span.trace_id,
+            "{path}: in the request's trace, not the worker's"
+        );
+        assert_eq!(
+            read[0].span.parent_span_id, operation.span.span_id,
+            "{path}"
+        );
     }
 }
 

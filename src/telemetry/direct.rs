@@ -91,9 +91,10 @@ impl Span {
                 Some((parent, sink)) => (parent, sink, false),
                 None => {
                     let sink = super::sampling::sink()?;
-                    // Away from its request's task, no span of it is
-                    // current: the one its handle kept (`carried.rs`).
-                    let parent = tracing_parent().or_else(super::carried::parent)?;
+                    // Away from its request's task, the span its handle
+                    // kept (`carried.rs`), whatever span of another trace
+                    // the task runs in; else the current `tracing` span.
+                    let parent = super::carried::parent().or_else(tracing_parent)?;
                     if !parent.is_sampled() {
                         return None;
                     }
