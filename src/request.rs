@@ -522,6 +522,12 @@ impl Operation {
         self.reads.under(span);
     }
 
+    /// The operation ended: a read through this handle later (one the
+    /// application kept) is not in its request's trace.
+    pub(crate) fn trace_ended(&self) {
+        self.reads.ended();
+    }
+
     /// The extension saw this operation and counts its answer.
     pub(crate) fn mark_metered(&self) {
         self.metered.store(true, Relaxed);

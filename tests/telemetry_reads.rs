@@ -813,8 +813,18 @@ impl async_graphql::dataloader::Loader<u64> for Items {
 
 struct Loaded;
 
+/// The handle `keep` kept past its request.
+static KEPT: std::sync::Mutex<Option<std::sync::Arc<fanout_budget::request::Operation>>> =
+    std::sync::Mutex::new(None);
+
 #[Object]
 impl Loaded {
+    /// Keeps the operation's handle (in `KEPT`), as an application might.
+    async fn keep(&self, ctx: &Context<'_>) -> async_graphql::Result<bool> {
+        *KEPT.lock().unwrap() = Some(ctx.fanout_operation()?);
+        Ok(true)
+    }
+
     /// `/item/{id}`'s status, read through the operation's loader.
     async fn item(&self, ctx: &Context<'_>, id: u64) -> async_graphql::Result<Option<u16>> {
         let loader = ctx.data::<async_graphql::dataloader::DataLoader<Items>>()?;
@@ -893,6 +903,41 @@ async fn reads_a_dataloader_makes_from_a_task_of_its_own_are_in_the_requests_tra
             .unwrap_or_else(|| panic!("{path}: {traceparent} names no exported span"));
         assert_eq!(client.span.kind, SpanKind::Client as i32);
     }
+}
+
+/// A read through a handle the application kept past its operation is
+/// not in the finished request's trace (and keeps nothing of it).
+#[tokio::test(flavor = "current_thread")]
+async fn a_handle_kept_past_its_operation_reads_outside_its_requests_trace() {
+    let (upstream, _task, _heard) = start_hearing_upstream().await;
+    let app = loading_app(&upstream);
+    let late: reqwest::Url = format!("{upstream}/item/9").parse().unwrap();
+    let spans = exported_until(
+        1.0,
+        "the late read's span",
+        |spans| !read_of(spans, "/item/9").is_empty(),
+        async {
+            let answer =
+                fanout_testkit::post(&app, r#"{"query":"{ keep }"}"#.to_owned(), &[]).await;
+            assert_eq!(answer.json()["data"]["keep"], true, "{:?}", answer.json());
+            let operation = KEPT.lock().unwrap().take().expect("a kept handle");
+            // Answered or refused: either way, a read with a span.
+            let _ = tokio::spawn(async move { operation.upstream().read(Read::get(late)).await })
+                .await
+                .unwrap();
+        },
+    )
+    .await;
+    let server = spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .unwrap();
+    let late = read_of(&spans, "/item/9");
+    assert_eq!(late.len(), 1, "the late read's span");
+    assert_ne!(
+        late[0].span.trace_id, server.span.trace_id,
+        "a read after its operation ended is not in its request's trace"
+    );
 }
 
 /// A load that runs inside an application's span of another trace (a

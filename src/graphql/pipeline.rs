@@ -214,6 +214,7 @@ impl Op {
                     operation.traced_under(&span);
                     let response = event.within_bounds(execute.instrument(span.clone())).await;
                     self.record(operation, &span);
+                    operation.trace_ended();
                     response
                 })
                 .await
@@ -317,6 +318,7 @@ impl Op {
                     self.operation.traced_under(&span);
                     let response = scope.within_bounds(execute.instrument(span.clone())).await;
                     self.record(&self.operation, &span);
+                    self.operation.trace_ended();
                     response
                 }
             },

@@ -250,6 +250,12 @@ impl OperationReads {
         #[cfg(not(feature = "otel"))]
         let _ = span;
     }
+
+    /// The operation ended: later reads are not in its trace.
+    pub(crate) fn ended(&self) {
+        #[cfg(feature = "otel")]
+        self.trace.end();
+    }
 }
 
 /// A read made under its request's trace away from the request's task.

@@ -81,6 +81,13 @@ impl CarriedTrace {
         *kept = Some(Away { sampling, parent });
     }
 
+    /// The operation ended: a read made through its handle later (a handle
+    /// the application kept) is no longer its request's, and the request's
+    /// sampling (and with it its telemetry's queue) is let go.
+    pub(crate) fn end(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
     /// The kept trace, when a read is made in a task without a request's
     /// sampling (`None` in the request's own task, or with nothing kept).
     pub(crate) fn away(&self) -> Option<Away> {
