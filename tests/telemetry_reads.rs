@@ -240,6 +240,29 @@ fn children<'a>(spans: &'a [Received], parent: &Received) -> Vec<&'a Received> {
 }
 
 /// The `upstream.read` span of the read of `path`.
+/// The request's SERVER span.
+fn server_of(spans: &[Received]) -> &Received {
+    spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .expect("the request's SERVER span")
+}
+
+/// The one read of `path`, asserted in `server`'s trace under `parent`.
+fn assert_read_under(spans: &[Received], path: &str, server: &Received, parent: &Received) {
+    let read = read_of(spans, path);
+    assert_eq!(read.len(), 1, "{path}: its read's span, once");
+    assert_eq!(
+        read[0].span.trace_id, server.span.trace_id,
+        "{path}: in the request's trace"
+    );
+    assert_eq!(
+        read[0].span.parent_span_id, parent.span.span_id,
+        "{path}: under {}",
+        parent.span.name
+    );
+}
+
 fn read_of<'a>(spans: &'a [Received], path: &str) -> Vec<&'a Received> {
     spans
         .iter()
@@ -867,23 +890,12 @@ async fn reads_a_dataloader_makes_from_a_task_of_its_own_are_in_the_requests_tra
     let (upstream, _task, heard) = start_hearing_upstream().await;
     let app = loading_app(&upstream);
     let spans = traced(&app, &[LOADED]).await;
-    let server = spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .unwrap();
+    let server = server_of(&spans);
     let operation = spans.iter().find(|r| r.span.name == "query").unwrap();
     assert_eq!(operation.span.parent_span_id, server.span.span_id);
     for path in ["/item/1", "/item/2"] {
+        assert_read_under(&spans, path, server, operation);
         let read = read_of(&spans, path);
-        assert_eq!(read.len(), 1, "{path}: its read's span, once");
-        assert_eq!(
-            read[0].span.trace_id, server.span.trace_id,
-            "{path}: in the request's trace"
-        );
-        assert_eq!(
-            read[0].span.parent_span_id, operation.span.span_id,
-            "{path}: under the operation"
-        );
         assert_eq!(statuses(&children(&spans, read[0])), ["GET 200"]);
     }
     let heard = std::mem::take(&mut *heard.lock().unwrap());
@@ -928,10 +940,7 @@ async fn a_handle_kept_past_its_operation_reads_outside_its_requests_trace() {
         },
     )
     .await;
-    let server = spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .unwrap();
+    let server = server_of(&spans);
     let late = read_of(&spans, "/item/9");
     assert_eq!(late.len(), 1, "the late read's span");
     assert_ne!(
@@ -948,22 +957,10 @@ async fn a_loaders_reads_stay_in_the_requests_trace_inside_a_span_of_another() {
     let (upstream, _task, _heard) = start_hearing_upstream().await;
     let app = loading_app_with(&upstream, true);
     let spans = traced(&app, &[LOADED]).await;
-    let server = spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .unwrap();
+    let server = server_of(&spans);
     let operation = spans.iter().find(|r| r.span.name == "query").unwrap();
     for path in ["/item/1", "/item/2"] {
-        let read = read_of(&spans, path);
-        assert_eq!(read.len(), 1, "{path}: its read's span, once");
-        assert_eq!(
-            read[0].span.trace_id, server.span.trace_id,
-            "{path}: in the request's trace, not the worker's"
-        );
-        assert_eq!(
-            read[0].span.parent_span_id, operation.span.span_id,
-            "{path}"
-        );
+        assert_read_under(&spans, path, server, operation);
     }
 }
 
@@ -988,22 +985,13 @@ async fn a_loaders_reads_stay_in_the_trace_when_the_application_filters_out_debu
         },
     )
     .await;
-    let server = spans
-        .iter()
-        .find(|r| r.span.kind == SpanKind::Server as i32)
-        .unwrap();
+    let server = server_of(&spans);
     assert!(
         spans.iter().all(|r| r.span.name != "query"),
         "no operation span under the filter"
     );
     for path in ["/item/1", "/item/2"] {
-        let read = read_of(&spans, path);
-        assert_eq!(read.len(), 1, "{path}: its read's span, once");
-        assert_eq!(read[0].span.trace_id, server.span.trace_id, "{path}");
-        assert_eq!(
-            read[0].span.parent_span_id, server.span.span_id,
-            "{path}: under the request's span"
-        );
+        assert_read_under(&spans, path, server, server);
     }
     let heard = std::mem::take(&mut *heard.lock().unwrap());
     assert_eq!(heard.len(), 2, "{heard:?}");
