@@ -48,20 +48,27 @@ impl SpanExporter for Keeps {
     }
 }
 
-#[test]
-fn the_processor_cuts_admits_by_bytes_and_the_exporter_gives_them_back() {
+/// A counting processor of 100 spans and `max_bytes`, texts cut to 5,000
+/// bytes, over the SDK's batch processor and an exporter that keeps what
+/// it is handed; nothing leaves before a flush.
+fn counting(max_bytes: u64) -> (CountingProcessor, Arc<InFlight>, Keeps) {
     let kept = Keeps::default();
-    let in_flight = InFlight::new(100, 20_000);
+    let in_flight = InFlight::new(100, max_bytes);
     let config = BatchConfigBuilder::default()
         .with_max_queue_size(100)
         .with_max_export_batch_size(100)
-        // Nothing leaves before the flush below.
         .with_scheduled_delay(Duration::from_secs(3600))
         .build();
     let batch = BatchSpanProcessor::builder(CountingExporter::new(kept.clone(), in_flight.clone()))
         .with_batch_config(config)
         .build();
     let processor = CountingProcessor::new(batch, in_flight.clone(), 5_000);
+    (processor, in_flight, kept)
+}
+
+#[test]
+fn the_processor_cuts_admits_by_bytes_and_the_exporter_gives_them_back() {
+    let (processor, in_flight, kept) = counting(20_000);
     let span = || {
         data(
             "query",
@@ -92,6 +99,38 @@ fn the_processor_cuts_admits_by_bytes_and_the_exporter_gives_them_back() {
         .iter()
         .all(|s| s.attributes[0].value.as_str().len() == 5_000));
     drop(exported);
+    processor
+        .shutdown_with_timeout(Duration::from_secs(5))
+        .unwrap();
+}
+
+/// The exporter weighs each batch again to give it back: that holds only
+/// while nothing between the two touches a span's lists — the SDK's batch
+/// processor moves spans, never clones them (a clone would shrink a list
+/// reserved with room to spare, a direct span's, and the queue would keep
+/// the difference for ever).
+#[test]
+fn spans_with_room_to_spare_are_given_back_whole() {
+    let (processor, in_flight, kept) = counting(1 << 20);
+    let spare = || {
+        let mut attributes = Vec::with_capacity(7);
+        attributes.push(KeyValue::new("url.path", "/v2/x/manifests/1"));
+        let mut span = data("GET", attributes);
+        span.events.events.reserve_exact(3);
+        span
+    };
+    let one = weight::of(&spare());
+    assert!(
+        one > weight::of(&spare().clone()),
+        "a clone would weigh less"
+    );
+    for _ in 0..5 {
+        processor.on_end(spare());
+    }
+    assert_eq!(in_flight.held(), (5, 5 * one));
+    processor.force_flush().unwrap();
+    assert_eq!(in_flight.held(), (0, 0), "given back as admitted");
+    assert_eq!(kept.0.lock().unwrap().len(), 5);
     processor
         .shutdown_with_timeout(Duration::from_secs(5))
         .unwrap();
