@@ -149,6 +149,12 @@ impl DocumentMetrics {
     }
 }
 
+/// Counts one more on the counter `name` kept in `cell`, registered the
+/// first time (`request.rs`, `inbound.rs`).
+pub(crate) fn count_once_registered(cell: &std::sync::OnceLock<Counter>, name: &'static str) {
+    cell.get_or_init(|| counter!(name)).increment(1);
+}
+
 /// A subscribe refused past `subscriptions.max_per_connection`.
 pub(crate) fn subscription_refused() {
     counter!("fanout_subscriptions_refused_total").increment(1);

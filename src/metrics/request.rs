@@ -98,16 +98,11 @@ impl RequestMetrics {
 
     /// A read answered by the request's de-duplication.
     pub(crate) fn dedup_hit(&self) {
-        (self
-            .dedup_hits
-            .get_or_init(|| counter!("fanout_dedup_hits_total")))
-        .increment(1);
+        super::count_once_registered(&self.dedup_hits, "fanout_dedup_hits_total");
     }
 
     /// A read refused `FANOUT_BUDGET_EXHAUSTED`.
     pub(crate) fn budget_exhausted(&self) {
-        (self.budget_exhausted)
-            .get_or_init(|| counter!("fanout_budget_exhausted_total"))
-            .increment(1);
+        super::count_once_registered(&self.budget_exhausted, "fanout_budget_exhausted_total");
     }
 }
