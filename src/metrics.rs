@@ -58,6 +58,7 @@
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
 mod inbound;
+mod kept;
 mod request;
 
 pub(crate) use inbound::{LimiterMetrics, QuotaMetrics, QuotaReads};
@@ -147,12 +148,6 @@ impl DocumentMetrics {
             kept_bytes: gauge!("fanout_document_cache_bytes"),
         }
     }
-}
-
-/// Counts one more on the counter `name` kept in `cell`, registered the
-/// first time (`request.rs`, `inbound.rs`).
-pub(crate) fn count_once_registered(cell: &std::sync::OnceLock<Counter>, name: &'static str) {
-    cell.get_or_init(|| counter!(name)).increment(1);
 }
 
 /// A subscribe refused past `subscriptions.max_per_connection`.

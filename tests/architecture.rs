@@ -681,8 +681,8 @@ impl Scan {
     }
 
     /// `path` with each name a `use` binds replaced by what it leads to:
-    /// `[FanoutContext]` → `[request, FanoutContext]` when `lib.rs` has
-    /// `pub use request::FanoutContext`.
+    /// `[FanoutContext]` → `[graphql, FanoutContext]` when `lib.rs` has
+    /// `pub use graphql::FanoutContext`.
     fn follow_reexports(&self, path: &[String]) -> Vec<String> {
         let mut path = path.to_vec();
         for _ in 0..16 {

@@ -20,17 +20,17 @@ pub(crate) struct LimiterMetrics {
 impl LimiterMetrics {
     /// An inbound request exempted as internal.
     pub(crate) fn exempt(&self) {
-        super::count_once_registered(&self.exempt, "fanout_rate_limit_exempt_total");
+        super::kept::count(&self.exempt, "fanout_rate_limit_exempt_total");
     }
 
     /// An inbound request with a wrong internal token.
     pub(crate) fn wrong_internal_token(&self) {
-        super::count_once_registered(&self.wrong_token, "fanout_wrong_internal_token_total");
+        super::kept::count(&self.wrong_token, "fanout_wrong_internal_token_total");
     }
 
     /// An inbound request (or a socket's operation) answered 429.
     pub(crate) fn rate_limited(&self) {
-        super::count_once_registered(&self.limited, "fanout_rate_limited_total");
+        super::kept::count(&self.limited, "fanout_rate_limited_total");
     }
 }
 

@@ -98,11 +98,11 @@ impl RequestMetrics {
 
     /// A read answered by the request's de-duplication.
     pub(crate) fn dedup_hit(&self) {
-        super::count_once_registered(&self.dedup_hits, "fanout_dedup_hits_total");
+        super::kept::count(&self.dedup_hits, "fanout_dedup_hits_total");
     }
 
     /// A read refused `FANOUT_BUDGET_EXHAUSTED`.
     pub(crate) fn budget_exhausted(&self) {
-        super::count_once_registered(&self.budget_exhausted, "fanout_budget_exhausted_total");
+        super::kept::count(&self.budget_exhausted, "fanout_budget_exhausted_total");
     }
 }
