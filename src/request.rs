@@ -517,15 +517,13 @@ impl Operation {
     }
 
     /// The operation's span opened: the reads made through this handle
-    /// outside the request's task are its children (`telemetry`).
-    pub(crate) fn traced_under(&self, span: &tracing::Span) {
+    /// outside the request's task are its children (`telemetry`) until the
+    /// guard returned drops — the operation's end, answered or cancelled:
+    /// a read through this handle later (one the application kept) is not
+    /// in its request's trace, and keeps nothing of it.
+    pub(crate) fn traced_under(&self, span: &tracing::Span) -> TracedUntil<'_> {
         self.reads.under(span);
-    }
-
-    /// The operation ended: a read through this handle later (one the
-    /// application kept) is not in its request's trace.
-    pub(crate) fn trace_ended(&self) {
-        self.reads.ended();
+        TracedUntil(self)
     }
 
     /// The extension saw this operation and counts its answer.
@@ -541,5 +539,16 @@ impl Operation {
     /// The upstream handle for this operation.
     pub fn upstream(&self) -> Upstream<'_> {
         Upstream::new(&self.request.inner.reads, &self.reads)
+    }
+}
+
+/// An operation's reads are in its request's trace while this lives
+/// ([`Operation::traced_under`]); dropped with the operation's future,
+/// however it ends.
+pub(crate) struct TracedUntil<'a>(&'a Operation);
+
+impl Drop for TracedUntil<'_> {
+    fn drop(&mut self) {
+        self.0.reads.ended();
     }
 }

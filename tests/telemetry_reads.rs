@@ -840,12 +840,25 @@ struct Loaded;
 static KEPT: std::sync::Mutex<Option<std::sync::Arc<fanout_budget::request::Operation>>> =
     std::sync::Mutex::new(None);
 
+/// The handle `hold` kept from its cancelled request, and the signal that it did.
+static HELD: std::sync::Mutex<Option<std::sync::Arc<fanout_budget::request::Operation>>> =
+    std::sync::Mutex::new(None);
+static HELD_NOW: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 #[Object]
 impl Loaded {
     /// Keeps the operation's handle (in `KEPT`), as an application might.
     async fn keep(&self, ctx: &Context<'_>) -> async_graphql::Result<bool> {
         *KEPT.lock().unwrap() = Some(ctx.fanout_operation()?);
         Ok(true)
+    }
+
+    /// Keeps the operation's handle (in `HELD`), says so (`HELD_NOW`), and
+    /// never answers: its request is cancelled while it waits.
+    async fn hold(&self, ctx: &Context<'_>) -> async_graphql::Result<bool> {
+        *HELD.lock().unwrap() = Some(ctx.fanout_operation()?);
+        HELD_NOW.notify_one();
+        std::future::pending().await
     }
 
     /// `/item/{id}`'s status, read through the operation's loader.
@@ -946,6 +959,40 @@ async fn a_handle_kept_past_its_operation_reads_outside_its_requests_trace() {
     assert_ne!(
         late[0].span.trace_id, server.span.trace_id,
         "a read after its operation ended is not in its request's trace"
+    );
+}
+
+/// A read through a handle kept from an operation whose request was
+/// cancelled (the client went away while it ran) is not in that request's
+/// trace either: the operation's end is its future's drop, however it ends.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handle_kept_from_a_cancelled_operation_reads_outside_its_requests_trace() {
+    let (upstream, _task, _heard) = start_hearing_upstream().await;
+    let app = loading_app(&upstream);
+    let late: reqwest::Url = format!("{upstream}/item/8").parse().unwrap();
+    let spans = exported_until(
+        1.0,
+        "the late read's span",
+        |spans| !read_of(spans, "/item/8").is_empty(),
+        async {
+            let request = fanout_testkit::post(&app, r#"{"query":"{ hold }"}"#.to_owned(), &[]);
+            tokio::select! {
+                _ = request => panic!("`hold` never answers"),
+                _ = HELD_NOW.notified() => {} // the request's future dropped here
+            }
+            let operation = HELD.lock().unwrap().take().expect("a held handle");
+            let _ = tokio::spawn(async move { operation.upstream().read(Read::get(late)).await })
+                .await
+                .unwrap();
+        },
+    )
+    .await;
+    let server = server_of(&spans);
+    let late = read_of(&spans, "/item/8");
+    assert_eq!(late.len(), 1, "the late read's span");
+    assert_ne!(
+        late[0].span.trace_id, server.span.trace_id,
+        "a read after its operation was cancelled is not in its request's trace"
     );
 }
 

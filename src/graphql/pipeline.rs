@@ -211,10 +211,9 @@ impl Op {
                         fanout.delta = tracing::field::Empty,
                         fanout.would_refuse = tracing::field::Empty,
                     ));
-                    operation.traced_under(&span);
+                    let _traced = operation.traced_under(&span);
                     let response = event.within_bounds(execute.instrument(span.clone())).await;
                     self.record(operation, &span);
-                    operation.trace_ended();
                     response
                 })
                 .await
@@ -315,10 +314,9 @@ impl Op {
                 Some(rejection) => stopped(&rejection),
                 None => {
                     let span = self.span();
-                    self.operation.traced_under(&span);
+                    let _traced = self.operation.traced_under(&span);
                     let response = scope.within_bounds(execute.instrument(span.clone())).await;
                     self.record(&self.operation, &span);
-                    self.operation.trace_ended();
                     response
                 }
             },
