@@ -17,15 +17,15 @@
 //! line only written when a telemetry starts or ends) and borrows the
 //! thread's own handle, instead of taking the process's read lock and an
 //! `Arc` (three atomic writes on one line every core shares, at every read
-//! and request). A thread keeps the last instruments it used until it
-//! records again after they are withdrawn. `server.address` (and `server.port`) is the host a read was sent
+//! and request). A thread lets the instruments of a telemetry that
+//! ended go at its next record (none are published then: `let_go`). `server.address` (and `server.port`) is the host a read was sent
 //! to when it has a `[hosts]` table or is known to the engine, else
 //! `other` (no port): the series stay bounded by the configuration, as the
 //! Prometheus `host` label does (`src/metrics.rs`).
 
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::KeyValue;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -67,6 +67,9 @@ thread_local! {
     /// The instruments this thread last took, and their generation (0:
     /// none taken yet; the first publication is generation 1).
     static KEPT: RefCell<(u64, Option<Arc<Instruments>>)> = const { RefCell::new((0, None)) };
+    /// Whether `KEPT` holds instruments: a record made while none are
+    /// published lets them go (a plain thread-local read otherwise).
+    static HOLDS: Cell<bool> = const { Cell::new(false) };
 }
 
 impl Instruments {
@@ -157,6 +160,7 @@ pub(crate) fn is_recording() -> bool {
 /// `record` run with the published instruments, when a telemetry lives.
 pub(crate) fn with<R>(record: impl FnOnce(&Instruments) -> R) -> Option<R> {
     if !PUBLISHED.load(Ordering::Acquire) {
+        let_go();
         return None;
     }
     let generation = GENERATION.load(Ordering::Acquire);
@@ -165,6 +169,7 @@ pub(crate) fn with<R>(record: impl FnOnce(&Instruments) -> R) -> Option<R> {
         let mut kept = kept.try_borrow_mut().ok()?;
         if kept.0 != generation {
             *kept = (generation, current());
+            let _ = HOLDS.try_with(|holds| holds.set(kept.1.is_some()));
         }
         let record = record.take().expect("taken once");
         Some(kept.1.as_deref().map(record))
@@ -178,6 +183,24 @@ pub(crate) fn with<R>(record: impl FnOnce(&Instruments) -> R) -> Option<R> {
     current().map(|instruments| record(&instruments))
 }
 
+/// Drops the instruments this thread kept, once none are published: a
+/// telemetry that ended leaves nothing of its own held by the threads
+/// that recorded with it (its meter's series), from their next record on.
+fn let_go() {
+    if !HOLDS
+        .try_with(|holds| holds.replace(false))
+        .unwrap_or(false)
+    {
+        return;
+    }
+    let kept = KEPT.try_with(|kept| {
+        let mut kept = kept.try_borrow_mut().ok()?;
+        std::mem::replace(&mut *kept, (0, None)).1
+    });
+    // Dropped outside the borrow.
+    drop(kept);
+}
+
 /// The published instruments, when a telemetry lives.
 fn current() -> Option<Arc<Instruments>> {
     CURRENT.read().unwrap_or_else(|e| e.into_inner()).clone()
@@ -188,6 +211,9 @@ mod tests {
     use super::*;
     use opentelemetry::metrics::MeterProvider as _;
     use opentelemetry_sdk::metrics::SdkMeterProvider;
+
+    /// The instruments are the process's: one test at a time publishes.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     /// The instruments a record on this thread would use.
     fn taken() -> Option<usize> {
@@ -200,6 +226,7 @@ mod tests {
 
     #[test]
     fn a_thread_records_with_the_instruments_published_last() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let provider = SdkMeterProvider::builder().build();
         let meter = provider.meter("test");
         assert_eq!(taken(), None, "none published");
@@ -225,5 +252,26 @@ mod tests {
         assert_eq!(taken(), address(&third));
         Instruments::withdraw(&third);
         assert_eq!(taken(), None);
+    }
+
+    #[test]
+    fn a_thread_lets_withdrawn_instruments_go_at_its_next_record() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let provider = SdkMeterProvider::builder().build();
+        let meter = provider.meter("test");
+        let mine = Instruments::publish(&meter);
+        assert_eq!(taken(), address(&mine));
+        assert_eq!(Arc::strong_count(&mine), 3, "published, kept, mine");
+        Instruments::withdraw(&mine);
+        assert_eq!(Arc::strong_count(&mine), 2, "kept by this thread, mine");
+        assert_eq!(taken(), None, "a record with none published");
+        assert_eq!(
+            Arc::strong_count(&mine),
+            1,
+            "the thread let the withdrawn instruments go"
+        );
+        let next = Instruments::publish(&meter);
+        assert_eq!(taken(), address(&next), "and takes the next ones");
+        Instruments::withdraw(&next);
     }
 }
