@@ -195,7 +195,7 @@ fn let_go() {
     }
     let kept = KEPT.try_with(|kept| {
         let mut kept = kept.try_borrow_mut().ok()?;
-        std::mem::replace(&mut *kept, (0, None)).1
+        std::mem::take(&mut *kept).1
     });
     // Dropped outside the borrow.
     drop(kept);
