@@ -349,14 +349,8 @@ async fn a_collector_down_hanging_or_failing_costs_the_request_nothing() {
     // Hanging: a collector that takes connections and never answers, an
     // export every 10 ms, each given up after 300 ms. The request does not
     // wait for the export under way; its spans are dropped and counted.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let hanging = format!("http://{}", listener.local_addr().unwrap());
-    let _hang = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
+    let hung = fanout_testkit::hung::Hung::start(fanout_testkit::hung::Hangs::Holds).await;
+    let hanging = hung.base.clone();
     let failed = dropped("export_failed");
     let telemetry = Telemetry::builder(TelemetryConfig::default().otlp_endpoint(hanging))
         .max_queued_spans(2)

@@ -29,6 +29,7 @@ use fanout_budget::config::TelemetryConfig;
 use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
 use fanout_testkit::child;
+use fanout_testkit::hung::{Hangs, Hung};
 use futures::StreamExt as _;
 use http::StatusCode;
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -178,14 +179,8 @@ fn run_requests(shape: Shape, on: bool) {
     runtime.block_on(async {
         // The collector: takes every connection, reads nothing, answers
         // nothing; stopped at the end.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let dead = format!("http://{}", listener.local_addr().unwrap());
-        let collector = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                held.push(socket);
-            }
-        });
+        let collector = Hung::start(Hangs::Holds).await;
+        let dead = collector.base.clone();
         // The defaults the gateway runs with: only the endpoint is set.
         let limit = match shape {
             Shape::OperationName => 1024,
@@ -264,7 +259,7 @@ fn run_requests(shape: Shape, on: bool) {
             heard.requests.load(Ordering::Relaxed),
             heard.ends.load(Ordering::Relaxed),
         ));
-        collector.abort();
+        drop(collector);
         upstream_task.abort();
         // Its shutdown would wait on the collector.
         std::mem::forget(telemetry);

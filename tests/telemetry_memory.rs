@@ -54,14 +54,8 @@ fn run_reads() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let hanging = format!("http://{}", listener.local_addr().unwrap());
-        let _hang = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((socket, _)) = listener.accept().await {
-                held.push(socket);
-            }
-        });
+        let hung = fanout_testkit::hung::Hung::start(fanout_testkit::hung::Hangs::Holds).await;
+        let hanging = hung.base.clone();
         let telemetry = Telemetry::builder(TelemetryConfig::default().otlp_endpoint(hanging))
             .export_interval(Duration::from_millis(20))
             .export_timeout(Duration::from_millis(200))

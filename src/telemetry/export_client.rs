@@ -17,6 +17,16 @@
 //! (hyper did not always close it), and that connection would otherwise
 //! keep the whole body — one batch, up to the queue's bytes — for as long
 //! as the collector holds the socket.
+//!
+//! Connections are bounded too: one per export under way (the spans' and
+//! the metrics', one each at a time), [`MAX_IDLE`] kept idle for at most
+//! [`IDLE_TIMEOUT`]. An export that times out waiting for its answer has
+//! its connection closed by hyper; one that times out writing would keep
+//! it — hyper flushes what it buffered (up to ~400 KiB) before it closes,
+//! and a collector that never reads never lets that flush end — so on
+//! Linux each socket has `TCP_USER_TIMEOUT` set to the export timeout: the
+//! kernel aborts a connection whose data waited that long
+//! (`tests/telemetry_connections.rs`).
 
 use bytes::Buf as _;
 use http_body::{Frame, SizeHint};
@@ -29,6 +39,13 @@ use tokio::runtime::Handle;
 
 /// The most bytes of a body handed to the connection at once (copied).
 const CHUNK_BYTES: usize = 64 * 1024;
+
+/// Idle connections kept to the collector: the spans' and the metrics'
+/// exports each use one at a time.
+const MAX_IDLE: usize = 1;
+
+/// How long an idle connection is kept.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The most bytes of a collector's answer read (it is a status and,
 /// at most, a partial-success message).
@@ -50,7 +67,16 @@ impl ExportClient {
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(timeout)
             .timeout(timeout)
-            .build()?;
+            .pool_max_idle_per_host(MAX_IDLE)
+            .pool_idle_timeout(IDLE_TIMEOUT);
+        // An export given up while its body was being written leaves hyper
+        // flushing it before it closes: against a collector that never
+        // reads, for ever. The kernel aborts such a connection once its
+        // data has waited `timeout` unacknowledged (zero-window probes
+        // included), and hyper, failing to write, lets it go.
+        #[cfg(any(target_os = "android", target_os = "fuchsia", target_os = "linux"))]
+        let client = client.tcp_user_timeout(timeout);
+        let client = client.build()?;
         Ok(Self {
             client,
             runtime,

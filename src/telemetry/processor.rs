@@ -66,8 +66,11 @@ impl InFlight {
     }
 
     /// Takes a place and `bytes` for one span, or says why not
-    /// (`queue_full`, `queue_bytes`): one atomic add, and one more to give
-    /// back a refusal.
+    /// (`queue_full`, `queue_bytes`): one atomic add, and a [`release`]
+    /// to give back a refusal (saturating: an over-release meanwhile must
+    /// not make the give-back wrap).
+    ///
+    /// [`release`]: InFlight::release
     pub(crate) fn admit(&self, bytes: u64) -> Result<(), &'static str> {
         if bytes > self.max_bytes {
             return Err("queue_bytes");
@@ -81,14 +84,27 @@ impl InFlight {
         } else {
             return Ok(());
         };
-        self.word.fetch_sub(add, Ordering::Relaxed);
+        self.release(1, bytes);
         Err(refusal)
     }
 
-    /// Gives back the places and bytes of `spans` spans weighing `bytes`.
+    /// Gives back the places and bytes of `spans` spans weighing `bytes`,
+    /// each part stopping at zero: a release that does not match what was
+    /// admitted (a batch weighed again after a clone shrank its lists)
+    /// never wraps the word nor borrows from the spans' part. Too much given
+    /// back only loosens the bounds until the queue drains; it never makes
+    /// them refuse for ever. One compare-and-swap, retried while others
+    /// change the word.
     pub(crate) fn release(&self, spans: usize, bytes: u64) {
-        self.word
-            .fetch_sub(spans as u64 * SPAN + bytes, Ordering::Relaxed);
+        let spans = u64::try_from(spans).unwrap_or(u64::MAX);
+        let less = |word: u64| {
+            let held_spans = (word / SPAN).saturating_sub(spans);
+            Some(held_spans * SPAN + (word & BYTES).saturating_sub(bytes))
+        };
+        // `less` always answers: the update cannot fail.
+        let _ = self
+            .word
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, less);
     }
 
     /// The spans and bytes held now.

@@ -26,6 +26,36 @@ fn a_span_is_refused_past_the_spans_or_the_bytes() {
     assert_eq!(queue.held(), (0, 0));
 }
 
+/// The exporter weighs a batch again to give it back: were a span's lists
+/// to grow between admission and release, more would be given back than
+/// was taken. Each part of the word stops at zero — no wrap, no borrow
+/// from the spans' part — and the queue admits to its bounds after.
+#[test]
+fn a_release_of_more_than_was_admitted_stops_at_zero() {
+    let queue = InFlight::new(3, 1000);
+    assert_eq!(queue.admit(100), Ok(()));
+    queue.release(0, 500);
+    assert_eq!(
+        queue.held(),
+        (1, 0),
+        "the bytes stop at zero, the span stays"
+    );
+    queue.release(4, 0);
+    assert_eq!(queue.held(), (0, 0), "the spans stop at zero");
+    queue.release(usize::MAX, u64::MAX);
+    assert_eq!(queue.held(), (0, 0), "however much is given back");
+    for _ in 0..3 {
+        assert_eq!(queue.admit(300), Ok(()));
+    }
+    assert_eq!(queue.admit(0), Err("queue_full"));
+    assert_eq!(queue.admit(101), Err("queue_full"));
+    assert_eq!(queue.held(), (3, 900), "a refusal gives back what it took");
+    queue.release(1, 300);
+    assert_eq!(queue.admit(401), Err("queue_bytes"));
+    assert_eq!(queue.admit(400), Ok(()));
+    assert_eq!(queue.held(), (3, 1000));
+}
+
 #[test]
 fn the_bounds_are_clamped_to_what_the_word_holds() {
     let queue = InFlight::new(usize::MAX, u64::MAX);

@@ -5,7 +5,8 @@
 //! future that pends once, a median and a paired (turn-about) measure, the sum of a batch's
 //! `operationReads`, one in-memory [`Transport`](fanout_budget::read::Transport)
 //! ([`MemTransport`]), one fault-injecting loopback upstream ([`Upstream`])
-//! one in-process GraphQL POST ([`post`]) and Debian's `docker-registry`,
+//! one in-process GraphQL POST ([`post`]), a collector that never answers
+//! ([`hung`]) and Debian's `docker-registry`,
 //! open or authenticating, over HTTP or TLS ([`RegistryServer`]).
 // One call into glibc (`child::trim_heap`) is allowed where it is made.
 #![deny(unsafe_code)]
@@ -20,6 +21,7 @@ mod transport;
 mod upstream;
 
 pub mod child;
+pub mod hung;
 pub mod otlp;
 pub mod prometheus;
 pub mod ws;
