@@ -458,7 +458,9 @@ async fn a_cancelled_acquire_leaves_no_slot_behind() {
     redis.signal("CONT");
     // The claim the cancelled read asked for runs and is answered; nobody
     // uses what it got, so the next refresh gives it back (long before the
-    // 30 s lease would).
+    // 30 s lease would). Redis runs the give-back before the replica reads
+    // its answer: both sides are waited for (a replica that claimed again
+    // would hold slots here, on both, and never pass).
     until(
         "claimed, then given back",
         Duration::from_secs(5),
@@ -466,10 +468,11 @@ async fn a_cancelled_acquire_leaves_no_slot_behind() {
             command_calls(&redis, "hset").await > recorded
                 && command_calls(&redis, "hdel").await > removed
                 && held(&redis).await == 0
+                && caps.held(HOST) == (0, 0)
         },
     )
     .await;
-    assert_eq!(caps.held(HOST), (0, 0));
+    assert_eq!(held(&redis).await, 0, "nothing claimed again");
     assert!(
         !replicas[0].backend.is_open(),
         "a cancellation is no failure"
