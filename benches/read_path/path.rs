@@ -4,10 +4,10 @@ use crate::fixtures::{
     charge, engine_reads, in_task, mem_engine, mem_engine_in, mem_transport, urls, Dedup, YieldOnce,
 };
 use crate::support::{paired, Paired};
-use fanout_testkit::median;
 use crate::{CHUNK, HOST, LONG, ROUNDS};
 use criterion::{black_box, BenchmarkGroup};
 use fanout_budget::{inbound::Caller, read::Transport, Engine, Read};
+use fanout_testkit::median;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
