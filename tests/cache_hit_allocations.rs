@@ -5,39 +5,14 @@
 //! Counted by this binary's global allocator, on the polling thread only.
 use fanout_budget::{inbound::Caller, Config, Engine, Read};
 use fanout_testkit::MemTransport;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-struct Counting;
+#[path = "common/counting.rs"]
+mod counting;
 
-thread_local! {
-    /// Allocations made on this thread.
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-fn allocations() -> u64 {
-    ALLOCATIONS.with(Cell::get)
-}
-
-// SAFETY: every call is passed on to `System` unchanged; the count is a
-// thread-local `Cell` with a constant initialiser (no allocation, no
-// destructor), so counting never re-enters the allocator.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.with(|n| n.set(n.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use counting::{allocations, Counting};
 
 #[global_allocator]
 static COUNTING: Counting = Counting;

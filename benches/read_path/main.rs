@@ -18,7 +18,9 @@
 //! runs the pairs the targets are judged on (engine read vs transport alone,
 //! armed vs bare timeout, GET through the engine vs plain reqwest) turn
 //! about, 31 rounds, and prints the medians of the per-round differences and
-//! ratios: on a shared machine two benches run seconds apart can drift apart
+//! ratios; and the engine path against its floors, the engine read, the
+//! floors as one routine around the same transport and the transport
+//! alone turning about (`path::against_floors`): on a shared machine two benches run seconds apart can drift apart
 //! by tens of percent, a pair measured turn about does not
 //! (`READ_PATH_PAIRED=0` skips that pass).
 //!
@@ -66,6 +68,8 @@ struct PairedFigures {
     get: Option<Paired>,
     /// An engine read with the budget and quota in measure mode vs enforce.
     measure: Paired,
+    /// The engine path against its floors, the three measured turn about.
+    floors: path::AgainstFloors,
 }
 
 const ROUNDS: usize = 31;
@@ -95,6 +99,7 @@ fn main() {
             timer,
             get,
             measure,
+            floors: path::against_floors(&rt, ROUNDS, 20_000),
         }
     });
     summary::summary(&Medians::since(started), figures.as_ref());

@@ -7,6 +7,7 @@ use crate::support::{paired, Paired};
 use crate::{CHUNK, HOST, LONG, ROUNDS};
 use criterion::{black_box, BenchmarkGroup};
 use fanout_budget::{inbound::Caller, read::Transport, Engine, Read};
+use fanout_testkit::median;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -368,6 +369,114 @@ fn configured_floor(url: &str, others: usize) -> Configured {
     cache.run_pending_tasks();
     assert_eq!(cache.entry_count() as usize, others + 1);
     cache
+}
+
+/// The floors as one routine around the in-memory transport (pending
+/// once), as a read must at least do them: the hand-rolled budget's charge,
+/// a `DashMap` lookup and a semaphore slot (the host cap), `timeout` armed
+/// around the send. Less the transport alone: the floors beside the engine
+/// path, in the same run.
+pub(crate) fn floors_routine(rt: &Runtime) -> impl FnMut(u64) -> Duration + '_ {
+    let transport = mem_transport(true);
+    let read = Read::get(urls(0, 1)[0].clone());
+    let used = Arc::new(AtomicU64::new(0));
+    let hosts: Arc<dashmap::DashMap<String, Arc<Semaphore>>> = Arc::default();
+    hosts.insert(HOST.into(), Arc::new(Semaphore::new(256)));
+    move |iters| {
+        let (transport, read) = (transport.clone(), read.clone());
+        let (used, hosts) = (used.clone(), hosts.clone());
+        in_task(rt, async move {
+            let started = Instant::now();
+            for _ in 0..iters {
+                black_box(charge(&used, u64::MAX));
+                let host = hosts.get(black_box(HOST)).expect("a host").clone();
+                let slot = host.try_acquire_owned().expect("a slot");
+                let sent = tokio::time::timeout(LONG, transport.fetch(read.clone(), HOST)).await;
+                black_box(sent.expect("in time").expect("a response"));
+                drop(slot);
+            }
+            started.elapsed()
+        })
+    }
+}
+
+/// The engine path and its floors measured in one run, turn about: the
+/// engine read (miss, pends once), the floors' routine and the transport
+/// alone, their order turning each round (every order of the three in
+/// turn), so that the load the machine carries meanwhile hits all alike.
+pub(crate) struct AgainstFloors {
+    /// Median ns per read of the engine, of the floors' routine, of the
+    /// transport alone.
+    pub(crate) engine_ns: f64,
+    pub(crate) floors_total_ns: f64,
+    pub(crate) transport_ns: f64,
+    /// Median over the rounds of engine − transport: the engine path.
+    pub(crate) path_ns: f64,
+    /// Median over the rounds of floors − transport: the floors.
+    pub(crate) floors_ns: f64,
+    /// Median over the rounds of (engine − transport) / (floors − transport).
+    pub(crate) ratio: f64,
+    /// The lowest and highest per-round ratio.
+    pub(crate) ratio_min: f64,
+    pub(crate) ratio_max: f64,
+    pub(crate) rounds: usize,
+}
+
+/// The six orders of three routines, one a round in turn.
+const ORDERS: [[usize; 3]; 6] = [
+    [0, 1, 2],
+    [1, 2, 0],
+    [2, 0, 1],
+    [2, 1, 0],
+    [1, 0, 2],
+    [0, 2, 1],
+];
+
+/// The engine path against its floors (see [`AgainstFloors`]), `iters`
+/// reads a turn, `rounds` rounds.
+pub(crate) fn against_floors(rt: &Runtime, rounds: usize, iters: u64) -> AgainstFloors {
+    let mut engine = engine_routine(rt, mem_engine(true), urls(0, CHUNK), Dedup::Miss);
+    let mut floors = floors_routine(rt);
+    let mut transport = transport_routine(rt, true);
+    let per = |d: Duration| d.as_secs_f64() * 1e9 / iters as f64;
+    // One turn each first, unrecorded: warm caches, pools and maps.
+    let mut times = [0.0; 3];
+    let mut turn = |which: usize, times: &mut [f64; 3]| {
+        times[which] = per(match which {
+            0 => engine(iters),
+            1 => floors(iters),
+            _ => transport(iters),
+        })
+    };
+    for which in 0..3 {
+        turn(which, &mut times);
+    }
+    let mut seen: [Vec<f64>; 6] = Default::default();
+    for round in 0..rounds {
+        for which in ORDERS[round % ORDERS.len()] {
+            turn(which, &mut times);
+        }
+        let [e, f, t] = times;
+        for (list, value) in seen
+            .iter_mut()
+            .zip([e, f, t, e - t, f - t, (e - t) / (f - t)])
+        {
+            list.push(value);
+        }
+    }
+    let ratios = seen[5].clone();
+    let [mut e, mut f, mut t, mut path, mut floor, mut ratio] = seen;
+    AgainstFloors {
+        engine_ns: median(&mut e),
+        floors_total_ns: median(&mut f),
+        transport_ns: median(&mut t),
+        path_ns: median(&mut path),
+        floors_ns: median(&mut floor),
+        ratio: median(&mut ratio),
+        ratio_min: ratios.iter().copied().fold(f64::INFINITY, f64::min),
+        ratio_max: ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        rounds,
+    }
 }
 
 pub(crate) fn paired_read_path(rt: &Runtime) -> (Paired, Paired, Paired) {

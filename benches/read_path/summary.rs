@@ -155,6 +155,31 @@ pub(crate) fn summary(m: &Medians, paired: Option<&PairedFigures>) {
     if let Some(get) = &f.get {
         prow("loopback GET: through the engine vs plain reqwest", get);
     }
+    let fl = &f.floors;
+    println!();
+    println!(
+        "## read_path against its floors (engine, floors, transport turn about, medians of {} rounds)",
+        fl.rounds
+    );
+    println!();
+    println!("| engine read | floors' routine | transport alone | engine path (engine − transport) | floors (floors − transport) | path / floors (min–max) |");
+    println!("|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} | {} | {:.2}× ({:.2}–{:.2}) |",
+        human(fl.engine_ns),
+        human(fl.floors_total_ns),
+        human(fl.transport_ns),
+        human(fl.path_ns),
+        human(fl.floors_ns),
+        fl.ratio,
+        fl.ratio_min,
+        fl.ratio_max
+    );
+    println!(
+        "target: engine path ≤ 4× the floors beside it (interim; 3× the stretch): {:.2}× — {}",
+        fl.ratio,
+        verdict(Some(fl.ratio <= 4.0))
+    );
     let path = f.path.diff_ns;
     println!();
     println!(

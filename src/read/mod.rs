@@ -342,13 +342,15 @@ impl<'a> Upstream<'a> {
                 // Boxed, as every step of authentication: the common path's
                 // future stays small (a read waiting on an identical one
                 // holds it).
-                return Box::pin(auth.with_credentials(self, read)).await;
+                let with_credentials = Box::pin(auth.with_credentials(self, read));
+                return with_credentials.await;
             }
             let response = self.follow(&mut read).await?;
             if !auth::walk::challenges(&read, &response) {
                 return Ok(response);
             }
-            Box::pin(auth.challenged(self, read, response, None)).await
+            let challenged = Box::pin(auth.challenged(self, read, response, None));
+            challenged.await
         }
     }
 
@@ -378,7 +380,10 @@ impl<'a> Upstream<'a> {
                     .await
             }
             // Not safe to share: sent every time.
-            None => (Box::pin(self.send(read.clone())).await, Origin::Ran),
+            None => {
+                let send = Box::pin(self.send(read.clone()));
+                (send.await, Origin::Ran)
+            }
         };
         if origin == Origin::Shared {
             bump(&self.reads.budget.stats().dedup_hits);
@@ -395,46 +400,56 @@ impl<'a> Upstream<'a> {
     }
 
     /// Steps 2–6 for a read no other read of the request answers.
-    async fn send(&self, mut read: Read) -> ReadResult {
-        let host = self.reads.parts.host_table.resolve(&read.url);
-        // A read that carries its request's budget is its own: its answer
-        // and what it spent are this request's (`propagate.rs`).
-        if host.coalesce() && !host.propagates() && read.is_safe() && read.body.is_empty() {
-            // Boxed: the common path's future stays small (it is moved at
-            // each level of the walk).
-            return Box::pin(self.coalesced(read, &host)).await;
+    /// An `async` block, not an `async fn`: the read is held once.
+    fn send(&self, read: Read) -> impl Future<Output = ReadResult> + Send + '_ {
+        async move {
+            let host = self.reads.parts.host_table.resolve(&read.url);
+            // A read that carries its request's budget is its own: its answer
+            // and what it spent are this request's (`propagate.rs`).
+            if host.coalesce() && !host.propagates() && read.is_safe() && read.body.is_empty() {
+                // Boxed: the common path's future stays small (it is moved at
+                // each level of the walk).
+                let coalesced = Box::pin(self.coalesced(read, &host));
+                return coalesced.await;
+            }
+            let share = self.reads.parts.shares.of(&read.url);
+            if host.propagates() {
+                // Boxed, as the coalesced step: its grant's wait is not in the
+                // common path's future.
+                let propagated = Box::pin(self.propagated(read, &host, share));
+                return propagated.await;
+            }
+            // Held to the end: the read's slots.
+            let admitted = self.admit(&host, share).await?;
+            self.sent(read, &host, self.limit(admitted.now), share, None)
+                .await
         }
-        let share = self.reads.parts.shares.of(&read.url);
-        if host.propagates() && self.no_time_to_give() {
-            return Err(self.refused(&host, ReadError::DeadlineExceeded));
-        }
-        let admitted = self.admit(&host, share).await?;
-        let limit = self.limit(admitted.now);
-        let grant = match host.propagates() {
-            true => Some(self.grant(share).await),
-            false => None,
-        };
-        if let Some(grant) = &grant {
-            // The callee may answer this much past the deadline it is
-            // given: given less, it answers before this read is cut.
-            let until = limit.until.checked_sub(budget::FINISH_GRACE);
-            let (name, value) = grant.header(until.unwrap_or(limit.until), self.reads.hops);
-            read.headers.retain(|(n, _)| *n != name);
-            read.headers.push((name, value));
-        }
+    }
+
+    /// Steps 5–6 for a read admitted: sent until `limit`, carrying `grant`
+    /// (to a host marked `propagate`), counted to exactly one end. A
+    /// future made of the arguments, each held once.
+    pub(in crate::read) fn sent<'s>(
+        &'s self,
+        read: Read,
+        host: &'s HostEntry,
+        limit: Limit,
+        share: Option<share::ShareId>,
+        grant: Option<propagate::Grant>,
+    ) -> impl Future<Output = ReadResult> + 's {
         // Owned by this future: if the inbound request is cancelled mid-read,
         // dropping it still balances the counters.
         let mut pending = Pending::new(self.reads.budget.stats());
         let span = spans::client_span(&read);
-        let settle = |answer: &http::HeaderMap| {
+        let settle = move |answer: &http::HeaderMap| {
             if let Some(grant) = grant {
                 self.settle(grant.spent(answer), share);
             }
         };
         let keep = |r| self.keep(Arc::new(r));
-        let outcome = on_the_wire(&self.reads.parts, span, read, &host, limit, settle, keep).await;
-        pending.finish(&outcome);
-        outcome
+        let finish = move |outcome: &ReadResult| pending.finish(outcome);
+        let parts = &self.reads.parts;
+        on_the_wire(parts, span, read, host, limit, (settle, keep, finish))
     }
 
     /// When a read sent (or joined) at `now` is cut.
@@ -470,30 +485,36 @@ impl<'a> Upstream<'a> {
 /// span, made where the read's span is current), and sent until `limit`;
 /// `settle` sees the answer's headers, then what they say of the host's
 /// quota is learned (`quota.rs`) — a quota spent is the read's error — and
-/// `answer` makes the result. The future holds the transport's, not the read.
-fn on_the_wire<'w>(
+/// `answer` makes the result, which the span, then `finish`, see as the
+/// read ends. The future holds the transport's, not the read, and is
+/// polled in place (`timeout::send`).
+fn on_the_wire<'w, S, A, E>(
     parts: &'w ReadParts,
     span: spans::ClientSpan,
     read: Read,
     host: &'w HostEntry,
     limit: Limit,
-    settle: impl FnOnce(&http::HeaderMap) + 'w,
-    answer: impl FnOnce(UpstreamResponse) -> ReadResult + 'w,
-) -> impl Future<Output = ReadResult> + 'w {
+    (settle, answer, finish): (S, A, E),
+) -> impl Future<Output = ReadResult> + 'w
+where
+    S: FnOnce(&http::HeaderMap) + 'w,
+    A: FnOnce(UpstreamResponse) -> ReadResult + 'w,
+    E: FnOnce(&ReadResult) + 'w,
+{
     let fetch = span.around(parts.transport.fetch(read, &host.name));
-    async move {
-        let outcome = timeout::send(fetch, host.metrics(), &host.name, limit, |r| {
-            settle(&r.headers);
-            // What the answer says of the host's quota (`quota.rs`).
-            match (parts.quotas).observe(&host.name, r.status, &r.headers, limit.started) {
-                Some(spent) => Err(spent),
-                None => answer(r),
-            }
-        })
-        .await;
-        span.finish(&outcome, host.metrics());
-        outcome
-    }
+    let answer = move |r: UpstreamResponse| {
+        settle(&r.headers);
+        // What the answer says of the host's quota (`quota.rs`).
+        match (parts.quotas).observe(&host.name, r.status, &r.headers, limit.started) {
+            Some(spent) => Err(spent),
+            None => answer(r),
+        }
+    };
+    let finish = move |outcome: &ReadResult| {
+        span.finish(outcome, host.metrics());
+        finish(outcome);
+    };
+    timeout::send(fetch, host.metrics(), &host.name, limit, answer, finish)
 }
 
 impl std::fmt::Debug for Upstream<'_> {

@@ -25,7 +25,7 @@
 //! learns them — the read path itself never waits on the board.
 
 use crate::error::ReadError;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
@@ -190,22 +190,31 @@ pub(crate) struct Seen {
 impl Seen {
     /// What `headers` (of an answer with `status`) say; `None`: nothing.
     pub(crate) fn of(status: StatusCode, headers: &HeaderMap) -> Option<Self> {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        // Every form below is a header: an answer without any says nothing
+        // (the common one, looked at once per read).
+        if headers.is_empty() {
+            return None;
+        }
+        // Names made once, not parsed at each lookup.
+        const REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+        const RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+        const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+        let text = |name: &HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
         let mut seen = Self::default();
         // Docker Hub: `ratelimit-remaining: 0;w=21600`.
-        if let Some(value) = text("ratelimit-remaining") {
+        if let Some(value) = text(&REMAINING) {
             let mut parts = value.split(';');
             seen.remaining = parts.next().and_then(|n| n.trim().parse().ok());
             let window = parts
                 .filter_map(|p| p.trim().strip_prefix("w="))
                 .find_map(|w| w.trim().parse().ok())
-                .or_else(|| text("ratelimit-reset").and_then(|r| r.trim().parse().ok()));
+                .or_else(|| text(&RESET).and_then(|r| r.trim().parse().ok()));
             if seen.remaining == Some(0) {
                 seen.closed_for = window.map(Duration::from_secs);
             }
         }
         // IETF: `RateLimit: "default";r=0;t=30`, or `limit=100, remaining=0, reset=30`.
-        if let Some(value) = text("ratelimit") {
+        if let Some(value) = text(&RATELIMIT) {
             let param = |names: &[&str]| {
                 value
                     .split([';', ','])
@@ -222,7 +231,7 @@ impl Seen {
         }
         // `Retry-After` on a refusal: it wins, being the most precise.
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-            if let Some(after) = text("retry-after").and_then(retry_after) {
+            if let Some(after) = text(&http::header::RETRY_AFTER).and_then(retry_after) {
                 seen.closed_for = Some(after);
             }
         }

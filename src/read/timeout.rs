@@ -11,6 +11,8 @@
 use crate::error::ReadError;
 use crate::metrics::HostMetrics;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -76,25 +78,88 @@ impl Limit {
 }
 
 /// `fetch` (a read to `host` on the wire) until `limit.until`, its response
-/// made a result by `answer`; `m`, the host's metrics, count it.
-pub(crate) async fn send<R, T>(
-    fetch: impl Future<Output = Result<R, ReadError>>,
-    m: &HostMetrics,
-    host: &str,
+/// made a result by `answer`, then seen by `finish`; `m`, the host's
+/// metrics, count it from now. One future holding each part once, polled
+/// in place: no layer of its own moves it (an `async fn` holds its
+/// arguments twice; a `map` moves the whole future out as it ends).
+pub(crate) fn send<'m, F, R, T, A, E>(
+    fetch: F,
+    m: &'m HostMetrics,
+    host: &'m str,
     limit: Limit,
-    answer: impl FnOnce(R) -> Result<T, ReadError>,
-) -> Result<T, ReadError> {
-    let mut wire = Wire::start(m, limit.started);
-    let sent = tokio::time::timeout_at(limit.until, fetch).await;
-    wire.finished = true;
-    let outcome = match sent {
-        Ok(Ok(response)) => answer(response),
-        Ok(Err(err)) => Err(err),
-        Err(_elapsed) => return Err(limit.elapsed(m, host)),
-    };
-    let counter = if outcome.is_ok() { &m.ok } else { &m.error };
-    counter.increment(1);
-    outcome
+    answer: A,
+    finish: E,
+) -> Sent<'m, F, A, E>
+where
+    F: Future<Output = Result<R, ReadError>>,
+    A: FnOnce(R) -> Result<T, ReadError>,
+    E: FnOnce(&Result<T, ReadError>),
+{
+    Sent {
+        timed: tokio::time::timeout_at(limit.until, fetch),
+        end: Some(End {
+            // Dropped with the future if it never ends: `cancelled`.
+            wire: Wire::start(m, limit.started),
+            answer,
+            finish,
+        }),
+        m,
+        host,
+        limit,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A read on the wire until its limit ([`send`]).
+    pub(crate) struct Sent<'m, F, A, E> {
+        #[pin]
+        timed: tokio::time::Timeout<F>,
+        end: Option<End<'m, A, E>>,
+        m: &'m HostMetrics,
+        host: &'m str,
+        limit: Limit,
+    }
+}
+
+/// What a read on the wire does as it ends.
+pub(crate) struct End<'m, A, E> {
+    wire: Wire<'m>,
+    answer: A,
+    finish: E,
+}
+
+impl<F, R, T, A, E> Future for Sent<'_, F, A, E>
+where
+    F: Future<Output = Result<R, ReadError>>,
+    A: FnOnce(R) -> Result<T, ReadError>,
+    E: FnOnce(&Result<T, ReadError>),
+{
+    type Output = Result<T, ReadError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let sent = std::task::ready!(this.timed.poll(cx));
+        let End {
+            mut wire,
+            answer,
+            finish,
+        } = this.end.take().expect("polled after it ended");
+        wire.finished = true;
+        let (m, host) = (*this.m, *this.host);
+        let outcome = match sent {
+            Ok(sent) => {
+                let outcome = sent.and_then(answer);
+                let counter = if outcome.is_ok() { &m.ok } else { &m.error };
+                counter.increment(1);
+                outcome
+            }
+            Err(_elapsed) => Err(this.limit.elapsed(m, host)),
+        };
+        // The host's gauge and latency first, as the read's end.
+        drop(wire);
+        finish(&outcome);
+        Poll::Ready(outcome)
+    }
 }
 
 /// One read on the wire, as the host's metrics see it: the in-flight gauge

@@ -3,8 +3,9 @@
 //! `budget.rs`, `share.rs`, `hosts.rs`), taken in order here — and a
 //! permit, the same admission for a call that is not HTTP (`permit.rs`).
 
+use crate::error::HostRefusal;
 use crate::error::ReadError;
-use crate::read::budget::{bump, InFlightSlot, ReadStats, TimedOut};
+use crate::read::budget::{bump, InFlightSlot, ReadStats};
 use crate::read::hosts::{HostEntry, HostSlot};
 use crate::read::permit::{Admission, Outcome, Permit};
 use crate::read::share::ShareId;
@@ -12,6 +13,7 @@ use crate::read::spans;
 use crate::read::timeout::Limit;
 use crate::read::{RequestBudget, Upstream};
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 use tokio::time::Instant;
 
 impl<'a> Upstream<'a> {
@@ -28,7 +30,17 @@ impl<'a> Upstream<'a> {
     ) -> Result<Admitted<'a>, ReadError> {
         let now = Instant::now();
         self.refuse_early(host, share, now)?;
-        let (slots, now) = self.slots(host, now).await?;
+        let (slots, now) = match self.free_slots(host, now)? {
+            Ok(free) => free,
+            // Boxed: a read whose slots are free at once (the common case)
+            // holds no wait in its future (moved at each level of the walk).
+            Err(waiting) => {
+                // Boxed in a statement of its own: the unboxed future, a
+                // temporary, is not kept in this one's state across the wait.
+                let wait = Box::pin(self.wait_for_slots(host, waiting));
+                wait.await?
+            }
+        };
         let now = self.charge(host, share, now)?;
         Ok(Admitted { _slots: slots, now })
     }
@@ -69,22 +81,75 @@ impl<'a> Upstream<'a> {
         host: &HostEntry,
         now: Instant,
     ) -> Result<(Slots<'a>, Instant), ReadError> {
+        match self.free_slots(host, now)? {
+            Ok(free) => Ok(free),
+            Err(waiting) => {
+                let wait = Box::pin(self.wait_for_slots(host, waiting));
+                wait.await
+            }
+        }
+    }
+
+    /// Step 3 without waiting: both slots, when they are free now; else
+    /// what is left to wait for.
+    fn free_slots(
+        &self,
+        host: &HostEntry,
+        now: Instant,
+    ) -> Result<Result<(Slots<'a>, Instant), Waiting<'a>>, ReadError> {
         let budget: &'a RequestBudget = &self.reads.budget;
-        let (request_slot, now) = match budget.try_in_flight_slot() {
-            Some(slot) => (slot, now),
-            None => match budget.in_flight_slot().await {
-                Ok(slot) => (slot, Instant::now()),
-                Err(TimedOut) => return Err(self.refused(host, ReadError::DeadlineExceeded)),
-            },
+        let Some(request_slot) = budget.try_in_flight_slot() else {
+            return Ok(Err(Waiting::Request));
         };
-        let Some(left) = budget.time_left_at(now) else {
-            return Err(self.refused(host, ReadError::DeadlineExceeded));
-        };
+        let left = self.time_left(host, now)?;
+        match self.reads.parts.hosts.try_acquire(&host.name) {
+            Some(host_slot) => self.held(host, request_slot, host_slot, now).map(Ok),
+            None => Ok(Err(Waiting::Host(request_slot, left))),
+        }
+    }
+
+    /// Step 3 from where [`free_slots`](Self::free_slots) stopped: the
+    /// request slot waited for (then the host slot taken if free), the host
+    /// slot waited for; with the time after the wait.
+    async fn wait_for_slots(
+        &self,
+        host: &HostEntry,
+        waiting: Waiting<'a>,
+    ) -> Result<(Slots<'a>, Instant), ReadError> {
         let hosts = &*self.reads.parts.hosts;
-        let (host_slot, now) = match hosts.try_acquire(&host.name) {
-            Some(slot) => (slot, now),
-            None => (hosts.acquire(&host.name, left).await, Instant::now()),
+        let (request_slot, left) = match waiting {
+            Waiting::Host(request_slot, left) => (request_slot, left),
+            Waiting::Request => {
+                let Ok(request_slot) = self.reads.budget.in_flight_slot().await else {
+                    return Err(self.refused(host, ReadError::DeadlineExceeded));
+                };
+                let now = Instant::now();
+                let left = self.time_left(host, now)?;
+                match hosts.try_acquire(&host.name) {
+                    Some(host_slot) => return self.held(host, request_slot, host_slot, now),
+                    None => (request_slot, left),
+                }
+            }
         };
+        let host_slot = hosts.acquire(&host.name, left).await;
+        self.held(host, request_slot, host_slot, Instant::now())
+    }
+
+    /// The request's time left at `now`, or the refusal of a read to `host`
+    /// that has none.
+    fn time_left(&self, host: &HostEntry, now: Instant) -> Result<Duration, ReadError> {
+        (self.reads.budget.time_left_at(now))
+            .ok_or_else(|| self.refused(host, ReadError::DeadlineExceeded))
+    }
+
+    /// Both slots held at `now`, or the host's refusal.
+    fn held(
+        &self,
+        host: &HostEntry,
+        request_slot: InFlightSlot<'a>,
+        host_slot: Result<HostSlot, HostRefusal>,
+        now: Instant,
+    ) -> Result<(Slots<'a>, Instant), ReadError> {
         match host_slot {
             Ok(host_slot) => Ok(((request_slot, host_slot), now)),
             Err(refusal) => Err(self.refused(host, refusal.for_host(&host.name))),
@@ -183,6 +248,14 @@ impl<'a> Upstream<'a> {
             host,
         })))
     }
+}
+
+/// What a read still waits for when its slots were not both free at once:
+/// the request slot (then the host slot), or the host slot (the request
+/// slot held, with the time left).
+enum Waiting<'a> {
+    Request,
+    Host(InFlightSlot<'a>, Duration),
 }
 
 /// A request slot and a host slot, held together.

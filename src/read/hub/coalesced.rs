@@ -38,7 +38,7 @@ impl Upstream<'_> {
             let send = async move {
                 let _host_slot = host_slot;
                 let shared = |r| Ok(Arc::new(r));
-                on_the_wire(&parts, span, read, &host, limit, |_| {}, shared).await
+                on_the_wire(&parts, span, read, &host, limit, (|_| {}, shared, |_| {})).await
             };
             // Sent from a task of its own, under the leader's sampling: its
             // `traceparent` names the leader's trace, sampled or not.

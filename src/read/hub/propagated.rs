@@ -3,14 +3,42 @@
 //! settled — on the request's budget (`budget.rs`) and on its upstream's
 //! share (`share.rs`); `propagate.rs` tells the whole of it.
 
+use crate::error::ReadError;
 use crate::read::budget;
+use crate::read::hosts::HostEntry;
 use crate::read::propagate;
 use crate::read::share::ShareId;
 use crate::read::spans;
-use crate::read::Upstream;
+use crate::read::{Read, ReadResult, Upstream};
 use tokio::time::Instant;
 
 impl Upstream<'_> {
+    /// Steps 2–6 to a host marked `propagate`: refused first if it would
+    /// leave the callee no time, then admitted, granted its share of the
+    /// reads left (which may wait for the reads asking at the same moment),
+    /// and sent carrying the grant, its deadline and the hop count.
+    pub(in crate::read) async fn propagated(
+        &self,
+        mut read: Read,
+        host: &HostEntry,
+        share: Option<ShareId>,
+    ) -> ReadResult {
+        if self.no_time_to_give() {
+            return Err(self.refused(host, ReadError::DeadlineExceeded));
+        }
+        // Held to the end: the read's slots.
+        let admitted = self.admit(host, share).await?;
+        let limit = self.limit(admitted.now);
+        let grant = self.grant(share).await;
+        // The callee may answer this much past the deadline it is given:
+        // given less, it answers before this read is cut.
+        let until = limit.until.checked_sub(budget::FINISH_GRACE);
+        let (name, value) = grant.header(until.unwrap_or(limit.until), self.reads.hops);
+        read.headers.retain(|(n, _)| *n != name);
+        read.headers.push((name, value));
+        self.sent(read, host, limit, share, Some(grant)).await
+    }
+
     /// Step 5, to a host marked `propagate`: the read's grant of the
     /// reads left, split with the reads asking at the same moment
     /// (`propagate.rs`), charged now.
