@@ -77,31 +77,44 @@ fn span(request: &http::Request<Body>, get: bool) -> Span {
         .extensions()
         .get::<MatchedPath>()
         .map(MatchedPath::as_str);
-    let span = tracing::info_span!(
-        "graphql.request",
-        otel.name = match (get, route) {
-            (true, Some(route)) => format!("GET {route}"),
-            (false, Some(route)) => format!("POST {route}"),
-            (true, None) => "GET".to_owned(),
-            (false, None) => "POST".to_owned(),
-        },
-        otel.kind = "server",
-        http.request.method = if get { "GET" } else { "POST" },
-        http.route = route,
-        http.response.status_code = Empty,
-        otel.status_code = Empty,
-        client.address = request
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|peer| tracing::field::display(peer.0.ip())),
-        fanout.caller = Empty,
-        fanout.operations = Empty,
-        fanout.reads = Empty,
-        fanout.budget.reads = Empty,
-        fanout.budget.deadline_ms = Empty,
-        fanout.budget.hops = Empty,
-        fanout.spent = Empty,
-    );
+    // One field list, two callsites: a request sampled out opens its span
+    // at a callsite the telemetry's layer refuses once and for all (marked
+    // `fanout.sampled_out`): only another layer (a log's) makes it.
+    macro_rules! request_span {
+        ($($marker:tt)*) => {
+            tracing::info_span!(
+                "graphql.request",
+                $($marker)*
+                otel.name = match (get, route) {
+                    (true, Some(route)) => format!("GET {route}"),
+                    (false, Some(route)) => format!("POST {route}"),
+                    (true, None) => "GET".to_owned(),
+                    (false, None) => "POST".to_owned(),
+                },
+                otel.kind = "server",
+                http.request.method = if get { "GET" } else { "POST" },
+                http.route = route,
+                http.response.status_code = Empty,
+                otel.status_code = Empty,
+                client.address = request
+                    .extensions()
+                    .get::<ConnectInfo<SocketAddr>>()
+                    .map(|peer| tracing::field::display(peer.0.ip())),
+                fanout.caller = Empty,
+                fanout.operations = Empty,
+                fanout.reads = Empty,
+                fanout.budget.reads = Empty,
+                fanout.budget.deadline_ms = Empty,
+                fanout.budget.hops = Empty,
+                fanout.spent = Empty,
+            )
+        };
+    }
+    #[cfg(feature = "otel")]
+    if crate::telemetry::decided_out() {
+        return request_span!(fanout.sampled_out = true,);
+    }
+    let span = request_span!();
     #[cfg(feature = "otel")]
     crate::telemetry::adopt_parent(&span, request.headers());
     span

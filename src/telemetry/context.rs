@@ -15,7 +15,7 @@
 
 use super::live::is_active;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::{SpanId, TraceContextExt as _, TraceId};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceId};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 use std::borrow::Cow;
@@ -127,6 +127,16 @@ pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
         traceparent(context.trace_id(), context.span_id(), true)
     }) {
         return Some(value);
+    }
+    // A read made away from its request's task (`carried.rs`): the span it
+    // is under, kept from the request's task — the only one it has when
+    // no direct span was built (a level filter that keeps DEBUG out).
+    if let Some(parent) = super::carried::parent().filter(SpanContext::is_valid) {
+        return Some(traceparent(
+            parent.trace_id(),
+            parent.span_id(),
+            parent.is_sampled(),
+        ));
     }
     let decision = super::sampling::current();
     // A request sampled out has no span to look for.

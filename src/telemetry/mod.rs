@@ -71,7 +71,7 @@ pub(crate) use context::{adopt_parent, current_traceparent};
 pub(crate) use instruments::{is_recording, with as instruments, Instruments};
 pub(crate) use live::is_active as is_exporting;
 pub(crate) use sampling::{
-    carried, decide, root as root_decision, sampled_out, within, within_sync, Sampling,
+    carried, decide, decided_out, root as root_decision, sampled_out, within, within_sync, Sampling,
 };
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream

@@ -190,9 +190,37 @@ pub(crate) fn sampled_out() -> bool {
     is_active() && current().is_some_and(|decision| !decision.sampled)
 }
 
+/// The field that marks the span of a request sampled out
+/// (`graphql.request` opened at a callsite of its own): the layer's filter
+/// refuses that callsite once and for all, so with no other layer
+/// listening the registry opens no span for the request — instead of one
+/// it enters and leaves at every poll for nobody — while a log's layer
+/// still gets it, the field saying why no trace has it.
+/// (`graphql/server_span.rs` names it in its macro: a test fails if the two
+/// differ.)
+const SAMPLED_OUT: &str = "fanout.sampled_out";
+
+/// Whether the request the current task serves is sampled out, deciding it
+/// now if no span did yet: the layers' filters are asked as for a span of
+/// the request's level (a hint; the decision is the filter's, with its
+/// telemetry's `sample_ratio`). False outside a request or while no
+/// telemetry exports.
+pub(crate) fn decided_out() -> bool {
+    if !is_active() || SAMPLING.try_with(|_| ()).is_err() {
+        return false;
+    }
+    let _ = tracing::enabled!(tracing::Level::INFO);
+    sampled_out()
+}
+
+/// Whether `meta` is the callsite of a request sampled out.
+fn marked_out(meta: &Metadata<'_>) -> bool {
+    meta.fields().field(SAMPLED_OUT).is_some()
+}
+
 /// The OpenTelemetry layer's filter: within a request, only a sampled
 /// request's spans and events; outside any, everything (the sampler
-/// decides).
+/// decides); never the span of a request sampled out ([`SAMPLED_OUT`]).
 #[derive(Clone, Debug)]
 pub(crate) struct SampledOnly {
     /// `sample_ratio`, for a request whose caller did not decide.
@@ -202,7 +230,10 @@ pub(crate) struct SampledOnly {
 }
 
 impl<S> Filter<S> for SampledOnly {
-    fn enabled(&self, _meta: &Metadata<'_>, _cx: &LayerContext<'_, S>) -> bool {
+    fn enabled(&self, meta: &Metadata<'_>, _cx: &LayerContext<'_, S>) -> bool {
+        if marked_out(meta) {
+            return false;
+        }
         SAMPLING
             .try_with(|sampling| {
                 let sampled = sampling.decide(self.ratio).sampled;
@@ -214,9 +245,14 @@ impl<S> Filter<S> for SampledOnly {
             .unwrap_or(true)
     }
 
-    fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
-        // Decided per request, never per callsite.
-        Interest::sometimes()
+    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
+        // Decided per request, never per callsite, but for the one that
+        // says its request was sampled out.
+        if marked_out(meta) {
+            Interest::never()
+        } else {
+            Interest::sometimes()
+        }
     }
 }
 
