@@ -517,12 +517,22 @@ impl Operation {
     }
 
     /// The operation's span opened: the reads made through this handle
-    /// outside the request's task are its children (`telemetry`) until the
-    /// guard returned drops — the operation's end, answered or cancelled:
-    /// a read through this handle later (one the application kept) is not
-    /// in its request's trace, and keeps nothing of it.
-    pub(crate) fn traced_under(&self, span: &tracing::Span) -> TracedUntil<'_> {
+    /// outside the request's task are its children (`telemetry`).
+    pub(crate) fn traced_under(&self, span: &tracing::Span) {
         self.reads.under(span);
+    }
+
+    /// The operation ended, answered, refused or cancelled: a read through
+    /// this handle later (one the application kept) is not in its
+    /// request's trace, and keeps nothing of it.
+    pub(crate) fn trace_ended(&self) {
+        self.reads.ended();
+    }
+
+    /// A guard that ends the trace ([`trace_ended`](Self::trace_ended)) as
+    /// it drops: held by the future that runs the operation, however that
+    /// future ends.
+    pub(crate) fn trace_ends(&self) -> TracedUntil<'_> {
         TracedUntil(self)
     }
 
@@ -543,12 +553,12 @@ impl Operation {
 }
 
 /// An operation's reads are in its request's trace while this lives
-/// ([`Operation::traced_under`]); dropped with the operation's future,
+/// ([`Operation::trace_ends`]); dropped with the operation's future,
 /// however it ends.
 pub(crate) struct TracedUntil<'a>(&'a Operation);
 
 impl Drop for TracedUntil<'_> {
     fn drop(&mut self) {
-        self.0.reads.ended();
+        self.0.trace_ended();
     }
 }

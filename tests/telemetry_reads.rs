@@ -996,6 +996,103 @@ async fn a_handle_kept_from_a_cancelled_operation_reads_outside_its_requests_tra
     );
 }
 
+/// The handle `refused_app`'s hook kept, for an operation refused before
+/// it ran.
+static REFUSED: std::sync::Mutex<Option<std::sync::Arc<fanout_budget::request::Operation>>> =
+    std::sync::Mutex::new(None);
+
+/// A handle the application kept from an operation refused before it ran
+/// (past `max_hops`) reads outside that request's trace: the operation's
+/// end is its own, whether it ran or not.
+#[tokio::test(flavor = "current_thread")]
+async fn a_handle_kept_from_a_refused_operation_reads_outside_its_requests_trace() {
+    let (upstream, _task, _heard) = start_hearing_upstream().await;
+    let engine = Engine::new(Config::default());
+    let schema = Schema::build(Loaded, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .finish();
+    let graphql = FanoutGraphQL::new(schema, engine).operation_data(|operation, _data| {
+        *REFUSED.lock().unwrap() = Some(operation.clone());
+    });
+    let app = Router::new().route_service("/graphql", graphql);
+    let late: reqwest::Url = format!("{upstream}/item/7").parse().unwrap();
+    let inbound = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{inbound}-00f067aa0ba902b7-01");
+    let spans = exported_until(
+        1.0,
+        "the late read's span",
+        |spans| !read_of(spans, "/item/7").is_empty(),
+        async {
+            let headers = [
+                ("traceparent", traceparent.as_str()),
+                ("fanout-budget", "hops=9"),
+            ];
+            let answer =
+                fanout_testkit::post(&app, r#"{"query":"{ keep }"}"#.to_owned(), &headers).await;
+            assert_eq!(
+                answer.json()["errors"][0]["extensions"]["code"],
+                "FANOUT_TOO_MANY_HOPS",
+                "{:?}",
+                answer.json()
+            );
+            let operation = REFUSED.lock().unwrap().take().expect("a handle");
+            // Refused too (the request's budget): a read with a span.
+            let _ = tokio::spawn(async move { operation.upstream().read(Read::get(late)).await })
+                .await
+                .unwrap();
+        },
+    )
+    .await;
+    let late = read_of(&spans, "/item/7");
+    assert_eq!(late.len(), 1, "the late read's span");
+    assert_ne!(
+        fanout_testkit::otlp::hex(&late[0].span.trace_id),
+        inbound,
+        "a read after its operation was refused is not in its request's trace"
+    );
+}
+
+/// A coalescing host's send runs in a task of its own: under an
+/// application's level filter that keeps DEBUG out (no span of the read's
+/// own), its `traceparent` still names the request's span, sampled.
+#[tokio::test(flavor = "current_thread")]
+async fn a_coalesced_send_names_the_requests_span_when_the_application_filters_out_debug_spans() {
+    let (upstream, _task, heard) = start_hearing_upstream().await;
+    let app = app(coalescing(&upstream, true), &upstream);
+    let spans = exported_filtered(
+        1.0,
+        Some(tracing_subscriber::filter::LevelFilter::INFO),
+        "the request's SERVER span",
+        |spans| spans.iter().any(|r| r.span.kind == SpanKind::Server as i32),
+        async {
+            let query = r#"{"query":"{ get(path: \"/item/1\") }"}"#;
+            let answer = fanout_testkit::post(&app, query.to_owned(), &[]).await;
+            assert_eq!(answer.json()["data"]["get"], 200, "{:?}", answer.json());
+        },
+    )
+    .await;
+    let server = server_of(&spans);
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    let traceparent = heard[0].1.as_deref().expect("a traceparent");
+    let parts: Vec<_> = traceparent.split('-').collect();
+    assert_eq!(
+        parts[1],
+        fanout_testkit::otlp::hex(&server.span.trace_id),
+        "the request's trace: {traceparent}"
+    );
+    assert_eq!(parts[3], "01", "sampled: {traceparent}");
+    // The request's span, or (when the process's level lets the read's own
+    // spans be built: other tests' subscribers) its CLIENT span.
+    assert!(
+        spans
+            .iter()
+            .any(|r| fanout_testkit::otlp::hex(&r.span.span_id) == parts[2]
+                && r.span.trace_id == server.span.trace_id),
+        "{traceparent} names an exported span of the request's trace"
+    );
+}
+
 /// A load that runs inside an application's span of another trace (a
 /// worker span opened outside any request) still reads in the request's
 /// trace: the handle's request decides, not the task's span.

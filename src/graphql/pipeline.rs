@@ -62,6 +62,16 @@ pub(crate) struct Op {
     record_document: bool,
 }
 
+/// An operation's handle is made, and kept its request's trace, as it is
+/// admitted: it is let go when the operation is, whether it ran, was
+/// refused, or its request was dropped before or while it ran (an
+/// application may keep the handle: `operation_data`).
+impl Drop for Op {
+    fn drop(&mut self) {
+        self.operation.trace_ended();
+    }
+}
+
 impl Op {
     /// Steps 1 and 2 for `request`, an operation of `scope` (`prior`: a
     /// refusal found before, such as an unknown persisted query). On
@@ -193,6 +203,9 @@ impl Op {
         types: &SchemaTypes,
         execute: impl Future<Output = Response>,
     ) -> Response {
+        // The event's reads are its request's until its future ends, even
+        // refused or cancelled while it waits.
+        let _ends = operation.trace_ends();
         let mut response = match event.reserve().await {
             Some(rejection) => stopped(&rejection),
             None => {
@@ -211,7 +224,7 @@ impl Op {
                         fanout.delta = tracing::field::Empty,
                         fanout.would_refuse = tracing::field::Empty,
                     ));
-                    let _traced = operation.traced_under(&span);
+                    operation.traced_under(&span);
                     let response = event.within_bounds(execute.instrument(span.clone())).await;
                     self.record(operation, &span);
                     response
@@ -314,7 +327,7 @@ impl Op {
                 Some(rejection) => stopped(&rejection),
                 None => {
                     let span = self.span();
-                    let _traced = self.operation.traced_under(&span);
+                    self.operation.traced_under(&span);
                     let response = scope.within_bounds(execute.instrument(span.clone())).await;
                     self.record(&self.operation, &span);
                     response

@@ -20,6 +20,7 @@
 
 use super::live::is_active;
 use super::sampling::{carried, sampled_out, Sampling, SAMPLING};
+use futures::future::Either;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use std::sync::{Arc, Mutex};
 use tokio::task::futures::TaskLocalFuture;
@@ -104,6 +105,20 @@ pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F
     let Away { sampling, parent } = away;
     let made = SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(parent.clone(), make));
     SAMPLING.scope(sampling, PARENT.scope(parent, made))
+}
+
+/// `work` the current task hands to a task of its own (a coalesced read's
+/// send), to run there under the current request's trace: its sampling
+/// and, when it is sampled, the span current now — so its `traceparent`
+/// names that span even when no span of its own is built (a level filter
+/// that keeps DEBUG out). As it is outside a request or while no telemetry
+/// exports.
+pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Carried<F>, F> {
+    let kept = CarriedTrace::here().0.into_inner();
+    match kept.unwrap_or_else(|e| e.into_inner()) {
+        Some(away) => Either::Left(carry(away, move || work)),
+        None => Either::Right(work),
+    }
 }
 
 /// The span a read made away from its request's task is under, if any.

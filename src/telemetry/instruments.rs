@@ -187,14 +187,13 @@ pub(crate) fn with<R>(record: impl FnOnce(&Instruments) -> R) -> Option<R> {
 /// telemetry that ended leaves nothing of its own held by the threads
 /// that recorded with it (its meter's series), from their next record on.
 fn let_go() {
-    if !HOLDS
-        .try_with(|holds| holds.replace(false))
-        .unwrap_or(false)
-    {
+    if !HOLDS.try_with(Cell::get).unwrap_or(false) {
         return;
     }
     let kept = KEPT.try_with(|kept| {
         let mut kept = kept.try_borrow_mut().ok()?;
+        // Cleared only with the handle taken (a record reentered keeps both).
+        let _ = HOLDS.try_with(|holds| holds.set(false));
         std::mem::take(&mut *kept).1
     });
     // Dropped outside the borrow.

@@ -66,12 +66,12 @@ mod span_exporter;
 mod truncate;
 mod weight;
 
-pub(crate) use carried::{carry, Carried, CarriedTrace};
+pub(crate) use carried::{carry, hand_over, Carried, CarriedTrace};
 pub(crate) use context::{adopt_parent, current_traceparent};
 pub(crate) use instruments::{is_recording, with as instruments, Instruments};
 pub(crate) use live::is_active as is_exporting;
 pub(crate) use sampling::{
-    carried, decide, decided_out, root as root_decision, sampled_out, within, within_sync, Sampling,
+    decide, decided_out, root as root_decision, sampled_out, within, within_sync, Sampling,
 };
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream

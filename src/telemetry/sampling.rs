@@ -209,7 +209,9 @@ pub(crate) fn decided_out() -> bool {
     if !is_active() || SAMPLING.try_with(|_| ()).is_err() {
         return false;
     }
-    let _ = tracing::enabled!(tracing::Level::INFO);
+    // At the request span's own target, so a filter by target decides
+    // for the hint as it would for the span.
+    let _ = tracing::enabled!(target: "fanout_budget::graphql::server_span", tracing::Level::INFO);
     sampled_out()
 }
 

@@ -40,10 +40,12 @@ impl Upstream<'_> {
                 let shared = |r| Ok(Arc::new(r));
                 on_the_wire(&parts, span, read, &host, limit, (|_| {}, shared, |_| {})).await
             };
-            // Sent from a task of its own, under the leader's sampling: its
-            // `traceparent` names the leader's trace, sampled or not.
+            // Sent from a task of its own, under the leader's trace: its
+            // sampling, and the span the leader reads under, so its
+            // `traceparent` names the leader's trace, sampled or not, even
+            // when no span of its own is built.
             #[cfg(feature = "otel")]
-            let send = crate::telemetry::within(crate::telemetry::carried(), send);
+            let send = crate::telemetry::hand_over(send);
             Ok(send)
         };
         match table.join_or_lead(key, lead)? {
