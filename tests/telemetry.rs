@@ -604,12 +604,8 @@ async fn a_transport_of_ones_own_can_carry_traceparent() {
 /// `traceparent` is followed.
 #[tokio::test(flavor = "current_thread")]
 async fn sample_ratio_zero_exports_only_what_a_caller_sampled() {
-    let collector = Collector::start().await;
+    let (collector, telemetry) = Collector::sampling_nothing().await;
     let (upstream_url, upstream_saw, _upstream) = start_upstream().await;
-    let config = TelemetryConfig::default()
-        .otlp_endpoint(collector.base.clone())
-        .sample_ratio(0.0);
-    let telemetry = Telemetry::builder(config).build().unwrap().unwrap();
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
     let app = app(&upstream_url);

@@ -706,22 +706,11 @@ fn assert_a_root_over_one_read(spans: &[Received], root: &Received) {
     assert_eq!(statuses(&children(spans, reads[0])), ["GET 200"]);
 }
 
-/// A telemetry exporting to a collector of its own that samples no trace
-/// of its own (a caller's sampled `traceparent` still is).
-async fn sampling_nothing() -> (Collector, Telemetry) {
-    let collector = Collector::start().await;
-    let config = TelemetryConfig::default()
-        .otlp_endpoint(collector.base.clone())
-        .sample_ratio(0.0);
-    let telemetry = Telemetry::builder(config).build().unwrap().unwrap();
-    (collector, telemetry)
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn a_request_sampled_out_builds_no_opentelemetry_span() {
     let (upstream, _task) = start_upstream().await;
     let app = app(Config::default(), &upstream);
-    let (_collector, telemetry) = sampling_nothing().await;
+    let (_collector, telemetry) = Collector::sampling_nothing().await;
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
     let query = r#"{"query":"{ traced }"}"#;
@@ -768,7 +757,7 @@ async fn no_read_opens_a_span_in_the_subscriber_while_a_telemetry_exports() {
     // out used to cost their spans whatever the filter said.
     let (upstream, _task) = start_upstream().await;
     let app = app(Config::default(), &upstream);
-    let (_collector, telemetry) = sampling_nothing().await;
+    let (_collector, telemetry) = Collector::sampling_nothing().await;
     let opened = Opened::default();
     let subscriber = tracing_subscriber::registry()
         .with(telemetry.layer())

@@ -12,8 +12,6 @@
 
 use async_graphql::{EmptyMutation, EmptySubscription, Object, Schema};
 use axum::Router;
-use fanout_budget::config::TelemetryConfig;
-use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
 use fanout_testkit::otlp::Collector;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -35,11 +33,7 @@ async fn a_request_sampled_out_opens_no_span_when_only_the_telemetry_listens() {
         .extension(FanoutExtension::new(&engine))
         .finish();
     let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
-    let collector = Collector::start().await;
-    let config = TelemetryConfig::default()
-        .otlp_endpoint(collector.base.clone())
-        .sample_ratio(0.0);
-    let telemetry = Telemetry::builder(config).build().unwrap().unwrap();
+    let (_collector, telemetry) = Collector::sampling_nothing().await;
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
     let query = r#"{"query":"{ spanned }"}"#;

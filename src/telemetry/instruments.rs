@@ -18,7 +18,9 @@
 //! thread's own handle, instead of taking the process's read lock and an
 //! `Arc` (three atomic writes on one line every core shares, at every read
 //! and request). A thread lets the instruments of a telemetry that
-//! ended go at its next record (none are published then: `let_go`). `server.address` (and `server.port`) is the host a read was sent
+//! ended go at its next record (none are published then: `let_go`).
+//!
+//! `server.address` (and `server.port`) is the host a read was sent
 //! to when it has a `[hosts]` table or is known to the engine, else
 //! `other` (no port): the series stay bounded by the configuration, as the
 //! Prometheus `host` label does (`src/metrics.rs`).

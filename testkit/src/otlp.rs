@@ -63,6 +63,21 @@ impl Collector {
         Self { base, seen, task }
     }
 
+    /// One started, and a telemetry exporting to it that samples no trace
+    /// of its own (`sample_ratio = 0`; a caller's sampled `traceparent`
+    /// still is).
+    pub async fn sampling_nothing() -> (Self, fanout_budget::telemetry::Telemetry) {
+        let collector = Self::start().await;
+        let config = fanout_budget::config::TelemetryConfig::default()
+            .otlp_endpoint(collector.base.clone())
+            .sample_ratio(0.0);
+        let telemetry = fanout_budget::telemetry::Telemetry::builder(config)
+            .build()
+            .expect("a valid telemetry")
+            .expect("an endpoint turns export on");
+        (collector, telemetry)
+    }
+
     /// Every span received so far.
     pub fn spans(&self) -> Vec<Received> {
         self.seen.spans.lock().unwrap().clone()
