@@ -17,7 +17,6 @@ use super::live::is_active;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceId};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 use std::borrow::Cow;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
@@ -113,7 +112,8 @@ pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
 
 /// `traceparent` naming the current span, when spans are exported and there
 /// is one; for a request sampled out, its trace id, a span id of its own
-/// and the unsampled flag. Written into a buffer on the stack: the header's
+/// and the unsampled flag; for one no layer saw, the caller's as it came,
+/// else a trace of its own, unsampled (`sampling::passed_on`). Written into a buffer on the stack: the header's
 /// value is the one allocation (the propagator formats a `String`, and a
 /// `tracestate` nobody sends, for each upstream request).
 pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
@@ -152,9 +152,10 @@ pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
             ));
         }
     }
-    let decision = decision?;
-    let span_id = RandomIdGenerator::default().new_span_id();
-    Some(traceparent(decision.trace_id, span_id, false))
+    // No span to name: sampled out, or no layer saw the request (a level
+    // filter of the application's kept its span out).
+    let (trace_id, span_id, sampled) = super::sampling::passed_on()?;
+    Some(traceparent(trace_id, span_id, sampled))
 }
 
 /// `00-{trace id}-{span id}-{flags}`, as `TraceContextPropagator` writes
@@ -179,6 +180,7 @@ fn traceparent(trace_id: TraceId, span_id: SpanId, sampled: bool) -> http::Heade
 #[cfg(test)]
 mod tests {
     use super::*;
+    use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 
     #[test]
     fn traceparent_is_written_as_the_propagator_writes_it() {

@@ -29,7 +29,7 @@ use super::sink::Sink;
 use futures::future::Either;
 use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{
-    Link, SpanContext, SpanKind, TraceContextExt as _, TraceId, TraceState,
+    Link, SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceId, TraceState,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::HeaderExtractor;
@@ -58,6 +58,9 @@ pub(crate) struct Decision {
 pub(crate) struct Sampling {
     /// The inbound `traceparent`'s flag and trace id.
     inbound: Option<Decision>,
+    /// The inbound `traceparent`'s parent id: passed on as it came while
+    /// nothing of the request is recorded here ([`passed_on`]).
+    inbound_parent: Option<SpanId>,
     decided: OnceLock<Decision>,
     /// Where the request's direct spans go (`direct.rs`): the sink of the
     /// telemetry whose filter sampled it.
@@ -65,9 +68,10 @@ pub(crate) struct Sampling {
 }
 
 impl Sampling {
-    fn new(inbound: Option<Decision>) -> Arc<Sampling> {
+    fn new(inbound: Option<(Decision, SpanId)>) -> Arc<Sampling> {
         Arc::new(Sampling {
-            inbound,
+            inbound: inbound.map(|(decision, _)| decision),
+            inbound_parent: inbound.map(|(_, parent)| parent),
             decided: OnceLock::new(),
             sink: OnceLock::new(),
         })
@@ -84,6 +88,28 @@ impl Sampling {
             })
         })
     }
+
+    /// See [`passed_on`].
+    fn passed_on(&self) -> (TraceId, SpanId, bool) {
+        // No layer took a decision (none saw the request): nothing of it
+        // is exported, so a trace that starts here is unsampled.
+        let decision = *self.decided.get_or_init(|| {
+            self.inbound.unwrap_or_else(|| Decision {
+                sampled: false,
+                trace_id: RandomIdGenerator::default().new_trace_id(),
+            })
+        });
+        match self.inbound_parent {
+            Some(parent) if self.inbound == Some(decision) => {
+                (decision.trace_id, parent, decision.sampled)
+            }
+            _ => (
+                decision.trace_id,
+                RandomIdGenerator::default().new_span_id(),
+                false,
+            ),
+        }
+    }
 }
 
 tokio::task_local! {
@@ -98,9 +124,12 @@ pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
     if !is_active() {
         return None;
     }
-    let inbound = inbound(headers).map(|parent| Decision {
-        sampled: parent.is_sampled(),
-        trace_id: parent.trace_id(),
+    let inbound = inbound(headers).map(|parent| {
+        let decision = Decision {
+            sampled: parent.is_sampled(),
+            trace_id: parent.trace_id(),
+        };
+        (decision, parent.span_id())
     });
     Some(Sampling::new(inbound))
 }
@@ -169,6 +198,17 @@ pub(crate) fn current() -> Option<Decision> {
         .try_with(|sampling| sampling.decided.get().copied())
         .ok()
         .flatten()
+}
+
+/// The `traceparent` of an upstream request the current task sends for
+/// its request when no span of the request's names it — the request sampled
+/// out, or seen by no telemetry's layer at all (an application's level
+/// filter kept its span out; then it is decided here, once for the
+/// request): the caller's trace id, parent id and flag as they came, since
+/// nothing of the request is recorded here; else the request's trace id, a
+/// span id of its own and the unsampled flag. `None` outside a request.
+pub(crate) fn passed_on() -> Option<(TraceId, SpanId, bool)> {
+    SAMPLING.try_with(|sampling| sampling.passed_on()).ok()
 }
 
 /// Where the direct spans of the request the current task serves go, when
@@ -341,7 +381,24 @@ mod tests {
             sampled: true,
             trace_id: TraceId::from_bytes([7; 16]),
         };
-        let called = Sampling::new(Some(caller));
+        let parent = SpanId::from_bytes([9; 8]);
+        let called = Sampling::new(Some((caller, parent)));
         assert_eq!(called.decide(0.0), caller, "the caller's flag and trace");
+        let passed = called.passed_on();
+        assert_eq!(passed, (caller.trace_id, parent, true), "as it came");
+    }
+
+    #[test]
+    fn a_request_no_layer_saw_is_decided_unsampled_once() {
+        let unseen = Sampling::new(None);
+        let (trace_id, first_span, sampled) = unseen.passed_on();
+        assert!(!sampled, "nothing of it is exported");
+        assert!(trace_id != TraceId::INVALID);
+        let (again, second_span, _) = unseen.passed_on();
+        assert_eq!(again, trace_id, "one trace for the request");
+        assert_ne!(first_span, second_span, "a span id per upstream request");
+        // A layer that comes later finds it decided.
+        assert_eq!(unseen.decide(1.0).trace_id, trace_id);
+        assert!(!unseen.decide(1.0).sampled);
     }
 }
