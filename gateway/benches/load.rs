@@ -23,7 +23,10 @@
 //! of them to an OTLP receiver on loopback that takes and drops what it
 //! gets; `LOAD_ONLY=telemetry` loads those and engine on only;
 //! `LOAD_TENTH_RATIO=R`: the second of them samples R instead of 0.1, e.g.
-//! 0 to see what a request sampled out costs alone).
+//! 0 to see what a request sampled out costs alone), `LOAD_STOCK_EXTENSION=1`
+//! (add stock protections with an async-graphql extension that does
+//! nothing: the floor of any engine that is an extension; `LOAD_ONLY=stock`
+//! loads it too).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
 //!   `FanoutGraphQL` (parsed-document cache, cost preview,
@@ -407,6 +410,12 @@ async fn main() {
     // per-IP quota, body limit, deadline, read timeout and host cap), then
     // engine off, last (`sides[k - 1]`).
     routers.push((STOCK_SIDE, stock_router(upstream.clone(), &config)));
+    // The same with an extension that does nothing: what being an
+    // extension costs (the engine must be one).
+    if env("LOAD_STOCK_EXTENSION", 0) == 1 {
+        let with = stock_router_with(upstream.clone(), &config, true);
+        routers.push((STOCK_NOOP_SIDE, with));
+    }
     routers.push((
         "engine off",
         baseline_router(upstream.clone(), config.budget.deadline()),
@@ -482,7 +491,9 @@ async fn main() {
             Some("off") if i != k - 1 => continue,
             Some("redis") if !sides[i].name.starts_with(REDIS_SIDE) => continue,
             Some("telemetry") if i != 0 && i != k - 1 && sides[i].telemetry.is_none() => continue,
-            Some("stock") if i != 0 && i != k - 1 && sides[i].name != STOCK_SIDE => continue,
+            Some("stock") if i != 0 && i != k - 1 && !sides[i].name.starts_with(STOCK_SIDE) => {
+                continue
+            }
             Some("on" | "off" | "redis" | "telemetry" | "stock") | None => {}
             // A side's name: that side alone (under a profiler).
             Some(name) if sides[i].name != name => continue,
@@ -659,7 +670,13 @@ async fn main() {
     let mut judge: Vec<String> = Vec::new();
     let ran = |i: usize| !sides[i].rps.is_empty();
     let stock = sides.iter().position(|s| s.name == STOCK_SIDE);
-    for (key, at) in [("on", Some(0)), ("stock", stock), ("off", Some(k - 1))] {
+    let stock_noop = sides.iter().position(|s| s.name == STOCK_NOOP_SIDE);
+    for (key, at) in [
+        ("on", Some(0)),
+        ("stock", stock),
+        ("stocknoop", stock_noop),
+        ("off", Some(k - 1)),
+    ] {
         if let Some(i) = at.filter(|&i| ran(i)) {
             let (rps, cpu) = (
                 median(&mut sides[i].rps.clone()),
@@ -668,7 +685,14 @@ async fn main() {
             judge.push(format!("{key}.rps={rps:.1} {key}.cpu={cpu:.1}"));
         }
     }
-    let mut pairs = vec![("on/stock", 0, stock), ("on/off", 0, Some(k - 1))];
+    let mut pairs = vec![
+        ("on/stock", 0, stock),
+        ("on/stocknoop", 0, stock_noop),
+        ("on/off", 0, Some(k - 1)),
+    ];
+    if let (Some(with), Some(stock)) = (stock_noop, stock) {
+        pairs.push(("stocknoop/stock", with, Some(stock)));
+    }
     for (key, side) in [
         ("telemetry1.0/on", TELEMETRY_SIDE),
         ("telemetry0.1/on", TELEMETRY_TENTH_SIDE),
@@ -696,6 +720,9 @@ async fn main() {
 
 /// What a team without fanout-budget assembles (`common::stock_router`).
 const STOCK_SIDE: &str = "stock protections";
+/// [`STOCK_SIDE`] with an extension that does nothing
+/// (`LOAD_STOCK_EXTENSION=1`).
+const STOCK_NOOP_SIDE: &str = "stock protections + a no-op extension";
 /// The engine-on side exporting every trace (`LOAD_TELEMETRY=1`).
 const TELEMETRY_SIDE: &str = "engine on, telemetry 1.0";
 /// The engine-on side exporting a tenth of the traces (`LOAD_TELEMETRY=1`).

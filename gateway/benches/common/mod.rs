@@ -379,6 +379,14 @@ pub const STOCK_MAX_COMPLEXITY: usize = 500;
 ///
 /// No read budget and no de-duplication: stock parts have none.
 pub fn stock_router(registry: reqwest::Url, config: &Config) -> Router {
+    stock_router_with(registry, config, false)
+}
+
+/// [`stock_router`], its schema with a [`NoopExtension`] when
+/// `noop_extension`: what any async-graphql extension costs a team's stock
+/// service (every field and list item then goes through the extension
+/// chain), the floor under an engine that must be one.
+pub fn stock_router_with(registry: reqwest::Url, config: &Config, noop_extension: bool) -> Router {
     use async_graphql_axum::GraphQL;
     use tower_governor::governor::GovernorConfigBuilder;
     use tower_governor::GovernorLayer;
@@ -395,15 +403,18 @@ pub fn stock_router(registry: reqwest::Url, config: &Config) -> Router {
         wait: cap.acquire_wait(),
         host: host.clone(),
     });
-    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+    let mut schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .data(Registry {
             slots,
             read_timeout: Some(config.budget.read_timeout()),
             ..Registry::plain(registry)
         })
         .limit_depth(STOCK_MAX_DEPTH)
-        .limit_complexity(STOCK_MAX_COMPLEXITY)
-        .finish();
+        .limit_complexity(STOCK_MAX_COMPLEXITY);
+    if noop_extension {
+        schema = schema.extension(NoopExtension);
+    }
+    let schema = schema.finish();
 
     // `requests_per_minute` per peer IP, refilled evenly over the minute
     // with a burst of the whole minute: governor's `Quota::per_minute`, as
