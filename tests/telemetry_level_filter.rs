@@ -1,12 +1,12 @@
-//! An application whose subscriber keeps every span out — a global level
-//! filter stricter than the engine's request span (`WARN`) — still has its
-//! upstream requests carry the request's trace: no layer saw the request,
-//! so no telemetry sampled it, and its `traceparent` is decided when the
-//! first upstream request is written. A caller's `traceparent` goes on as
-//! it came (this service records nothing of the trace: the caller's span
-//! stays the parent); a trace that starts here gets a trace id of its own,
-//! the same for every read of the request, flagged unsampled (`-00`),
-//! since nothing of it is exported.
+//! An application whose subscriber keeps the engine's spans out — a global
+//! level filter stricter than the engine's request span (`WARN`) — still
+//! passes its callers' traces on: no layer saw the request, so no telemetry
+//! sampled it, and a caller's `traceparent` goes on upstream as it came
+//! (this service records nothing of the trace: the caller's span stays the
+//! parent). Nothing is decided for such a request: a trace that would start
+//! here sends no `traceparent` (the upstream starts its own), and a span of
+//! the application's own that a layer does see later in the request (a
+//! per-target filter) is sampled as ever, its reads in its trace.
 //!
 //! A binary of its own: which spans a global level filter lets through is
 //! the process's (`LevelFilter::current()`, over every subscriber alive),
@@ -21,7 +21,7 @@ use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
 use fanout_testkit::otlp::Collector;
 use std::sync::{Arc, Mutex};
-use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
 
 /// The `traceparent` of every request the upstream heard, in order.
@@ -67,6 +67,19 @@ impl Query {
         let read = async move { operation.upstream().read(Read::get(url)).await };
         Ok(tokio::spawn(read).await??.status.as_u16())
     }
+
+    /// `/item/1`, then `/item/2` inside a span of the application's own
+    /// (`mine`, INFO): their statuses added.
+    async fn mine(&self, ctx: &Context<'_>) -> async_graphql::Result<u16> {
+        use tracing::Instrument as _;
+        let base = &ctx.data::<Base>()?.0;
+        let upstream = ctx.upstream()?;
+        let first = upstream.read(Read::get(format!("{base}/item/1").parse()?));
+        let first = first.await?.status.as_u16();
+        let second = upstream.read(Read::get(format!("{base}/item/2").parse()?));
+        let second = second.instrument(tracing::info_span!("mine")).await?;
+        Ok(first + second.status.as_u16())
+    }
 }
 
 /// Three reads in one request, one of them away from its task.
@@ -80,24 +93,52 @@ fn parts(traceparent: &str) -> (String, String, String) {
     (parts[1].into(), parts[2].into(), parts[3].into())
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn upstream_requests_carry_the_trace_under_a_level_filter_that_keeps_every_span_out() {
-    let (upstream, _task, heard) = start_upstream().await;
+/// The tests of this binary, one at a time: each sets its own level
+/// filter, and the process's highest level is every subscriber's.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The service, on an upstream that hears each request's `traceparent`.
+async fn service() -> (Router, tokio::task::JoinHandle<()>, Heard) {
+    let (upstream, task, heard) = start_upstream().await;
     let engine = Engine::new(Config::default());
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .extension(FanoutExtension::new(&engine))
         .data(Base(upstream))
         .finish();
     let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
-    let collector = Collector::start().await;
+    (app, task, heard)
+}
+
+/// A telemetry exporting every trace (the application's own spans, this
+/// test's target, too) to `collector`.
+fn telemetry(collector: &Collector) -> Telemetry {
     let config = TelemetryConfig::default()
         .otlp_endpoint(collector.base.clone())
         .sample_ratio(1.0);
-    let telemetry = Telemetry::builder(config).build().unwrap().unwrap();
+    let builder = Telemetry::builder(config).target(module_path!());
+    builder.build().unwrap().unwrap()
+}
+
+/// `telemetry` flushed, then dropped.
+async fn flushed(telemetry: Telemetry) {
+    tokio::task::spawn_blocking(move || {
+        let _ = telemetry.flush();
+        drop(telemetry);
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let collector = Collector::start().await;
+    let telemetry = telemetry(&collector);
     let subscriber = tracing_subscriber::registry()
         .with(telemetry.layer())
         .with(LevelFilter::WARN);
-    let _default = tracing::subscriber::set_default(subscriber);
+    let default = tracing::subscriber::set_default(subscriber);
     let heard_now = || std::mem::take(&mut *heard.lock().unwrap());
     let answered = |answer: fanout_testkit::Answer| {
         let json = answer.json();
@@ -106,7 +147,8 @@ async fn upstream_requests_carry_the_trace_under_a_level_filter_that_keeps_every
         assert_eq!(json["data"]["c"], 200, "{json:?}");
     };
 
-    // A caller's trace, sampled or not: passed on as it came.
+    // A caller's trace, sampled or not: passed on as it came, by every
+    // read, the one away from the request's task too.
     for inbound in [
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
@@ -121,27 +163,61 @@ async fn upstream_requests_carry_the_trace_under_a_level_filter_that_keeps_every
         }
     }
 
-    // A trace that starts here: one trace id for the request's reads,
-    // unsampled (nothing of it is exported), a new one per request.
-    let mut traces = Vec::new();
-    for _ in 0..2 {
-        answered(fanout_testkit::post(&app, READS.to_owned(), &[]).await);
-        let heard = heard_now();
-        assert_eq!(heard.len(), 3, "{heard:?}");
-        let each: Vec<_> = heard
-            .iter()
-            .map(|t| parts(t.as_deref().expect("a traceparent upstream")))
-            .collect();
-        let one_trace = each.iter().all(|(trace, _, _)| *trace == each[0].0);
-        assert!(one_trace, "one trace for the request: {heard:?}");
-        assert_ne!(each[0].0, "0".repeat(32), "a valid trace id: {heard:?}");
-        assert!(each.iter().all(|(_, _, flags)| flags == "00"), "{heard:?}");
-        traces.push(each[0].0.clone());
-    }
-    assert_ne!(traces[0], traces[1], "a trace per request");
+    // A trace that would start here: none is sent (nothing of it is
+    // recorded; the upstream starts its own).
+    answered(fanout_testkit::post(&app, READS.to_owned(), &[]).await);
+    let heard = heard_now();
+    assert_eq!(heard, vec![None, None, None], "no trace started upstream");
 
-    drop(_default);
-    tokio::task::spawn_blocking(move || drop(telemetry))
-        .await
-        .unwrap();
+    drop(default);
+    flushed(telemetry).await;
+    assert!(
+        collector.spans().is_empty(),
+        "nothing exported: {:?}",
+        collector.spans()
+    );
+}
+
+/// Under a per-target filter that keeps the engine's spans out and lets
+/// the application's in, the request is decided by the first span the
+/// telemetry's layer sees — the application's — not by the reads made
+/// before it: that span is exported, and the reads inside it are in its
+/// trace, sampled.
+#[tokio::test(flavor = "current_thread")]
+async fn an_applications_span_later_in_the_request_is_sampled_as_ever() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let collector = Collector::start().await;
+    let telemetry = telemetry(&collector);
+    let filter = Targets::new()
+        .with_target(module_path!(), LevelFilter::INFO)
+        .with_default(LevelFilter::WARN);
+    let subscriber = tracing_subscriber::registry()
+        .with(telemetry.layer())
+        .with(filter);
+    let default = tracing::subscriber::set_default(subscriber);
+
+    let answer = fanout_testkit::post(&app, r#"{"query":"{ mine }"}"#.to_owned(), &[]).await;
+    assert_eq!(answer.json()["data"]["mine"], 400, "{:?}", answer.json());
+    drop(default);
+    flushed(telemetry).await;
+    let spans = collector
+        .wait_for(
+            std::time::Duration::from_secs(10),
+            "the span `mine`",
+            |spans| spans.iter().any(|r| r.span.name == "mine"),
+        )
+        .await;
+    let mine = spans.iter().find(|r| r.span.name == "mine").unwrap();
+    let heard = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(heard.len(), 2, "{heard:?}");
+    assert_eq!(heard[0], None, "before any span a layer saw: {heard:?}");
+    let inside = heard[1].as_deref().expect("a traceparent inside `mine`");
+    let (trace, _, flags) = parts(inside);
+    assert_eq!(
+        trace,
+        fanout_testkit::otlp::hex(&mine.span.trace_id),
+        "{inside}"
+    );
+    assert_eq!(flags, "01", "sampled: {inside}");
 }

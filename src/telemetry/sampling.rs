@@ -90,24 +90,23 @@ impl Sampling {
     }
 
     /// See [`passed_on`].
-    fn passed_on(&self) -> (TraceId, SpanId, bool) {
-        // No layer took a decision (none saw the request): nothing of it
-        // is exported, so a trace that starts here is unsampled.
-        let decision = *self.decided.get_or_init(|| {
-            self.inbound.unwrap_or_else(|| Decision {
-                sampled: false,
-                trace_id: RandomIdGenerator::default().new_trace_id(),
-            })
-        });
-        match self.inbound_parent {
-            Some(parent) if self.inbound == Some(decision) => {
-                (decision.trace_id, parent, decision.sampled)
+    fn passed_on(&self) -> Option<(TraceId, SpanId, bool)> {
+        let fresh_span = || RandomIdGenerator::default().new_span_id();
+        let inbound = self.inbound.zip(self.inbound_parent);
+        match (self.decided.get(), inbound) {
+            // The caller's decision stands, and nothing of the request is
+            // recorded here: the caller's span stays the parent.
+            (Some(decision), Some((caller, parent))) if *decision == caller => {
+                Some((caller.trace_id, parent, caller.sampled))
             }
-            _ => (
-                decision.trace_id,
-                RandomIdGenerator::default().new_span_id(),
-                false,
-            ),
+            (Some(decision), _) => Some((decision.trace_id, fresh_span(), false)),
+            // No layer saw the request, so none decided; nor is anything
+            // decided here — a span a layer sees later in the request (an
+            // application's own, under a per-target filter) decides as
+            // ever. The caller's trace goes on as it came; a trace that
+            // would start here sends none, the upstream starting its own.
+            (None, Some((caller, parent))) => Some((caller.trace_id, parent, caller.sampled)),
+            (None, None) => None,
         }
     }
 }
@@ -203,12 +202,16 @@ pub(crate) fn current() -> Option<Decision> {
 /// The `traceparent` of an upstream request the current task sends for
 /// its request when no span of the request's names it — the request sampled
 /// out, or seen by no telemetry's layer at all (an application's level
-/// filter kept its span out; then it is decided here, once for the
-/// request): the caller's trace id, parent id and flag as they came, since
-/// nothing of the request is recorded here; else the request's trace id, a
-/// span id of its own and the unsampled flag. `None` outside a request.
+/// filter kept its span out): the caller's trace id, parent id and flag as
+/// they came when the caller's decision stands (nothing of the request is
+/// recorded here); else, for a request sampled out, its trace id, a span
+/// id of its own and the unsampled flag. `None` for a trace that would
+/// start at a request no layer saw, and outside a request.
 pub(crate) fn passed_on() -> Option<(TraceId, SpanId, bool)> {
-    SAMPLING.try_with(|sampling| sampling.passed_on()).ok()
+    SAMPLING
+        .try_with(|sampling| sampling.passed_on())
+        .ok()
+        .flatten()
 }
 
 /// Where the direct spans of the request the current task serves go, when
@@ -385,20 +388,24 @@ mod tests {
         let called = Sampling::new(Some((caller, parent)));
         assert_eq!(called.decide(0.0), caller, "the caller's flag and trace");
         let passed = called.passed_on();
-        assert_eq!(passed, (caller.trace_id, parent, true), "as it came");
+        assert_eq!(passed, Some((caller.trace_id, parent, true)), "as it came");
     }
 
     #[test]
-    fn a_request_no_layer_saw_is_decided_unsampled_once() {
+    fn a_request_no_layer_saw_decides_nothing_and_passes_its_caller_on() {
         let unseen = Sampling::new(None);
-        let (trace_id, first_span, sampled) = unseen.passed_on();
-        assert!(!sampled, "nothing of it is exported");
-        assert!(trace_id != TraceId::INVALID);
-        let (again, second_span, _) = unseen.passed_on();
-        assert_eq!(again, trace_id, "one trace for the request");
-        assert_ne!(first_span, second_span, "a span id per upstream request");
-        // A layer that comes later finds it decided.
-        assert_eq!(unseen.decide(1.0).trace_id, trace_id);
-        assert!(!unseen.decide(1.0).sampled);
+        assert_eq!(unseen.passed_on(), None, "no trace starts upstream");
+        assert!(unseen.decided.get().is_none(), "nothing decided");
+        // A layer that sees a span of the request later decides as ever.
+        assert!(unseen.decide(1.0).sampled);
+        let caller = Decision {
+            sampled: false,
+            trace_id: TraceId::from_bytes([3; 16]),
+        };
+        let parent = SpanId::from_bytes([4; 8]);
+        let called = Sampling::new(Some((caller, parent)));
+        let passed = called.passed_on();
+        assert_eq!(passed, Some((caller.trace_id, parent, false)), "as it came");
+        assert!(called.decided.get().is_none(), "nothing decided");
     }
 }
