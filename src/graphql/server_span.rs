@@ -206,8 +206,19 @@ impl Opened {
 /// `http.server.request.duration`'s instrument, attributes and start.
 #[cfg(feature = "otel")]
 struct Metric {
-    attributes: Vec<opentelemetry::KeyValue>,
+    /// The method and the route; the status goes in the last place.
+    attributes: [opentelemetry::KeyValue; 3],
+    len: usize,
     started: std::time::Instant,
+}
+
+#[cfg(feature = "otel")]
+thread_local! {
+    /// The last route's attribute this thread made: a request on the same
+    /// route (nearly every one: a service has a route or two) shares its
+    /// text, not a copy.
+    static ROUTE: std::cell::RefCell<Option<opentelemetry::KeyValue>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 #[cfg(feature = "otel")]
@@ -217,27 +228,41 @@ impl Metric {
         if !crate::telemetry::is_recording() {
             return None;
         }
-        // Room for the status, pushed at the end.
-        let mut attributes = Vec::with_capacity(3);
-        attributes.push(KeyValue::new(
-            "http.request.method",
-            if get { "GET" } else { "POST" },
-        ));
-        if let Some(route) = request.extensions().get::<MatchedPath>() {
-            attributes.push(KeyValue::new("http.route", route.as_str().to_owned()));
-        }
-        Some(Metric {
-            attributes,
+        let method = KeyValue::new("http.request.method", if get { "GET" } else { "POST" });
+        let unused = || KeyValue::new("", false);
+        let mut metric = Metric {
+            attributes: [method, unused(), unused()],
+            len: 1,
             started: std::time::Instant::now(),
-        })
+        };
+        if let Some(route) = request.extensions().get::<MatchedPath>() {
+            metric.attributes[1] = route_attribute(route.as_str());
+            metric.len = 2;
+        }
+        Some(metric)
     }
 
     fn record(mut self, status: http::StatusCode) {
-        self.attributes.push(opentelemetry::KeyValue::new(
-            "http.response.status_code",
-            i64::from(status.as_u16()),
-        ));
+        self.attributes[self.len] =
+            opentelemetry::KeyValue::new("http.response.status_code", i64::from(status.as_u16()));
+        let attributes = &self.attributes[..=self.len];
         let took = self.started.elapsed();
-        crate::telemetry::instruments(|i| i.server_request(took, &self.attributes));
+        crate::telemetry::instruments(|i| i.server_request(took, attributes));
     }
+}
+
+/// `http.route = route`, the text shared with the thread's last one when
+/// it is the same route.
+#[cfg(feature = "otel")]
+fn route_attribute(route: &str) -> opentelemetry::KeyValue {
+    let make = || opentelemetry::KeyValue::new("http.route", std::sync::Arc::<str>::from(route));
+    ROUTE
+        .try_with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some(kept) if kept.value.as_str() == route => kept.clone(),
+                _ => last.insert(make()).clone(),
+            }
+        })
+        .unwrap_or_else(|_| make())
 }

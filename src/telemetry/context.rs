@@ -115,7 +115,8 @@ pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
 /// and the unsampled flag; for one no layer saw, the caller's as it came,
 /// else a trace of its own, unsampled (`sampling::passed_on`). Written into a buffer on the stack: the header's
 /// value is the one allocation (the propagator formats a `String`, and a
-/// `tracestate` nobody sends, for each upstream request).
+/// `tracestate` nobody sends, for each upstream request), shared by its
+/// clones.
 pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
     if !is_active() {
         return None;
@@ -174,7 +175,12 @@ fn traceparent(trace_id: TraceId, span_id: SpanId, sampled: bool) -> http::Heade
     if sampled {
         value[54] = b'1';
     }
-    http::HeaderValue::from_bytes(&value).expect("hex digits and dashes")
+    // Owned by the value's own `Bytes`: one allocation, and a clone of it
+    // (the HTTP client keeps a copy of a request's headers for its retries
+    // and redirects) only counts a reference; a value copied from a slice
+    // allocates again at its first clone.
+    http::HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(value))
+        .expect("hex digits and dashes")
 }
 
 #[cfg(test)]
