@@ -26,6 +26,9 @@ use tracing_subscriber::layer::SubscriberExt as _;
 
 /// The `traceparent` of every request the upstream heard, in order.
 type Heard = Arc<Mutex<Vec<Option<String>>>>;
+/// The `tracestate` of every request the upstream heard, in order (one
+/// test at a time uses it: `SERIAL`).
+static STATES: Mutex<Vec<Option<String>>> = Mutex::new(Vec::new());
 
 /// An upstream answering any item, hearing each request's `traceparent`.
 async fn start_upstream() -> (String, tokio::task::JoinHandle<()>, Heard) {
@@ -38,6 +41,9 @@ async fn start_upstream() -> (String, tokio::task::JoinHandle<()>, Heard) {
                 let traceparent = request.headers().get("traceparent");
                 let traceparent = traceparent.map(|v| v.to_str().unwrap().to_owned());
                 hearing.lock().unwrap().push(traceparent);
+                let tracestate = request.headers().get("tracestate");
+                let tracestate = tracestate.map(|v| v.to_str().unwrap().to_owned());
+                STATES.lock().unwrap().push(tracestate);
                 next.run(request)
             },
         ));
@@ -148,12 +154,15 @@ async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out(
     };
 
     // A caller's trace, sampled or not: passed on as it came, by every
-    // read, the one away from the request's task too.
+    // read, the one away from the request's task too, its `tracestate`
+    // with it (the W3C's rule for a `traceparent` left unchanged).
     for inbound in [
         "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
     ] {
-        let headers = [("traceparent", inbound)];
+        let tracestate = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
+        let headers = [("traceparent", inbound), ("tracestate", tracestate)];
+        STATES.lock().unwrap().clear();
         answered(fanout_testkit::post(&app, READS.to_owned(), &headers).await);
         let heard = heard_now();
         assert_eq!(heard.len(), 3, "{heard:?}");
@@ -161,13 +170,27 @@ async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out(
             let traceparent = traceparent.as_deref().expect("a traceparent upstream");
             assert_eq!(traceparent, inbound, "the caller's, as it came");
         }
+        let states = std::mem::take(&mut *STATES.lock().unwrap());
+        assert_eq!(
+            states,
+            vec![Some(tracestate.to_owned()); 3],
+            "its tracestate as it came"
+        );
     }
 
     // A trace that would start here: none is sent (nothing of it is
     // recorded; the upstream starts its own).
+    STATES.lock().unwrap().clear();
     answered(fanout_testkit::post(&app, READS.to_owned(), &[]).await);
+    answered(fanout_testkit::post(&app, READS.to_owned(), &[("tracestate", "a=b")]).await);
     let heard = heard_now();
-    assert_eq!(heard, vec![None, None, None], "no trace started upstream");
+    assert_eq!(heard, vec![None; 6], "no trace started upstream");
+    let states = std::mem::take(&mut *STATES.lock().unwrap());
+    assert_eq!(
+        states,
+        vec![None; 6],
+        "a tracestate without its traceparent is not sent"
+    );
 
     drop(default);
     flushed(telemetry).await;

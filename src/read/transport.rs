@@ -108,11 +108,17 @@ async fn fetch(
     {
         // The trace's context, when spans are exported (`telemetry`): the
         // header alone, no map built for it.
-        if let Some(traceparent) = crate::telemetry::current_traceparent() {
+        if let Some((traceparent, tracestate)) = crate::telemetry::current_context() {
             request = request.header(
                 http::header::HeaderName::from_static("traceparent"),
                 traceparent,
             );
+            if let Some(tracestate) = tracestate {
+                request = request.header(
+                    http::header::HeaderName::from_static("tracestate"),
+                    tracestate,
+                );
+            }
         }
     }
     if !body.is_empty() {

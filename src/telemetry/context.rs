@@ -1,11 +1,14 @@
 //! W3C trace context across the hop: `traceparent` read from the inbound
 //! request, written on every upstream request sent.
 //!
-//! Only `traceparent` is written (a version, the trace's and the span's ids
-//! and the sampled flag: no secret), to every origin, so a registry's own
-//! traces join the request's. A client's `tracestate` is not forwarded; it
-//! is kept on the request's spans (every one of them carries it) only up
-//! to 512 bytes, cut as the W3C advises ([`bounded_tracestate`]).
+//! `traceparent` is written (a version, the trace's and the span's ids and
+//! the sampled flag: no secret), to every origin, so a registry's own
+//! traces join the request's. A client's `tracestate` is kept on the
+//! request's spans (every one of them carries it) only up to 512 bytes,
+//! cut as the W3C advises ([`bounded_tracestate`]); it is forwarded, so
+//! bounded, only with the client's `traceparent` passed on as it came (a
+//! request whose decision is the caller's and of which nothing is recorded
+//! here: the W3C's rule for a `traceparent` left unchanged).
 //!
 //! Both are skipped, at the cost of one atomic load, until a
 //! [`Telemetry`](super::Telemetry) layer has been made in this process. A
@@ -64,6 +67,12 @@ pub(crate) fn bounded_tracestate(tracestate: &str) -> Option<Cow<'_, str>> {
     (!kept.is_empty()).then_some(Cow::Owned(kept))
 }
 
+/// The inbound request's `tracestate`, every line of it joined, bounded
+/// ([`bounded_tracestate`]); `None` when it has none (or nothing is left).
+pub(crate) fn inbound_tracestate(headers: &http::HeaderMap) -> Option<String> {
+    Inbound::new(headers).tracestate
+}
+
 /// The inbound request's trace context headers, its `tracestate` (every
 /// line of it, joined) bounded.
 struct Inbound<'a> {
@@ -103,21 +112,32 @@ impl Extractor for Inbound<'_> {
 }
 
 /// Adds `traceparent` naming the current span to `headers`, when spans are
-/// exported and there is one.
+/// exported and there is one (and the caller's `tracestate`, when its
+/// `traceparent` goes on as it came).
 pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
-    if let Some(value) = current_traceparent() {
-        headers.insert(http::header::HeaderName::from_static("traceparent"), value);
+    if let Some((traceparent, tracestate)) = current_context() {
+        headers.insert(
+            http::header::HeaderName::from_static("traceparent"),
+            traceparent,
+        );
+        if let Some(tracestate) = tracestate {
+            headers.insert(
+                http::header::HeaderName::from_static("tracestate"),
+                tracestate,
+            );
+        }
     }
 }
 
 /// `traceparent` naming the current span, when spans are exported and there
 /// is one; for a request sampled out, its trace id, a span id of its own
-/// and the unsampled flag; for one no layer saw, the caller's as it came,
-/// else a trace of its own, unsampled (`sampling::passed_on`). Written into a buffer on the stack: the header's
-/// value is the one allocation (the propagator formats a `String`, and a
-/// `tracestate` nobody sends, for each upstream request), shared by its
-/// clones.
-pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
+/// and the unsampled flag; while the caller's decision stands and nothing
+/// of the request is recorded here, the caller's as it came, with its
+/// `tracestate` (`sampling::passed_on`). Written into a buffer on the
+/// stack: the header's value is the one allocation (the propagator formats
+/// a `String`, and a `tracestate` nobody sends, for each upstream request),
+/// shared by its clones.
+pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::HeaderValue>)> {
     if !is_active() {
         return None;
     }
@@ -127,17 +147,14 @@ pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
         let context = span.context();
         traceparent(context.trace_id(), context.span_id(), true)
     }) {
-        return Some(value);
+        return Some((value, None));
     }
     // A read made away from its request's task (`carried.rs`): the span it
     // is under, kept from the request's task — the only one it has when
     // no direct span was built (a level filter that keeps DEBUG out).
     if let Some(parent) = super::carried::parent().filter(SpanContext::is_valid) {
-        return Some(traceparent(
-            parent.trace_id(),
-            parent.span_id(),
-            parent.is_sampled(),
-        ));
+        let value = traceparent(parent.trace_id(), parent.span_id(), parent.is_sampled());
+        return Some((value, None));
     }
     let decision = super::sampling::current();
     // A request sampled out has no span to look for.
@@ -146,17 +163,15 @@ pub(crate) fn current_traceparent() -> Option<http::HeaderValue> {
         let span = cx.span();
         let context = span.span_context();
         if context.is_valid() {
-            return Some(traceparent(
-                context.trace_id(),
-                context.span_id(),
-                context.is_sampled(),
-            ));
+            let value = traceparent(context.trace_id(), context.span_id(), context.is_sampled());
+            return Some((value, None));
         }
     }
     // No span to name: sampled out, or no layer saw the request (a level
     // filter of the application's kept its span out).
-    let (trace_id, span_id, sampled) = super::sampling::passed_on()?;
-    Some(traceparent(trace_id, span_id, sampled))
+    let passed = super::sampling::passed_on()?;
+    let value = traceparent(passed.trace_id, passed.span_id, passed.sampled);
+    Some((value, passed.tracestate))
 }
 
 /// `00-{trace id}-{span id}-{flags}`, as `TraceContextPropagator` writes

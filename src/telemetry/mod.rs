@@ -67,7 +67,7 @@ mod truncate;
 mod weight;
 
 pub(crate) use carried::{carry, hand_over, Carried, CarriedTrace};
-pub(crate) use context::{adopt_parent, current_traceparent};
+pub(crate) use context::{adopt_parent, current_context};
 pub(crate) use instruments::{is_recording, with as instruments, Instruments};
 pub(crate) use live::is_active as is_exporting;
 pub(crate) use sampling::{
@@ -75,7 +75,9 @@ pub(crate) use sampling::{
 };
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream
-/// request's) while a [`Telemetry`] layer exports spans; else nothing.
+/// request's) while a [`Telemetry`] layer exports spans; else nothing. A
+/// caller's `traceparent` passed on as it came (nothing of its request is
+/// recorded here) takes its `tracestate` with it.
 /// [`HttpTransport`](crate::read::HttpTransport) does it for every request
 /// it sends; a [`Transport`](crate::read::Transport) of your own calls it
 /// as it builds each request (it runs inside the request's CLIENT span).

@@ -56,11 +56,8 @@ pub(crate) struct Decision {
 /// `sample_ratio` (a process may hold more than one telemetry).
 #[derive(Debug)]
 pub(crate) struct Sampling {
-    /// The inbound `traceparent`'s flag and trace id.
-    inbound: Option<Decision>,
-    /// The inbound `traceparent`'s parent id: passed on as it came while
-    /// nothing of the request is recorded here ([`passed_on`]).
-    inbound_parent: Option<SpanId>,
+    /// What the caller's `traceparent` and `tracestate` said.
+    inbound: Option<Caller>,
     decided: OnceLock<Decision>,
     /// Where the request's direct spans go (`direct.rs`): the sink of the
     /// telemetry whose filter sampled it.
@@ -68,10 +65,9 @@ pub(crate) struct Sampling {
 }
 
 impl Sampling {
-    fn new(inbound: Option<(Decision, SpanId)>) -> Arc<Sampling> {
+    fn new(inbound: Option<Caller>) -> Arc<Sampling> {
         Arc::new(Sampling {
-            inbound: inbound.map(|(decision, _)| decision),
-            inbound_parent: inbound.map(|(_, parent)| parent),
+            inbound,
             decided: OnceLock::new(),
             sink: OnceLock::new(),
         })
@@ -79,36 +75,74 @@ impl Sampling {
 
     fn decide(&self, ratio: f64) -> Decision {
         *self.decided.get_or_init(|| {
-            self.inbound.unwrap_or_else(|| {
-                let trace_id = RandomIdGenerator::default().new_trace_id();
-                Decision {
-                    sampled: kept(ratio, trace_id),
-                    trace_id,
-                }
-            })
+            self.inbound
+                .as_ref()
+                .map(|caller| caller.decision)
+                .unwrap_or_else(|| {
+                    let trace_id = RandomIdGenerator::default().new_trace_id();
+                    Decision {
+                        sampled: kept(ratio, trace_id),
+                        trace_id,
+                    }
+                })
         })
     }
 
     /// See [`passed_on`].
-    fn passed_on(&self) -> Option<(TraceId, SpanId, bool)> {
-        let fresh_span = || RandomIdGenerator::default().new_span_id();
-        let inbound = self.inbound.zip(self.inbound_parent);
-        match (self.decided.get(), inbound) {
+    fn passed_on(&self) -> Option<Passed> {
+        let caller = self.inbound.as_ref();
+        match (self.decided.get(), caller) {
             // The caller's decision stands, and nothing of the request is
             // recorded here: the caller's span stays the parent.
-            (Some(decision), Some((caller, parent))) if *decision == caller => {
-                Some((caller.trace_id, parent, caller.sampled))
-            }
-            (Some(decision), _) => Some((decision.trace_id, fresh_span(), false)),
+            (Some(decision), Some(caller)) if *decision == caller.decision => Some(caller.passed()),
+            (Some(decision), _) => Some(Passed {
+                trace_id: decision.trace_id,
+                span_id: RandomIdGenerator::default().new_span_id(),
+                sampled: false,
+                tracestate: None,
+            }),
             // No layer saw the request, so none decided; nor is anything
             // decided here — a span a layer sees later in the request (an
             // application's own, under a per-target filter) decides as
             // ever. The caller's trace goes on as it came; a trace that
             // would start here sends none, the upstream starting its own.
-            (None, Some((caller, parent))) => Some((caller.trace_id, parent, caller.sampled)),
+            (None, Some(caller)) => Some(caller.passed()),
             (None, None) => None,
         }
     }
+}
+
+/// What a caller's `traceparent` said, and its `tracestate` (bounded).
+#[derive(Debug)]
+struct Caller {
+    decision: Decision,
+    parent: SpanId,
+    tracestate: Option<http::HeaderValue>,
+}
+
+impl Caller {
+    /// Its context, passed on as it came.
+    fn passed(&self) -> Passed {
+        Passed {
+            trace_id: self.decision.trace_id,
+            span_id: self.parent,
+            sampled: self.decision.sampled,
+            tracestate: self.tracestate.clone(),
+        }
+    }
+}
+
+/// The trace context an upstream request carries when no span of its
+/// request's names it ([`passed_on`]).
+#[derive(Debug, PartialEq)]
+pub(crate) struct Passed {
+    pub(crate) trace_id: TraceId,
+    pub(crate) span_id: SpanId,
+    pub(crate) sampled: bool,
+    /// The caller's `tracestate`, when its `traceparent` goes on unchanged
+    /// (the W3C's rule: a `traceparent` passed on as it came keeps its
+    /// `tracestate` as it came).
+    pub(crate) tracestate: Option<http::HeaderValue>,
 }
 
 tokio::task_local! {
@@ -123,12 +157,14 @@ pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
     if !is_active() {
         return None;
     }
-    let inbound = inbound(headers).map(|parent| {
-        let decision = Decision {
+    let inbound = inbound(headers).map(|parent| Caller {
+        decision: Decision {
             sampled: parent.is_sampled(),
             trace_id: parent.trace_id(),
-        };
-        (decision, parent.span_id())
+        },
+        parent: parent.span_id(),
+        tracestate: super::context::inbound_tracestate(headers)
+            .and_then(|state| http::HeaderValue::from_str(&state).ok()),
     });
     Some(Sampling::new(inbound))
 }
@@ -202,12 +238,12 @@ pub(crate) fn current() -> Option<Decision> {
 /// The `traceparent` of an upstream request the current task sends for
 /// its request when no span of the request's names it — the request sampled
 /// out, or seen by no telemetry's layer at all (an application's level
-/// filter kept its span out): the caller's trace id, parent id and flag as
-/// they came when the caller's decision stands (nothing of the request is
-/// recorded here); else, for a request sampled out, its trace id, a span
+/// filter kept its span out): the caller's trace id, parent id and flag,
+/// and its `tracestate`, as they came when the caller's decision stands
+/// (nothing of the request is recorded here); else, for a request sampled out, its trace id, a span
 /// id of its own and the unsampled flag. `None` for a trace that would
 /// start at a request no layer saw, and outside a request.
-pub(crate) fn passed_on() -> Option<(TraceId, SpanId, bool)> {
+pub(crate) fn passed_on() -> Option<Passed> {
     SAMPLING
         .try_with(|sampling| sampling.passed_on())
         .ok()
@@ -385,10 +421,20 @@ mod tests {
             trace_id: TraceId::from_bytes([7; 16]),
         };
         let parent = SpanId::from_bytes([9; 8]);
-        let called = Sampling::new(Some((caller, parent)));
+        let tracestate = Some(http::HeaderValue::from_static("rojo=00f067aa0ba902b7"));
+        let called = Sampling::new(Some(Caller {
+            decision: caller,
+            parent,
+            tracestate: tracestate.clone(),
+        }));
         assert_eq!(called.decide(0.0), caller, "the caller's flag and trace");
-        let passed = called.passed_on();
-        assert_eq!(passed, Some((caller.trace_id, parent, true)), "as it came");
+        let passed = called.passed_on().expect("passed on");
+        assert_eq!(
+            (passed.trace_id, passed.span_id, passed.sampled),
+            (caller.trace_id, parent, true),
+            "as it came"
+        );
+        assert_eq!(passed.tracestate, tracestate, "its tracestate with it");
     }
 
     #[test]
@@ -403,9 +449,17 @@ mod tests {
             trace_id: TraceId::from_bytes([3; 16]),
         };
         let parent = SpanId::from_bytes([4; 8]);
-        let called = Sampling::new(Some((caller, parent)));
-        let passed = called.passed_on();
-        assert_eq!(passed, Some((caller.trace_id, parent, false)), "as it came");
+        let called = Sampling::new(Some(Caller {
+            decision: caller,
+            parent,
+            tracestate: None,
+        }));
+        let passed = called.passed_on().expect("passed on");
+        assert_eq!(
+            (passed.trace_id, passed.span_id, passed.sampled),
+            (caller.trace_id, parent, false),
+            "as it came"
+        );
         assert!(called.decided.get().is_none(), "nothing decided");
     }
 }
