@@ -13,8 +13,9 @@
 //! Both are skipped, at the cost of one atomic load, until a
 //! [`Telemetry`](super::Telemetry) layer has been made in this process. A
 //! request sampled out has no span to name: its `traceparent` carries its
-//! trace id, a span id of its own and the unsampled flag
-//! (`sampling.rs`).
+//! trace id, a span id of its own and the unsampled flag — or, when the
+//! caller decided so, the caller's `traceparent` as it came, with its
+//! `tracestate` (`sampling.rs`).
 
 use super::live::is_active;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
@@ -36,7 +37,7 @@ pub(crate) fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
     if !is_active() || span.is_none() || !headers.contains_key("traceparent") {
         return;
     }
-    let parent = TraceContextPropagator::new().extract(&Inbound::new(headers));
+    let parent = extract(headers);
     // Not exported (filtered out, no layer): nothing to parent.
     let _ = span.set_parent(parent);
 }
@@ -67,10 +68,35 @@ pub(crate) fn bounded_tracestate(tracestate: &str) -> Option<Cow<'_, str>> {
     (!kept.is_empty()).then_some(Cow::Owned(kept))
 }
 
-/// The inbound request's `tracestate`, every line of it joined, bounded
-/// ([`bounded_tracestate`]); `None` when it has none (or nothing is left).
-pub(crate) fn inbound_tracestate(headers: &http::HeaderMap) -> Option<String> {
-    Inbound::new(headers).tracestate
+/// The trace context `headers` carry, as OpenTelemetry's propagator reads
+/// it, its `tracestate` (every line of it joined) bounded.
+pub(crate) fn extract(headers: &http::HeaderMap) -> opentelemetry::Context {
+    TraceContextPropagator::new().extract(&Inbound::new(headers))
+}
+
+/// Whether `headers` carry one `traceparent`, written as the engine writes
+/// one: version `00`, lowercase hex ids, the 55 bytes and no more (the
+/// W3C's form; OpenTelemetry's parse takes more — other versions, ids of
+/// any length, other flags — which the engine would not pass on as they
+/// came).
+pub(crate) fn canonical_traceparent(headers: &http::HeaderMap) -> bool {
+    let mut lines = headers.get_all("traceparent").iter();
+    let (Some(value), None) = (lines.next(), lines.next()) else {
+        return false;
+    };
+    let bytes = value.as_bytes();
+    let hex = |range: std::ops::Range<usize>| {
+        bytes[range]
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    };
+    bytes.len() == 55
+        && bytes.starts_with(b"00-")
+        && bytes[35] == b'-'
+        && bytes[52] == b'-'
+        && hex(3..35)
+        && hex(36..52)
+        && hex(53..55)
 }
 
 /// The inbound request's trace context headers, its `tracestate` (every
@@ -130,10 +156,10 @@ pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
 }
 
 /// `traceparent` naming the current span, when spans are exported and there
-/// is one; for a request sampled out, its trace id, a span id of its own
-/// and the unsampled flag; while the caller's decision stands and nothing
-/// of the request is recorded here, the caller's as it came, with its
-/// `tracestate` (`sampling::passed_on`). Written into a buffer on the
+/// is one; else, while the caller's decision stands, the caller's as it
+/// came, with its `tracestate`; for a request the engine sampled out, its
+/// trace id, a span id of its own and the unsampled flag
+/// (`sampling::passed_on`). Written into a buffer on the
 /// stack: the header's value is the one allocation (the propagator formats
 /// a `String`, and a `tracestate` nobody sends, for each upstream request),
 /// shared by its clones.

@@ -22,18 +22,17 @@
 //!   own) falls back to a parent-based `sample_ratio`.
 //! - A sampled-out request still sends `traceparent` upstream, with its
 //!   trace id (the caller's, or the fresh one) and the unsampled flag
-//!   (`context.rs`), so an upstream's own sampling follows the decision.
+//!   (`context.rs`), so an upstream's own sampling follows the decision; a
+//!   caller's own decision goes on as the caller wrote it, `tracestate`
+//!   and all ([`passed_on`]). A request no layer saw decides nothing.
 
 use super::live::is_active;
 use super::sink::Sink;
 use futures::future::Either;
-use opentelemetry::propagation::TextMapPropagator as _;
 use opentelemetry::trace::{
     Link, SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceId, TraceState,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_http::HeaderExtractor;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, SamplingResult, ShouldSample,
 };
@@ -92,9 +91,13 @@ impl Sampling {
     fn passed_on(&self) -> Option<Passed> {
         let caller = self.inbound.as_ref();
         match (self.decided.get(), caller) {
-            // The caller's decision stands, and nothing of the request is
-            // recorded here: the caller's span stays the parent.
+            // The caller's decision stands, and no span of the request's
+            // names the read: the caller's span stays the parent.
             (Some(decision), Some(caller)) if *decision == caller.decision => Some(caller.passed()),
+            // Sampled, yet no span names the read (a per-target filter
+            // keeps the engine's spans out): the decision's trace id is no
+            // exported span's, so nothing is said.
+            (Some(decision), _) if decision.sampled => None,
             (Some(decision), _) => Some(Passed {
                 trace_id: decision.trace_id,
                 span_id: RandomIdGenerator::default().new_span_id(),
@@ -112,22 +115,35 @@ impl Sampling {
     }
 }
 
-/// What a caller's `traceparent` said, and its `tracestate` (bounded).
+/// What a caller's `traceparent` said, and its `tracestate` (parsed,
+/// bounded).
 #[derive(Debug)]
 struct Caller {
     decision: Decision,
-    parent: SpanId,
+    /// Its parent id, when its `traceparent` was written as the engine
+    /// would write it (so it can go on as it came).
+    parent: Option<SpanId>,
     tracestate: Option<http::HeaderValue>,
 }
 
 impl Caller {
-    /// Its context, passed on as it came.
+    /// Its context, passed on as it came; one the engine would write
+    /// otherwise goes on as its trace id and flag with a span id of the
+    /// engine's own, without its `tracestate`.
     fn passed(&self) -> Passed {
-        Passed {
-            trace_id: self.decision.trace_id,
-            span_id: self.parent,
-            sampled: self.decision.sampled,
-            tracestate: self.tracestate.clone(),
+        match self.parent {
+            Some(parent) => Passed {
+                trace_id: self.decision.trace_id,
+                span_id: parent,
+                sampled: self.decision.sampled,
+                tracestate: self.tracestate.clone(),
+            },
+            None => Passed {
+                trace_id: self.decision.trace_id,
+                span_id: RandomIdGenerator::default().new_span_id(),
+                sampled: self.decision.sampled,
+                tracestate: None,
+            },
         }
     }
 }
@@ -157,14 +173,24 @@ pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
     if !is_active() {
         return None;
     }
-    let inbound = inbound(headers).map(|parent| Caller {
-        decision: Decision {
-            sampled: parent.is_sampled(),
-            trace_id: parent.trace_id(),
-        },
-        parent: parent.span_id(),
-        tracestate: super::context::inbound_tracestate(headers)
-            .and_then(|state| http::HeaderValue::from_str(&state).ok()),
+    let inbound = inbound(headers).map(|parent| {
+        // Passed on as it came only when it is written as it would be
+        // (OpenTelemetry's parse takes more): one line, version `00`, the
+        // canonical 55 bytes. Its `tracestate` goes with it as parsed —
+        // valid members, 32 at most, within 512 bytes — never empty.
+        let verbatim = super::context::canonical_traceparent(headers);
+        let state = parent.trace_state().header();
+        let tracestate = (verbatim && !state.is_empty())
+            .then(|| http::HeaderValue::from_str(&state).ok())
+            .flatten();
+        Caller {
+            decision: Decision {
+                sampled: parent.is_sampled(),
+                trace_id: parent.trace_id(),
+            },
+            parent: verbatim.then(|| parent.span_id()),
+            tracestate,
+        }
     });
     Some(Sampling::new(inbound))
 }
@@ -175,12 +201,13 @@ pub(crate) fn root() -> Option<Arc<Sampling>> {
     is_active().then(|| Sampling::new(None))
 }
 
-/// The span context an inbound `traceparent` names, when it is valid.
+/// The span context an inbound `traceparent` names, when it is valid
+/// (its `tracestate`, every line joined and bounded, parsed with it).
 fn inbound(headers: &http::HeaderMap) -> Option<SpanContext> {
     if !headers.contains_key("traceparent") {
         return None;
     }
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let parent = super::context::extract(headers);
     let context = parent.span().span_context().clone();
     context.is_valid().then_some(context)
 }
@@ -424,7 +451,7 @@ mod tests {
         let tracestate = Some(http::HeaderValue::from_static("rojo=00f067aa0ba902b7"));
         let called = Sampling::new(Some(Caller {
             decision: caller,
-            parent,
+            parent: Some(parent),
             tracestate: tracestate.clone(),
         }));
         assert_eq!(called.decide(0.0), caller, "the caller's flag and trace");
@@ -451,7 +478,7 @@ mod tests {
         let parent = SpanId::from_bytes([4; 8]);
         let called = Sampling::new(Some(Caller {
             decision: caller,
-            parent,
+            parent: Some(parent),
             tracestate: None,
         }));
         let passed = called.passed_on().expect("passed on");
