@@ -19,7 +19,7 @@ use axum::{Json, Router};
 use fanout_budget::config::TelemetryConfig;
 use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine, FanoutExtension, FanoutGraphQL};
-use fanout_testkit::otlp::{attribute, hex, Collector, Span, SpanKind};
+use fanout_testkit::otlp::{attribute, hex, is_int, Collector, Span, SpanKind};
 use fanout_testkit::prometheus::value;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
@@ -169,6 +169,15 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
         Some("2")
     );
     assert_eq!(attribute(&root.span, "fanout.reads").as_deref(), Some("3"));
+    // Integers, as the conventions have them (an unsigned field the
+    // OpenTelemetry layer would have formatted into text).
+    for key in [
+        "http.response.status_code",
+        "fanout.operations",
+        "fanout.reads",
+    ] {
+        assert!(is_int(&root.span, key), "{key} is an integer");
+    }
     assert!(
         spans.iter().all(|r| hex(&r.span.trace_id) == TRACE_ID),
         "every span is of the one trace"
@@ -206,6 +215,7 @@ async fn a_request_is_one_trace_under_the_callers_traceparent() {
             op.span.parent_span_id, root.span.span_id,
             "under the server span"
         );
+        assert!(is_int(&op.span, "fanout.reads"), "an integer");
         reads += attribute(&op.span, "fanout.reads")
             .unwrap()
             .parse::<u64>()

@@ -218,7 +218,7 @@ impl Op {
                         graphql.operation.type = self.kind,
                         graphql.operation.name = self.span_name.as_deref(),
                         graphql.document = tracing::field::Empty,
-                        fanout.requested = self.requested,
+                        fanout.requested = self.requested.map(super::server_span::int),
                         fanout.reads = tracing::field::Empty,
                         fanout.cache_hits = tracing::field::Empty,
                         fanout.delta = tracing::field::Empty,
@@ -265,7 +265,7 @@ impl Op {
             graphql.operation.type = self.kind,
             graphql.operation.name = self.span_name.as_deref(),
             graphql.document = tracing::field::Empty,
-            fanout.requested = self.requested,
+            fanout.requested = self.requested.map(super::server_span::int),
             fanout.reads = tracing::field::Empty,
             fanout.cache_hits = tracing::field::Empty,
             fanout.delta = tracing::field::Empty,
@@ -299,12 +299,13 @@ impl Op {
         if span.is_disabled() {
             return;
         }
-        span.record("fanout.reads", reads);
-        span.record("fanout.cache_hits", operation.cache_hits());
+        let int = super::server_span::int;
+        span.record("fanout.reads", int(reads));
+        span.record("fanout.cache_hits", int(operation.cache_hits()));
         // Reads a limit in measure mode let through, so far in the request.
         let would_refuse = operation.request().budget().would_refuse();
         if would_refuse > 0 {
-            span.record("fanout.would_refuse", would_refuse);
+            span.record("fanout.would_refuse", int(would_refuse));
         }
         if let Some(requested) = self.requested {
             span.record("fanout.delta", requested as i64 - reads as i64);

@@ -19,6 +19,14 @@ use tracing::field::Empty;
 use tracing::Span;
 
 /// The span of `request`, a GraphQL `GET` (`get`) or `POST`.
+/// A count or status as a span's field: a signed integer, which the
+/// OpenTelemetry layer keeps as an integer attribute (an unsigned one it
+/// formats into a string: an allocation, and the wrong type for
+/// `http.response.status_code`).
+pub(super) fn int(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
 pub(super) fn open(request: &http::Request<Body>, get: bool, opened: &Opened) -> Span {
     #[cfg(feature = "otel")]
     return crate::telemetry::within_sync(opened.sampling.clone(), || span(request, get));
@@ -145,7 +153,7 @@ pub(super) fn received(span: &Span, scope: &crate::request::FanoutRequest) {
     ];
     for (field, value) in fields {
         if let Some(value) = value {
-            span.record(field, value);
+            span.record(field, int(value));
         }
     }
 }
@@ -153,7 +161,7 @@ pub(super) fn received(span: &Span, scope: &crate::request::FanoutRequest) {
 /// What the request reported back to such a caller (`Fanout-Spent`).
 pub(super) fn spent(span: &Span, scope: Option<&crate::request::FanoutRequest>) {
     if let Some(scope) = scope.filter(|scope| scope.received().is_some()) {
-        span.record("fanout.spent", scope.budget().used());
+        span.record("fanout.spent", int(scope.budget().used()));
     }
 }
 
@@ -166,7 +174,7 @@ pub(super) fn close(
     status: http::StatusCode,
     metrics: &crate::metrics::RequestMetrics,
 ) {
-    span.record("http.response.status_code", status.as_u16());
+    span.record("http.response.status_code", i64::from(status.as_u16()));
     if status.is_server_error() {
         span.record("otel.status_code", "error");
     }

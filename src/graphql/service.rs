@@ -268,9 +268,9 @@ impl<E: Executor> Served<E> {
             Ok(BatchRequest::Batch(requests)) => (false, requests),
             Err(err) => return err.into_response(),
         };
-        span.record("fanout.operations", requests.len());
+        span.record("fanout.operations", server_span::int(requests.len()));
         let responses = self.run(fanout, requests).await;
-        span.record("fanout.reads", fanout.budget().used());
+        span.record("fanout.reads", server_span::int(fanout.budget().used()));
         let answer = match responses {
             Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
             Err(refused) => refused.into_response(),

@@ -29,9 +29,10 @@
 //!   application's runtime, each export bounded by a timeout
 //!   (`export_client.rs`). A collector that is down or slow costs dropped
 //!   spans, never a slower request or memory without bound.
-//! - `traceparent` is read from the inbound request and written on every
-//!   upstream request; an inbound `tracestate` is kept to 512 bytes, as the
-//!   W3C advises (`context.rs`).
+//! - `traceparent` is read from the inbound request (`inbound.rs`) and
+//!   written on upstream requests — the span they run in, or the caller's
+//!   as it came with its `tracestate` (`context.rs`); an inbound
+//!   `tracestate` is kept to 512 bytes, as the W3C advises.
 //! - Metrics (`http.client.request.duration`, `fanout.request.reads`) are
 //!   recorded while a telemetry lives and exported over OTLP every
 //!   `metric_interval` (`instruments.rs`).
@@ -55,6 +56,7 @@ pub(crate) mod direct;
 mod encode;
 mod error;
 mod export_client;
+mod inbound;
 mod instruments;
 mod limits;
 mod live;

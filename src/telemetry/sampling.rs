@@ -178,7 +178,7 @@ pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
         // (OpenTelemetry's parse takes more): one line, version `00`, the
         // canonical 55 bytes. Its `tracestate` goes with it as parsed —
         // valid members, 32 at most, within 512 bytes — never empty.
-        let verbatim = super::context::canonical_traceparent(headers);
+        let verbatim = super::inbound::canonical_traceparent(headers);
         let state = parent.trace_state().header();
         let tracestate = (verbatim && !state.is_empty())
             .then(|| http::HeaderValue::from_str(&state).ok())
@@ -207,7 +207,7 @@ fn inbound(headers: &http::HeaderMap) -> Option<SpanContext> {
     if !headers.contains_key("traceparent") {
         return None;
     }
-    let parent = super::context::extract(headers);
+    let parent = super::inbound::extract(headers);
     let context = parent.span().span_context().clone();
     context.is_valid().then_some(context)
 }

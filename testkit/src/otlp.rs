@@ -162,6 +162,18 @@ pub fn attribute_of(kv: &KeyValue) -> (String, String) {
     (kv.key.clone(), text(kv))
 }
 
+/// Whether the span's attribute `key` is an integer (a count, a status
+/// code), not text.
+pub fn is_int(span: &Span, key: &str) -> bool {
+    span.attributes.iter().any(|kv| {
+        kv.key == key
+            && matches!(
+                kv.value.as_ref().and_then(|v| v.value.as_ref()),
+                Some(Any::IntValue(_))
+            )
+    })
+}
+
 /// The span's attribute `key`, as text.
 pub fn attribute(span: &Span, key: &str) -> Option<String> {
     span.attributes.iter().find(|kv| kv.key == key).map(text)
