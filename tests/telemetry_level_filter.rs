@@ -38,12 +38,14 @@ async fn start_upstream() -> (String, tokio::task::JoinHandle<()>, Heard) {
         .route("/item/{id}", get(|| async { "v" }))
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
-                let traceparent = request.headers().get("traceparent");
-                let traceparent = traceparent.map(|v| v.to_str().unwrap().to_owned());
-                hearing.lock().unwrap().push(traceparent);
-                let tracestate = request.headers().get("tracestate");
-                let tracestate = tracestate.map(|v| v.to_str().unwrap().to_owned());
-                STATES.lock().unwrap().push(tracestate);
+                // Every line of each, joined (one is expected).
+                let lines = |name: &str| {
+                    let lines: Vec<_> = request.headers().get_all(name).iter().collect();
+                    let lines: Vec<_> = lines.iter().map(|v| v.to_str().unwrap()).collect();
+                    (!lines.is_empty()).then(|| lines.join(" | "))
+                };
+                hearing.lock().unwrap().push(lines("traceparent"));
+                STATES.lock().unwrap().push(lines("tracestate"));
                 next.run(request)
             },
         ));
@@ -63,6 +65,24 @@ impl Query {
     async fn item(&self, ctx: &Context<'_>, id: u32) -> async_graphql::Result<u16> {
         let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
         Ok(ctx.upstream()?.read(Read::get(url)).await?.status.as_u16())
+    }
+
+    /// [`item`](Self::item), the read carrying a trace context of its own
+    /// (which the engine's replaces while a telemetry exports).
+    async fn carrying(&self, ctx: &Context<'_>, id: u32) -> async_graphql::Result<u16> {
+        use axum::http::{HeaderName, HeaderValue};
+        let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let own = "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01";
+        let read = Read::get(url)
+            .header(
+                HeaderName::from_static("traceparent"),
+                HeaderValue::from_static(own),
+            )
+            .header(
+                HeaderName::from_static("tracestate"),
+                HeaderValue::from_static("own=1"),
+            );
+        Ok(ctx.upstream()?.read(read).await?.status.as_u16())
     }
 
     /// [`item`](Self::item), read through the operation's handle from a
@@ -90,8 +110,9 @@ impl Query {
     }
 }
 
-/// Three reads in one request, one of them away from its task.
-const READS: &str = r#"{"query":"{ a: item(id: 1) b: item(id: 2) c: spawned(id: 3) }"}"#;
+/// Three reads in one request, one of them carrying a trace context of its
+/// own, one away from the request's task.
+const READS: &str = r#"{"query":"{ a: carrying(id: 1) b: item(id: 2) c: spawned(id: 3) }"}"#;
 
 /// Headers sent, the case's name, and the most `tracestate` members
 /// expected upstream (`None`: no `tracestate`, nor the caller's parent).
@@ -185,17 +206,32 @@ async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out(
     }
 
     // A trace that would start here: none is sent (nothing of it is
-    // recorded; the upstream starts its own).
+    // recorded; the upstream starts its own), and the read that carries a
+    // context of its own sends it as the application set it.
     STATES.lock().unwrap().clear();
     answered(fanout_testkit::post(&app, READS.to_owned(), &[]).await);
     answered(fanout_testkit::post(&app, READS.to_owned(), &[("tracestate", "a=b")]).await);
     let heard = heard_now();
-    assert_eq!(heard, vec![None; 6], "no trace started upstream");
     let states = std::mem::take(&mut *STATES.lock().unwrap());
+    let own = "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01";
+    let count = |of: &[Option<String>], value: Option<&str>| {
+        of.iter().filter(|t| t.as_deref() == value).count()
+    };
     assert_eq!(
-        states,
-        vec![None; 6],
-        "a tracestate without its traceparent is not sent"
+        count(&heard, None),
+        4,
+        "no trace started upstream: {heard:?}"
+    );
+    assert_eq!(count(&heard, Some(own)), 2, "the read's own: {heard:?}");
+    assert_eq!(
+        count(&states, None),
+        4,
+        "no caller's tracestate: {states:?}"
+    );
+    assert_eq!(
+        count(&states, Some("own=1")),
+        2,
+        "the read's own: {states:?}"
     );
 
     // Passed on as it came only when written as the engine would write it:

@@ -12,6 +12,7 @@ use super::message::{Read, UpstreamResponse};
 use crate::error::ReadError;
 use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
+use http::HeaderName;
 
 /// Sends one read.
 ///
@@ -100,25 +101,24 @@ async fn fetch(
         body,
         ..
     } = read;
+    // The trace's context, when spans are exported (`telemetry`): the
+    // headers alone, no map built for them; written in place of any the
+    // read carries, as `telemetry::inject_traceparent` writes them.
+    #[cfg(feature = "otel")]
+    let context = crate::telemetry::current_context();
+    #[cfg(not(feature = "otel"))]
+    let context: Option<(http::HeaderValue, Option<http::HeaderValue>)> = None;
     let mut request = transport.client.request(method, url.clone());
     for (name, value) in headers {
+        if context.is_some() && (name == "traceparent" || name == "tracestate") {
+            continue;
+        }
         request = request.header(name, value);
     }
-    #[cfg(feature = "otel")]
-    {
-        // The trace's context, when spans are exported (`telemetry`): the
-        // header alone, no map built for it.
-        if let Some((traceparent, tracestate)) = crate::telemetry::current_context() {
-            request = request.header(
-                http::header::HeaderName::from_static("traceparent"),
-                traceparent,
-            );
-            if let Some(tracestate) = tracestate {
-                request = request.header(
-                    http::header::HeaderName::from_static("tracestate"),
-                    tracestate,
-                );
-            }
+    if let Some((traceparent, tracestate)) = context {
+        request = request.header(HeaderName::from_static("traceparent"), traceparent);
+        if let Some(tracestate) = tracestate {
+            request = request.header(HeaderName::from_static("tracestate"), tracestate);
         }
     }
     if !body.is_empty() {
