@@ -6,7 +6,9 @@
 //! parent). Nothing is decided for such a request: a trace that would start
 //! here sends no `traceparent` (the upstream starts its own), and a span of
 //! the application's own that a layer does see later in the request (a
-//! per-target filter) is sampled as ever, its reads in its trace.
+//! per-target filter) is sampled as ever, its reads in its trace. Whatever
+//! the filter, a caller's `tracestate` goes on with every upstream request
+//! in the caller's trace.
 //!
 //! A binary of its own: which spans a global level filter lets through is
 //! the process's (`LevelFilter::current()`, over every subscriber alive),
@@ -349,4 +351,53 @@ async fn an_applications_span_later_in_the_request_is_sampled_as_ever() {
         "{inside}"
     );
     assert_eq!(flags, "01", "sampled: {inside}");
+}
+
+/// A sampled caller's trace, with no level filter: each upstream request
+/// names the engine's own span, in the caller's trace, and takes the
+/// caller's `tracestate` with it (the W3C asks every participant to pass
+/// it on); a trace that starts here sends none.
+#[tokio::test(flavor = "current_thread")]
+async fn a_callers_tracestate_goes_on_with_the_engines_traceparent() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let collector = Collector::start().await;
+    let telemetry = telemetry(&collector);
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let default = tracing::subscriber::set_default(subscriber);
+    let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let headers = [
+        ("traceparent", inbound),
+        ("tracestate", "congo=t61rcWkgMzE"),
+    ];
+    let query = r#"{"query":"{ b: item(id: 2) c: spawned(id: 3) }"}"#;
+    STATES.lock().unwrap().clear();
+    let answer = fanout_testkit::post(&app, query.to_owned(), &headers).await;
+    assert_eq!(answer.json()["data"]["c"], 200, "{:?}", answer.json());
+    let sent = std::mem::take(&mut *heard.lock().unwrap());
+    let states = std::mem::take(&mut *STATES.lock().unwrap());
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    for traceparent in &sent {
+        let traceparent = traceparent.as_deref().expect("a traceparent");
+        let (trace, parent, flags) = parts(traceparent);
+        assert_eq!(
+            trace, "0af7651916cd43dd8448eb211c80319c",
+            "the caller's trace"
+        );
+        assert_ne!(
+            parent, "b7ad6b7169203331",
+            "the engine's span: {traceparent}"
+        );
+        assert_eq!(flags, "01");
+    }
+    assert_eq!(states, vec![Some("congo=t61rcWkgMzE".to_owned()); 2]);
+
+    // Its own trace: no tracestate to pass on.
+    let answer = fanout_testkit::post(&app, query.to_owned(), &[]).await;
+    assert_eq!(answer.json()["data"]["c"], 200, "{:?}", answer.json());
+    let states = std::mem::take(&mut *STATES.lock().unwrap());
+    assert_eq!(states, vec![None; 2], "{states:?}");
+    heard.lock().unwrap().clear();
+    drop(default);
+    flushed(telemetry).await;
 }

@@ -5,10 +5,9 @@
 //! the sampled flag: no secret), to every origin, so a registry's own
 //! traces join the request's. A client's `tracestate` is kept on the
 //! request's spans (every one of them carries it) only up to 512 bytes,
-//! cut as the W3C advises (`inbound.rs`); it is forwarded, so
-//! bounded, only with the client's `traceparent` passed on as it came (a
-//! request whose decision is the caller's and of which nothing is recorded
-//! here: the W3C's rule for a `traceparent` left unchanged).
+//! cut as the W3C advises (`inbound.rs`), and forwarded, as parsed, with
+//! every upstream request in the client's trace (the W3C asks every
+//! participant to pass it on).
 //!
 //! Both are skipped, at the cost of one atomic load, until a
 //! [`Telemetry`](super::Telemetry) layer has been made in this process. A
@@ -34,8 +33,8 @@ pub(crate) fn adopt_parent(span: &tracing::Span, headers: &http::HeaderMap) {
 }
 
 /// Adds `traceparent` naming the current span to `headers`, when spans are
-/// exported and there is one (and the caller's `tracestate`, when its
-/// `traceparent` goes on as it came).
+/// exported and there is one (and the caller's `tracestate`, in the
+/// caller's trace).
 pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
     if let Some((traceparent, tracestate)) = current_context() {
         headers.insert(
@@ -53,9 +52,10 @@ pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
 
 /// `traceparent` naming the current span, when spans are exported and there
 /// is one; else, while the caller's decision stands, the caller's as it
-/// came, with its `tracestate`; for a request the engine sampled out, its
+/// came; for a request the engine sampled out, its
 /// trace id, a span id of its own and the unsampled flag
-/// (`sampling::passed_on`). Written into a buffer on the
+/// (`sampling::passed_on`); in the caller's trace, with the caller's
+/// `tracestate`. Written into a buffer on the
 /// stack: the header's value is the one allocation (the propagator formats
 /// a `String`, and a `tracestate` nobody sends, for each upstream request),
 /// shared by its clones.
@@ -67,16 +67,19 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     // runs in.
     if let Some(value) = super::direct::with_current(|span| {
         let context = span.context();
-        traceparent(context.trace_id(), context.span_id(), true)
+        in_trace(context.trace_id(), context.span_id(), true)
     }) {
-        return Some((value, None));
+        return Some(value);
     }
     // A read made away from its request's task (`carried.rs`): the span it
     // is under, kept from the request's task — the only one it has when
     // no direct span was built (a level filter that keeps DEBUG out).
     if let Some(parent) = super::carried::parent().filter(SpanContext::is_valid) {
-        let value = traceparent(parent.trace_id(), parent.span_id(), parent.is_sampled());
-        return Some((value, None));
+        return Some(in_trace(
+            parent.trace_id(),
+            parent.span_id(),
+            parent.is_sampled(),
+        ));
     }
     let decision = super::sampling::current();
     // A request sampled out has no span to look for.
@@ -85,8 +88,8 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
         let span = cx.span();
         let context = span.span_context();
         if context.is_valid() {
-            let value = traceparent(context.trace_id(), context.span_id(), context.is_sampled());
-            return Some((value, None));
+            let (trace_id, span_id) = (context.trace_id(), context.span_id());
+            return Some(in_trace(trace_id, span_id, context.is_sampled()));
         }
     }
     // No span to name: sampled out, or no layer saw the request (a level
@@ -94,6 +97,18 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     let passed = super::sampling::passed_on()?;
     let value = traceparent(passed.trace_id, passed.span_id, passed.sampled);
     Some((value, passed.tracestate))
+}
+
+/// `traceparent` naming a span of the request's, and the caller's
+/// `tracestate` when the span is in the caller's trace (the W3C asks every
+/// participant to pass a `tracestate` on; the engine adds no member).
+fn in_trace(
+    trace_id: TraceId,
+    span_id: SpanId,
+    sampled: bool,
+) -> (http::HeaderValue, Option<http::HeaderValue>) {
+    let tracestate = super::sampling::caller_tracestate(trace_id);
+    (traceparent(trace_id, span_id, sampled), tracestate)
 }
 
 /// `00-{trace id}-{span id}-{flags}`, as `TraceContextPropagator` writes

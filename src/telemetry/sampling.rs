@@ -156,8 +156,7 @@ pub(crate) struct Passed {
     pub(crate) span_id: SpanId,
     pub(crate) sampled: bool,
     /// The caller's `tracestate`, when its `traceparent` goes on unchanged
-    /// (the W3C's rule: a `traceparent` passed on as it came keeps its
-    /// `tracestate` as it came).
+    /// (in the caller's trace, as every upstream request is).
     pub(crate) tracestate: Option<http::HeaderValue>,
 }
 
@@ -275,6 +274,19 @@ pub(crate) fn passed_on() -> Option<Passed> {
         .try_with(|sampling| sampling.passed_on())
         .ok()
         .flatten()
+}
+
+/// The `tracestate` of the caller of the request the current task serves,
+/// for an upstream request in the caller's trace (`trace_id`); none when
+/// it sent none, or a `traceparent` not written as the W3C writes it.
+pub(crate) fn caller_tracestate(trace_id: TraceId) -> Option<http::HeaderValue> {
+    let of_caller = |sampling: &Arc<Sampling>| {
+        let caller = sampling.inbound.as_ref()?;
+        (caller.decision.trace_id == trace_id)
+            .then(|| caller.tracestate.clone())
+            .flatten()
+    };
+    SAMPLING.try_with(of_caller).ok().flatten()
 }
 
 /// Where the direct spans of the request the current task serves go, when
