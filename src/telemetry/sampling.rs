@@ -180,7 +180,8 @@ pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
         let verbatim = super::inbound::canonical_traceparent(headers);
         let state = parent.trace_state().header();
         let tracestate = (verbatim && !state.is_empty())
-            .then(|| http::HeaderValue::from_str(&state).ok())
+            // Owned by its `Bytes`: each upstream request's clone shares it.
+            .then(|| http::HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(state)).ok())
             .flatten();
         Caller {
             decision: Decision {
