@@ -29,6 +29,8 @@ use tracing_subscriber::layer::SubscriberExt as _;
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_ID: &str = "00f067aa0ba902b7";
+/// A caller's sampled `traceparent` of that trace.
+const PARENT_HEADER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// The process's Prometheus recorder (installed once).
 fn recorder() -> &'static PrometheusHandle {
@@ -584,6 +586,10 @@ async fn a_transport_of_ones_own_can_carry_traceparent() {
             .unwrap();
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let _default = tracing::subscriber::set_default(subscriber);
+    // A context the headers held already (the application's own) is
+    // replaced whole: a `tracestate` of another trace does not stay.
+    headers.insert("traceparent", PARENT_HEADER.parse().unwrap());
+    headers.insert("tracestate", "app=1".parse().unwrap());
     let span = tracing::info_span!("custom.transport");
     {
         let _entered = span.enter();
@@ -591,15 +597,46 @@ async fn a_transport_of_ones_own_can_carry_traceparent() {
     }
     drop(span);
     let sent = headers["traceparent"].to_str().unwrap().to_owned();
-    assert_eq!(headers.len(), 1, "traceparent only");
+    assert_eq!(headers.len(), 1, "traceparent only: {headers:?}");
+
+    // Behind `FanoutLayer` (no request the engine opened), a span whose
+    // parent the application adopted from its caller: the caller's
+    // `tracestate` goes on with it.
+    let caller = {
+        use opentelemetry::propagation::TextMapPropagator as _;
+        let mut carrier = std::collections::HashMap::new();
+        carrier.insert("traceparent".to_owned(), PARENT_HEADER.to_owned());
+        carrier.insert("tracestate".to_owned(), "congo=t61rcWkgMzE".to_owned());
+        opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier)
+    };
+    let adopted = tracing::info_span!("adopted");
+    {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        let _ = adopted.set_parent(caller);
+    }
+    let mut adopted_headers = HeaderMap::new();
+    adopted.in_scope(|| inject_traceparent(&mut adopted_headers));
+    assert!(
+        adopted_headers["traceparent"]
+            .to_str()
+            .unwrap()
+            .contains(TRACE_ID),
+        "{adopted_headers:?}"
+    );
+    assert_eq!(adopted_headers["tracestate"], "congo=t61rcWkgMzE");
+    drop(adopted);
 
     let telemetry = flush(telemetry).await;
     let spans = collector
         .wait_for(Duration::from_secs(10), "the transport's span", |spans| {
-            !spans.is_empty()
+            spans.iter().any(|r| r.span.name == "custom.transport")
         })
         .await;
-    let span = &spans[0].span;
+    let span = &spans
+        .iter()
+        .find(|r| r.span.name == "custom.transport")
+        .unwrap()
+        .span;
     assert_eq!(
         sent,
         format!("00-{}-{}-01", hex(&span.trace_id), hex(&span.span_id))

@@ -308,7 +308,7 @@ impl Op {
             span.record("fanout.would_refuse", int(would_refuse));
         }
         if let Some(requested) = self.requested {
-            span.record("fanout.delta", requested as i64 - reads as i64);
+            span.record("fanout.delta", int(requested).saturating_sub(int(reads)));
         }
     }
 

@@ -161,7 +161,7 @@ fn span(read: &Read) -> Spanned {
             otel.kind = "client",
             http.request.method = read.method.as_str(),
             server.address = url.host_str(),
-            server.port = url.port_or_known_default(),
+            server.port = url.port_or_known_default().map(i64::from),
             url.full = %SafeUrl(url),
             http.response.status_code = tracing::field::Empty,
             error.type = tracing::field::Empty,
@@ -273,7 +273,7 @@ impl Spanned {
     fn record<V: Note>(&self, field: &'static str, value: V) {
         match self {
             Spanned::Tracing(span) => {
-                span.record(field, value);
+                span.record(field, value.field());
             }
             #[cfg(feature = "otel")]
             Spanned::Direct(span) => span.set(field, value.otel()),
@@ -314,13 +314,26 @@ type Entered<F> = F;
 
 /// A value the read path notes on its spans: as `tracing` records it, and
 /// as OpenTelemetry's.
-pub(crate) trait Note: tracing::Value + Copy {
+pub(crate) trait Note: Copy {
+    /// The value as a `tracing` field: an integer signed (the
+    /// OpenTelemetry layer formats an unsigned one into text).
+    type Field: tracing::Value;
+
+    /// The value as a `tracing` field.
+    fn field(self) -> Self::Field;
+
     /// The value as an OpenTelemetry attribute's.
     #[cfg(feature = "otel")]
     fn otel(self) -> opentelemetry::Value;
 }
 
 impl Note for bool {
+    type Field = bool;
+
+    fn field(self) -> bool {
+        self
+    }
+
     #[cfg(feature = "otel")]
     fn otel(self) -> opentelemetry::Value {
         self.into()
@@ -328,6 +341,12 @@ impl Note for bool {
 }
 
 impl Note for &'static str {
+    type Field = &'static str;
+
+    fn field(self) -> &'static str {
+        self
+    }
+
     #[cfg(feature = "otel")]
     fn otel(self) -> opentelemetry::Value {
         self.into()
@@ -335,16 +354,45 @@ impl Note for &'static str {
 }
 
 impl Note for u64 {
+    type Field = i64;
+
+    fn field(self) -> i64 {
+        i64::try_from(self).unwrap_or(i64::MAX)
+    }
+
     #[cfg(feature = "otel")]
     fn otel(self) -> opentelemetry::Value {
-        i64::try_from(self).unwrap_or(i64::MAX).into()
+        self.field().into()
     }
 }
 
 impl Note for u16 {
+    type Field = i64;
+
+    fn field(self) -> i64 {
+        i64::from(self)
+    }
+
     #[cfg(feature = "otel")]
     fn otel(self) -> opentelemetry::Value {
-        i64::from(self).into()
+        self.field().into()
+    }
+}
+
+/// An HTTP status as `error.type`, which the conventions have as text.
+#[derive(Clone, Copy)]
+struct StatusText(u16);
+
+impl Note for StatusText {
+    type Field = tracing::field::DisplayValue<u16>;
+
+    fn field(self) -> Self::Field {
+        tracing::field::display(self.0)
+    }
+
+    #[cfg(feature = "otel")]
+    fn otel(self) -> opentelemetry::Value {
+        self.0.to_string().into()
     }
 }
 
@@ -429,7 +477,7 @@ pub(crate) fn note<V: Note>(field: &'static str, value: V) {
         if crate::telemetry::direct::with_current(|span| span.set(field, value.otel())).is_some() {
             return;
         }
-        tracing::Span::current().record(field, value);
+        tracing::Span::current().record(field, value.field());
     }
 }
 
@@ -514,7 +562,7 @@ impl ClientSpan {
                 span.record("http.response.status_code", status);
                 if status >= 400 {
                     // The conventions' `error.type` of an HTTP error answer.
-                    span.record("error.type", status);
+                    span.record("error.type", StatusText(status));
                     span.fail();
                 }
             }

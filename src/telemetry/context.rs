@@ -41,11 +41,17 @@ pub(crate) fn inject_current(headers: &mut http::HeaderMap) {
             http::header::HeaderName::from_static("traceparent"),
             traceparent,
         );
-        if let Some(tracestate) = tracestate {
-            headers.insert(
-                http::header::HeaderName::from_static("tracestate"),
-                tracestate,
-            );
+        // Any `tracestate` the headers held was of another context.
+        match tracestate {
+            Some(tracestate) => {
+                headers.insert(
+                    http::header::HeaderName::from_static("tracestate"),
+                    tracestate,
+                );
+            }
+            None => {
+                headers.remove("tracestate");
+            }
         }
     }
 }
@@ -67,7 +73,7 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     // runs in.
     if let Some(value) = super::direct::with_current(|span| {
         let context = span.context();
-        in_trace(context.trace_id(), context.span_id(), true)
+        in_trace(context, true)
     }) {
         return Some(value);
     }
@@ -75,11 +81,7 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     // is under, kept from the request's task — the only one it has when
     // no direct span was built (a level filter that keeps DEBUG out).
     if let Some(parent) = super::carried::parent().filter(SpanContext::is_valid) {
-        return Some(in_trace(
-            parent.trace_id(),
-            parent.span_id(),
-            parent.is_sampled(),
-        ));
+        return Some(in_trace(&parent, parent.is_sampled()));
     }
     let decision = super::sampling::current();
     // A request sampled out has no span to look for.
@@ -88,8 +90,7 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
         let span = cx.span();
         let context = span.span_context();
         if context.is_valid() {
-            let (trace_id, span_id) = (context.trace_id(), context.span_id());
-            return Some(in_trace(trace_id, span_id, context.is_sampled()));
+            return Some(in_trace(context, context.is_sampled()));
         }
     }
     // No span to name: sampled out, or no layer saw the request (a level
@@ -99,15 +100,19 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     Some((value, passed.tracestate))
 }
 
-/// `traceparent` naming a span of the request's, and the caller's
+/// `traceparent` naming `span` (of the request's), and the caller's
 /// `tracestate` when the span is in the caller's trace (the W3C asks every
-/// participant to pass a `tracestate` on; the engine adds no member).
-fn in_trace(
-    trace_id: TraceId,
-    span_id: SpanId,
-    sampled: bool,
-) -> (http::HeaderValue, Option<http::HeaderValue>) {
-    let tracestate = super::sampling::caller_tracestate(trace_id);
+/// participant to pass a `tracestate` on; the engine adds no member). Away
+/// from any request the engine opened (behind `FanoutLayer`, where the
+/// application adopts the caller's context), the span's own.
+fn in_trace(span: &SpanContext, sampled: bool) -> (http::HeaderValue, Option<http::HeaderValue>) {
+    let (trace_id, span_id) = (span.trace_id(), span.span_id());
+    let tracestate = match super::sampling::caller_tracestate(trace_id) {
+        Some(of_request) => of_request,
+        None => Some(span.trace_state().header())
+            .filter(|state| !state.is_empty())
+            .and_then(|state| http::HeaderValue::from_str(&state).ok()),
+    };
     (traceparent(trace_id, span_id, sampled), tracestate)
 }
 

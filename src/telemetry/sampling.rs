@@ -278,16 +278,18 @@ pub(crate) fn passed_on() -> Option<Passed> {
 }
 
 /// The `tracestate` of the caller of the request the current task serves,
-/// for an upstream request in the caller's trace (`trace_id`); none when
-/// it sent none, or a `traceparent` not written as the W3C writes it.
-pub(crate) fn caller_tracestate(trace_id: TraceId) -> Option<http::HeaderValue> {
+/// for an upstream request in the caller's trace (`trace_id`): `Some(None)`
+/// when it sent none, or a `traceparent` not written as the W3C writes it,
+/// or the trace is not the caller's; `None` outside a request the engine
+/// opened.
+pub(crate) fn caller_tracestate(trace_id: TraceId) -> Option<Option<http::HeaderValue>> {
     let of_caller = |sampling: &Arc<Sampling>| {
         let caller = sampling.inbound.as_ref()?;
         (caller.decision.trace_id == trace_id)
             .then(|| caller.tracestate.clone())
             .flatten()
     };
-    SAMPLING.try_with(of_caller).ok().flatten()
+    SAMPLING.try_with(of_caller).ok()
 }
 
 /// Where the direct spans of the request the current task serves go, when
