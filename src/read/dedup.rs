@@ -76,14 +76,14 @@ impl<V> Cell<V> {
 }
 
 /// Held by the caller running a read: if it is dropped before the read
-/// finished (cancelled, or a panic), the cell goes back to idle and the
-/// waiters are woken, so one of them runs the read instead.
-struct Runner<'a, V> {
-    cell: &'a Cell<V>,
+/// finished (cancelled — polled or not —, or a panic), the cell goes back to
+/// idle and the waiters are woken, so one of them runs the read instead.
+struct Runner<V> {
+    cell: Arc<Cell<V>>,
     finished: bool,
 }
 
-impl<V> Drop for Runner<'_, V> {
+impl<V> Drop for Runner<V> {
     fn drop(&mut self) {
         if self.finished {
             return;
@@ -115,42 +115,39 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
 
     /// The value for `key`: shared when a read for it exists, else `read()`'s.
     ///
-    /// Cancellation-safe: dropping the returned future while it runs the read
-    /// hands the read over to a waiting caller (or the next one).
-    pub(crate) async fn get_or_run<F, Fut>(&self, key: K, read: F) -> (V, Origin)
+    /// The key is looked up (its cell made, when it has none) as this is
+    /// called, not when the future is first polled: the future holds the
+    /// cell, not the key (a read's future is moved at each level of the
+    /// walk, and the key is most of a read's size).
+    ///
+    /// Cancellation-safe: dropping the returned future while it holds the
+    /// read (polled or not) hands the read over to a waiting caller (or the
+    /// next one).
+    pub(crate) fn get_or_run<F, Fut>(
+        &self,
+        key: K,
+        read: F,
+    ) -> impl std::future::Future<Output = (V, Origin)>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = V>,
     {
-        let cell = match self.find_or_create(key) {
-            Ok(cell) => cell,
-            Err(created) => return (run(&created, read).await, Origin::Ran),
-        };
-        loop {
-            let done = {
-                let mut state = cell.lock();
-                match &mut *state {
-                    State::Done(value) => return (value.clone(), Origin::Shared),
-                    State::Idle => {
-                        *state = State::Running { waited: false };
-                        break;
-                    }
-                    State::Running { waited } => {
-                        *waited = true;
-                        // Registered before the lock is released: the runner
-                        // can only finish (and notify) after this.
-                        cell.done.notified()
-                    }
-                }
+        let found = self.find_or_create(key);
+        async move {
+            let runner = match found {
+                Ok(cell) => match wait(cell).await {
+                    Ok(shared) => return (shared, Origin::Shared),
+                    Err(runner) => runner,
+                },
+                Err(runner) => runner,
             };
-            done.await;
+            (run(runner, read).await, Origin::Ran)
         }
-        (run(&cell, read).await, Origin::Ran)
     }
 
-    /// The cell for `key`: `Ok` if one exists, `Err` with a new one (already
-    /// running, for this caller to run) if not.
-    fn find_or_create(&self, key: K) -> Result<Arc<Cell<V>>, Arc<Cell<V>>> {
+    /// The cell for `key`: `Ok` if one exists, `Err` with a new one
+    /// (already running, for this caller to run) if not.
+    fn find_or_create(&self, key: K) -> Result<Arc<Cell<V>>, Runner<V>> {
         let mut cells = self.cells();
         if cells.capacity() == 0 {
             // The first read of the request sizes the table once for a
@@ -166,34 +163,68 @@ impl<K: Eq + Hash, V: Clone> Dedup<K, V> {
                     done: Notify::new(),
                 });
                 vacant.insert(cell.clone());
-                Err(cell)
+                Err(Runner {
+                    cell,
+                    finished: false,
+                })
             }
         }
     }
 }
 
-/// Runs the read for `cell`, which the caller has marked running.
-async fn run<V: Clone, F, Fut>(cell: &Cell<V>, read: F) -> V
+/// The value of `cell`, once another caller's read stored it (`Ok`); or
+/// the read to run, when its runner went away (`Err`).
+async fn wait<V: Clone>(cell: Arc<Cell<V>>) -> Result<V, Runner<V>> {
+    loop {
+        let done = {
+            let mut state = cell.lock();
+            match &mut *state {
+                State::Done(value) => return Ok(value.clone()),
+                State::Idle => {
+                    *state = State::Running { waited: false };
+                    break;
+                }
+                State::Running { waited } => {
+                    *waited = true;
+                    // Registered before the lock is released: the runner
+                    // can only finish (and notify) after this.
+                    cell.done.notified()
+                }
+            }
+        };
+        done.await;
+    }
+    Err(Runner {
+        cell,
+        finished: false,
+    })
+}
+
+/// Runs the read for `runner`'s cell, which is marked running.
+async fn run<V: Clone, F, Fut>(runner: Runner<V>, read: F) -> V
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = V>,
 {
-    let mut runner = Runner {
-        cell,
-        finished: false,
-    };
     let value = read().await;
-    let waited = {
-        let mut state = cell.lock();
-        let waited = matches!(*state, State::Running { waited: true });
-        *state = State::Done(value.clone());
-        waited
-    };
-    runner.finished = true;
-    if waited {
-        cell.done.notify_waiters();
-    }
+    runner.finish(value.clone());
     value
+}
+
+impl<V> Runner<V> {
+    /// Stores the read's `value` for everyone, and wakes the waiters.
+    fn finish(mut self, value: V) {
+        let waited = {
+            let mut state = self.cell.lock();
+            let waited = matches!(*state, State::Running { waited: true });
+            *state = State::Done(value);
+            waited
+        };
+        self.finished = true;
+        if waited {
+            self.cell.done.notify_waiters();
+        }
+    }
 }
 
 impl<K, V> std::fmt::Debug for Dedup<K, V> {

@@ -71,7 +71,7 @@ use budget::{bump, Pending};
 use cache::AnswerCache;
 use coalesce::Coalesce;
 use dedup::{Dedup, Origin};
-use futures::future::Either;
+use futures::future::{BoxFuture, Either};
 use hosts::{HostEntry, HostTable};
 use message::ReadKey;
 use quota::Quotas;
@@ -296,11 +296,11 @@ impl<'a> Upstream<'a> {
     /// joined (`coalesce.rs`); a `401` with a challenge is answered
     /// (`auth.rs`) — the token fetch and the retry each a read of its own.
     ///
-    /// The engine's cache is looked at first, on the future's first poll,
-    /// before the rest of the read's future is built: a hit answers there.
-    /// The future runs inside the read's span (`spans.rs`): a plain
-    /// wrapper, no async layer of its own, so the read's arguments are held
-    /// once (a batch of thousands of rows holds one such future per row).
+    /// The engine's cache is looked at first, on the future's first poll:
+    /// a hit answers there. The future runs inside the read's span
+    /// (`spans.rs`): a plain wrapper, no async layer of its own, so the
+    /// read's arguments are held once (a batch of thousands of rows holds
+    /// one such future per row).
     ///
     /// Made outside the request's task (a `DataLoader`'s spawned load), it
     /// runs under the request's trace all the same (`telemetry`).
@@ -320,23 +320,33 @@ impl<'a> Upstream<'a> {
     /// [`read`](Self::read), in the task that asks for it.
     fn traced(&self, read: Read) -> impl Future<Output = ReadResult> + Send + use<'_, 'a> {
         let span = spans::read_span(&read);
-        spans::Traced::new(span, move || match self.look_up(&read) {
-            ControlFlow::Break(hit) => ControlFlow::Break(hit),
-            // Boxed: only a miss the cache may keep carries this step.
-            ControlFlow::Continue(Cached::Missed(lookup)) => {
-                ControlFlow::Continue(Either::Left(Box::pin(self.checked(read, lookup))))
-            }
-            ControlFlow::Continue(Cached::Not) => {
-                ControlFlow::Continue(Either::Right(self.resolve(read)))
-            }
-        })
+        spans::Traced::new(span, self.resolve(read))
     }
 
-    /// [`read`](Self::read) past the engine's cache, inside the read's span.
+    /// [`read`](Self::read) inside the read's span: step 0, the engine's
+    /// cache, on the future's first poll (a hit answers there), then the
+    /// rest of the walk. One future from the start, polled in place: no
+    /// step is built and moved into it as the read goes on.
     /// An `async` block, not an `async fn`: the read is held once in the
     /// future, not once as an argument and again as a local.
     fn resolve(&self, mut read: Read) -> impl Future<Output = ReadResult> + Send + '_ {
         async move {
+            {
+                // In a block of its own: what the cache said is not held
+                // across the awaits after it.
+                let missed = match self.look_up(&read) {
+                    ControlFlow::Break(hit) => return hit,
+                    ControlFlow::Continue(Cached::Missed(lookup)) => Some(lookup),
+                    ControlFlow::Continue(Cached::Not) => None,
+                };
+                if let Some(lookup) = missed {
+                    // Boxed: only a miss the cache may keep carries this
+                    // step; erased, as it walks again from here (the cache
+                    // not looked at again: `hub/lookup.rs`).
+                    let checked: BoxFuture<'_, ReadResult> = Box::pin(self.checked(read, lookup));
+                    return checked.await;
+                }
+            }
             let auth = &self.reads.parts.auth;
             if auth.knows(&read) {
                 // Boxed, as every step of authentication: the common path's
@@ -357,34 +367,44 @@ impl<'a> Upstream<'a> {
     /// `sent` and the redirects it answers with, each a read of its own;
     /// `sent` becomes the last request sent (the one the answer is to).
     async fn follow(&self, sent: &mut Read) -> ReadResult {
+        let response = self.read_once(sent).await?;
+        // Made after the first answer: not held across its await.
         let mut redirects = Redirects::new(self.reads.parts.max_redirects);
-        let mut response = self.read_once(sent).await?;
+        *sent = match redirects.next(sent, &response) {
+            Ok(Some(hop)) => hop,
+            Ok(None) => return Ok(response),
+            Err(why) => return Err(response.error(why)),
+        };
+        // Boxed: only a redirect carries the loop of hops.
+        let hops = Box::pin(self.hops(sent, redirects));
+        hops.await
+    }
+
+    /// The hops of a redirect chain after the first answer, `sent` the
+    /// next to send.
+    async fn hops(&self, sent: &mut Read, mut redirects: Redirects) -> ReadResult {
         loop {
+            let response = self.read_once(sent).await?;
             // The next hop taken before the await: not held across it.
             *sent = match redirects.next(sent, &response) {
                 Ok(Some(hop)) => hop,
                 Ok(None) => return Ok(response),
                 Err(why) => return Err(response.error(why)),
             };
-            response = self.read_once(sent).await?;
         }
     }
 
     /// Step 1, then steps 2–6 unless an identical read answers.
     async fn read_once(&self, read: &Read) -> ReadResult {
-        let (result, origin) = match read.identity() {
-            Some(key) => {
-                self.reads
-                    .dedup
-                    .get_or_run(key, || Box::pin(self.send(read.clone())))
-                    .await
-            }
+        let send = || Box::pin(self.send(read.clone()));
+        // In a statement of its own: the read's key, claimed in the
+        // request's table, is not held across the await (`dedup.rs`).
+        let once = match read.identity() {
+            Some(key) => Either::Left(self.reads.dedup.get_or_run(key, send)),
             // Not safe to share: sent every time.
-            None => {
-                let send = Box::pin(self.send(read.clone()));
-                (send.await, Origin::Ran)
-            }
+            None => Either::Right(async move { (send().await, Origin::Ran) }),
         };
+        let (result, origin) = once.await;
         if origin == Origin::Shared {
             bump(&self.reads.budget.stats().dedup_hits);
             self.reads.parts.metrics.dedup_hit();

@@ -34,7 +34,6 @@ use crate::metrics::HostMetrics;
 use futures::future::{BoxFuture, Either};
 use std::fmt;
 use std::future::Future;
-use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use tracing::Instrument;
@@ -398,72 +397,42 @@ impl Note for StatusText {
 
 pin_project_lite::pin_project! {
     /// A read's future inside its span (entered at each poll), how it
-    /// ended recorded as `fanout.outcome` (`ok` or its code). It starts —
-    /// on its first poll, as any future does — with `start` (the hub: the
-    /// engine's cache looked at), which answers at once or gives the
-    /// future to read by. Without a span, polled as it is.
-    #[project = TracedProj]
-    pub(crate) enum Traced<S, F: Future> {
-        Starting { start: Option<S>, span: Spanned },
-        Reading { #[pin] read: F, span: Spanned },
+    /// ended recorded as `fanout.outcome` (`ok` or its code). Without a
+    /// span, polled as it is.
+    pub(crate) struct Traced<F> {
+        #[pin]
+        read: F,
+        span: Spanned,
     }
 }
 
-impl<S, F> Traced<S, F>
-where
-    S: FnOnce() -> ControlFlow<F::Output, F>,
-    F: Future,
-{
-    /// A read that starts with `start`, inside `span`.
-    pub(crate) fn new(span: Spanned, start: S) -> Self {
-        Traced::Starting {
-            start: Some(start),
-            span,
-        }
+impl<F> Traced<F> {
+    /// `read`, inside `span`.
+    pub(crate) fn new(span: Spanned, read: F) -> Self {
+        Traced { read, span }
     }
 }
 
-impl<T, S, F> Future for Traced<S, F>
+impl<T, F> Future for Traced<F>
 where
-    S: FnOnce() -> ControlFlow<F::Output, F>,
     F: Future<Output = Result<T, ReadError>>,
 {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let (outcome, span) = loop {
-            match self.as_mut().project() {
-                TracedProj::Starting { start, span } => {
-                    let start = start.take().expect("polled after it answered");
-                    let started = if span.is_none() {
-                        start()
-                    } else {
-                        span.in_scope(start)
-                    };
-                    match started {
-                        ControlFlow::Break(answer) => break (answer, span),
-                        ControlFlow::Continue(read) => {
-                            let span =
-                                std::mem::replace(span, Spanned::Tracing(tracing::Span::none()));
-                            self.set(Traced::Reading { read, span });
-                        }
-                    }
-                }
-                TracedProj::Reading { read, span } if span.is_none() => return read.poll(cx),
-                TracedProj::Reading { read, span } => {
-                    break (std::task::ready!(span.in_scope(|| read.poll(cx))), span);
-                }
-            }
-        };
-        if !span.is_none() {
-            span.record(
-                "fanout.outcome",
-                outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
-            );
-            // The span ends as the read does, not when its future is
-            // dropped.
-            *span = Spanned::Tracing(tracing::Span::none());
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let span = this.span;
+        if span.is_none() {
+            return this.read.poll(cx);
         }
+        let read = this.read;
+        let outcome = std::task::ready!(span.in_scope(|| read.poll(cx)));
+        span.record(
+            "fanout.outcome",
+            outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
+        );
+        // The span ends as the read does, not when its future is dropped.
+        *span = Spanned::Tracing(tracing::Span::none());
         Poll::Ready(outcome)
     }
 }

@@ -182,3 +182,17 @@ async fn single_flight_holds_under_cancellation_on_many_threads() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_runner_dropped_before_its_first_poll_hands_the_read_over() {
+    let dedup = Dedup::<&str, u32>::new();
+    // The key is claimed as the future is made, not as it is first polled.
+    let runner = dedup.get_or_run("k", || async { 1 });
+    let mut waiter = Box::pin(dedup.get_or_run("k", || async { 2 }));
+    assert!(poll!(waiter.as_mut()).is_pending(), "the key is claimed");
+    drop(runner);
+    let handed = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was left waiting on a runner that is gone");
+    assert_eq!(handed, (2, Origin::Ran));
+}
