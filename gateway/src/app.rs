@@ -1,5 +1,6 @@
 //! The gateway application: engine + schema + routes, from a [`Config`].
 
+use crate::host_check::HostCheckLayer;
 use crate::oci::{DigestlessHeads, RegistryUrl};
 use crate::registries::Registries;
 use crate::schema::{self, RegistrySchema};
@@ -147,27 +148,6 @@ pub fn for_listener(mut config: Config, listen: std::net::SocketAddr) -> Config 
     config
 }
 
-/// Refuses a request naming a host `http.allowed_hosts` does not list, with
-/// 400 `BAD_REQUEST`, whatever its path.
-async fn check_host(
-    axum::extract::State(engine): axum::extract::State<Engine>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let host = match request.headers().get(axum::http::header::HOST) {
-        Some(host) => host.to_str().ok(),
-        None => request.uri().authority().map(|a| a.as_str()),
-    };
-    if engine.config().http.allows_host(host) {
-        return next.run(request).await;
-    }
-    let shown: String = host.unwrap_or_default().chars().take(100).collect();
-    fanout_budget::error::Rejection::BadRequest {
-        message: format!("the host {shown:?} is not one of http.allowed_hosts"),
-    }
-    .unread()
-}
-
 /// The limits shared on Redis for `config`; `None` without `[redis]`.
 fn shared_limits(config: &Config) -> Option<SharedLimits> {
     // The URL or the nodes were validated with the configuration.
@@ -230,10 +210,7 @@ fn assemble(
         // A CORS preflight is answered before the rate limiter.
         .layer(tower::util::option_layer(cors_layer(&engine.config().http)))
         // Outermost: a request naming another host is answered by nothing else.
-        .layer(axum::middleware::from_fn_with_state(
-            engine.clone(),
-            check_host,
-        ));
+        .layer(HostCheckLayer::new(engine.clone()));
     Gateway {
         router,
         engine,

@@ -14,6 +14,7 @@
 
 pub mod app;
 pub mod embedded;
+mod host_check;
 pub mod names;
 pub mod oci;
 pub mod registries;
