@@ -96,6 +96,19 @@ impl Query {
         Ok(tokio::spawn(read).await??.status.as_u16())
     }
 
+    /// [`spawned`](Self::spawned), the task's read inside a span the
+    /// application opens there (`worker`, INFO: a trace of its own, as a
+    /// span opened in a task of its own is).
+    async fn worker(&self, ctx: &Context<'_>, id: u32) -> async_graphql::Result<u16> {
+        use tracing::Instrument as _;
+        let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let operation = ctx.fanout_operation()?;
+        let read = async move { operation.upstream().read(Read::get(url)).await };
+        let read =
+            tokio::spawn(async move { read.instrument(tracing::info_span!("worker")).await });
+        Ok(read.await??.status.as_u16())
+    }
+
     /// `/item/1`, then `/item/2` inside a span of the application's own
     /// (`mine`, INFO), then `/item/3`: their statuses added.
     async fn mine(&self, ctx: &Context<'_>) -> async_graphql::Result<u16> {
@@ -134,8 +147,18 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The service, on an upstream that hears each request's `traceparent`.
 async fn service() -> (Router, tokio::task::JoinHandle<()>, Heard) {
+    service_with(|_, _| {}).await
+}
+
+/// [`service`], its configuration as `configure` leaves it (given the
+/// upstream's base URL).
+async fn service_with(
+    configure: impl FnOnce(&mut Config, &str),
+) -> (Router, tokio::task::JoinHandle<()>, Heard) {
     let (upstream, task, heard) = start_upstream().await;
-    let engine = Engine::new(Config::default());
+    let mut config = Config::default();
+    configure(&mut config, &upstream);
+    let engine = Engine::new(config);
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .extension(FanoutExtension::new(&engine))
         .data(Base(upstream))
@@ -398,6 +421,48 @@ async fn a_callers_tracestate_goes_on_with_the_engines_traceparent() {
     let states = std::mem::take(&mut *STATES.lock().unwrap());
     assert_eq!(states, vec![None; 2], "{states:?}");
     heard.lock().unwrap().clear();
+    drop(default);
+    flushed(telemetry).await;
+}
+
+/// A read made through the operation's handle in a task of its own, inside
+/// a span the application opened there (a trace of its own), to a host
+/// that coalesces, under an `INFO` filter (no span of the read's own): the
+/// request sent names the request's trace, as the same read to a host that
+/// does not coalesce does — not the application's span's.
+#[tokio::test(flavor = "current_thread")]
+async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
+    let _serial = SERIAL.lock().await;
+    let collector = Collector::start().await;
+    let telemetry = telemetry(&collector);
+    let subscriber = tracing_subscriber::registry()
+        .with(telemetry.layer())
+        .with(LevelFilter::INFO);
+    let default = tracing::subscriber::set_default(subscriber);
+    let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let query = r#"{"query":"{ worker(id: 4) }"}"#;
+    for coalesce in [false, true] {
+        let (app, _task, heard) = service_with(|config, upstream| {
+            if coalesce {
+                let host = upstream.trim_start_matches("http://").to_owned();
+                let table = fanout_budget::config::HostConfig::default().coalesce(true);
+                config.hosts.insert(host, table);
+            }
+        })
+        .await;
+        let answer =
+            fanout_testkit::post(&app, query.to_owned(), &[("traceparent", inbound)]).await;
+        assert_eq!(answer.json()["data"]["worker"], 200, "{:?}", answer.json());
+        let sent = std::mem::take(&mut *heard.lock().unwrap());
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        let traceparent = sent[0].as_deref().expect("a traceparent");
+        let (trace, _, flags) = parts(traceparent);
+        assert_eq!(
+            trace, "0af7651916cd43dd8448eb211c80319c",
+            "the request's trace (coalesce: {coalesce}): {traceparent}"
+        );
+        assert_eq!(flags, "01", "{traceparent}");
+    }
     drop(default);
     flushed(telemetry).await;
 }

@@ -66,10 +66,20 @@ impl CarriedTrace {
         let Some(sampling) = carried() else {
             return;
         };
+        // In a task a read of the request's was carried to, the span the
+        // request's reads are under there: a span of another trace (the
+        // application's, opened in that task) is not the request's.
+        let carried_to = parent().filter(SpanContext::is_valid);
         // A request sampled out has no span to name.
         let parent = (!sampled_out() && !span.is_none())
             .then(|| span.context().span().span_context().clone())
-            .filter(|parent| parent.is_valid() && parent.is_sampled());
+            .filter(|parent| parent.is_valid() && parent.is_sampled())
+            .filter(|parent| {
+                carried_to
+                    .as_ref()
+                    .is_none_or(|to| to.trace_id() == parent.trace_id())
+            })
+            .or(carried_to);
         let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // A span no layer opened (the application's level filter keeps
         // DEBUG out: no operation span) names nothing: the reads stay
