@@ -59,6 +59,14 @@ async fn start_upstream() -> (String, tokio::task::JoinHandle<()>, Heard) {
 
 struct Base(String);
 
+/// An operation's handle lent by one request to another.
+#[derive(Default)]
+struct Lent {
+    handle: Mutex<Option<Arc<fanout_budget::request::Operation>>>,
+    given: tokio::sync::Notify,
+    done: tokio::sync::Notify,
+}
+
 struct Query;
 
 #[Object]
@@ -107,6 +115,39 @@ impl Query {
         let read =
             tokio::spawn(async move { read.instrument(tracing::info_span!("worker")).await });
         Ok(read.await??.status.as_u16())
+    }
+
+    /// Hands the operation's handle to [`borrow`](Self::borrow) (another
+    /// request's resolver) and waits until it has read through it.
+    async fn hold(&self, ctx: &Context<'_>) -> async_graphql::Result<u16> {
+        let lent = ctx.data::<Lent>()?;
+        let done = lent.done.notified();
+        *lent.handle.lock().unwrap() = Some(ctx.fanout_operation()?);
+        lent.given.notify_one();
+        done.await;
+        Ok(1)
+    }
+
+    /// `/item/{id}`, read in this request's task through the handle
+    /// [`hold`](Self::hold) lent.
+    async fn borrow(&self, ctx: &Context<'_>, id: u32) -> async_graphql::Result<u16> {
+        let lent = ctx.data::<Lent>()?;
+        let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let handle = loop {
+            let given = lent.given.notified();
+            if let Some(handle) = lent.handle.lock().unwrap().take() {
+                break handle;
+            }
+            given.await;
+        };
+        let status = handle
+            .upstream()
+            .read(Read::get(url))
+            .await?
+            .status
+            .as_u16();
+        lent.done.notify_one();
+        Ok(status)
     }
 
     /// `/item/1`, then `/item/2` inside a span of the application's own
@@ -162,6 +203,7 @@ async fn service_with(
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .extension(FanoutExtension::new(&engine))
         .data(Base(upstream))
+        .data(Lent::default())
         .finish();
     let app = Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine));
     (app, task, heard)
@@ -463,6 +505,49 @@ async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
         );
         assert_eq!(flags, "01", "{traceparent}");
     }
+    drop(default);
+    flushed(telemetry).await;
+}
+
+/// A read made through one request's handle in another request's task (a
+/// handle lent, a loader shared between requests) is the handle's
+/// request's: charged to its budget, and in its trace — the upstream
+/// request names that trace, not the task's request's.
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_through_another_requests_handle_names_that_requests_trace() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let collector = Collector::start().await;
+    let telemetry = telemetry(&collector);
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let default = tracing::subscriber::set_default(subscriber);
+    let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
+    let (held, borrowed) = tokio::join!(
+        fanout_testkit::post(&app, r#"{"query":"{ hold }"}"#.to_owned(), &lending),
+        fanout_testkit::post(
+            &app,
+            r#"{"query":"{ borrow(id: 5) }"}"#.to_owned(),
+            &borrowing
+        ),
+    );
+    assert_eq!(held.json()["data"]["hold"], 1, "{:?}", held.json());
+    assert_eq!(
+        borrowed.json()["data"]["borrow"],
+        200,
+        "{:?}",
+        borrowed.json()
+    );
+    let sent = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let traceparent = sent[0].as_deref().expect("a traceparent");
+    let (trace, _, flags) = parts(traceparent);
+    assert_eq!(
+        trace, "0af7651916cd43dd8448eb211c80319c",
+        "the lending request's trace: {traceparent}"
+    );
+    assert_eq!(flags, "01", "{traceparent}");
     drop(default);
     flushed(telemetry).await;
 }

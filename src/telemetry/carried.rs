@@ -11,17 +11,19 @@
 //!   it keeps the request's sampling and, when the request is sampled, the
 //!   context of the span current then (the request's); when the
 //!   operation's span opens, that one's ([`CarriedTrace::under`]).
-//! - A read made through the handle in a task without a request's sampling
-//!   ([`CarriedTrace::away`]) is made and run under the kept sampling
+//! - A read made through the handle in a task without a request's sampling,
+//!   or in another request's task (a handle lent, a loader shared between
+//!   requests: [`CarriedTrace::away`]), is made and run under the kept sampling
 //!   ([`carry`]), its direct spans parented to the kept span ([`parent`],
 //!   `direct.rs`): the request's trace, sampled or not, as in its own task.
 //! - Nothing is kept while no telemetry exports, and a read in the
-//!   request's own task costs one atomic load and a task-local look-up.
+//!   request's own task costs two atomic loads and a task-local look-up.
 
 use super::live::is_active;
 use super::sampling::{carried, sampled_out, Sampling, SAMPLING};
 use futures::future::Either;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
+use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
 use std::sync::{Arc, Mutex};
 use tokio::task::futures::TaskLocalFuture;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -29,7 +31,13 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 /// The trace an operation's reads belong to, for those made outside its
 /// request's task.
 #[derive(Debug, Default)]
-pub(crate) struct CarriedTrace(Mutex<Option<Away>>);
+pub(crate) struct CarriedTrace {
+    kept: Mutex<Option<Away>>,
+    /// The kept sampling's address (0: none kept), to tell the request's
+    /// own task from another request's without a lock. The kept `Arc`
+    /// holds it, so no other sampling has it meanwhile.
+    at: AtomicUsize,
+}
 
 /// A request's sampling, and the span its reads are under when it is
 /// sampled.
@@ -80,7 +88,7 @@ impl CarriedTrace {
                     .is_none_or(|to| to.trace_id() == parent.trace_id())
             })
             .or(carried_to);
-        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         // A span no layer opened (the application's level filter keeps
         // DEBUG out: no operation span) names nothing: the reads stay
         // under the span kept before, the request's.
@@ -89,6 +97,7 @@ impl CarriedTrace {
                 .filter(|before| Arc::ptr_eq(&before.sampling, &sampling))
                 .and_then(|before| before.parent.clone())
         });
+        self.at.store(Arc::as_ptr(&sampling) as usize, Release);
         *kept = Some(Away { sampling, parent });
     }
 
@@ -96,16 +105,25 @@ impl CarriedTrace {
     /// the application kept) is no longer its request's, and the request's
     /// sampling (and with it its telemetry's queue) is let go.
     pub(crate) fn end(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        self.at.store(0, Release);
+        *kept = None;
     }
 
-    /// The kept trace, when a read is made in a task without a request's
-    /// sampling (`None` in the request's own task, or with nothing kept).
+    /// The kept trace, when a read is made in a task other than its
+    /// request's — one without a request's sampling, or another request's
+    /// (a handle lent, a loader shared between requests): the read is the
+    /// handle's request's, charged to its budget, and in its trace. `None`
+    /// in the request's own task (no lock taken), or with nothing kept.
     pub(crate) fn away(&self) -> Option<Away> {
-        if !is_active() || carried().is_some() {
+        if !is_active() {
             return None;
         }
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let here = SAMPLING.try_with(|here| Arc::as_ptr(here) as usize).ok();
+        if here.is_some_and(|here| here == self.at.load(Acquire)) {
+            return None;
+        }
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -124,7 +142,7 @@ pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F
 /// that keeps DEBUG out). As it is outside a request or while no telemetry
 /// exports.
 pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Carried<F>, F> {
-    let kept = CarriedTrace::here().0.into_inner();
+    let kept = CarriedTrace::here().kept.into_inner();
     match kept.unwrap_or_else(|e| e.into_inner()) {
         Some(away) => Either::Left(carry(away, move || work)),
         None => Either::Right(work),
