@@ -182,6 +182,17 @@ fn parts(traceparent: &str) -> (String, String, String) {
     (parts[1].into(), parts[2].into(), parts[3].into())
 }
 
+/// The upstream heard one request since it was last asked, its
+/// `traceparent` sampled and in trace `trace` (`case` says why).
+fn one_sent_in(heard: &Heard, trace: &str, case: &str) {
+    let sent = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(sent.len(), 1, "{case}: {sent:?}");
+    let traceparent = sent[0].as_deref().expect("a traceparent");
+    let (sent_in, _, flags) = parts(traceparent);
+    assert_eq!(sent_in, trace, "{case}: {traceparent}");
+    assert_eq!(flags, "01", "{case}: {traceparent}");
+}
+
 /// The tests of this binary, one at a time: each sets its own level
 /// filter, and the process's highest level is every subscriber's.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -219,6 +230,38 @@ fn telemetry(collector: &Collector) -> Telemetry {
     builder.build().unwrap().unwrap()
 }
 
+/// A telemetry exporting every trace to a collector of its own
+/// ([`telemetry`]), the default subscriber (under `filter`) while held.
+struct Exporting {
+    collector: Collector,
+    telemetry: Telemetry,
+    default: tracing::subscriber::DefaultGuard,
+}
+
+async fn exporting(filter: Option<LevelFilter>) -> Exporting {
+    let collector = Collector::start().await;
+    let telemetry = telemetry(&collector);
+    let subscriber = tracing_subscriber::registry()
+        .with(telemetry.layer())
+        .with(filter);
+    let default = tracing::subscriber::set_default(subscriber);
+    Exporting {
+        collector,
+        telemetry,
+        default,
+    }
+}
+
+impl Exporting {
+    /// No longer the default; its telemetry flushed and dropped: the
+    /// collector, with what reached it.
+    async fn flushed(self) -> Collector {
+        drop(self.default);
+        flushed(self.telemetry).await;
+        self.collector
+    }
+}
+
 /// `telemetry` flushed, then dropped.
 async fn flushed(telemetry: Telemetry) {
     tokio::task::spawn_blocking(move || {
@@ -233,12 +276,7 @@ async fn flushed(telemetry: Telemetry) {
 async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let collector = Collector::start().await;
-    let telemetry = telemetry(&collector);
-    let subscriber = tracing_subscriber::registry()
-        .with(telemetry.layer())
-        .with(LevelFilter::WARN);
-    let default = tracing::subscriber::set_default(subscriber);
+    let exporting = exporting(Some(LevelFilter::WARN)).await;
     let heard_now = || std::mem::take(&mut *heard.lock().unwrap());
     let answered = |answer: fanout_testkit::Answer| {
         let json = answer.json();
@@ -362,8 +400,7 @@ async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out(
         }
     }
 
-    drop(default);
-    flushed(telemetry).await;
+    let collector = exporting.flushed().await;
     assert!(
         collector.spans().is_empty(),
         "nothing exported: {:?}",
@@ -426,10 +463,7 @@ async fn an_applications_span_later_in_the_request_is_sampled_as_ever() {
 async fn a_callers_tracestate_goes_on_with_the_engines_traceparent() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let collector = Collector::start().await;
-    let telemetry = telemetry(&collector);
-    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
-    let default = tracing::subscriber::set_default(subscriber);
+    let exporting = exporting(None).await;
     let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let headers = [
         ("traceparent", inbound),
@@ -463,8 +497,7 @@ async fn a_callers_tracestate_goes_on_with_the_engines_traceparent() {
     let states = std::mem::take(&mut *STATES.lock().unwrap());
     assert_eq!(states, vec![None; 2], "{states:?}");
     heard.lock().unwrap().clear();
-    drop(default);
-    flushed(telemetry).await;
+    exporting.flushed().await;
 }
 
 /// A read made through the operation's handle in a task of its own, inside
@@ -475,12 +508,7 @@ async fn a_callers_tracestate_goes_on_with_the_engines_traceparent() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
     let _serial = SERIAL.lock().await;
-    let collector = Collector::start().await;
-    let telemetry = telemetry(&collector);
-    let subscriber = tracing_subscriber::registry()
-        .with(telemetry.layer())
-        .with(LevelFilter::INFO);
-    let default = tracing::subscriber::set_default(subscriber);
+    let exporting = exporting(Some(LevelFilter::INFO)).await;
     let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let query = r#"{"query":"{ worker(id: 4) }"}"#;
     for coalesce in [false, true] {
@@ -495,18 +523,10 @@ async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
         let answer =
             fanout_testkit::post(&app, query.to_owned(), &[("traceparent", inbound)]).await;
         assert_eq!(answer.json()["data"]["worker"], 200, "{:?}", answer.json());
-        let sent = std::mem::take(&mut *heard.lock().unwrap());
-        assert_eq!(sent.len(), 1, "{sent:?}");
-        let traceparent = sent[0].as_deref().expect("a traceparent");
-        let (trace, _, flags) = parts(traceparent);
-        assert_eq!(
-            trace, "0af7651916cd43dd8448eb211c80319c",
-            "the request's trace (coalesce: {coalesce}): {traceparent}"
-        );
-        assert_eq!(flags, "01", "{traceparent}");
+        let case = format!("the request's trace (coalesce: {coalesce})");
+        one_sent_in(&heard, "0af7651916cd43dd8448eb211c80319c", &case);
     }
-    drop(default);
-    flushed(telemetry).await;
+    exporting.flushed().await;
 }
 
 /// A read made through one request's handle in another request's task (a
@@ -517,10 +537,7 @@ async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
 async fn a_read_through_another_requests_handle_names_that_requests_trace() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let collector = Collector::start().await;
-    let telemetry = telemetry(&collector);
-    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
-    let default = tracing::subscriber::set_default(subscriber);
+    let exporting = exporting(None).await;
     let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
@@ -539,15 +556,7 @@ async fn a_read_through_another_requests_handle_names_that_requests_trace() {
         "{:?}",
         borrowed.json()
     );
-    let sent = std::mem::take(&mut *heard.lock().unwrap());
-    assert_eq!(sent.len(), 1, "{sent:?}");
-    let traceparent = sent[0].as_deref().expect("a traceparent");
-    let (trace, _, flags) = parts(traceparent);
-    assert_eq!(
-        trace, "0af7651916cd43dd8448eb211c80319c",
-        "the lending request's trace: {traceparent}"
-    );
-    assert_eq!(flags, "01", "{traceparent}");
-    drop(default);
-    flushed(telemetry).await;
+    let lending = "0af7651916cd43dd8448eb211c80319c";
+    one_sent_in(&heard, lending, "the lending request's trace");
+    exporting.flushed().await;
 }
