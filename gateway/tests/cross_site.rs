@@ -175,6 +175,25 @@ async fn a_rebound_name_is_refused_once_allowed_hosts_is_set() {
         "a rebound page's socket",
     );
     refused(&post(addr, &rebound).await, "a rebound page's query");
+    // Whatever the path: the metrics, the health check, GraphiQL and its
+    // assets, a path no route serves, a method none takes.
+    let own = addr.to_string();
+    for (line, served) in [
+        ("GET /metrics HTTP/1.1", 200),
+        ("GET /healthz HTTP/1.1", 200),
+        ("GET /graphql HTTP/1.1", 200),
+        ("GET /graphql/graphiql/init.js HTTP/1.1", 200),
+        ("GET /nowhere HTTP/1.1", 404),
+        ("DELETE /healthz HTTP/1.1", 405),
+    ] {
+        let ask = |host: String| async move {
+            let head = format!("Host: {host}\r\nAccept: text/html\r\nConnection: close\r\n");
+            send(addr, line, &head, "").await
+        };
+        refused(&ask(rebound.clone()).await, line);
+        let (status, answer) = ask(own.clone()).await;
+        assert_eq!(status, served, "{line} to {own}: {answer}");
+    }
     for host in [
         addr.to_string(),
         format!("localhost:{}", addr.port()),
