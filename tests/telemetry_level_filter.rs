@@ -59,6 +59,9 @@ async fn start_upstream() -> (String, tokio::task::JoinHandle<()>, Heard) {
 
 struct Base(String);
 
+/// How long a lent handle is waited for, and its use.
+const LENT_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// An operation's handle lent by one request to another.
 #[derive(Default)]
 struct Lent {
@@ -124,30 +127,45 @@ impl Query {
         let done = lent.done.notified();
         *lent.handle.lock().unwrap() = Some(ctx.fanout_operation()?);
         lent.given.notify_one();
-        done.await;
+        tokio::time::timeout(LENT_FOR, done)
+            .await
+            .map_err(|_| "the handle was never read through")?;
         Ok(1)
     }
 
     /// `/item/{id}`, read in this request's task through the handle
-    /// [`hold`](Self::hold) lent.
-    async fn borrow(&self, ctx: &Context<'_>, id: u32) -> async_graphql::Result<u16> {
+    /// [`hold`](Self::hold) lent — inside a span of the application's own
+    /// (`borrowing`, INFO) when `in_span`.
+    async fn borrow(
+        &self,
+        ctx: &Context<'_>,
+        id: u32,
+        #[graphql(default)] in_span: bool,
+    ) -> async_graphql::Result<u16> {
+        use tracing::Instrument as _;
         let lent = ctx.data::<Lent>()?;
         let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
-        let handle = loop {
-            let given = lent.given.notified();
-            if let Some(handle) = lent.handle.lock().unwrap().take() {
-                break handle;
+        let handle = tokio::time::timeout(LENT_FOR, async {
+            loop {
+                let given = lent.given.notified();
+                if let Some(handle) = lent.handle.lock().unwrap().take() {
+                    break handle;
+                }
+                given.await;
             }
-            given.await;
+        })
+        .await
+        .map_err(|_| "no handle lent")?;
+        let upstream = handle.upstream();
+        let read = upstream.read(Read::get(url));
+        let read = if in_span {
+            read.instrument(tracing::info_span!("borrowing")).await
+        } else {
+            read.await
         };
-        let status = handle
-            .upstream()
-            .read(Read::get(url))
-            .await?
-            .status
-            .as_u16();
+        // Told whatever the read did: the lender waits for it.
         lent.done.notify_one();
-        Ok(status)
+        Ok(read?.status.as_u16())
     }
 
     /// `/item/1`, then `/item/2` inside a span of the application's own
@@ -238,13 +256,28 @@ struct Exporting {
     default: tracing::subscriber::DefaultGuard,
 }
 
-async fn exporting(filter: Option<LevelFilter>) -> Exporting {
+/// Which spans reach the telemetry's layer.
+enum Filter {
+    /// Those at this level or above (`None`: every one).
+    Level(Option<LevelFilter>),
+    /// The application's own (this test's target) at `INFO`, none of the
+    /// engine's.
+    AppOnly,
+}
+
+async fn exporting(filter: Filter) -> Exporting {
     let collector = Collector::start().await;
     let telemetry = telemetry(&collector);
-    let subscriber = tracing_subscriber::registry()
-        .with(telemetry.layer())
-        .with(filter);
-    let default = tracing::subscriber::set_default(subscriber);
+    let subscriber = tracing_subscriber::registry().with(telemetry.layer());
+    let default = match filter {
+        Filter::Level(level) => tracing::subscriber::set_default(subscriber.with(level)),
+        Filter::AppOnly => {
+            let targets = Targets::new()
+                .with_target(module_path!(), LevelFilter::INFO)
+                .with_default(LevelFilter::WARN);
+            tracing::subscriber::set_default(subscriber.with(targets))
+        }
+    };
     Exporting {
         collector,
         telemetry,
@@ -276,7 +309,7 @@ async fn flushed(telemetry: Telemetry) {
 async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let exporting = exporting(Some(LevelFilter::WARN)).await;
+    let exporting = exporting(Filter::Level(Some(LevelFilter::WARN))).await;
     let heard_now = || std::mem::take(&mut *heard.lock().unwrap());
     let answered = |answer: fanout_testkit::Answer| {
         let json = answer.json();
@@ -417,20 +450,11 @@ async fn a_callers_trace_goes_on_under_a_level_filter_that_keeps_every_span_out(
 async fn an_applications_span_later_in_the_request_is_sampled_as_ever() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let collector = Collector::start().await;
-    let telemetry = telemetry(&collector);
-    let filter = Targets::new()
-        .with_target(module_path!(), LevelFilter::INFO)
-        .with_default(LevelFilter::WARN);
-    let subscriber = tracing_subscriber::registry()
-        .with(telemetry.layer())
-        .with(filter);
-    let default = tracing::subscriber::set_default(subscriber);
+    let exporting = exporting(Filter::AppOnly).await;
 
     let answer = fanout_testkit::post(&app, r#"{"query":"{ mine }"}"#.to_owned(), &[]).await;
     assert_eq!(answer.json()["data"]["mine"], 600, "{:?}", answer.json());
-    drop(default);
-    flushed(telemetry).await;
+    let collector = exporting.flushed().await;
     let spans = collector
         .wait_for(
             std::time::Duration::from_secs(10),
@@ -463,7 +487,7 @@ async fn an_applications_span_later_in_the_request_is_sampled_as_ever() {
 async fn a_callers_tracestate_goes_on_with_the_engines_traceparent() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let exporting = exporting(None).await;
+    let exporting = exporting(Filter::Level(None)).await;
     let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let headers = [
         ("traceparent", inbound),
@@ -508,7 +532,7 @@ async fn a_callers_tracestate_goes_on_with_the_engines_traceparent() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
     let _serial = SERIAL.lock().await;
-    let exporting = exporting(Some(LevelFilter::INFO)).await;
+    let exporting = exporting(Filter::Level(Some(LevelFilter::INFO))).await;
     let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let query = r#"{"query":"{ worker(id: 4) }"}"#;
     for coalesce in [false, true] {
@@ -537,7 +561,7 @@ async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
 async fn a_read_through_another_requests_handle_names_that_requests_trace() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let exporting = exporting(None).await;
+    let exporting = exporting(Filter::Level(None)).await;
     let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
@@ -558,5 +582,35 @@ async fn a_read_through_another_requests_handle_names_that_requests_trace() {
     );
     let lending = "0af7651916cd43dd8448eb211c80319c";
     one_sent_in(&heard, lending, "the lending request's trace");
+    exporting.flushed().await;
+}
+
+/// The same read through a lent handle, inside a span the borrowing
+/// request's application opened, under a per-target filter that keeps the
+/// engine's spans out (no span of the lending request's is kept): the
+/// lending request's trace all the same — its caller's, passed on as it
+/// came — never the borrowing span's.
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_through_a_lent_handle_with_no_span_kept_is_not_the_borrowers() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let exporting = exporting(Filter::AppOnly).await;
+    let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
+    let query = r#"{"query":"{ borrow(id: 6, inSpan: true) }"}"#;
+    let (held, borrowed) = tokio::join!(
+        fanout_testkit::post(&app, r#"{"query":"{ hold }"}"#.to_owned(), &lending),
+        fanout_testkit::post(&app, query.to_owned(), &borrowing),
+    );
+    assert_eq!(held.json()["data"]["hold"], 1, "{:?}", held.json());
+    let borrowed = borrowed.json();
+    assert_eq!(borrowed["data"]["borrow"], 200, "{borrowed:?}");
+    let sent = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(
+        sent,
+        vec![Some(lender.to_owned())],
+        "the lender's caller's, as it came"
+    );
     exporting.flushed().await;
 }

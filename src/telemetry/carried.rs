@@ -77,17 +77,19 @@ impl CarriedTrace {
         // In a task a read of the request's was carried to, the span the
         // request's reads are under there: a span of another trace (the
         // application's, opened in that task) is not the request's.
-        let carried_to = parent().filter(SpanContext::is_valid);
+        // With none kept there, no span of that task's is the request's.
+        let carried_to = parent();
         // A request sampled out has no span to name.
         let parent = (!sampled_out() && !span.is_none())
             .then(|| span.context().span().span_context().clone())
             .filter(|parent| parent.is_valid() && parent.is_sampled())
-            .filter(|parent| {
-                carried_to
+            .filter(|parent| match &carried_to {
+                None => true,
+                Some(to) => to
                     .as_ref()
-                    .is_none_or(|to| to.trace_id() == parent.trace_id())
+                    .is_some_and(|to| to.trace_id() == parent.trace_id()),
             })
-            .or(carried_to);
+            .or(carried_to.flatten().filter(SpanContext::is_valid));
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         // A span no layer opened (the application's level filter keeps
         // DEBUG out: no operation span) names nothing: the reads stay
@@ -119,8 +121,11 @@ impl CarriedTrace {
         if !is_active() {
             return None;
         }
+        // Nothing kept (0), or kept for the request this task serves. `at`
+        // is not 0 only while a trace is kept (both change under the lock).
+        let at = self.at.load(Acquire);
         let here = SAMPLING.try_with(|here| Arc::as_ptr(here) as usize).ok();
-        if here.is_some_and(|here| here == self.at.load(Acquire)) {
+        if at == 0 || here == Some(at) {
             return None;
         }
         self.kept.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -149,7 +154,9 @@ pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Carried<F>, F
     }
 }
 
-/// The span a read made away from its request's task is under, if any.
-pub(crate) fn parent() -> Option<SpanContext> {
-    PARENT.try_with(Clone::clone).ok().flatten()
+/// In a task a read was carried to ([`carry`]): the span its request's
+/// reads are under there, if one was kept (`Some(None)`: carried, none
+/// kept — no span of that task's is the request's); `None` elsewhere.
+pub(crate) fn parent() -> Option<Option<SpanContext>> {
+    PARENT.try_with(Clone::clone).ok()
 }

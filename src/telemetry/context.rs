@@ -80,12 +80,16 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     // A read made away from its request's task (`carried.rs`): the span it
     // is under, kept from the request's task — the only one it has when
     // no direct span was built (a level filter that keeps DEBUG out).
-    if let Some(parent) = super::carried::parent().filter(SpanContext::is_valid) {
-        return Some(in_trace(&parent, parent.is_sampled()));
+    let carried = super::carried::parent();
+    if let Some(Some(parent)) = &carried {
+        if parent.is_valid() {
+            return Some(in_trace(parent, parent.is_sampled()));
+        }
     }
     let decision = super::sampling::current();
-    // A request sampled out has no span to look for.
-    if decision.is_none_or(|decision| decision.sampled) {
+    // A request sampled out has no span to look for; nor has a read carried
+    // away with none kept (a span of that task's is another trace's).
+    if carried.is_none() && decision.is_none_or(|decision| decision.sampled) {
         let cx = tracing::Span::current().context();
         let span = cx.span();
         let context = span.span_context();

@@ -93,8 +93,12 @@ impl Span {
                     let sink = super::sampling::sink()?;
                     // Away from its request's task, the span its handle
                     // kept (`carried.rs`), whatever span of another trace
-                    // the task runs in; else the current `tracing` span.
-                    let parent = super::carried::parent().or_else(tracing_parent)?;
+                    // the task runs in — none when none was kept; else the
+                    // current `tracing` span.
+                    let parent = match super::carried::parent() {
+                        Some(kept) => kept,
+                        None => tracing_parent(),
+                    }?;
                     if !parent.is_sampled() {
                         return None;
                     }
