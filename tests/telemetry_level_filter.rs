@@ -201,14 +201,14 @@ fn parts(traceparent: &str) -> (String, String, String) {
 }
 
 /// The upstream heard one request since it was last asked, its
-/// `traceparent` sampled and in trace `trace` (`case` says why).
-fn one_sent_in(heard: &Heard, trace: &str, case: &str) {
+/// `traceparent` in trace `trace` with `flags` (`case` says why).
+fn one_sent_in(heard: &Heard, (trace, expected): (&str, &str), case: &str) {
     let sent = std::mem::take(&mut *heard.lock().unwrap());
     assert_eq!(sent.len(), 1, "{case}: {sent:?}");
     let traceparent = sent[0].as_deref().expect("a traceparent");
     let (sent_in, _, flags) = parts(traceparent);
     assert_eq!(sent_in, trace, "{case}: {traceparent}");
-    assert_eq!(flags, "01", "{case}: {traceparent}");
+    assert_eq!(flags, expected, "{case}: {traceparent}");
 }
 
 /// The tests of this binary, one at a time: each sets its own level
@@ -548,7 +548,7 @@ async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
             fanout_testkit::post(&app, query.to_owned(), &[("traceparent", inbound)]).await;
         assert_eq!(answer.json()["data"]["worker"], 200, "{:?}", answer.json());
         let case = format!("the request's trace (coalesce: {coalesce})");
-        one_sent_in(&heard, "0af7651916cd43dd8448eb211c80319c", &case);
+        one_sent_in(&heard, ("0af7651916cd43dd8448eb211c80319c", "01"), &case);
     }
     exporting.flushed().await;
 }
@@ -562,26 +562,31 @@ async fn a_read_through_another_requests_handle_names_that_requests_trace() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
     let exporting = exporting(Filter::Level(None)).await;
-    let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
-    let (held, borrowed) = tokio::join!(
-        fanout_testkit::post(&app, r#"{"query":"{ hold }"}"#.to_owned(), &lending),
-        fanout_testkit::post(
-            &app,
-            r#"{"query":"{ borrow(id: 5) }"}"#.to_owned(),
-            &borrowing
+    // The lender sampled, then sampled out by its caller: its trace, its
+    // flag, whichever the borrower's.
+    for (lender, flags) in [
+        (
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "01",
         ),
-    );
-    assert_eq!(held.json()["data"]["hold"], 1, "{:?}", held.json());
-    assert_eq!(
-        borrowed.json()["data"]["borrow"],
-        200,
-        "{:?}",
-        borrowed.json()
-    );
-    let lending = "0af7651916cd43dd8448eb211c80319c";
-    one_sent_in(&heard, lending, "the lending request's trace");
+        (
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+            "00",
+        ),
+    ] {
+        let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
+        let query = r#"{"query":"{ borrow(id: 5) }"}"#;
+        let (held, borrowed) = tokio::join!(
+            fanout_testkit::post(&app, r#"{"query":"{ hold }"}"#.to_owned(), &lending),
+            fanout_testkit::post(&app, query.to_owned(), &borrowing),
+        );
+        assert_eq!(held.json()["data"]["hold"], 1, "{:?}", held.json());
+        let borrowed = borrowed.json();
+        assert_eq!(borrowed["data"]["borrow"], 200, "{borrowed:?}");
+        let lending = "0af7651916cd43dd8448eb211c80319c";
+        one_sent_in(&heard, (lending, flags), "the lending request's trace");
+    }
     exporting.flushed().await;
 }
 
