@@ -168,6 +168,22 @@ impl Query {
         Ok(read?.status.as_u16())
     }
 
+    /// `/item/{id}`, read through the operation's handle from a task of its
+    /// own that runs in the spans of the resolver's (`in_current_span`, as
+    /// a `DataLoader`'s spawned load does), inside a span of the
+    /// application's own (`app`, INFO).
+    async fn propagated(&self, ctx: &Context<'_>, id: u32) -> async_graphql::Result<u16> {
+        use tracing::Instrument as _;
+        let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let operation = ctx.fanout_operation()?;
+        let spawned = async move {
+            let read = async move { operation.upstream().read(Read::get(url)).await };
+            tokio::spawn(read.in_current_span()).await
+        };
+        let read = spawned.instrument(tracing::info_span!("app")).await;
+        Ok(read??.status.as_u16())
+    }
+
     /// `/item/1`, then `/item/2` inside a span of the application's own
     /// (`mine`, INFO), then `/item/3`: their statuses added.
     async fn mine(&self, ctx: &Context<'_>) -> async_graphql::Result<u16> {
@@ -618,4 +634,35 @@ async fn a_read_through_a_lent_handle_with_no_span_kept_is_not_the_borrowers() {
         "the lender's caller's, as it came"
     );
     exporting.flushed().await;
+}
+
+/// Under a per-target filter that keeps the engine's spans out (no span of
+/// the request's kept), a read from a task of its own that runs in the
+/// spans of the request's task (a `DataLoader`'s load) names the span it
+/// runs in, of the request's trace — as a read in the request's own task
+/// does.
+#[tokio::test(flavor = "current_thread")]
+async fn a_spawned_read_in_the_requests_spans_names_them_with_no_span_kept() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let exporting = exporting(Filter::AppOnly).await;
+    let query = r#"{"query":"{ propagated(id: 7) }"}"#;
+    let answer = fanout_testkit::post(&app, query.to_owned(), &[]).await;
+    assert_eq!(
+        answer.json()["data"]["propagated"],
+        200,
+        "{:?}",
+        answer.json()
+    );
+    let collector = exporting.flushed().await;
+    let spans = collector
+        .wait_for(
+            std::time::Duration::from_secs(10),
+            "the span `app`",
+            |spans| spans.iter().any(|r| r.span.name == "app"),
+        )
+        .await;
+    let app_span = spans.iter().find(|r| r.span.name == "app").unwrap();
+    let trace = fanout_testkit::otlp::hex(&app_span.span.trace_id);
+    one_sent_in(&heard, (&trace, "01"), "the span the read runs in");
 }

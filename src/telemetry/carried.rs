@@ -48,13 +48,14 @@ pub(crate) struct Away {
 }
 
 tokio::task_local! {
-    /// The span a read made away from its request's task is under.
-    static PARENT: Option<SpanContext>;
+    /// The span a read made away from its request's task is under, and
+    /// whether that task serves another request.
+    static PARENT: (Option<SpanContext>, bool);
 }
 
 /// A read's future made and run under a request's trace ([`carry`]).
 pub(crate) type Carried<F> =
-    TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<Option<SpanContext>, F>>;
+    TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<(Option<SpanContext>, bool), F>>;
 
 impl CarriedTrace {
     /// The trace of the request the current task serves, under its current
@@ -76,8 +77,9 @@ impl CarriedTrace {
         };
         // In a task a read of the request's was carried to, the span the
         // request's reads are under there: a span of another trace (the
-        // application's, opened in that task) is not the request's.
-        // With none kept there, no span of that task's is the request's.
+        // application's, opened in that task) is not the request's. With
+        // none kept there, in another request's task, no span of that
+        // task's is.
         let carried_to = parent();
         // A request sampled out has no span to name.
         let parent = (!sampled_out() && !span.is_none())
@@ -136,8 +138,13 @@ impl CarriedTrace {
 /// sampling, and the span its reads' spans are under.
 pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F) -> Carried<F> {
     let Away { sampling, parent } = away;
-    let made = SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(parent.clone(), make));
-    SAMPLING.scope(sampling, PARENT.scope(parent, made))
+    // Into another request's task: a span there is that request's.
+    let foreign = SAMPLING
+        .try_with(|here| !Arc::ptr_eq(here, &sampling))
+        .unwrap_or(false);
+    let under = (parent, foreign);
+    let made = SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(under.clone(), make));
+    SAMPLING.scope(sampling, PARENT.scope(under, made))
 }
 
 /// `work` the current task hands to a task of its own (a coalesced read's
@@ -155,8 +162,18 @@ pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Carried<F>, F
 }
 
 /// In a task a read was carried to ([`carry`]): the span its request's
-/// reads are under there, if one was kept (`Some(None)`: carried, none
-/// kept — no span of that task's is the request's); `None` elsewhere.
+/// reads are under there, if one was kept; `Some(None)` when none was and
+/// the task serves another request (no span of that task's is the
+/// request's). `None` elsewhere — and in a task of no request's with none
+/// kept, where the current span, if any, is taken as the request's (a
+/// `DataLoader`'s load runs in the spans of the request's task that
+/// spawned it).
 pub(crate) fn parent() -> Option<Option<SpanContext>> {
-    PARENT.try_with(Clone::clone).ok()
+    PARENT
+        .try_with(|(kept, foreign)| match kept {
+            Some(kept) => Some(Some(kept.clone())),
+            None => foreign.then_some(None),
+        })
+        .ok()
+        .flatten()
 }

@@ -88,7 +88,8 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     }
     let decision = super::sampling::current();
     // A request sampled out has no span to look for; nor has a read carried
-    // away with none kept (a span of that task's is another trace's).
+    // into another request's task with none kept (a span there is that
+    // request's).
     if carried.is_none() && decision.is_none_or(|decision| decision.sampled) {
         let cx = tracing::Span::current().context();
         let span = cx.span();

@@ -93,8 +93,9 @@ impl Span {
                     let sink = super::sampling::sink()?;
                     // Away from its request's task, the span its handle
                     // kept (`carried.rs`), whatever span of another trace
-                    // the task runs in — none when none was kept; else the
-                    // current `tracing` span.
+                    // the task runs in — none when none was kept and the
+                    // task is another request's; else the current `tracing`
+                    // span.
                     let parent = match super::carried::parent() {
                         Some(kept) => kept,
                         None => tracing_parent(),
