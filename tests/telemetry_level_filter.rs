@@ -227,6 +227,22 @@ fn one_sent_in(heard: &Heard, (trace, expected): (&str, &str), case: &str) {
     assert_eq!(flags, expected, "{case}: {traceparent}");
 }
 
+/// A request traced by `lender` lending its handle (`hold`) while another,
+/// of a sampled trace of its own, runs `borrow` (`borrow(…)`, its field as
+/// written) through it; both answered.
+async fn lend_and_borrow(app: &Router, lender: &str, borrow: &str) {
+    let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
+    let query = format!(r#"{{"query":"{{ {borrow} }}"}}"#);
+    let (held, borrowed) = tokio::join!(
+        fanout_testkit::post(app, r#"{"query":"{ hold }"}"#.to_owned(), &lending),
+        fanout_testkit::post(app, query, &borrowing),
+    );
+    assert_eq!(held.json()["data"]["hold"], 1, "{:?}", held.json());
+    let borrowed = borrowed.json();
+    assert_eq!(borrowed["data"]["borrow"], 200, "{borrowed:?}");
+}
+
 /// The tests of this binary, one at a time: each sets its own level
 /// filter, and the process's highest level is every subscriber's.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -590,16 +606,7 @@ async fn a_read_through_another_requests_handle_names_that_requests_trace() {
             "00",
         ),
     ] {
-        let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
-        let query = r#"{"query":"{ borrow(id: 5) }"}"#;
-        let (held, borrowed) = tokio::join!(
-            fanout_testkit::post(&app, r#"{"query":"{ hold }"}"#.to_owned(), &lending),
-            fanout_testkit::post(&app, query.to_owned(), &borrowing),
-        );
-        assert_eq!(held.json()["data"]["hold"], 1, "{:?}", held.json());
-        let borrowed = borrowed.json();
-        assert_eq!(borrowed["data"]["borrow"], 200, "{borrowed:?}");
+        lend_and_borrow(&app, lender, "borrow(id: 5)").await;
         let lending = "0af7651916cd43dd8448eb211c80319c";
         one_sent_in(&heard, (lending, flags), "the lending request's trace");
     }
@@ -617,16 +624,7 @@ async fn a_read_through_a_lent_handle_with_no_span_kept_is_not_the_borrowers() {
     let (app, _task, heard) = service().await;
     let exporting = exporting(Filter::AppOnly).await;
     let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let borrower = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-    let (lending, borrowing) = ([("traceparent", lender)], [("traceparent", borrower)]);
-    let query = r#"{"query":"{ borrow(id: 6, inSpan: true) }"}"#;
-    let (held, borrowed) = tokio::join!(
-        fanout_testkit::post(&app, r#"{"query":"{ hold }"}"#.to_owned(), &lending),
-        fanout_testkit::post(&app, query.to_owned(), &borrowing),
-    );
-    assert_eq!(held.json()["data"]["hold"], 1, "{:?}", held.json());
-    let borrowed = borrowed.json();
-    assert_eq!(borrowed["data"]["borrow"], 200, "{borrowed:?}");
+    lend_and_borrow(&app, lender, "borrow(id: 6, inSpan: true)").await;
     let sent = std::mem::take(&mut *heard.lock().unwrap());
     assert_eq!(
         sent,
