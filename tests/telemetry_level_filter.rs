@@ -21,7 +21,7 @@ use axum::Router;
 use fanout_budget::config::TelemetryConfig;
 use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
-use fanout_testkit::otlp::Collector;
+use fanout_testkit::otlp::{hex, Collector, SpanKind};
 use std::sync::{Arc, Mutex};
 use tracing_subscriber::filter::{LevelFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -133,6 +133,15 @@ impl Query {
         Ok(1)
     }
 
+    /// Leaves the operation's handle for [`borrow`](Self::borrow), and
+    /// ends.
+    async fn lend(&self, ctx: &Context<'_>) -> async_graphql::Result<u16> {
+        let lent = ctx.data::<Lent>()?;
+        *lent.handle.lock().unwrap() = Some(ctx.fanout_operation()?);
+        lent.given.notify_one();
+        Ok(1)
+    }
+
     /// `/item/{id}`, read in this request's task through the handle
     /// [`hold`](Self::hold) lent — inside a span of the application's own
     /// (`borrowing`, INFO) when `in_span`.
@@ -141,6 +150,7 @@ impl Query {
         ctx: &Context<'_>,
         id: u32,
         #[graphql(default)] in_span: bool,
+        #[graphql(default)] spawned: bool,
     ) -> async_graphql::Result<u16> {
         use tracing::Instrument as _;
         let lent = ctx.data::<Lent>()?;
@@ -156,8 +166,19 @@ impl Query {
         })
         .await
         .map_err(|_| "no handle lent")?;
-        let upstream = handle.upstream();
-        let read = upstream.read(Read::get(url));
+        let read = async move { handle.upstream().read(Read::get(url)).await };
+        // Spawned in the spans current here (`in_current_span`), as a
+        // loader shared between requests spawns its load.
+        let read = async move {
+            if spawned {
+                tokio::spawn(read.in_current_span())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("{e:?}"))
+            } else {
+                read.await.map_err(|e| format!("{e:?}"))
+            }
+        };
         let read = if in_span {
             read.instrument(tracing::info_span!("borrowing")).await
         } else {
@@ -182,6 +203,17 @@ impl Query {
         };
         let read = spawned.instrument(tracing::info_span!("app")).await;
         Ok(read??.status.as_u16())
+    }
+
+    /// `/item/{id}`, read through the operation's handle from a task of its
+    /// own that runs in the spans current in the resolver
+    /// (`in_current_span`), with no span of its own.
+    async fn loaded(&self, ctx: &Context<'_>, id: u32) -> async_graphql::Result<u16> {
+        use tracing::Instrument as _;
+        let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let operation = ctx.fanout_operation()?;
+        let read = async move { operation.upstream().read(Read::get(url)).await };
+        Ok(tokio::spawn(read.in_current_span()).await??.status.as_u16())
     }
 
     /// `/item/1`, then `/item/2` inside a span of the application's own
@@ -569,11 +601,7 @@ async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
     let query = r#"{"query":"{ worker(id: 4) }"}"#;
     for coalesce in [false, true] {
         let (app, _task, heard) = service_with(|config, upstream| {
-            if coalesce {
-                let host = upstream.trim_start_matches("http://").to_owned();
-                let table = fanout_budget::config::HostConfig::default().coalesce(true);
-                config.hosts.insert(host, table);
-            }
+            coalescing(config, upstream, coalesce);
         })
         .await;
         let answer =
@@ -594,6 +622,7 @@ async fn a_read_through_another_requests_handle_names_that_requests_trace() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
     let exporting = exporting(Filter::Level(None)).await;
+    let mut named = None;
     // The lender sampled, then sampled out by its caller: its trace, its
     // flag, whichever the borrower's.
     for (lender, flags) in [
@@ -608,9 +637,39 @@ async fn a_read_through_another_requests_handle_names_that_requests_trace() {
     ] {
         lend_and_borrow(&app, lender, "borrow(id: 5)").await;
         let lending = "0af7651916cd43dd8448eb211c80319c";
+        if flags == "01" {
+            let sent = heard.lock().unwrap().first().cloned().flatten();
+            named = sent.map(|traceparent| parts(&traceparent).1);
+        }
         one_sent_in(&heard, (lending, flags), "the lending request's trace");
     }
-    exporting.flushed().await;
+    // The sampled lender's read named its CLIENT span, exported, under the
+    // lending request's spans (up to its caller's).
+    let named = named.expect("the sampled lender's traceparent");
+    let collector = exporting.flushed().await;
+    let spans = collector
+        .wait_for(
+            std::time::Duration::from_secs(10),
+            "the span the upstream request named",
+            |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
+        )
+        .await;
+    let by_id = |id: &str| spans.iter().find(|r| hex(&r.span.span_id) == id);
+    let client = by_id(&named).unwrap();
+    assert_eq!(client.span.kind, SpanKind::Client as i32, "{client:?}");
+    let mut at = client;
+    for _ in 0..spans.len() {
+        assert_eq!(hex(&at.span.trace_id), "0af7651916cd43dd8448eb211c80319c");
+        match by_id(&hex(&at.span.parent_span_id)) {
+            Some(parent) => at = parent,
+            None => break,
+        }
+    }
+    assert_eq!(
+        hex(&at.span.parent_span_id),
+        "b7ad6b7169203331",
+        "the lender's caller's span at the root: {at:?}"
+    );
 }
 
 /// The same read through a lent handle, inside a span the borrowing
@@ -663,4 +722,151 @@ async fn a_spawned_read_in_the_requests_spans_names_them_with_no_span_kept() {
     let app_span = spans.iter().find(|r| r.span.name == "app").unwrap();
     let trace = fanout_testkit::otlp::hex(&app_span.span.trace_id);
     one_sent_in(&heard, (&trace, "01"), "the span the read runs in");
+}
+
+/// Under a per-target filter that keeps the engine's spans out (no span of
+/// the lending request's kept), a load through a lent handle (a loader
+/// shared between requests) spawned in the spans of the borrowing
+/// request's task is the lending request's: its caller's trace, passed on
+/// as it came — not the borrowing request's span it was spawned in; to a
+/// host that coalesces (its send handed to a task of its own) as to one
+/// that does not.
+#[tokio::test(flavor = "current_thread")]
+async fn a_shared_loads_in_another_requests_spans_is_not_that_requests() {
+    let _serial = SERIAL.lock().await;
+    let exporting = exporting(Filter::AppOnly).await;
+    let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    for coalesce in [false, true] {
+        let (app, _task, heard) = service_with(|config, upstream| {
+            coalescing(config, upstream, coalesce);
+        })
+        .await;
+        lend_and_borrow(&app, lender, "borrow(id: 8, inSpan: true, spawned: true)").await;
+        let sent = std::mem::take(&mut *heard.lock().unwrap());
+        assert_eq!(
+            sent,
+            vec![Some(lender.to_owned())],
+            "the lender's caller's, as it came (coalesce: {coalesce})"
+        );
+    }
+    exporting.flushed().await;
+}
+
+/// `config` with the upstream's host coalescing reads when `coalesce`.
+fn coalescing(config: &mut Config, upstream: &str, coalesce: bool) {
+    if coalesce {
+        let host = upstream.trim_start_matches("http://").to_owned();
+        let table = fanout_budget::config::HostConfig::default().coalesce(true);
+        config.hosts.insert(host, table);
+    }
+}
+
+/// Under a per-target filter that keeps the engine's spans out, a read
+/// through the handle in a task of its own, inside a span opened there (a
+/// trace of that task's own), is the request's: its caller's trace, passed
+/// on as it came.
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_under_a_span_of_its_own_task_with_no_span_kept_is_the_requests() {
+    let _serial = SERIAL.lock().await;
+    let exporting = exporting(Filter::AppOnly).await;
+    let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let query = r#"{"query":"{ worker(id: 9) }"}"#;
+    for coalesce in [false, true] {
+        let (app, _task, heard) = service_with(|config, upstream| {
+            coalescing(config, upstream, coalesce);
+        })
+        .await;
+        let headers = [("traceparent", inbound)];
+        let answer = fanout_testkit::post(&app, query.to_owned(), &headers).await;
+        assert_eq!(answer.json()["data"]["worker"], 200, "{:?}", answer.json());
+        let sent = std::mem::take(&mut *heard.lock().unwrap());
+        let case = format!("the caller's, as it came (coalesce: {coalesce})");
+        assert_eq!(sent, vec![Some(inbound.to_owned())], "{case}");
+    }
+    exporting.flushed().await;
+}
+
+/// Under a per-target filter that keeps the engine's spans out, a read
+/// spawned in the spans of the request's task names the span the
+/// application opened around the request before the engine saw it (as a
+/// `tower-http` trace layer does; opened before the request's sampling, it
+/// is no span "opened in the request's task") — as a read in the request's
+/// own task does.
+#[tokio::test(flavor = "current_thread")]
+async fn a_spawned_read_in_a_span_around_the_request_names_it_with_no_span_kept() {
+    use tracing::Instrument as _;
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let app = app.layer(axum::middleware::from_fn(
+        |request: axum::extract::Request, next: axum::middleware::Next| {
+            next.run(request).instrument(tracing::info_span!("around"))
+        },
+    ));
+    let exporting = exporting(Filter::AppOnly).await;
+    for query in [
+        r#"{"query":"{ item(id: 10) }"}"#,
+        r#"{"query":"{ loaded(id: 11) }"}"#,
+    ] {
+        let answer = fanout_testkit::post(&app, query.to_owned(), &[]).await;
+        assert_eq!(answer.status, 200, "{:?}", answer.json());
+        assert!(answer.json()["errors"].is_null(), "{:?}", answer.json());
+    }
+    let collector = exporting.flushed().await;
+    let spans = collector
+        .wait_for(
+            std::time::Duration::from_secs(10),
+            "two spans `around`",
+            |spans| spans.iter().filter(|r| r.span.name == "around").count() == 2,
+        )
+        .await;
+    let mut traces: Vec<_> = spans
+        .iter()
+        .filter(|r| r.span.name == "around")
+        .map(|r| fanout_testkit::otlp::hex(&r.span.trace_id))
+        .collect();
+    let sent = std::mem::take(&mut *heard.lock().unwrap());
+    let mut sent_in: Vec<_> = sent
+        .iter()
+        .map(|traceparent| {
+            let (trace, _, flags) = parts(traceparent.as_deref().expect("a traceparent"));
+            assert_eq!(flags, "01", "{traceparent:?}");
+            trace
+        })
+        .collect();
+    traces.sort();
+    sent_in.sort();
+    assert_eq!(sent_in, traces, "each read in its request's span `around`");
+}
+
+/// A handle kept after its request ended, read through in another
+/// request's task: the read keeps nothing of the ended request's trace —
+/// it is in the trace of the request whose task makes it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_through_an_ended_requests_handle_is_not_in_its_trace() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let exporting = exporting(Filter::Level(None)).await;
+    let lender = [(
+        "traceparent",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    )];
+    let lent = fanout_testkit::post(&app, r#"{"query":"{ lend }"}"#.to_owned(), &lender).await;
+    assert_eq!(lent.json()["data"]["lend"], 1, "{:?}", lent.json());
+    let borrower = [(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    )];
+    let query = r#"{"query":"{ borrow(id: 12) }"}"#;
+    let borrowed = fanout_testkit::post(&app, query.to_owned(), &borrower).await;
+    let sent = std::mem::take(&mut *heard.lock().unwrap());
+    let borrowed = borrowed.json();
+    assert_eq!(borrowed["data"]["borrow"], 200, "{borrowed:?}");
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let (trace, _, flags) = parts(sent[0].as_deref().expect("a traceparent"));
+    assert_eq!(
+        trace, "4bf92f3577b34da6a3ce929d0e0e4736",
+        "the borrower's trace"
+    );
+    assert_eq!(flags, "01");
+    exporting.flushed().await;
 }

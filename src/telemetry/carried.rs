@@ -20,6 +20,7 @@
 //!   request's own task costs two atomic loads and a task-local look-up.
 
 use super::live::is_active;
+use super::opened::current_is_of;
 use super::sampling::{carried, sampled_out, Sampling, SAMPLING};
 use futures::future::Either;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
@@ -47,15 +48,22 @@ pub(crate) struct Away {
     parent: Option<SpanContext>,
 }
 
+/// Where a read made away from its request's task is ([`PARENT`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Under {
+    /// The span its request's reads are under, if one was kept.
+    kept: Option<SpanContext>,
+    /// Whether the task serves another request.
+    foreign: bool,
+}
+
 tokio::task_local! {
-    /// The span a read made away from its request's task is under, and
-    /// whether that task serves another request.
-    static PARENT: (Option<SpanContext>, bool);
+    /// Where a read made away from its request's task is.
+    static PARENT: Under;
 }
 
 /// A read's future made and run under a request's trace ([`carry`]).
-pub(crate) type Carried<F> =
-    TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<(Option<SpanContext>, bool), F>>;
+pub(crate) type Carried<F> = TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<Under, F>>;
 
 impl CarriedTrace {
     /// The trace of the request the current task serves, under its current
@@ -142,7 +150,10 @@ pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F
     let foreign = SAMPLING
         .try_with(|here| !Arc::ptr_eq(here, &sampling))
         .unwrap_or(false);
-    let under = (parent, foreign);
+    let under = Under {
+        kept: parent,
+        foreign,
+    };
     let made = SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(under.clone(), make));
     SAMPLING.scope(sampling, PARENT.scope(under, made))
 }
@@ -163,16 +174,21 @@ pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Carried<F>, F
 
 /// In a task a read was carried to ([`carry`]): the span its request's
 /// reads are under there, if one was kept; `Some(None)` when none was and
-/// the task serves another request (no span of that task's is the
-/// request's). `None` elsewhere — and in a task of no request's with none
-/// kept, where the current span, if any, is taken as the request's (a
-/// `DataLoader`'s load runs in the spans of the request's task that
-/// spawned it).
+/// the current span is not the request's — in another request's task, or
+/// one opened outside the request's task (`opened.rs`: a span of the task's
+/// own, or of another request's where a loader shared between requests
+/// spawned its load). `None` elsewhere — and where the current span, if
+/// any, may be taken as the request's (a `DataLoader`'s load runs in the
+/// spans of the request's task that spawned it).
 pub(crate) fn parent() -> Option<Option<SpanContext>> {
     PARENT
-        .try_with(|(kept, foreign)| match kept {
+        .try_with(|under| match &under.kept {
             Some(kept) => Some(Some(kept.clone())),
-            None => foreign.then_some(None),
+            None if under.foreign => Some(None),
+            None => {
+                let of_request = SAMPLING.try_with(current_is_of).unwrap_or(true);
+                (!of_request).then_some(None)
+            }
         })
         .ok()
         .flatten()

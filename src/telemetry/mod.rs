@@ -60,6 +60,7 @@ mod inbound;
 mod instruments;
 mod limits;
 mod live;
+mod opened;
 mod processor;
 mod provider;
 mod sampling;

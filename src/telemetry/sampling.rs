@@ -352,7 +352,10 @@ pub(crate) struct SampledOnly {
     pub(crate) sink: Arc<Sink>,
 }
 
-impl<S> Filter<S> for SampledOnly {
+impl<S> Filter<S> for SampledOnly
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
     fn enabled(&self, meta: &Metadata<'_>, _cx: &LayerContext<'_, S>) -> bool {
         if marked_out(meta) {
             return false;
@@ -366,6 +369,18 @@ impl<S> Filter<S> for SampledOnly {
                 sampled
             })
             .unwrap_or(true)
+    }
+
+    fn on_new_span(
+        &self,
+        _attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        cx: LayerContext<'_, S>,
+    ) {
+        // Which request's task opened it (`opened.rs`).
+        if let Ok(sampling) = SAMPLING.try_with(Arc::downgrade) {
+            super::opened::note(id, &cx, sampling);
+        }
     }
 
     fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
