@@ -321,12 +321,16 @@ struct Exporting {
 }
 
 /// Which spans reach the telemetry's layer.
+#[derive(Clone, Copy, Debug)]
 enum Filter {
     /// Those at this level or above (`None`: every one).
     Level(Option<LevelFilter>),
     /// The application's own (this test's target) at `INFO`, none of the
     /// engine's.
     AppOnly,
+    /// The application's own at `INFO` and the engine's read path's, none
+    /// of the engine's request and operation spans.
+    ReadsOnly,
 }
 
 async fn exporting(filter: Filter) -> Exporting {
@@ -338,6 +342,14 @@ async fn exporting(filter: Filter) -> Exporting {
         Filter::AppOnly => {
             let targets = Targets::new()
                 .with_target(module_path!(), LevelFilter::INFO)
+                .with_default(LevelFilter::WARN);
+            tracing::subscriber::set_default(subscriber.with(targets))
+        }
+        Filter::ReadsOnly => {
+            let targets = Targets::new()
+                .with_target(module_path!(), LevelFilter::INFO)
+                .with_target("fanout_budget", LevelFilter::DEBUG)
+                .with_target("fanout_budget::graphql", LevelFilter::OFF)
                 .with_default(LevelFilter::WARN);
             tracing::subscriber::set_default(subscriber.with(targets))
         }
@@ -725,16 +737,25 @@ async fn a_spawned_read_in_the_requests_spans_names_them_with_no_span_kept() {
 }
 
 /// Under a per-target filter that keeps the engine's spans out (no span of
-/// the lending request's kept), a load through a lent handle (a loader
-/// shared between requests) spawned in the spans of the borrowing
-/// request's task is the lending request's: its caller's trace, passed on
-/// as it came — not the borrowing request's span it was spawned in; to a
-/// host that coalesces (its send handed to a task of its own) as to one
-/// that does not.
+/// the lending request's kept), or only its request and operation spans
+/// (the read path's own spans still exported), a load through a lent
+/// handle (a loader shared between requests) spawned in the spans of the
+/// borrowing request's task is the lending request's: its caller's trace,
+/// passed on as it came — not the borrowing request's span it was spawned
+/// in; to a host that coalesces (its send handed to a task of its own) as
+/// to one that does not.
 #[tokio::test(flavor = "current_thread")]
 async fn a_shared_loads_in_another_requests_spans_is_not_that_requests() {
+    for filter in [Filter::AppOnly, Filter::ReadsOnly] {
+        shared_load_under(filter).await;
+    }
+}
+
+/// [`a_shared_loads_in_another_requests_spans_is_not_that_requests`]
+/// under `filter`.
+async fn shared_load_under(filter: Filter) {
     let _serial = SERIAL.lock().await;
-    let exporting = exporting(Filter::AppOnly).await;
+    let exporting = exporting(filter).await;
     let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     for coalesce in [false, true] {
         let (app, _task, heard) = service_with(|config, upstream| {
@@ -742,11 +763,20 @@ async fn a_shared_loads_in_another_requests_spans_is_not_that_requests() {
         })
         .await;
         lend_and_borrow(&app, lender, "borrow(id: 8, inSpan: true, spawned: true)").await;
+        let case = format!("coalesce: {coalesce}, {filter:?}");
+        if let Filter::ReadsOnly = filter {
+            // The read's own spans, under the lender's caller's.
+            let sent = heard.lock().unwrap().first().cloned().flatten();
+            let (_, parent, _) = parts(&sent.unwrap_or_default());
+            assert_ne!(parent, "b7ad6b7169203331", "a span of the read's: {case}");
+            one_sent_in(&heard, ("0af7651916cd43dd8448eb211c80319c", "01"), &case);
+            continue;
+        }
         let sent = std::mem::take(&mut *heard.lock().unwrap());
         assert_eq!(
             sent,
             vec![Some(lender.to_owned())],
-            "the lender's caller's, as it came (coalesce: {coalesce})"
+            "the lender's caller's, as it came ({case})"
         );
     }
     exporting.flushed().await;
@@ -869,4 +899,51 @@ async fn a_read_through_an_ended_requests_handle_is_not_in_its_trace() {
     );
     assert_eq!(flags, "01");
     exporting.flushed().await;
+}
+
+/// Under a per-target filter that keeps the engine's request and operation
+/// spans out but its read path's in, a read's span has no span of the
+/// request's above it: it joins the caller's trace under the caller's span
+/// (as the request's span would), its CLIENT span under it and named
+/// upstream — not a trace of its own.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reads_span_with_no_request_span_joins_the_callers_trace() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let exporting = exporting(Filter::ReadsOnly).await;
+    let inbound = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let query = r#"{"query":"{ item(id: 13) }"}"#;
+    let answer = fanout_testkit::post(&app, query.to_owned(), &[("traceparent", inbound)]).await;
+    assert_eq!(answer.json()["data"]["item"], 200, "{:?}", answer.json());
+    let sent = heard.lock().unwrap().first().cloned().flatten();
+    let (_, named, _) = parts(&sent.unwrap_or_default());
+    one_sent_in(
+        &heard,
+        ("0af7651916cd43dd8448eb211c80319c", "01"),
+        "the caller's trace",
+    );
+    let collector = exporting.flushed().await;
+    let spans = collector
+        .wait_for(
+            std::time::Duration::from_secs(10),
+            "the read's spans",
+            |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
+        )
+        .await;
+    let client = spans
+        .iter()
+        .find(|r| hex(&r.span.span_id) == named)
+        .unwrap();
+    assert_eq!(client.span.kind, SpanKind::Client as i32, "{client:?}");
+    let read = spans
+        .iter()
+        .find(|r| r.span.name == "upstream.read")
+        .expect("the read's span");
+    assert_eq!(client.span.parent_span_id, read.span.span_id, "{client:?}");
+    assert_eq!(
+        hex(&read.span.parent_span_id),
+        "b7ad6b7169203331",
+        "{read:?}"
+    );
+    assert_eq!(hex(&read.span.trace_id), "0af7651916cd43dd8448eb211c80319c");
 }

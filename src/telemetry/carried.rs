@@ -20,14 +20,19 @@
 //!   request's own task costs two atomic loads and a task-local look-up.
 
 use super::live::is_active;
-use super::opened::current_is_of;
-use super::sampling::{carried, sampled_out, Sampling, SAMPLING};
+use super::opened::{current_is_of, is_of, note, note_span};
+use super::sampling::{caller_parent, carried, sampled_out, Sampling, SAMPLING};
 use futures::future::Either;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
 use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
 use std::sync::{Arc, Mutex};
 use tokio::task::futures::TaskLocalFuture;
+use tracing::span::{Attributes, Id};
+use tracing::subscriber::Interest;
+use tracing::Metadata;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+use tracing_subscriber::layer::{Context as LayerContext, Filter};
+use tracing_subscriber::registry::LookupSpan;
 
 /// The trace an operation's reads belong to, for those made outside its
 /// request's task.
@@ -94,12 +99,15 @@ impl CarriedTrace {
             .then(|| span.context().span().span_context().clone())
             .filter(|parent| parent.is_valid() && parent.is_sampled())
             .filter(|parent| match &carried_to {
-                None => true,
-                Some(to) => to
-                    .as_ref()
-                    .is_some_and(|to| to.trace_id() == parent.trace_id()),
-            })
-            .or(carried_to.flatten().filter(SpanContext::is_valid));
+                Parent::Current => true,
+                Parent::Kept(to) => to.trace_id() == parent.trace_id(),
+                Parent::OpenedThere => is_of(span, &sampling),
+                Parent::NoSpan => false,
+            });
+        let parent = match carried_to {
+            Parent::Kept(to) if parent.is_none() && to.is_valid() => Some(to),
+            _ => parent,
+        };
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         // A span no layer opened (the application's level filter keeps
         // DEBUG out: no operation span) names nothing: the reads stay
@@ -145,11 +153,23 @@ impl CarriedTrace {
 /// The future `make` gives, made and run under `away`: the request's
 /// sampling, and the span its reads' spans are under.
 pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F) -> Carried<F> {
+    carry_from(away, false, make)
+}
+
+/// [`carry`], from a task of another request's when `foreign` (as it was
+/// for the task handing work over, [`hand_over`]) or when the current task
+/// serves another request.
+fn carry_from<F: std::future::Future>(
+    away: Away,
+    foreign: bool,
+    make: impl FnOnce() -> F,
+) -> Carried<F> {
     let Away { sampling, parent } = away;
     // Into another request's task: a span there is that request's.
-    let foreign = SAMPLING
-        .try_with(|here| !Arc::ptr_eq(here, &sampling))
-        .unwrap_or(false);
+    let foreign = foreign
+        || SAMPLING
+            .try_with(|here| !Arc::ptr_eq(here, &sampling))
+            .unwrap_or(false);
     let under = Under {
         kept: parent,
         foreign,
@@ -166,30 +186,112 @@ pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F
 /// exports.
 pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Carried<F>, F> {
     let kept = CarriedTrace::here().kept.into_inner();
+    // Handed over from a task the read was carried to: the task it goes to
+    // is as foreign to the request as this one.
+    let foreign = PARENT.try_with(|under| under.foreign).unwrap_or(false);
     match kept.unwrap_or_else(|e| e.into_inner()) {
-        Some(away) => Either::Left(carry(away, move || work)),
+        Some(away) => Either::Left(carry_from(away, foreign, move || work)),
         None => Either::Right(work),
     }
 }
 
-/// In a task a read was carried to ([`carry`]): the span its request's
-/// reads are under there, if one was kept; `Some(None)` when none was and
-/// the current span is not the request's — in another request's task, or
-/// one opened outside the request's task (`opened.rs`: a span of the task's
-/// own, or of another request's where a loader shared between requests
-/// spawned its load). `None` elsewhere — and where the current span, if
-/// any, may be taken as the request's (a `DataLoader`'s load runs in the
-/// spans of the request's task that spawned it).
-pub(crate) fn parent() -> Option<Option<SpanContext>> {
+/// Where the spans of a read made in the current task are parented, and
+/// which span its upstream requests name with none of its own
+/// ([`parent`]).
+#[derive(Clone, Debug)]
+pub(crate) enum Parent {
+    /// Not in a task a read was carried to: the current span, if any.
+    Current,
+    /// Carried, with a span of the request's kept: that one, whatever span
+    /// of another trace the task runs in.
+    Kept(SpanContext),
+    /// Carried into a task of no request's, none kept: the current span
+    /// only if it was opened in the request's task (`opened.rs`) — a
+    /// `DataLoader`'s load runs in the spans of the request's task that
+    /// spawned it; a loader shared between requests may spawn its load in
+    /// another request's spans, a task may open a span of its own.
+    OpenedThere,
+    /// Carried into another request's task, none kept: no span of that
+    /// task's is the request's.
+    NoSpan,
+}
+
+impl Parent {
+    /// Whether the current span may be taken as the request's (one
+    /// look-up in the registry where it was carried with none kept).
+    pub(crate) fn takes_current(&self) -> bool {
+        match self {
+            Parent::Current => true,
+            Parent::OpenedThere => SAMPLING.try_with(current_is_of).unwrap_or(true),
+            Parent::Kept(_) | Parent::NoSpan => false,
+        }
+    }
+}
+
+/// Where the spans of a read made in the current task are parented
+/// ([`Parent`]).
+pub(crate) fn parent() -> Parent {
     PARENT
         .try_with(|under| match &under.kept {
-            Some(kept) => Some(Some(kept.clone())),
-            None if under.foreign => Some(None),
-            None => {
-                let of_request = SAMPLING.try_with(current_is_of).unwrap_or(true);
-                (!of_request).then_some(None)
-            }
+            Some(kept) => Parent::Kept(kept.clone()),
+            None if under.foreign => Parent::NoSpan,
+            None => Parent::OpenedThere,
         })
-        .ok()
-        .flatten()
+        .unwrap_or(Parent::Current)
+}
+
+/// A read path's `tracing` span, just opened where no direct span could be
+/// (`direct.rs`: no span of the request's exported above it, or its
+/// request not yet decided): made a child of the request's caller's span
+/// (a root, with no caller) when no span of the request's is above it —
+/// none exported, or the current span not the request's in a task the
+/// read was carried to — as the request's own span would be. Else as it
+/// was opened.
+pub(crate) fn adopt_request_parent(span: &tracing::Span) {
+    if !is_active() || span.is_none() || SAMPLING.try_with(|_| ()).is_err() {
+        return;
+    }
+    let under = parent();
+    if let Parent::Kept(_) = under {
+        return;
+    }
+    if under.takes_current() {
+        let current = tracing::Span::current().context();
+        if current.span().span_context().is_valid() {
+            return;
+        }
+    }
+    let parent = match caller_parent() {
+        Some(caller) => opentelemetry::Context::new().with_remote_span_context(caller),
+        None => opentelemetry::Context::new(),
+    };
+    let _ = span.set_parent(parent);
+    // A span of the request's now: the spans and requests under it name it.
+    if let Ok(sampling) = SAMPLING.try_with(Arc::clone) {
+        note_span(span, &sampling);
+    }
+}
+
+/// The telemetry layer's part that notes, on each span it exports, the
+/// request whose task opened it (`opened.rs`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Marking;
+
+impl<S> Filter<S> for Marking
+where
+    S: tracing::Subscriber + for<'span> LookupSpan<'span>,
+{
+    fn enabled(&self, _meta: &Metadata<'_>, _cx: &LayerContext<'_, S>) -> bool {
+        true
+    }
+
+    fn callsite_enabled(&self, _meta: &'static Metadata<'static>) -> Interest {
+        Interest::always()
+    }
+
+    fn on_new_span(&self, _attrs: &Attributes<'_>, id: &Id, cx: LayerContext<'_, S>) {
+        if let Ok(sampling) = SAMPLING.try_with(Arc::clone) {
+            note(id, &cx, &sampling);
+        }
+    }
 }

@@ -81,16 +81,16 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     // is under, kept from the request's task — the only one it has when
     // no direct span was built (a level filter that keeps DEBUG out).
     let carried = super::carried::parent();
-    if let Some(Some(parent)) = &carried {
+    if let super::carried::Parent::Kept(parent) = &carried {
         if parent.is_valid() {
             return Some(in_trace(parent, parent.is_sampled()));
         }
     }
     let decision = super::sampling::current();
     // A request sampled out has no span to look for; nor has a read carried
-    // into another request's task with none kept (a span there is that
-    // request's).
-    if carried.is_none() && decision.is_none_or(|decision| decision.sampled) {
+    // where the current span is not the request's (another request's task
+    // with none kept, a span not opened in the request's task).
+    if decision.is_none_or(|decision| decision.sampled) && carried.takes_current() {
         let cx = tracing::Span::current().context();
         let span = cx.span();
         let context = span.span_context();

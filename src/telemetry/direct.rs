@@ -97,8 +97,9 @@ impl Span {
                     // task is another request's; else the current `tracing`
                     // span.
                     let parent = match super::carried::parent() {
-                        Some(kept) => kept,
-                        None => tracing_parent(),
+                        super::carried::Parent::Kept(kept) => Some(kept),
+                        carried if carried.takes_current() => tracing_parent(),
+                        _ => None,
                     }?;
                     if !parent.is_sampled() {
                         return None;

@@ -69,7 +69,7 @@ mod span_exporter;
 mod truncate;
 mod weight;
 
-pub(crate) use carried::{carry, hand_over, Carried, CarriedTrace};
+pub(crate) use carried::{adopt_request_parent, carry, hand_over, Carried, CarriedTrace};
 pub(crate) use context::{adopt_parent, current_context};
 pub(crate) use instruments::{is_recording, with as instruments, Instruments};
 pub(crate) use live::is_active as is_exporting;
@@ -258,10 +258,14 @@ impl Telemetry {
             // `Context::current()`; `traceparent` is written from the
             // tracing span's own context (`context.rs`).
             .with_context_activation(false)
-            .with_filter(targets.and(sampling::SampledOnly {
-                ratio: self.sample_ratio,
-                sink: self.sink.clone(),
-            }))
+            .with_filter(
+                targets
+                    .and(sampling::SampledOnly {
+                        ratio: self.sample_ratio,
+                        sink: self.sink.clone(),
+                    })
+                    .and(carried::Marking),
+            )
     }
 
     /// Exports every span ended so far and the metrics, and waits for it

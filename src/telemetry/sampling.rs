@@ -123,6 +123,8 @@ struct Caller {
     /// Its parent id, when its `traceparent` was written as the engine
     /// would write it (so it can go on as it came).
     parent: Option<SpanId>,
+    /// Its parent id, however it was written.
+    span_id: SpanId,
     tracestate: Option<http::HeaderValue>,
 }
 
@@ -189,6 +191,7 @@ pub(crate) fn decide(headers: &http::HeaderMap) -> Option<Arc<Sampling>> {
                 trace_id: parent.trace_id(),
             },
             parent: verbatim.then(|| parent.span_id()),
+            span_id: parent.span_id(),
             tracestate,
         }
     });
@@ -292,6 +295,33 @@ pub(crate) fn caller_tracestate(trace_id: TraceId) -> Option<Option<http::Header
     SAMPLING.try_with(of_caller).ok()
 }
 
+/// The caller's span, as a remote parent, of the request the current task
+/// serves (or whose read it makes), if it had a caller: where a span the
+/// engine opens with no span of the request's above it joins the caller's
+/// trace, as the request's own span does (`adopt_parent`).
+pub(crate) fn caller_parent() -> Option<SpanContext> {
+    let of_caller = |sampling: &Arc<Sampling>| {
+        let caller = sampling.inbound.as_ref()?;
+        let state = caller.tracestate.as_ref().and_then(|state| {
+            let state = state.to_str().ok()?;
+            state.parse::<TraceState>().ok()
+        });
+        let flags = if caller.decision.sampled {
+            opentelemetry::trace::TraceFlags::SAMPLED
+        } else {
+            opentelemetry::trace::TraceFlags::default()
+        };
+        Some(SpanContext::new(
+            caller.decision.trace_id,
+            caller.span_id,
+            flags,
+            true,
+            state.unwrap_or_default(),
+        ))
+    };
+    SAMPLING.try_with(of_caller).ok().flatten()
+}
+
 /// Where the direct spans of the request the current task serves go, when
 /// a telemetry sampled it (`direct.rs`).
 pub(crate) fn sink() -> Option<Arc<Sink>> {
@@ -352,10 +382,7 @@ pub(crate) struct SampledOnly {
     pub(crate) sink: Arc<Sink>,
 }
 
-impl<S> Filter<S> for SampledOnly
-where
-    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
-{
+impl<S> Filter<S> for SampledOnly {
     fn enabled(&self, meta: &Metadata<'_>, _cx: &LayerContext<'_, S>) -> bool {
         if marked_out(meta) {
             return false;
@@ -369,18 +396,6 @@ where
                 sampled
             })
             .unwrap_or(true)
-    }
-
-    fn on_new_span(
-        &self,
-        _attrs: &tracing::span::Attributes<'_>,
-        id: &tracing::span::Id,
-        cx: LayerContext<'_, S>,
-    ) {
-        // Which request's task opened it (`opened.rs`).
-        if let Ok(sampling) = SAMPLING.try_with(Arc::downgrade) {
-            super::opened::note(id, &cx, sampling);
-        }
     }
 
     fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
@@ -482,6 +497,7 @@ mod tests {
         let called = Sampling::new(Some(Caller {
             decision: caller,
             parent: Some(parent),
+            span_id: parent,
             tracestate: tracestate.clone(),
         }));
         assert_eq!(called.decide(0.0), caller, "the caller's flag and trace");
@@ -509,6 +525,7 @@ mod tests {
         let called = Sampling::new(Some(Caller {
             decision: caller,
             parent: Some(parent),
+            span_id: parent,
             tracestate: None,
         }));
         let passed = called.passed_on().expect("passed on");

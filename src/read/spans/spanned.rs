@@ -187,10 +187,13 @@ pub(super) fn enabled(span: impl FnOnce() -> tracing::Span) -> tracing::Span {
     }
     let span = span();
     if span.is_disabled() {
-        tracing::Span::none()
-    } else {
-        span
+        return tracing::Span::none();
     }
+    // Exported with no span of its request's above it: under the
+    // request's caller's, as the request's own span would be.
+    #[cfg(feature = "otel")]
+    crate::telemetry::adopt_request_parent(&span);
+    span
 }
 
 /// Whether the read's spans are opened: some subscriber takes debug spans,
