@@ -224,7 +224,10 @@ impl Query {
         let upstream = ctx.upstream()?;
         let first = upstream.read(Read::get(format!("{base}/item/1").parse()?));
         let first = first.await?.status.as_u16();
-        let second = upstream.read(Read::get(format!("{base}/item/2").parse()?));
+        let url = format!("{base}/item/2").parse()?;
+        // Made and run inside the span, as a resolver's body runs in the
+        // field's span of async-graphql's `Tracing` extension.
+        let second = async { upstream.read(Read::get(url)).await };
         let second = second.instrument(tracing::info_span!("mine")).await?;
         let third = upstream.read(Read::get(format!("{base}/item/3").parse()?));
         let third = third.await?.status.as_u16();
@@ -331,11 +334,28 @@ enum Filter {
     /// The application's own at `INFO` and the engine's read path's, none
     /// of the engine's request and operation spans.
     ReadsOnly,
+    /// Every span opened (another layer, a log's, takes them all), the
+    /// application's not exported (the telemetry is not told its target).
+    Unexported,
 }
+
+/// A layer that does nothing with the spans and events it takes (under a
+/// filter of its own that takes them all, as a log's at `TRACE` would).
+struct Everything;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Everything {}
 
 async fn exporting(filter: Filter) -> Exporting {
     let collector = Collector::start().await;
-    let telemetry = telemetry(&collector);
+    let telemetry = match filter {
+        Filter::Unexported => {
+            let config = TelemetryConfig::default()
+                .otlp_endpoint(collector.base.clone())
+                .sample_ratio(1.0);
+            Telemetry::builder(config).build().unwrap().unwrap()
+        }
+        _ => telemetry(&collector),
+    };
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let default = match filter {
         Filter::Level(level) => tracing::subscriber::set_default(subscriber.with(level)),
@@ -344,6 +364,11 @@ async fn exporting(filter: Filter) -> Exporting {
                 .with_target(module_path!(), LevelFilter::INFO)
                 .with_default(LevelFilter::WARN);
             tracing::subscriber::set_default(subscriber.with(targets))
+        }
+        Filter::Unexported => {
+            use tracing_subscriber::Layer as _;
+            let everything = Everything.with_filter(LevelFilter::TRACE);
+            tracing::subscriber::set_default(subscriber.with(everything))
         }
         Filter::ReadsOnly => {
             let targets = Targets::new()
@@ -946,4 +971,85 @@ async fn a_reads_span_with_no_request_span_joins_the_callers_trace() {
         "{read:?}"
     );
     assert_eq!(hex(&read.span.trace_id), "0af7651916cd43dd8448eb211c80319c");
+}
+
+/// A read inside a span the telemetry does not export (opened for another
+/// layer: a log's, async-graphql's field spans) is under the request's
+/// spans all the same: its upstream request names a span of the request's
+/// trace, the read's span a child of the request's — not a trace of its
+/// own.
+#[tokio::test(flavor = "current_thread")]
+async fn a_read_in_a_span_not_exported_stays_in_the_requests_trace() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let exporting = exporting(Filter::Unexported).await;
+    let answer = fanout_testkit::post(&app, r#"{"query":"{ mine }"}"#.to_owned(), &[]).await;
+    assert_eq!(answer.json()["data"]["mine"], 600, "{:?}", answer.json());
+    let sent = std::mem::take(&mut *heard.lock().unwrap());
+    assert_eq!(sent.len(), 3, "{sent:?}");
+    let collector = exporting.flushed().await;
+    let spans = collector
+        .wait_for(
+            std::time::Duration::from_secs(10),
+            "the request's span",
+            |spans| spans.iter().any(|r| r.span.kind == SpanKind::Server as i32),
+        )
+        .await;
+    let server = spans
+        .iter()
+        .find(|r| r.span.kind == SpanKind::Server as i32)
+        .unwrap();
+    let trace = hex(&server.span.trace_id);
+    for traceparent in &sent {
+        let (sent_in, _, flags) = parts(traceparent.as_deref().expect("a traceparent"));
+        assert_eq!(sent_in, trace, "the request's trace: {traceparent:?}");
+        assert_eq!(flags, "01");
+    }
+    for read in spans.iter().filter(|r| r.span.name == "upstream.read") {
+        assert_eq!(hex(&read.span.trace_id), trace, "{read:?}");
+    }
+}
+
+/// Under a filter that exports the engine's read path's spans and not its
+/// request's, a read through a lent handle in the borrowing request's own
+/// task has its spans as in the lending request's own: the read's under
+/// the lender's caller's span, its CLIENT span under it, and named
+/// upstream.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lent_read_with_no_span_kept_keeps_its_spans_together() {
+    let _serial = SERIAL.lock().await;
+    let (app, _task, heard) = service().await;
+    let exporting = exporting(Filter::ReadsOnly).await;
+    let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    lend_and_borrow(&app, lender, "borrow(id: 14, inSpan: true)").await;
+    let sent = heard.lock().unwrap().first().cloned().flatten();
+    let (_, named, _) = parts(&sent.unwrap_or_default());
+    one_sent_in(
+        &heard,
+        ("0af7651916cd43dd8448eb211c80319c", "01"),
+        "the lender's",
+    );
+    let collector = exporting.flushed().await;
+    let spans = collector
+        .wait_for(
+            std::time::Duration::from_secs(10),
+            "the span named upstream",
+            |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
+        )
+        .await;
+    let client = spans
+        .iter()
+        .find(|r| hex(&r.span.span_id) == named)
+        .unwrap();
+    assert_eq!(client.span.kind, SpanKind::Client as i32, "{client:?}");
+    let read = spans
+        .iter()
+        .find(|r| r.span.span_id == client.span.parent_span_id)
+        .expect("the CLIENT span's parent exported");
+    assert_eq!(read.span.name, "upstream.read", "{read:?}");
+    assert_eq!(
+        hex(&read.span.parent_span_id),
+        "b7ad6b7169203331",
+        "{read:?}"
+    );
 }

@@ -253,6 +253,8 @@ struct Side {
     telemetry: Option<telemetry::Side>,
     rps: Vec<f64>,
     cpu_us: Vec<f64>,
+    /// Minor page faults per answered request, per round.
+    faults: Vec<f64>,
     latencies: Vec<Duration>,
     failed: u64,
     /// Redis round trips during this side's rounds, and its requests then.
@@ -268,6 +270,7 @@ impl Side {
             telemetry: None,
             rps: Vec::new(),
             cpu_us: Vec::new(),
+            faults: Vec::new(),
             latencies: Vec::new(),
             failed: 0,
             redis_calls: 0,
@@ -278,13 +281,24 @@ impl Side {
 
 /// The process's CPU time (user + system, all threads), from /proc.
 fn cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let ticks = stat_field(11)? + stat_field(12)?;
     // USER_HZ is 100 on Linux.
     Some(Duration::from_millis(ticks * 10))
+}
+
+/// The process's minor page faults so far (all threads), from /proc: a
+/// page the kernel zeroed or mapped for the allocator, whatever the clock.
+fn minor_faults() -> Option<u64> {
+    stat_field(7)
+}
+
+/// Field `at` of /proc/self/stat counted after the command's closing
+/// parenthesis (minflt is field 10 of the whole line: 7 here; utime and
+/// stime, 14 and 15: 11 and 12).
+fn stat_field(at: usize) -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(at)?.parse().ok()
 }
 
 /// The engine for the ablation sides: the gateway's, with or without its cost table.
@@ -502,6 +516,7 @@ async fn main() {
         let side = &mut sides[i];
         let _exporting = side.telemetry.as_ref().map(telemetry::Side::start);
         let cpu_before = cpu_time();
+        let faults_before = minor_faults();
         let backend = backends.iter().find(|(name, _)| *name == side.name);
         let calls = || backend.map_or(0, |(_, backend)| backend.calls());
         let calls_before = calls();
@@ -513,6 +528,9 @@ async fn main() {
         let cpu = cpu_time()
             .zip(cpu_before)
             .map(|(after, before)| (after - before).as_secs_f64() * 1e6 / result.ok.max(1) as f64);
+        let faults = minor_faults()
+            .zip(faults_before)
+            .map(|(after, before)| (after - before) as f64 / result.ok.max(1) as f64);
         let rps = result.ok as f64 / result.elapsed.as_secs_f64();
         result.latencies.sort();
         println!(
@@ -527,6 +545,7 @@ async fn main() {
         );
         side.rps.push(rps);
         side.cpu_us.extend(cpu);
+        side.faults.extend(faults);
         side.latencies.extend(result.latencies);
         side.failed += result.failed;
     }
@@ -684,6 +703,12 @@ async fn main() {
             );
             judge.push(format!("{key}.rps={rps:.1} {key}.cpu={cpu:.1}"));
         }
+    }
+    // Minor page faults per request, each side that ran (`.flt`).
+    for side in sides.iter().filter(|side| !side.faults.is_empty()) {
+        let key = side.name.replace(' ', "").replace(',', "_");
+        let faults = median(&mut side.faults.clone());
+        judge.push(format!("{key}.flt={faults:.3}"));
     }
     let mut pairs = vec![
         ("on/stock", 0, stock),

@@ -20,7 +20,7 @@
 //!   request's own task costs two atomic loads and a task-local look-up.
 
 use super::live::is_active;
-use super::opened::{current_is_of, is_of, note, note_span};
+use super::opened::{above_current, above_span, adopted, note, Above};
 use super::sampling::{caller_parent, carried, sampled_out, Sampling, SAMPLING};
 use futures::future::Either;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
@@ -101,8 +101,7 @@ impl CarriedTrace {
             .filter(|parent| match &carried_to {
                 Parent::Current => true,
                 Parent::Kept(to) => to.trace_id() == parent.trace_id(),
-                Parent::OpenedThere => is_of(span, &sampling),
-                Parent::NoSpan => false,
+                Parent::OpenedThere | Parent::NoSpan => above_span(span, &sampling) == Above::Its,
             });
         let parent = match carried_to {
             Parent::Kept(to) if parent.is_none() && to.is_valid() => Some(to),
@@ -212,7 +211,8 @@ pub(crate) enum Parent {
     /// another request's spans, a task may open a span of its own.
     OpenedThere,
     /// Carried into another request's task, none kept: no span of that
-    /// task's is the request's.
+    /// task's is the request's — only one the read opened there, of the
+    /// request's.
     NoSpan,
 }
 
@@ -222,8 +222,15 @@ impl Parent {
     pub(crate) fn takes_current(&self) -> bool {
         match self {
             Parent::Current => true,
-            Parent::OpenedThere => SAMPLING.try_with(current_is_of).unwrap_or(true),
-            Parent::Kept(_) | Parent::NoSpan => false,
+            Parent::OpenedThere | Parent::NoSpan => SAMPLING
+                .try_with(|sampling| {
+                    matches!(
+                        above_current(sampling),
+                        Above::Its | Above::Nothing | Above::Unknown
+                    )
+                })
+                .unwrap_or(true),
+            Parent::Kept(_) => false,
         }
     }
 }
@@ -248,27 +255,31 @@ pub(crate) fn parent() -> Parent {
 /// read was carried to — as the request's own span would be. Else as it
 /// was opened.
 pub(crate) fn adopt_request_parent(span: &tracing::Span) {
-    if !is_active() || span.is_none() || SAMPLING.try_with(|_| ()).is_err() {
+    if !is_active() || span.is_none() {
         return;
     }
+    let Ok(sampling) = SAMPLING.try_with(Arc::clone) else {
+        return;
+    };
     let under = parent();
     if let Parent::Kept(_) = under {
         return;
     }
-    if under.takes_current() {
-        let current = tracing::Span::current().context();
-        if current.span().span_context().is_valid() {
-            return;
-        }
+    match above_current(&sampling) {
+        Above::Its | Above::Unknown => return,
+        // A span around the request (an application's, opened before the
+        // engine saw it): the request's own reads are under it.
+        Above::NoRequests if matches!(under, Parent::Current) => return,
+        Above::NoRequests | Above::Another | Above::Nothing => {}
     }
     let parent = match caller_parent() {
         Some(caller) => opentelemetry::Context::new().with_remote_span_context(caller),
         None => opentelemetry::Context::new(),
     };
-    let _ = span.set_parent(parent);
-    // A span of the request's now: the spans and requests under it name it.
-    if let Ok(sampling) = SAMPLING.try_with(Arc::clone) {
-        note_span(span, &sampling);
+    if span.set_parent(parent).is_ok() {
+        // A span of the request's now: the spans and requests under it
+        // name it.
+        adopted(span, &sampling);
     }
 }
 
@@ -290,8 +301,10 @@ where
     }
 
     fn on_new_span(&self, _attrs: &Attributes<'_>, id: &Id, cx: LayerContext<'_, S>) {
-        if let Ok(sampling) = SAMPLING.try_with(Arc::clone) {
-            note(id, &cx, &sampling);
+        let carried_here = PARENT.try_with(|_| ()).is_ok();
+        let noted = SAMPLING.try_with(|sampling| note(id, &cx, Some(sampling), carried_here));
+        if noted.is_err() {
+            note::<S, Sampling>(id, &cx, None, false);
         }
     }
 }
