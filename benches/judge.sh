@@ -21,7 +21,8 @@
 # load bench's summary: `on.rps`, `on.cpu` — engine on's requests/s and µs
 # of CPU per request, medians of its rounds —, the same for `stock` and
 # `off`, and the paired ratios `on/stock.rps`, `on/stock.cpu`, `on/off.*`,
-# `telemetry1.0/on.*`, …; a commit from before that line: the summary's
+# `telemetry1.0/on.*`, …, and each side's minor page faults per request,
+# `<side>.flt`; a commit from before that line: the summary's
 # `on/off.*` and `on/stock.*` ratios). Per pair, each figure's B / A; printed per figure:
 # the median over pairs, its spread (min, quartiles, max), how many pairs
 # had B above A, and each side's median figure.
@@ -189,6 +190,10 @@ for key in order:
         continue
     a = [runs[(p, "A")][key] for p in both]
     b = [runs[(p, "B")][key] for p in both]
+    # A figure of 0 on A's side (no page fault in a run) has no ratio.
+    if any(x == 0 for x in a):
+        print(f"| {key} | n/a (A is 0 in a pair) | | | | | | {quantile(a, .5):.4g} | {quantile(b, .5):.4g} |")
+        continue
     r = [y / x for x, y in zip(a, b)]
     above = sum(y > x for x, y in zip(a, b))
     print(f"| {key} | {quantile(r, .5):.4f} | {min(r):.4f} | {quantile(r, .25):.4f} | "

@@ -337,6 +337,9 @@ enum Filter {
     /// Every span opened (another layer, a log's, takes them all), the
     /// application's not exported (the telemetry is not told its target).
     Unexported,
+    /// [`Unexported`](Filter::Unexported) under a global `INFO` level (as
+    /// `EnvFilter`'s default): the engine's DEBUG spans all out.
+    InfoUnexported,
 }
 
 /// A layer that does nothing with the spans and events it takes (under a
@@ -348,7 +351,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Everything {}
 async fn exporting(filter: Filter) -> Exporting {
     let collector = Collector::start().await;
     let telemetry = match filter {
-        Filter::Unexported => {
+        Filter::Unexported | Filter::InfoUnexported => {
             let config = TelemetryConfig::default()
                 .otlp_endpoint(collector.base.clone())
                 .sample_ratio(1.0);
@@ -369,6 +372,12 @@ async fn exporting(filter: Filter) -> Exporting {
             use tracing_subscriber::Layer as _;
             let everything = Everything.with_filter(LevelFilter::TRACE);
             tracing::subscriber::set_default(subscriber.with(everything))
+        }
+        Filter::InfoUnexported => {
+            use tracing_subscriber::Layer as _;
+            let everything = Everything.with_filter(LevelFilter::TRACE);
+            let subscriber = subscriber.with(everything).with(LevelFilter::INFO);
+            tracing::subscriber::set_default(subscriber)
         }
         Filter::ReadsOnly => {
             let targets = Targets::new()
@@ -980,9 +989,19 @@ async fn a_reads_span_with_no_request_span_joins_the_callers_trace() {
 /// own.
 #[tokio::test(flavor = "current_thread")]
 async fn a_read_in_a_span_not_exported_stays_in_the_requests_trace() {
+    for filter in [Filter::Unexported, Filter::InfoUnexported] {
+        read_in_a_span_not_exported(filter).await;
+    }
+}
+
+/// [`a_read_in_a_span_not_exported_stays_in_the_requests_trace`] under
+/// `filter`: with the read path's spans (`Unexported`) or none
+/// (`InfoUnexported`: the upstream request names the request's span, the
+/// nearest exported above the application's).
+async fn read_in_a_span_not_exported(filter: Filter) {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let exporting = exporting(Filter::Unexported).await;
+    let exporting = exporting(filter).await;
     let answer = fanout_testkit::post(&app, r#"{"query":"{ mine }"}"#.to_owned(), &[]).await;
     assert_eq!(answer.json()["data"]["mine"], 600, "{:?}", answer.json());
     let sent = std::mem::take(&mut *heard.lock().unwrap());
@@ -1001,9 +1020,16 @@ async fn a_read_in_a_span_not_exported_stays_in_the_requests_trace() {
         .unwrap();
     let trace = hex(&server.span.trace_id);
     for traceparent in &sent {
-        let (sent_in, _, flags) = parts(traceparent.as_deref().expect("a traceparent"));
-        assert_eq!(sent_in, trace, "the request's trace: {traceparent:?}");
+        let traceparent = traceparent.as_deref().expect("a traceparent");
+        let (sent_in, named, flags) = parts(traceparent);
+        assert_eq!(
+            sent_in, trace,
+            "the request's trace ({filter:?}): {traceparent}"
+        );
         assert_eq!(flags, "01");
+        if let Filter::InfoUnexported = filter {
+            assert_eq!(named, hex(&server.span.span_id), "the request's span");
+        }
     }
     for read in spans.iter().filter(|r| r.span.name == "upstream.read") {
         assert_eq!(hex(&read.span.trace_id), trace, "{read:?}");

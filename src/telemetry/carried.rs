@@ -20,7 +20,7 @@
 //!   request's own task costs two atomic loads and a task-local look-up.
 
 use super::live::is_active;
-use super::opened::{above_current, above_span, adopted, note, Above};
+use super::opened::{above_current, above_span, adopted, exported_of, note, Above};
 use super::sampling::{caller_parent, carried, sampled_out, Sampling, SAMPLING};
 use futures::future::Either;
 use opentelemetry::trace::{SpanContext, TraceContextExt as _};
@@ -94,9 +94,19 @@ impl CarriedTrace {
         // none kept there, in another request's task, no span of that
         // task's is.
         let carried_to = parent();
-        // A request sampled out has no span to name.
+        // A request sampled out has no span to name. The span's own context,
+        // or (a span only another layer takes) that of the nearest span
+        // above it the telemetry exports.
         let parent = (!sampled_out() && !span.is_none())
-            .then(|| span.context().span().span_context().clone())
+            .then(|| {
+                let own = span.context().span().span_context().clone();
+                if own.is_valid() {
+                    Some(own)
+                } else {
+                    exported_of(span)
+                }
+            })
+            .flatten()
             .filter(|parent| parent.is_valid() && parent.is_sampled())
             .filter(|parent| match &carried_to {
                 Parent::Current => true,

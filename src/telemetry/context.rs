@@ -17,7 +17,7 @@
 //! `tracestate` (`sampling.rs`).
 
 use super::live::is_active;
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt as _, TraceId};
+use opentelemetry::trace::{SpanContext, SpanId, TraceId};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// Makes the trace context `headers` carry (`traceparent`) the parent of
@@ -91,11 +91,10 @@ pub(crate) fn current_context() -> Option<(http::HeaderValue, Option<http::Heade
     // where the current span is not the request's (another request's task
     // with none kept, a span not opened in the request's task).
     if decision.is_none_or(|decision| decision.sampled) && carried.takes_current() {
-        let cx = tracing::Span::current().context();
-        let span = cx.span();
-        let context = span.span_context();
-        if context.is_valid() {
-            return Some(in_trace(context, context.is_sampled()));
+        // The nearest span the telemetry exports, past any only another
+        // layer takes (a log's, async-graphql's field spans).
+        if let Some(context) = super::opened::exported_current() {
+            return Some(in_trace(&context, context.is_sampled()));
         }
     }
     // No span to name: sampled out, or no layer saw the request (a level
@@ -154,6 +153,7 @@ mod tests {
     #[test]
     fn traceparent_is_written_as_the_propagator_writes_it() {
         use opentelemetry::propagation::TextMapPropagator as _;
+        use opentelemetry::trace::TraceContextExt as _;
         use opentelemetry::trace::{SpanContext, TraceFlags, TraceState};
         let ids = RandomIdGenerator::default();
         for sampled in [true, false] {

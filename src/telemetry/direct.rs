@@ -181,11 +181,16 @@ impl Inner {
 }
 
 /// The OpenTelemetry context of the current `tracing` span, when it has a
-/// valid one.
+/// valid one; else of the nearest span above it the telemetry exports
+/// (past a span only another layer takes: a log's, async-graphql's field
+/// spans).
 fn tracing_parent() -> Option<SpanContext> {
     let context = tracing::Span::current().context();
     let parent = context.span().span_context().clone();
-    parent.is_valid().then_some(parent)
+    if parent.is_valid() {
+        return Some(parent);
+    }
+    super::opened::exported_current()
 }
 
 /// `f` on the direct span entered on this thread, if any.

@@ -22,22 +22,30 @@
 //!   under one of the request's; a read's span opened under none is made a
 //!   child of the request's caller's span and noted so ([`adopted`]).
 //! - A read asks what the nearest exported span at or above the current
-//!   one is to its request ([`above_current`]): the current span's slot
-//!   found in the subscriber's registry, then its ancestors' until one is
-//!   noted — the span `tracing-opentelemetry` makes the parent of a span
-//!   opened now (spans only another layer takes are skipped, as it skips
-//!   them).
+//!   one is to its request ([`above_current`]), and names that span
+//!   ([`exported_current`]): the current span's slot found in the
+//!   subscriber's registry, then its ancestors' until one is noted. Spans
+//!   only another layer takes (a log's, async-graphql's field spans) are
+//!   skipped, as `tracing-opentelemetry` skips them when it parents a span
+//!   opened in its parent's scope (as the read path's are).
+//! - A span noted as opened in no request's task holds no value at all (a
+//!   marker of no size: its box allocates nothing); one of a request's, one
+//!   boxed `Weak`.
 
+use std::any::Any;
 use std::sync::{Arc, Weak};
 use tracing::span::Id;
 use tracing::{Dispatch, Subscriber};
 use tracing_subscriber::layer::Context;
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
 
-/// The sampling of the request in whose task a span was opened (none: in
-/// no request's task).
+/// The sampling of the request in whose task a span was opened.
 #[derive(Debug)]
-struct OpenedIn<T>(Option<Weak<T>>);
+struct OpenedIn(Weak<dyn Any + Send + Sync>);
+
+/// A span opened in no request's task.
+#[derive(Debug)]
+struct OpenedOutside;
 
 /// What the nearest span the telemetry exports, at or above the current
 /// one, is to a request ([`above_current`]).
@@ -76,17 +84,12 @@ pub(crate) fn note<S, T>(
     };
     let sampling = sampling.filter(|sampling| {
         !carried_here
-            || span.parent().is_some_and(|parent| {
-                let extensions = parent.extensions();
-                extensions
-                    .get::<OpenedIn<T>>()
-                    .is_some_and(|opened| opened_in(opened, sampling))
-            })
+            || span
+                .parent()
+                .and_then(|parent| opened_by(&parent))
+                .is_some_and(|by| what(by, sampling) == Above::Its)
     });
-    let opened = OpenedIn(sampling.map(Arc::downgrade));
-    // `replace`, not `insert` (which panics on a value there): a second
-    // telemetry's layer on the same registry notes the same.
-    span.extensions_mut().replace(opened);
+    mark(&mut span.extensions_mut(), sampling);
 }
 
 /// Notes `span` as one of the request whose sampling is `sampling`, if the
@@ -97,31 +100,64 @@ pub(crate) fn adopted<T: Send + Sync + 'static>(span: &tracing::Span, sampling: 
     span.with_subscriber(|(id, dispatch)| {
         let registry = dispatch.downcast_ref::<tracing_subscriber::Registry>()?;
         let span = registry.span(id)?;
-        let mut extensions = span.extensions_mut();
-        let opened = extensions.get_mut::<OpenedIn<T>>()?;
-        opened.0 = Some(Arc::downgrade(sampling));
+        opened_by(&span)?;
+        mark(&mut span.extensions_mut(), Some(sampling));
         Some(())
     });
 }
 
-/// Whether the noted sampling is `sampling` (the `Weak` holds the
-/// allocation: no other sampling has its address while the span lives).
-fn opened_in<T>(opened: &OpenedIn<T>, sampling: &Arc<T>) -> bool {
-    opened
-        .0
-        .as_ref()
-        .is_some_and(|by| std::ptr::eq(by.as_ptr(), Arc::as_ptr(sampling)))
+/// Marks a span opened in the task of the request whose sampling is
+/// `sampling` (none: in no request's task). `replace`, not `insert`
+/// (which panics on a value there).
+fn mark<T: Send + Sync + 'static>(
+    extensions: &mut tracing_subscriber::registry::ExtensionsMut<'_>,
+    sampling: Option<&Arc<T>>,
+) {
+    match sampling {
+        Some(sampling) => {
+            extensions.remove::<OpenedOutside>();
+            let by: Arc<dyn Any + Send + Sync> = sampling.clone();
+            extensions.replace(OpenedIn(Arc::downgrade(&by)));
+        }
+        None => {
+            extensions.replace(OpenedOutside);
+        }
+    }
+}
+
+/// Whose `span` is, if the telemetry's layer noted it: the address of its
+/// request's sampling (held by the `Weak`, so no other sampling has it
+/// while the span lives), or `None` for a span opened in no request's
+/// task.
+fn opened_by<'a, R: LookupSpan<'a>>(span: &SpanRef<'a, R>) -> Option<Option<*const ()>> {
+    let extensions = span.extensions();
+    if let Some(opened) = extensions.get::<OpenedIn>() {
+        return Some(Some(opened.0.as_ptr().cast::<()>()));
+    }
+    extensions.get::<OpenedOutside>().map(|_| None)
+}
+
+/// What a span opened by `by` ([`opened_by`]) is to the request whose
+/// sampling is `sampling`.
+fn what<T>(by: Option<*const ()>, sampling: &Arc<T>) -> Above {
+    match by {
+        Some(by) if std::ptr::eq(by, Arc::as_ptr(sampling).cast()) => Above::Its,
+        Some(_) => Above::Another,
+        None => Above::NoRequests,
+    }
 }
 
 /// What the nearest span the telemetry exports, at or above the current
-/// one, is to the request whose sampling is `sampling` — the span
-/// `tracing-opentelemetry` makes the parent of a span opened now (spans
-/// only another layer takes, a log's or async-graphql's field spans, are
-/// skipped as it skips them).
+/// one, is to the request whose sampling is `sampling`.
 pub(crate) fn above_current<T: Send + Sync + 'static>(sampling: &Arc<T>) -> Above {
-    tracing::dispatcher::get_default(|dispatch| match dispatch.current_span().id() {
-        Some(id) => above(dispatch, id, sampling),
-        None => Above::Nothing,
+    tracing::dispatcher::get_default(|dispatch| {
+        let Some(id) = dispatch.current_span().id().cloned() else {
+            return Above::Nothing;
+        };
+        match nearest(dispatch, &id, |by| what(by, sampling)) {
+            Ok(found) => found.map_or(Above::Nothing, |(what, _)| what),
+            Err(Unknown) => Above::Unknown,
+        }
     })
 }
 
@@ -130,28 +166,57 @@ pub(crate) fn above_span<T: Send + Sync + 'static>(
     span: &tracing::Span,
     sampling: &Arc<T>,
 ) -> Above {
-    span.with_subscriber(|(id, dispatch)| above(dispatch, id, sampling))
-        .unwrap_or(Above::Nothing)
+    let found =
+        span.with_subscriber(|(id, dispatch)| nearest(dispatch, id, |by| what(by, sampling)));
+    match found {
+        Some(Ok(Some((what, _)))) => what,
+        Some(Err(Unknown)) => Above::Unknown,
+        Some(Ok(None)) | None => Above::Nothing,
+    }
 }
 
-fn above<T: Send + Sync + 'static>(dispatch: &Dispatch, id: &Id, sampling: &Arc<T>) -> Above {
-    let Some(registry) = dispatch.downcast_ref::<tracing_subscriber::Registry>() else {
-        return Above::Unknown;
-    };
+/// The OpenTelemetry context of the nearest span the telemetry exports at
+/// or above the current one, when valid: the span a read there is under,
+/// however many spans only another layer takes lie between.
+pub(crate) fn exported_current() -> Option<opentelemetry::trace::SpanContext> {
+    tracing::dispatcher::get_default(|dispatch| {
+        let id = dispatch.current_span().id()?.clone();
+        exported(dispatch, &id)
+    })
+}
+
+/// [`exported_current`], at or above `span`.
+pub(crate) fn exported_of(span: &tracing::Span) -> Option<opentelemetry::trace::SpanContext> {
+    span.with_subscriber(|(id, dispatch)| exported(dispatch, id))
+        .flatten()
+}
+
+fn exported(dispatch: &Dispatch, id: &Id) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::TraceContextExt as _;
+    // Found, and the registry's guards let go, before the context is built.
+    let (_, found) = nearest(dispatch, id, |_| ()).ok()??;
+    let cx = tracing_opentelemetry::get_otel_context(&found, dispatch)?;
+    let context = cx.span().span_context().clone();
+    context.is_valid().then_some(context)
+}
+
+/// Not built on `tracing-subscriber`'s registry: nothing can be told.
+struct Unknown;
+
+/// The nearest noted span at or above `id`: `judge` of whose it is
+/// (decided while the span is held), and its id.
+fn nearest<J>(
+    dispatch: &Dispatch,
+    id: &Id,
+    judge: impl Fn(Option<*const ()>) -> J,
+) -> Result<Option<(J, Id)>, Unknown> {
+    let registry = dispatch
+        .downcast_ref::<tracing_subscriber::Registry>()
+        .ok_or(Unknown)?;
     let Some(span) = registry.span(id) else {
-        return Above::Nothing;
+        return Ok(None);
     };
-    for span in span.scope() {
-        let extensions = span.extensions();
-        if let Some(opened) = extensions.get::<OpenedIn<T>>() {
-            return if opened_in(opened, sampling) {
-                Above::Its
-            } else if opened.0.is_none() {
-                Above::NoRequests
-            } else {
-                Above::Another
-            };
-        }
-    }
-    Above::Nothing
+    Ok(span
+        .scope()
+        .find_map(|span| opened_by(&span).map(|by| (judge(by), span.id()))))
 }
