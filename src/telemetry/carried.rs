@@ -96,23 +96,25 @@ impl CarriedTrace {
         let carried_to = parent();
         // A request sampled out has no span to name. The span's own context,
         // or (a span only another layer takes) that of the nearest span
-        // above it the telemetry exports.
-        let parent = (!sampled_out() && !span.is_none())
-            .then(|| {
+        // above it the telemetry exports — asked for only of a span of the
+        // request's where the read was carried (no span of another's is
+        // started for nothing).
+        let named = |span: &tracing::Span| {
+            exported_of(span).filter(|parent| parent.is_valid() && parent.is_sampled())
+        };
+        let parent = match &carried_to {
+            _ if sampled_out() || span.is_none() => None,
+            Parent::Current => named(span),
+            Parent::Kept(to) => {
                 let own = span.context().span().span_context().clone();
-                if own.is_valid() {
-                    Some(own)
-                } else {
-                    exported_of(span)
-                }
-            })
-            .flatten()
-            .filter(|parent| parent.is_valid() && parent.is_sampled())
-            .filter(|parent| match &carried_to {
-                Parent::Current => true,
-                Parent::Kept(to) => to.trace_id() == parent.trace_id(),
-                Parent::OpenedThere | Parent::NoSpan => above_span(span, &sampling) == Above::Its,
-            });
+                Some(own)
+                    .filter(|own| own.is_valid() && own.is_sampled())
+                    .filter(|own| own.trace_id() == to.trace_id())
+            }
+            Parent::OpenedThere | Parent::NoSpan => (above_span(span, &sampling) == Above::Its)
+                .then(|| named(span))
+                .flatten(),
+        };
         let parent = match carried_to {
             Parent::Kept(to) if parent.is_none() && to.is_valid() => Some(to),
             _ => parent,

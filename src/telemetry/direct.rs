@@ -34,9 +34,7 @@
 //! read's spans go to it alone (the book's Telemetry chapter says so).
 
 use super::sink::Sink;
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceContextExt as _, TraceFlags,
-};
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags};
 use opentelemetry::{KeyValue, Value};
 use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator, SpanData};
 use std::borrow::Cow;
@@ -46,7 +44,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::SystemTime;
-use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// One direct span; it ends when its last handle is dropped.
 #[derive(Clone, Debug)]
@@ -185,11 +182,6 @@ impl Inner {
 /// (past a span only another layer takes: a log's, async-graphql's field
 /// spans).
 fn tracing_parent() -> Option<SpanContext> {
-    let context = tracing::Span::current().context();
-    let parent = context.span().span_context().clone();
-    if parent.is_valid() {
-        return Some(parent);
-    }
     super::opened::exported_current()
 }
 

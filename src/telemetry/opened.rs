@@ -107,21 +107,19 @@ pub(crate) fn adopted<T: Send + Sync + 'static>(span: &tracing::Span, sampling: 
 }
 
 /// Marks a span opened in the task of the request whose sampling is
-/// `sampling` (none: in no request's task). `replace`, not `insert`
-/// (which panics on a value there).
+/// `sampling` (none: in no request's task), in place of any mark before.
 fn mark<T: Send + Sync + 'static>(
     extensions: &mut tracing_subscriber::registry::ExtensionsMut<'_>,
     sampling: Option<&Arc<T>>,
 ) {
+    extensions.remove::<OpenedOutside>();
+    extensions.remove::<OpenedIn>();
     match sampling {
         Some(sampling) => {
-            extensions.remove::<OpenedOutside>();
-            let by: Arc<dyn Any + Send + Sync> = sampling.clone();
-            extensions.replace(OpenedIn(Arc::downgrade(&by)));
+            let by: Weak<T> = Arc::downgrade(sampling);
+            extensions.insert(OpenedIn(by));
         }
-        None => {
-            extensions.replace(OpenedOutside);
-        }
+        None => extensions.insert(OpenedOutside),
     }
 }
 
@@ -175,18 +173,22 @@ pub(crate) fn above_span<T: Send + Sync + 'static>(
     }
 }
 
-/// The OpenTelemetry context of the nearest span the telemetry exports at
-/// or above the current one, when valid: the span a read there is under,
-/// however many spans only another layer takes lie between.
+/// The OpenTelemetry context the current span names, when valid: its own,
+/// else that of the nearest span above it the telemetry exports — the span
+/// a read there is under, however many spans only another layer takes (a
+/// log's, async-graphql's field spans) lie between.
 pub(crate) fn exported_current() -> Option<opentelemetry::trace::SpanContext> {
-    tracing::dispatcher::get_default(|dispatch| {
-        let id = dispatch.current_span().id()?.clone();
-        exported(dispatch, &id)
-    })
+    exported_of(&tracing::Span::current())
 }
 
-/// [`exported_current`], at or above `span`.
+/// [`exported_current`], for `span`.
 pub(crate) fn exported_of(span: &tracing::Span) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::TraceContextExt as _;
+    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+    let own = span.context().span().span_context().clone();
+    if own.is_valid() {
+        return Some(own);
+    }
     span.with_subscriber(|(id, dispatch)| exported(dispatch, id))
         .flatten()
 }
