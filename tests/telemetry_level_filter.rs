@@ -216,6 +216,35 @@ impl Query {
         Ok(tokio::spawn(read.in_current_span()).await??.status.as_u16())
     }
 
+    /// [`propagated`](Self::propagated), the spawned task's read inside a
+    /// span of the application's (`load`, INFO) opened in that task — or,
+    /// with `log_only`, spawned while a span only a log would take
+    /// (`field`, WARN, a target no telemetry exports) is current inside
+    /// `app`.
+    async fn loaded_in(
+        &self,
+        ctx: &Context<'_>,
+        id: u32,
+        #[graphql(default)] log_only: bool,
+    ) -> async_graphql::Result<u16> {
+        use tracing::Instrument as _;
+        let url = format!("{}/item/{id}", ctx.data::<Base>()?.0).parse()?;
+        let operation = ctx.fanout_operation()?;
+        let read = async move { operation.upstream().read(Read::get(url)).await };
+        let spawned = async move {
+            if log_only {
+                let field = tracing::warn_span!(target: "log_only", "field");
+                let spawn = async move { tokio::spawn(read.in_current_span()).await };
+                spawn.instrument(field).await
+            } else {
+                let load = async move { read.instrument(tracing::info_span!("load")).await };
+                tokio::spawn(load.in_current_span()).await
+            }
+        };
+        let read = spawned.instrument(tracing::info_span!("app")).await;
+        Ok(read??.status.as_u16())
+    }
+
     /// `/item/1`, then `/item/2` inside a span of the application's own
     /// (`mine`, INFO), then `/item/3`: their statuses added.
     async fn mine(&self, ctx: &Context<'_>) -> async_graphql::Result<u16> {
@@ -1091,4 +1120,60 @@ async fn a_lent_read_with_no_span_kept_keeps_its_spans_together() {
         "b7ad6b7169203331",
         "{read:?}"
     );
+}
+
+/// A load spawned in the request's spans is the request's past what lies
+/// between, with the engine's request and operation spans filtered out: a
+/// span of the application's opened in the spawned task under the
+/// request's (`load`, taken before for a task's own), or one only a log
+/// takes current as it is spawned (`field`, under the application's
+/// exported `app`: a guard, the read's spans being direct there) — its
+/// upstream request in `app`'s trace, sampled.
+#[tokio::test(flavor = "current_thread")]
+async fn a_load_in_the_requests_spans_is_the_requests_past_what_lies_between() {
+    for (filter, field, parent) in [
+        (Filter::AppOnly, "loadedIn(id: 15)", "load"),
+        (
+            Filter::ReadsOnly,
+            "loadedIn(id: 16, logOnly: true)",
+            "upstream.read",
+        ),
+    ] {
+        let _serial = SERIAL.lock().await;
+        let (app, _task, heard) = service().await;
+        let exporting = exporting(filter).await;
+        let query = format!(r#"{{"query":"{{ {field} }}"}}"#);
+        let answer = fanout_testkit::post(&app, query, &[]).await;
+        assert!(answer.json()["errors"].is_null(), "{:?}", answer.json());
+        let sent = heard.lock().unwrap().first().cloned().flatten();
+        let case = format!("{filter:?}: {sent:?}");
+        let (sent_in, named, flags) = parts(sent.as_deref().expect("a traceparent"));
+        assert_eq!(flags, "01", "{case}");
+        let collector = exporting.flushed().await;
+        let spans = collector
+            .wait_for(
+                std::time::Duration::from_secs(10),
+                "the span `app`",
+                |spans| spans.iter().any(|r| r.span.name == "app"),
+            )
+            .await;
+        let app_span = spans.iter().find(|r| r.span.name == "app").unwrap();
+        assert_eq!(
+            sent_in,
+            hex(&app_span.span.trace_id),
+            "`app`'s trace: {case}"
+        );
+        let named = spans.iter().find(|r| hex(&r.span.span_id) == named);
+        let named = named.unwrap_or_else(|| panic!("an exported span named: {case}"));
+        // The span named (`load`), or the one it is under (a CLIENT span's
+        // `upstream.read`).
+        let under = spans
+            .iter()
+            .find(|r| r.span.span_id == named.span.parent_span_id);
+        let names = [Some(&named.span.name), under.map(|r| &r.span.name)];
+        assert!(
+            names.contains(&Some(&parent.to_owned())),
+            "`{parent}` named or the parent: {case} {named:?}"
+        );
+    }
 }

@@ -17,10 +17,11 @@
 //!   whose task opens it is noted in the span's extensions ([`note`]), as a
 //!   `Weak`: it holds the allocation, so no other request's sampling takes
 //!   its address while the span lives; a span opened in no request's task
-//!   is noted as such. In a task a read was carried to, the carried
-//!   sampling is the task's: a span opened there is the request's only
-//!   under one of the request's; a read's span opened under none is made a
-//!   child of the request's caller's span and noted so ([`adopted`]).
+//!   is noted as such. In a task a read was carried to, or of no request's,
+//!   a span is whose its parent is (a span a load opens in the request's
+//!   spans is the request's); a read's span opened under none of the
+//!   request's is made a child of the request's caller's span and noted so
+//!   ([`adopted`]).
 //! - A read asks what the nearest exported span at or above the current
 //!   one is to its request ([`above_current`]), and names that span
 //!   ([`exported_current`]): the current span's slot found in the
@@ -82,14 +83,19 @@ pub(crate) fn note<S, T>(
     let Some(span) = cx.span(id) else {
         return;
     };
-    let sampling = sampling.filter(|sampling| {
-        !carried_here
-            || span
-                .parent()
-                .and_then(|parent| opened_by(&parent))
-                .is_some_and(|by| what(by, sampling) == Above::Its)
-    });
-    mark(&mut span.extensions_mut(), sampling);
+    let by = match sampling {
+        // In the request's own task: the request's, whatever it opens under.
+        Some(sampling) if !carried_here => Some(Arc::downgrade(sampling) as Weak<_>),
+        // Elsewhere (a task a read was carried to, a task of no request's):
+        // whose its parent is, as the layer sees it — a span a load opens
+        // in the request's spans is the request's, one under another
+        // request's is that one's, a task's first is its own.
+        _ => span.parent().and_then(|parent| {
+            let extensions = parent.extensions();
+            extensions.get::<OpenedIn>().map(|opened| opened.0.clone())
+        }),
+    };
+    mark(&mut span.extensions_mut(), by);
 }
 
 /// Notes `span` as one of the request whose sampling is `sampling`, if the
@@ -101,24 +107,24 @@ pub(crate) fn adopted<T: Send + Sync + 'static>(span: &tracing::Span, sampling: 
         let registry = dispatch.downcast_ref::<tracing_subscriber::Registry>()?;
         let span = registry.span(id)?;
         opened_by(&span)?;
-        mark(&mut span.extensions_mut(), Some(sampling));
+        mark(
+            &mut span.extensions_mut(),
+            Some(Arc::downgrade(sampling) as Weak<_>),
+        );
         Some(())
     });
 }
 
-/// Marks a span opened in the task of the request whose sampling is
-/// `sampling` (none: in no request's task), in place of any mark before.
-fn mark<T: Send + Sync + 'static>(
+/// Marks a span opened in the task of the request whose sampling `by`
+/// holds (none: in no request's task), in place of any mark before.
+fn mark(
     extensions: &mut tracing_subscriber::registry::ExtensionsMut<'_>,
-    sampling: Option<&Arc<T>>,
+    by: Option<Weak<dyn Any + Send + Sync>>,
 ) {
     extensions.remove::<OpenedOutside>();
     extensions.remove::<OpenedIn>();
-    match sampling {
-        Some(sampling) => {
-            let by: Weak<T> = Arc::downgrade(sampling);
-            extensions.insert(OpenedIn(by));
-        }
+    match by {
+        Some(by) => extensions.insert(OpenedIn(by)),
         None => extensions.insert(OpenedOutside),
     }
 }
