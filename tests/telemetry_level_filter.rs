@@ -425,6 +425,18 @@ async fn exporting(filter: Filter) -> Exporting {
 }
 
 impl Exporting {
+    /// [`flushed`](Self::flushed), once a span named `name` reached the
+    /// collector (10 s at most): every span received.
+    async fn flushed_with(self, name: &str) -> Vec<fanout_testkit::otlp::Received> {
+        let collector = self.flushed().await;
+        let what = format!("the span `{name}`");
+        collector
+            .wait_for(std::time::Duration::from_secs(10), &what, |spans| {
+                spans.iter().any(|r| r.span.name == name)
+            })
+            .await
+    }
+
     /// No longer the default; its telemetry flushed and dropped: the
     /// collector, with what reached it.
     async fn flushed(self) -> Collector {
@@ -593,14 +605,7 @@ async fn an_applications_span_later_in_the_request_is_sampled_as_ever() {
 
     let answer = fanout_testkit::post(&app, r#"{"query":"{ mine }"}"#.to_owned(), &[]).await;
     assert_eq!(answer.json()["data"]["mine"], 600, "{:?}", answer.json());
-    let collector = exporting.flushed().await;
-    let spans = collector
-        .wait_for(
-            std::time::Duration::from_secs(10),
-            "the span `mine`",
-            |spans| spans.iter().any(|r| r.span.name == "mine"),
-        )
-        .await;
+    let spans = exporting.flushed_with("mine").await;
     let mine = spans.iter().find(|r| r.span.name == "mine").unwrap();
     let heard = std::mem::take(&mut *heard.lock().unwrap());
     assert_eq!(heard.len(), 3, "{heard:?}");
@@ -786,14 +791,7 @@ async fn a_spawned_read_in_the_requests_spans_names_them_with_no_span_kept() {
         "{:?}",
         answer.json()
     );
-    let collector = exporting.flushed().await;
-    let spans = collector
-        .wait_for(
-            std::time::Duration::from_secs(10),
-            "the span `app`",
-            |spans| spans.iter().any(|r| r.span.name == "app"),
-        )
-        .await;
+    let spans = exporting.flushed_with("app").await;
     let app_span = spans.iter().find(|r| r.span.name == "app").unwrap();
     let trace = fanout_testkit::otlp::hex(&app_span.span.trace_id);
     one_sent_in(&heard, (&trace, "01"), "the span the read runs in");
@@ -1149,14 +1147,7 @@ async fn a_load_in_the_requests_spans_is_the_requests_past_what_lies_between() {
         let case = format!("{filter:?}: {sent:?}");
         let (sent_in, named, flags) = parts(sent.as_deref().expect("a traceparent"));
         assert_eq!(flags, "01", "{case}");
-        let collector = exporting.flushed().await;
-        let spans = collector
-            .wait_for(
-                std::time::Duration::from_secs(10),
-                "the span `app`",
-                |spans| spans.iter().any(|r| r.span.name == "app"),
-            )
-            .await;
+        let spans = exporting.flushed_with("app").await;
         let app_span = spans.iter().find(|r| r.span.name == "app").unwrap();
         assert_eq!(
             sent_in,
