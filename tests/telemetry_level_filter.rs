@@ -171,6 +171,9 @@ impl Query {
         // loader shared between requests spawns its load.
         let read = async move {
             if spawned {
+                // A span of the load's own, opened in the spawned task under
+                // the borrowing request's.
+                let read = async move { read.instrument(tracing::info_span!("loading")).await };
                 tokio::spawn(read.in_current_span())
                     .await
                     .map_err(|e| e.to_string())?

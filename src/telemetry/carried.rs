@@ -217,10 +217,11 @@ pub(crate) enum Parent {
     /// of another trace the task runs in.
     Kept(SpanContext),
     /// Carried into a task of no request's, none kept: the current span
-    /// only if it was opened in the request's task (`opened.rs`) — a
-    /// `DataLoader`'s load runs in the spans of the request's task that
-    /// spawned it; a loader shared between requests may spawn its load in
-    /// another request's spans, a task may open a span of its own.
+    /// only if it is the request's (`opened.rs`: opened in the request's
+    /// task, or under one of its spans) — a `DataLoader`'s load runs in
+    /// the spans of the request's task that spawned it; a loader shared
+    /// between requests may spawn its load in another request's spans, a
+    /// task may open a span of its own.
     OpenedThere,
     /// Carried into another request's task, none kept: no span of that
     /// task's is the request's — only one the read opened there, of the

@@ -67,10 +67,11 @@ pub(crate) enum Above {
 }
 
 /// Notes on the span `id`, which the telemetry's layer exports, the
-/// request whose task opened it: `sampling`, that of the task — in a task a
-/// read of the request's was carried to (`carried_here`), only under a
-/// span of the request's (its parent, as the layer sees it), a span there
-/// under another's being no span of the request's.
+/// request it is of: in the request's own task, that request (`sampling`,
+/// whatever the span opens under); in a task a read of a request's was
+/// carried to (`carried_here`) or a task of no request's, whose its
+/// `tracing` parent is, as the layer sees it (a later `set_parent` of the
+/// application's is not followed), none without one.
 pub(crate) fn note<S, T>(
     id: &Id,
     cx: &Context<'_, S>,
