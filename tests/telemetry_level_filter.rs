@@ -428,6 +428,42 @@ async fn exporting(filter: Filter) -> Exporting {
 }
 
 impl Exporting {
+    /// The one request the upstream heard is in the trace of the caller
+    /// `0af7…-b7ad…` (sampled), and names an exported CLIENT span under an
+    /// exported `upstream.read` under the caller's span (`case` says why);
+    /// flushed.
+    async fn client_span_under_callers(self, heard: &Heard, case: &str) {
+        let sent = heard.lock().unwrap().first().cloned().flatten();
+        let (_, named, _) = parts(&sent.unwrap_or_default());
+        one_sent_in(heard, ("0af7651916cd43dd8448eb211c80319c", "01"), case);
+        let collector = self.flushed().await;
+        let spans = collector
+            .wait_for(
+                std::time::Duration::from_secs(10),
+                "the span named upstream",
+                |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
+            )
+            .await;
+        let by_id = |id: &[u8]| spans.iter().find(|r| r.span.span_id == id);
+        let client = spans
+            .iter()
+            .find(|r| hex(&r.span.span_id) == named)
+            .unwrap();
+        assert_eq!(
+            client.span.kind,
+            SpanKind::Client as i32,
+            "{case}: {client:?}"
+        );
+        let read = by_id(&client.span.parent_span_id).expect("the CLIENT span's parent exported");
+        assert_eq!(read.span.name, "upstream.read", "{case}: {read:?}");
+        assert_eq!(
+            hex(&read.span.parent_span_id),
+            "b7ad6b7169203331",
+            "{case}: {read:?}"
+        );
+        assert_eq!(hex(&read.span.trace_id), "0af7651916cd43dd8448eb211c80319c");
+    }
+
     /// [`flushed`](Self::flushed), once a span named `name` reached the
     /// collector (10 s at most): every span received.
     async fn flushed_with(self, name: &str) -> Vec<fanout_testkit::otlp::Received> {
@@ -979,37 +1015,9 @@ async fn a_reads_span_with_no_request_span_joins_the_callers_trace() {
     let query = r#"{"query":"{ item(id: 13) }"}"#;
     let answer = fanout_testkit::post(&app, query.to_owned(), &[("traceparent", inbound)]).await;
     assert_eq!(answer.json()["data"]["item"], 200, "{:?}", answer.json());
-    let sent = heard.lock().unwrap().first().cloned().flatten();
-    let (_, named, _) = parts(&sent.unwrap_or_default());
-    one_sent_in(
-        &heard,
-        ("0af7651916cd43dd8448eb211c80319c", "01"),
-        "the caller's trace",
-    );
-    let collector = exporting.flushed().await;
-    let spans = collector
-        .wait_for(
-            std::time::Duration::from_secs(10),
-            "the read's spans",
-            |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
-        )
+    exporting
+        .client_span_under_callers(&heard, "the caller's trace")
         .await;
-    let client = spans
-        .iter()
-        .find(|r| hex(&r.span.span_id) == named)
-        .unwrap();
-    assert_eq!(client.span.kind, SpanKind::Client as i32, "{client:?}");
-    let read = spans
-        .iter()
-        .find(|r| r.span.name == "upstream.read")
-        .expect("the read's span");
-    assert_eq!(client.span.parent_span_id, read.span.span_id, "{client:?}");
-    assert_eq!(
-        hex(&read.span.parent_span_id),
-        "b7ad6b7169203331",
-        "{read:?}"
-    );
-    assert_eq!(hex(&read.span.trace_id), "0af7651916cd43dd8448eb211c80319c");
 }
 
 /// A read inside a span the telemetry does not export (opened for another
@@ -1091,36 +1099,9 @@ async fn a_lent_read_with_no_span_kept_keeps_its_spans_together() {
     let exporting = exporting(Filter::ReadsOnly).await;
     let lender = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     lend_and_borrow(&app, lender, "borrow(id: 14, inSpan: true)").await;
-    let sent = heard.lock().unwrap().first().cloned().flatten();
-    let (_, named, _) = parts(&sent.unwrap_or_default());
-    one_sent_in(
-        &heard,
-        ("0af7651916cd43dd8448eb211c80319c", "01"),
-        "the lender's",
-    );
-    let collector = exporting.flushed().await;
-    let spans = collector
-        .wait_for(
-            std::time::Duration::from_secs(10),
-            "the span named upstream",
-            |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
-        )
+    exporting
+        .client_span_under_callers(&heard, "the lender's")
         .await;
-    let client = spans
-        .iter()
-        .find(|r| hex(&r.span.span_id) == named)
-        .unwrap();
-    assert_eq!(client.span.kind, SpanKind::Client as i32, "{client:?}");
-    let read = spans
-        .iter()
-        .find(|r| r.span.span_id == client.span.parent_span_id)
-        .expect("the CLIENT span's parent exported");
-    assert_eq!(read.span.name, "upstream.read", "{read:?}");
-    assert_eq!(
-        hex(&read.span.parent_span_id),
-        "b7ad6b7169203331",
-        "{read:?}"
-    );
 }
 
 /// A load spawned in the request's spans is the request's past what lies
