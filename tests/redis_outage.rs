@@ -350,6 +350,103 @@ async fn a_killed_redis_fails_fast_and_recovers_closed() {
     killed(FailureMode::Closed).await;
 }
 
+/// The slots a replica holds of its share on Redis when Redis dies count
+/// against its fallback share: it takes no fallback slot while half the cap
+/// or more is in use, however the slots in use were granted. (The fallback
+/// was counted apart: a replica could hold its Redis slots plus half the
+/// cap at once, the whole cap on each of two replicas.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_held_when_redis_dies_count_against_the_fallback_share() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let replicas = replicas(&redis, 1, FailureMode::Open, 200);
+    let (caps, backend) = (&replicas[0].caps, &replicas[0].backend);
+    let mut shared = Vec::new();
+    for _ in 0..3 {
+        shared.push(caps.acquire(HOST, Duration::from_secs(5)).await.unwrap());
+    }
+    assert_eq!(held(&redis).await, 3, "the three are held on Redis");
+    redis.kill();
+    // The claimer's next refresh fails: the share is void, the breaker open.
+    until("breaker open", Duration::from_secs(10), async || {
+        backend.is_open()
+    })
+    .await;
+    let refused = caps.acquire(HOST, Duration::from_millis(100)).await;
+    assert_eq!(
+        refused.map(drop).unwrap_err().code(),
+        "HOST_SATURATED",
+        "3 in use of a fallback share of {}",
+        CAP / 2
+    );
+    shared.truncate(1);
+    let mut fallback = vec![caps
+        .acquire(HOST, Duration::from_millis(100))
+        .await
+        .expect("1 in use: room for one")];
+    let refused = caps.acquire(HOST, Duration::from_millis(100)).await;
+    assert_eq!(refused.map(drop).unwrap_err().code(), "HOST_SATURATED");
+    drop(shared);
+    fallback.push(
+        caps.acquire(HOST, Duration::from_millis(100))
+            .await
+            .expect("the Redis slot back: room for one more"),
+    );
+    let refused = caps.acquire(HOST, Duration::from_millis(100)).await;
+    assert_eq!(refused.map(drop).unwrap_err().code(), "HOST_SATURATED");
+}
+
+/// Fallback slots still in use when Redis is back are held on it: the
+/// replica's next claim reports them, so the other replicas get only the
+/// rest of the cap. (They were counted nowhere: another replica got the
+/// whole cap beside them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let replicas = replicas(&redis, 2, FailureMode::Open, 200);
+    let (a, b) = (&replicas[0], &replicas[1]);
+    // A's claimer runs: its refreshes notice the outage.
+    drop(a.caps.acquire(HOST, Duration::from_secs(5)).await.unwrap());
+    redis.kill();
+    until("breaker open", Duration::from_secs(10), async || {
+        a.backend.is_open()
+    })
+    .await;
+    let mut fallback = Vec::new();
+    for _ in 0..CAP / 2 {
+        let slot = a.caps.acquire(HOST, Duration::from_millis(100)).await;
+        fallback.push(slot.expect("open: the fallback share serves"));
+    }
+    redis.restart().await;
+    until(
+        "A's fallback slots held on Redis",
+        Duration::from_secs(10),
+        async || held(&redis).await >= i64::from(CAP / 2),
+    )
+    .await;
+    let mut taken = Vec::new();
+    for _ in 0..CAP - CAP / 2 {
+        let slot = b.caps.acquire(HOST, Duration::from_secs(5)).await;
+        taken.push(slot.expect("B gets the rest of the cap"));
+    }
+    let extra = b.caps.acquire(HOST, Duration::from_millis(300)).await;
+    assert_eq!(
+        extra.map(drop).unwrap_err().code(),
+        "HOST_SATURATED",
+        "A's {} and B's {} are the cap",
+        CAP / 2,
+        CAP - CAP / 2
+    );
+    drop((fallback, taken));
+    until("released", Duration::from_secs(5), async || {
+        held(&redis).await == 0
+    })
+    .await;
+}
+
 /// After a restart the shared cap is back within one `backoff_ms` and one
 /// claim: the first probe after Redis is back gets through. Redis is
 /// restarted right after a probe failed, the worst moment: a whole backoff

@@ -17,8 +17,11 @@
 //! the host: half its cap (at least one) — a replica's share of the
 //! smallest fleet, two — not the whole cap on every replica (counting
 //! `fanout_shared_state_fallback_total`); `"closed"` refuses the read with
-//! `UNAVAILABLE`. Dropped, the caps give
-//! back what they held at once rather than after `lease_ms`.
+//! `UNAVAILABLE`. The fallback share is taken from the host's pool, not
+//! beside it: the slots a claim granted before the outage that are still in
+//! use count against it, and the fallback slots still in use when Redis is
+//! back are reported by the next claim, so Redis holds them. Dropped, the
+//! caps give back what they held at once rather than after `lease_ms`.
 
 mod claim;
 mod pool;
@@ -39,8 +42,6 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct RedisHostCaps {
     local: LocalHostCaps,
-    /// While Redis is down ("open"): every capped host at half its cap.
-    fallback: LocalHostCaps,
     backend: RedisBackend,
     /// One per `[hosts]` table.
     pools: HashMap<String, Arc<Pool>>,
@@ -62,12 +63,7 @@ impl RedisHostCaps {
                 (host.clone(), Arc::new(pool))
             })
             .collect();
-        let shares = hosts.iter().map(|(host, config)| {
-            let share = (config.max_concurrent / 2).max(1);
-            (host.clone(), config.clone().max_concurrent(share))
-        });
         Self {
-            fallback: LocalHostCaps::new(shares.collect()),
             local: LocalHostCaps::new(hosts),
             backend,
             pools,
@@ -113,9 +109,12 @@ impl HostLimiter for RedisHostCaps {
                         crate::metrics::shared_state_fallback("host_caps");
                         // The breaker logs the outage once; this is per read.
                         tracing::debug!(error = %err, host, "shared host caps down; capping in-process");
-                        let left = time_left.saturating_sub(started.elapsed());
-                        let share = self.fallback.acquire(host, left).await?;
-                        Ok(local.join(share))
+                        match pool.fallback(started + wait).await {
+                            Some(slot) => Ok(local.join(HostSlot::new(slot))),
+                            None => Err(HostRefusal::Saturated {
+                                max_concurrent: pool.fallback_share(),
+                            }),
+                        }
                     }
                     FailureMode::Closed => Err(HostRefusal::Unavailable {
                         message: err.message,

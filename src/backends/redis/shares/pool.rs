@@ -225,14 +225,57 @@ impl Pool {
 
     /// A slot of the allowance, if one is free and valid: no network.
     pub(super) fn take(self: &Arc<Self>) -> Option<Slot> {
+        self.take_if(|state| self.room(state))
+    }
+
+    /// A slot, counted in use, if `room` says there is one.
+    fn take_if(self: &Arc<Self>, room: impl FnOnce(&State) -> bool) -> Option<Slot> {
         let mut state = self.lock();
-        if !self.room(&state) {
+        if !room(&state) {
             return None;
         }
         state.in_use += 1;
         state.used = true;
         state.peak = state.peak.max(state.in_use + state.waiting);
         Some(Slot(self.clone()))
+    }
+
+    /// This replica's share of the host while Redis cannot be asked
+    /// (`failure_mode = "open"`): half the cap, at least one — its share in
+    /// the smallest fleet, two.
+    pub(super) fn fallback_share(&self) -> u32 {
+        (self.cap / 2).max(1)
+    }
+
+    /// A slot of the fallback share while Redis cannot be asked, waiting
+    /// until `give_up` for one to come back; `None` when none did.
+    ///
+    /// Counted with the slots of the allowance: those a claim granted
+    /// before the outage and still in use count against the share, so the
+    /// replica never holds more than the share whatever granted its slots;
+    /// and those taken here are in use when Redis is back, so the next
+    /// claim reports them and Redis holds them. One may be taken while a
+    /// claim (a probe) is in flight: its answer then allows less than is in
+    /// use, and the pool hands out nothing more until enough come back.
+    pub(super) async fn fallback(self: &Arc<Self>, give_up: Instant) -> Option<Slot> {
+        let share = self.fallback_share();
+        let room = |state: &State| state.in_use < share;
+        if let Some(slot) = self.take_if(room) {
+            return Some(slot);
+        }
+        let _waiting = Waiting::new(self);
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(slot) = self.take_if(room) {
+                return Some(slot);
+            }
+            tokio::select! {
+                () = &mut freed => {}
+                () = tokio::time::sleep_until(give_up) => return None,
+            }
+        }
     }
 
     /// Whether a read may take a slot now: the allowance is valid and not
@@ -360,6 +403,9 @@ impl Pool {
                 // Redis holds at least the floor, or nothing changed.
                 state.allowed = state.allowed.min(floor);
                 state.valid_until = None;
+                // Whether others are short is not known: a fallback slot
+                // coming back asks no claim of a Redis that is down.
+                state.busy = false;
                 state.recorded = true;
                 Err(error)
             }
