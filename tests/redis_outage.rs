@@ -242,7 +242,7 @@ async fn hang(mode: FailureMode) {
     let empty = resumed.elapsed();
     exactly_the_cap_is_available(&redis, &replicas).await;
     assert!(
-        resumed.elapsed() < Duration::from_millis(LEASE_MS / 3),
+        resumed.elapsed() < Duration::from_millis(LEASE_MS * 2 / 3),
         "recovered only after {:?}",
         resumed.elapsed()
     );
@@ -289,8 +289,11 @@ async fn killed(mode: FailureMode) {
         let got = replica.caps.acquire(HOST, Duration::from_secs(5)).await;
         let took = started.elapsed();
         slowest = slowest.max(took);
+        // Far below the timeout a call to a dead Redis would wait (not a
+        // fixed figure: in "open" it may queue behind the load's workers for
+        // the fallback share).
         assert!(
-            took < Duration::from_millis(500),
+            took < timeout / 2,
             "a call took {took:?} with Redis dead (timeout {timeout:?})"
         );
         match mode {
@@ -452,13 +455,13 @@ async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
 /// restarted right after a probe failed, the worst moment: a whole backoff
 /// before the next probe. (The connection manager used to answer that probe
 /// with the reconnect the last failure had started while Redis was down, and
-/// only then start another: one more backoff, 2.0 s instead of 1.0 s.)
+/// only then start another: one more backoff, 4 s instead of 2 s here.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_redis_caps_again_within_one_backoff() {
     let Some(mut redis) = RedisServer::start().await else {
         return;
     };
-    let backoff = Duration::from_millis(1_000);
+    let backoff = Duration::from_millis(2_000);
     let config = RedisConfig::default()
         .url(redis.url())
         .failure_mode(FailureMode::Open)
@@ -493,8 +496,11 @@ async fn a_restarted_redis_caps_again_within_one_backoff() {
         backend.failed_calls() > failed
     })
     .await;
+    // Timed from the failed probe, not from the restart (which takes a
+    // while of its own): the next probe is one backoff after it.
+    let probed = Instant::now();
     redis.restart().await;
-    let back = Instant::now();
+    let restarted = probed.elapsed();
     // A read counted against the shared cap: a slot of this replica's
     // share in use, and the share held on the restarted Redis.
     until(
@@ -503,12 +509,16 @@ async fn a_restarted_redis_caps_again_within_one_backoff() {
         async || caps.held(HOST).1 > 0 && held(&redis).await > 0,
     )
     .await;
-    let took = back.elapsed();
+    let took = probed.elapsed();
     load.stop().await;
-    println!("shared cap back {took:?} after the restart (backoff {backoff:?})");
+    println!(
+        "shared cap back {took:?} after the failed probe (restarted after {restarted:?}, \
+         backoff {backoff:?})"
+    );
+    // One backoff and a claim; the defect is two backoffs.
     assert!(
-        took < backoff + Duration::from_millis(800),
-        "the shared cap came back {took:?} after the restart, backoff {backoff:?}"
+        took < backoff * 3 / 2,
+        "the shared cap came back {took:?} after the failed probe, backoff {backoff:?}"
     );
 }
 

@@ -66,7 +66,7 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
     a_cap_of_four_holds_across(&[&a, &b], &registry).await;
     // Idle, both replicas gave every slot back (long before the lease).
     let key = format!("fanout:shares:{}", registry.host());
-    until("given back", Duration::from_secs(2), async || {
+    until("given back", Duration::from_secs(10), async || {
         redis.slots_held(&key).await == 0
     })
     .await;
@@ -372,6 +372,9 @@ async fn the_share_of_a_host_is_on_metrics() {
     config
         .hosts
         .insert(registry.host(), HostConfig::default().max_concurrent(16));
+    // The share stays as claimed until the next refresh, 2 s on: long
+    // enough to be seen on a loaded machine (the default 50 ms is not).
+    (config.redis.lease_ms, config.redis.refresh_ms) = (30_000, 2_000);
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .expect("the only recorder of this test binary");
@@ -392,12 +395,12 @@ async fn the_share_of_a_host_is_on_metrics() {
     assert_eq!(body["extensions"]["fanout"]["used"], 1, "{body}");
     // One read wanted, up to 8 spare, at most half of the 15 left: 1 + 7
     // (set by the claimer as the claim is answered).
-    until("the share's gauge", Duration::from_secs(2), async || {
+    until("the share's gauge", Duration::from_secs(10), async || {
         gauge("fanout_host_share_slots").await == Some(8.0)
     })
     .await;
     assert_eq!(gauge("fanout_host_share_busy").await, Some(0.0));
-    until("given back", Duration::from_secs(2), async || {
+    until("given back", Duration::from_secs(10), async || {
         gauge("fanout_host_share_slots").await == Some(0.0)
     })
     .await;
