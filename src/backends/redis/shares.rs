@@ -70,8 +70,9 @@ impl RedisHostCaps {
         }
     }
 
-    /// Slots this replica holds of `host`'s cap on Redis, and of those, in
-    /// use by its reads (for tests).
+    /// Slots this replica may use of `host`'s cap by its last claim, and
+    /// slots in use by its reads — fallback slots too, so more than the
+    /// first while Redis is down (for tests).
     #[doc(hidden)]
     pub fn held(&self, host: &str) -> (u32, u32) {
         self.pools.get(host).map_or((0, 0), |pool| pool.held())

@@ -33,6 +33,14 @@
 //!   `FLUSHALL`, eviction) is noticed only at the next claim, at most
 //!   `refresh_ms` later; until then the cap may be exceeded by the slots in
 //!   use and taken here (the book, book/src/replicas.md).
+//! - **Fallback** (`failure_mode = "open"`, Redis down): while no allowance
+//!   is valid, reads take slots of the pool itself up to the fallback share
+//!   (half the cap), in line; the slots still in use of the last allowance
+//!   count against it. So the next claim reports every slot in use, however
+//!   it was granted; a fallback slot taken while that claim was in flight
+//!   (the breaker's probe) is reported by another claim right after its
+//!   answer — until then Redis holds fewer than are in use, the one
+//!   exception to the rule above.
 
 use super::claim::{Claim, Grant};
 use crate::backends::redis::backend::{down, RedisBackend, Route};
@@ -73,6 +81,9 @@ struct State {
     peak: u32,
     /// A slot came back while busy that this replica may not reuse.
     give_back: bool,
+    /// Fallback slots were taken while the last claim was in flight: more
+    /// are in use than it reported, so Redis may hold fewer. Claim again.
+    unreported: bool,
 }
 
 /// One host's share held by this replica, and its claimer.
@@ -93,6 +104,9 @@ pub(super) struct Pool {
     /// Each claim's outcome.
     outcomes: watch::Sender<Result<(), Unavailable>>,
     claimer: OnceLock<tokio::task::AbortHandle>,
+    /// The line of reads waiting for a fallback slot: first come, first
+    /// served, as a semaphore would (a slot coming back wakes every waiter).
+    fallback_line: tokio::sync::Mutex<()>,
 }
 
 /// A slot of a pool: back to it when dropped.
@@ -155,6 +169,7 @@ impl Pool {
             freed: Notify::new(),
             outcomes: watch::Sender::new(Ok(())),
             claimer: OnceLock::new(),
+            fallback_line: tokio::sync::Mutex::const_new(()),
         }
     }
 
@@ -248,19 +263,30 @@ impl Pool {
     }
 
     /// A slot of the fallback share while Redis cannot be asked, waiting
-    /// until `give_up` for one to come back; `None` when none did.
+    /// in line until `give_up` for one to come back; `None` when none did.
     ///
     /// Counted with the slots of the allowance: those a claim granted
     /// before the outage and still in use count against the share, so the
-    /// replica never holds more than the share whatever granted its slots;
-    /// and those taken here are in use when Redis is back, so the next
-    /// claim reports them and Redis holds them. One may be taken while a
-    /// claim (a probe) is in flight: its answer then allows less than is in
-    /// use, and the pool hands out nothing more until enough come back.
+    /// replica never holds more than the share, or what it held when Redis
+    /// went, whichever is more; and those taken here are in use when Redis
+    /// is back, so the next claim reports them. The share is used only while
+    /// no allowance is valid: once a claim succeeds, a read waiting here
+    /// takes a slot of the allowance or none. A fallback slot taken while a
+    /// claim is in flight (the breaker's probe) is more than that claim
+    /// reports: its answer asks for another claim at once.
     pub(super) async fn fallback(self: &Arc<Self>, give_up: Instant) -> Option<Slot> {
         let share = self.fallback_share();
-        let room = |state: &State| state.in_use < share;
-        if let Some(slot) = self.take_if(room) {
+        let room = |state: &State| !self.valid(state) && state.in_use < share;
+        let _turn = match self.fallback_line.try_lock() {
+            Ok(turn) => turn,
+            Err(_) => {
+                let _waiting = Waiting::new(self);
+                tokio::time::timeout_at(give_up, self.fallback_line.lock())
+                    .await
+                    .ok()?
+            }
+        };
+        if let Some(slot) = self.take().or_else(|| self.take_if(room)) {
             return Some(slot);
         }
         let _waiting = Waiting::new(self);
@@ -268,7 +294,7 @@ impl Pool {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(slot) = self.take_if(room) {
+            if let Some(slot) = self.take().or_else(|| self.take_if(room)) {
                 return Some(slot);
             }
             tokio::select! {
@@ -284,17 +310,23 @@ impl Pool {
         let limit = state
             .in_flight
             .map_or(state.allowed, |n| n.min(state.allowed));
-        let valid = state.valid_until.is_some_and(|(until, failures)| {
-            Instant::now() < until && failures == self.backend.failed_calls()
-        });
-        valid && state.in_use < limit
+        self.valid(state) && state.in_use < limit
     }
 
-    /// Whether a claim is needed now: a read waits with no room, or a slot
-    /// came back that others need and this replica may not reuse.
+    /// Whether the allowance may be handed out: granted by a claim sent
+    /// within `share_use`, and no call of the backend failed since.
+    fn valid(&self, state: &State) -> bool {
+        state.valid_until.is_some_and(|(until, failures)| {
+            Instant::now() < until && failures == self.backend.failed_calls()
+        })
+    }
+
+    /// Whether a claim is needed now: a read waits with no room, a slot
+    /// came back that others need and this replica may not reuse, or
+    /// slots are in use that the last claim did not report.
     fn needs_claim(&self) -> bool {
         let state = self.lock();
-        state.give_back || state.waiting > 0 && !self.room(&state)
+        state.give_back || state.unreported || state.waiting > 0 && !self.room(&state)
     }
 
     /// A slot within `give_up` (the host's wait) — or, while the cap is not
@@ -368,6 +400,7 @@ impl Pool {
             state.peak = 0;
             state.used = false;
             state.give_back = false;
+            state.unreported = false;
             (floor, wants, block)
         };
         let (sent, failures) = (Instant::now(), backend.failed_calls());
@@ -397,6 +430,15 @@ impl Pool {
                     state.give_back = true;
                     self.wanted.notify_one();
                 }
+                // Fallback slots taken while it was in flight: Redis holds
+                // only the floor; report them now, not a refresh later.
+                if state.in_use > allowed.max(floor) {
+                    state.unreported = true;
+                    self.wanted.notify_one();
+                }
+                drop(state);
+                // A read waiting for a fallback slot may take the allowance.
+                self.freed.notify_waiters();
                 Ok(())
             }
             Err(error) => {

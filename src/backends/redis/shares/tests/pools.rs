@@ -388,3 +388,68 @@ async fn a_read_that_joins_leaves_the_local_queue_and_the_pool() {
     }
     assert_eq!(caps.in_flight(&host), 0);
 }
+
+/// Redis down (`"open"`): reads waiting for the fallback share are served
+/// in the order they came, as a semaphore serves them — a slot coming back
+/// goes to the first in line, not to whichever waiter runs first. The slot
+/// still in use from before the outage counts against the share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_waiters_are_served_in_order() {
+    let Some(mut redis) = RedisServer::start().await else {
+        return;
+    };
+    let config = RedisConfig {
+        failure_mode: crate::config::FailureMode::Open,
+        backoff_ms: 60_000,
+        ..config(&redis)
+    };
+    let host = HostConfig {
+        max_concurrent: 6,
+        acquire_wait_ms: 20_000,
+        ..Default::default()
+    };
+    let hosts = BTreeMap::from([(HOST.to_string(), host)]);
+    let caps = Arc::new(RedisHostCaps::new(
+        hosts,
+        RedisBackend::new(&config).unwrap(),
+    ));
+    let pool = caps.pools[HOST].clone();
+    let wait = Duration::from_secs(20);
+    let before = caps.acquire(HOST, wait).await.unwrap();
+    redis.kill();
+    fanout_testkit::until("breaker open", Duration::from_secs(10), async || {
+        caps.backend.is_open()
+    })
+    .await;
+    let fallback = [
+        caps.acquire(HOST, wait).await.unwrap(),
+        caps.acquire(HOST, wait).await.unwrap(),
+    ];
+    assert_eq!(caps.held(HOST).1, 3, "the share, 3, in use");
+    let mut waiters = Vec::new();
+    for n in 1..=3 {
+        let caps = caps.clone();
+        waiters.push(tokio::spawn(async move { caps.acquire(HOST, wait).await }));
+        fanout_testkit::until("in line", Duration::from_secs(10), async || {
+            pool.waiting() == n
+        })
+        .await;
+    }
+    let mut held = Vec::new();
+    for (next, slot) in [before].into_iter().chain(fallback).enumerate() {
+        drop(slot);
+        let waiter = waiters.remove(0);
+        fanout_testkit::until(
+            "the first in line served",
+            Duration::from_secs(10),
+            async || waiter.is_finished(),
+        )
+        .await;
+        held.push(waiter.await.unwrap().expect("served in turn"));
+        assert!(
+            waiters.iter().all(|w| !w.is_finished()),
+            "a later waiter served before the first (turn {next})"
+        );
+    }
+    assert_eq!(caps.held(HOST).1, 3);
+}
