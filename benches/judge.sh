@@ -2,7 +2,8 @@
 # The judge: two builds of the load bench, run interleaved and paired.
 #
 #   benches/judge.sh [-n PAIRS] [-a 'CARGO FLAGS'] [-b 'CARGO FLAGS'] [-o DIR]
-#                    [-t DIR] [--separate-targets] A B [-- BENCH ARGS]
+#                    [-t DIR] [--separate-targets] [--env-a 'K=V …'] [--env-b 'K=V …']
+#                    A B [-- BENCH ARGS]
 #
 # A and B are commits (anything `git rev-parse` takes; the same commit twice
 # with different flags compares features, e.g. allocators). Each is exported
@@ -31,13 +32,17 @@
 # on, stock protections, engine off) and LOAD_ROUNDS=3 (LOAD_SECS stays 3):
 # a run takes ~40 s, the 5 pairs ~7 minutes, each build ~5–9 minutes on a
 # 2-core machine (the second one less with the shared target).
-# -o DIR keeps every run's output there.
+# -o DIR keeps every run's output there. --env-a / --env-b set variables
+# for that side's runs only: the same commit twice with different
+# variables compares run-time settings (the allocator's, e.g.
+# MIMALLOC_ALLOW_THP=0) on one executable, built once.
 #
 # Examples:
 #   benches/judge.sh HEAD~1 HEAD
 #   benches/judge.sh -b '--features alloc-jemalloc' HEAD HEAD     # mimalloc (the default) → jemalloc
 #   benches/judge.sh -a '--no-default-features --features otel' HEAD HEAD  # glibc → mimalloc
 #   LOAD_ROUNDS=5 benches/judge.sh -n 7 -o /tmp/judge-logs 1a83523 HEAD
+#   benches/judge.sh --env-b 'MIMALLOC_ALLOW_THP=0' HEAD HEAD       # THP on → off, one build
 set -euo pipefail
 
 pairs=5
@@ -46,6 +51,8 @@ flags_b=""
 keep=""
 builds=""
 separate=0
+env_a=""
+env_b=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -n) pairs="$2"; shift 2 ;;
@@ -54,6 +61,8 @@ while [ $# -gt 0 ]; do
     -o) keep="$2"; shift 2 ;;
     -t) builds="$2"; shift 2 ;;
     --separate-targets) separate=1; shift ;;
+    --env-a) env_a="$2"; shift 2 ;;
+    --env-b) env_b="$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --) break ;;
     -*) echo "judge: unknown option $1" >&2; exit 2 ;;
@@ -123,7 +132,11 @@ for m in map(json.loads, sys.stdin):
 }
 
 build A "$rev_a" "$flags_a"
-build B "$rev_b" "$flags_b"
+if [ "$rev_a" = "$rev_b" ] && [ "$flags_a" = "$flags_b" ]; then
+  cp "$work/A.bin" "$work/B.bin" # one executable, two environments
+else
+  build B "$rev_b" "$flags_b"
+fi
 if cmp -s "$work/A.bin" "$work/B.bin"; then
   if [ "$rev_a" != "$rev_b" ] || [ "$flags_a" != "$flags_b" ]; then
     echo "judge: A and B built to the same executable; nothing to judge" >&2
@@ -132,8 +145,8 @@ if cmp -s "$work/A.bin" "$work/B.bin"; then
 fi
 rm -rf "$work/target"
 
-echo "judge: A = ${rev_a:0:7} ${flags_a:-(default features)}"
-echo "judge: B = ${rev_b:0:7} ${flags_b:-(default features)}"
+echo "judge: A = ${rev_a:0:7} ${flags_a:-(default features)}${env_a:+ with $env_a}"
+echo "judge: B = ${rev_b:0:7} ${flags_b:-(default features)}${env_b:+ with $env_b}"
 echo "judge: $pairs pairs, LOAD_ONLY=$LOAD_ONLY LOAD_ROUNDS=$LOAD_ROUNDS LOAD_SECS=${LOAD_SECS:-3}${bench_args[*]:+, args ${bench_args[*]}}, $(date -u '+%Y-%m-%d %H:%M UTC')"
 
 figures="$work/figures"
@@ -142,7 +155,9 @@ for ((i = 1; i <= pairs; i++)); do
   if ((i % 2)); then order="A B"; else order="B A"; fi
   for side in $order; do
     log="$work/run-$i-$side.log"
-    (cd "$work" && "./$side.bin" --bench "${bench_args[@]}") >"$log" 2>&1 \
+    if [ "$side" = A ]; then vars="$env_a"; else vars="$env_b"; fi
+    # shellcheck disable=SC2086 # the variables are words
+    (cd "$work" && env $vars "./$side.bin" --bench "${bench_args[@]}") >"$log" 2>&1 \
       || { echo "judge: pair $i, side $side failed:" >&2; tail -20 "$log" >&2; exit 1; }
     line="$(grep '^judge:' "$log" | tail -1 || true)"
     # A commit from before the judge: line: its summary's ratios.
