@@ -62,6 +62,9 @@ async fn a_host_cap_of_four_holds_across_two_replicas() {
             .max_concurrent(4)
             .acquire_wait_ms(30_000),
     );
+    // A lease far longer than the wait below: a share never given back
+    // would still be held at its end (the hash lapses two leases on).
+    config.redis.lease_ms = 30_000;
     let (a, b) = (replica(&config, &registry), replica(&config, &registry));
     a_cap_of_four_holds_across(&[&a, &b], &registry).await;
     // Idle, both replicas gave every slot back (long before the lease).

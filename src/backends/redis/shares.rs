@@ -70,9 +70,9 @@ impl RedisHostCaps {
         }
     }
 
-    /// Slots this replica may use of `host`'s cap by its last claim, and
-    /// slots in use by its reads — fallback slots too, so more than the
-    /// first while Redis is down (for tests).
+    /// Slots this replica may use of `host`'s cap by the last claim that
+    /// succeeded (cut to what was in use by a claim that failed), and slots
+    /// in use by its reads — fallback slots too (for tests).
     #[doc(hidden)]
     pub fn held(&self, host: &str) -> (u32, u32) {
         self.pools.get(host).map_or((0, 0), |pool| pool.held())

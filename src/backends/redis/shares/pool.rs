@@ -36,11 +36,12 @@
 //! - **Fallback** (`failure_mode = "open"`, Redis down): while no allowance
 //!   is valid, reads take slots of the pool itself up to the fallback share
 //!   (half the cap), in line; the slots still in use of the last allowance
-//!   count against it. So the next claim reports every slot in use, however
-//!   it was granted; a fallback slot taken while that claim was in flight
-//!   (the breaker's probe) is reported by another claim right after its
-//!   answer — until then Redis holds fewer than are in use, the one
-//!   exception to the rule above.
+//!   count against it. Redis holds none of the fallback slots until a claim
+//!   succeeds again (the first after the breaker closes): it reports every
+//!   slot in use, however it was granted, and one taken while it was in
+//!   flight is reported by another claim right after its answer. Until
+//!   then the fleet may hold more than the cap: each replica its share, as
+//!   the book says (book/src/replicas.md).
 
 use super::claim::{Claim, Grant};
 use crate::backends::redis::backend::{down, RedisBackend, Route};
@@ -272,8 +273,8 @@ impl Pool {
     /// is back, so the next claim reports them. The share is used only while
     /// no allowance is valid: once a claim succeeds, a read waiting here
     /// takes a slot of the allowance or none. A fallback slot taken while a
-    /// claim is in flight (the breaker's probe) is more than that claim
-    /// reports: its answer asks for another claim at once.
+    /// claim is in flight (the first after the breaker closed) is more than
+    /// that claim reports: its answer asks for another claim at once.
     pub(super) async fn fallback(self: &Arc<Self>, give_up: Instant) -> Option<Slot> {
         let share = self.fallback_share();
         let room = |state: &State| !self.valid(state) && state.in_use < share;
@@ -449,6 +450,10 @@ impl Pool {
                 // coming back asks no claim of a Redis that is down.
                 state.busy = false;
                 state.recorded = true;
+                drop(state);
+                // The allowance is void: a read waiting for a fallback slot
+                // may take one of the share now.
+                self.freed.notify_waiters();
                 Err(error)
             }
         }

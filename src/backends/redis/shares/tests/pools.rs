@@ -391,10 +391,14 @@ async fn a_read_that_joins_leaves_the_local_queue_and_the_pool() {
 
 /// Redis down (`"open"`): reads waiting for the fallback share are served
 /// in the order they came, as a semaphore serves them — a slot coming back
-/// goes to the first in line, not to whichever waiter runs first. The slot
-/// still in use from before the outage counts against the share.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// goes to the first in line, not to a read that arrives just then or to
+/// whichever waiter runs first. The slot still in use from before the
+/// outage counts against the share. (One thread: each waiter is in line
+/// before the next starts, and nothing runs between a slot coming back and
+/// the newcomer's first poll.)
+#[tokio::test]
 async fn fallback_waiters_are_served_in_order() {
+    use futures::FutureExt as _;
     let Some(mut redis) = RedisServer::start().await else {
         return;
     };
@@ -403,8 +407,9 @@ async fn fallback_waiters_are_served_in_order() {
         backoff_ms: 60_000,
         ..config(&redis)
     };
+    // A share of 4; room in the local cap for every read below.
     let host = HostConfig {
-        max_concurrent: 6,
+        max_concurrent: 8,
         acquire_wait_ms: 20_000,
         ..Default::default()
     };
@@ -421,11 +426,11 @@ async fn fallback_waiters_are_served_in_order() {
         caps.backend.is_open()
     })
     .await;
-    let fallback = [
-        caps.acquire(HOST, wait).await.unwrap(),
-        caps.acquire(HOST, wait).await.unwrap(),
-    ];
-    assert_eq!(caps.held(HOST).1, 3, "the share, 3, in use");
+    let mut slots = vec![before];
+    for _ in 0..3 {
+        slots.push(caps.acquire(HOST, wait).await.unwrap());
+    }
+    assert_eq!(caps.held(HOST).1, 4, "the share, 4, in use");
     let mut waiters = Vec::new();
     for n in 1..=3 {
         let caps = caps.clone();
@@ -435,9 +440,10 @@ async fn fallback_waiters_are_served_in_order() {
         })
         .await;
     }
-    let mut held = Vec::new();
-    for (next, slot) in [before].into_iter().chain(fallback).enumerate() {
-        drop(slot);
+    for turn in 0..3 {
+        drop(slots.remove(0));
+        let newcomer = caps.acquire(HOST, wait).now_or_never();
+        assert!(newcomer.is_none(), "a newcomer took the slot (turn {turn})");
         let waiter = waiters.remove(0);
         fanout_testkit::until(
             "the first in line served",
@@ -445,11 +451,11 @@ async fn fallback_waiters_are_served_in_order() {
             async || waiter.is_finished(),
         )
         .await;
-        held.push(waiter.await.unwrap().expect("served in turn"));
+        slots.push(waiter.await.unwrap().expect("served in turn"));
         assert!(
             waiters.iter().all(|w| !w.is_finished()),
-            "a later waiter served before the first (turn {next})"
+            "a later waiter served before the first (turn {turn})"
         );
     }
-    assert_eq!(caps.held(HOST).1, 3);
+    assert_eq!(caps.held(HOST).1, 4);
 }
