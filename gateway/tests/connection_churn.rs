@@ -285,10 +285,12 @@ async fn a_flood_past_the_held_bound_is_reset_at_once_and_fresh_clients_get_in()
         "{} more descriptors open during the flood",
         seen.fds
     );
-    // Past the bound the held were reset early: far more refusals than one
-    // per connection per second.
+    // Past the bound the held were reset early: more refusals than one per
+    // connection per second, and a second more (held a second each, 512
+    // connections refused at most 512 × 3 in the 3 s; a loaded machine
+    // still resets several thousand a second).
     assert!(
-        seen.refused > 2 * 512 * 3,
+        seen.refused > 512 * 4,
         "{} refusals in {:?}",
         seen.refused,
         seen.took
