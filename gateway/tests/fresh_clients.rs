@@ -192,15 +192,15 @@ async fn attack(gateway: &Gateway, holders: u8) -> Seen {
     seen
 }
 
+/// One attack at a time: two (each a gateway process and hundreds of
+/// connections) on two cores measure the machine, not the gateway.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The table full of idle connections reopened as they close: fresh
 /// clients are served with a median under a second and none near the
 /// header timeout (before: a median of about 3 s and a maximum of about
 /// 5 s, the fresh clients waiting in the listen backlog for the next header
 /// timeout to free a slot).
-/// One attack at a time: two (each a gateway process and hundreds of
-/// connections) on two cores measure the machine, not the gateway.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_client_is_served_soon_while_idle_connections_hold_the_table() {
     let _alone = ONE_AT_A_TIME.lock().await;
