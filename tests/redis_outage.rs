@@ -3,7 +3,8 @@
 //! Redis (SIGSTOP, SIGCONT) leaves no slot behind; a killed one costs no
 //! timeout per call while the breaker is open, and the backend recovers by
 //! itself once it is back — a restarted one caps again within `backoff_ms`
-//! plus one claim; a cancelled acquire leaves nothing held.
+//! plus one claim; a cancelled acquire leaves nothing held. A host's fallback
+//! share counts the slots a replica holds, whether Redis died or hung.
 use fanout_budget::backends::redis::{RedisBackend, RedisHostCaps};
 use fanout_budget::config::{FailureMode, HostConfig, RedisConfig};
 use fanout_budget::read::HostLimiter;
@@ -370,13 +371,39 @@ async fn a_killed_redis_fails_fast_and_recovers_closed() {
     killed(FailureMode::Closed).await;
 }
 
-/// The slots a replica holds of its share on Redis when Redis dies count
-/// against its fallback share: it takes no fallback slot while half the cap
-/// or more is in use, however the slots in use were granted. (The fallback
-/// was counted apart: a replica could hold its Redis slots plus half the
-/// cap at once, the whole cap on each of two replicas.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slots_held_when_redis_dies_count_against_the_fallback_share() {
+/// How Redis goes away in the fallback share's tests.
+#[derive(Clone, Copy, Debug)]
+enum Outage {
+    /// Killed: its connections refused at once.
+    Killed,
+    /// Hung (SIGSTOP): its connections stay open and nothing is answered;
+    /// each call waits its whole timeout, and what was sent meanwhile runs
+    /// when it resumes.
+    Hung,
+}
+
+impl Outage {
+    fn begin(self, redis: &mut RedisServer) {
+        match self {
+            Outage::Killed => redis.kill(),
+            Outage::Hung => redis.signal("STOP"),
+        }
+    }
+
+    async fn end(self, redis: &mut RedisServer) {
+        match self {
+            Outage::Killed => redis.restart().await,
+            Outage::Hung => redis.signal("CONT"),
+        }
+    }
+}
+
+/// The slots a replica holds of its share on Redis when Redis goes away
+/// count against its fallback share: it takes no fallback slot while half
+/// the cap or more is in use, however the slots in use were granted. (The
+/// fallback was counted apart: a replica could hold its Redis slots plus
+/// half the cap at once, the whole cap on each of two replicas.)
+async fn slots_held_count_against_the_fallback_share(outage: Outage) {
     let Some(mut redis) = RedisServer::start().await else {
         return;
     };
@@ -387,7 +414,7 @@ async fn slots_held_when_redis_dies_count_against_the_fallback_share() {
         shared.push(caps.acquire(HOST, Duration::from_secs(5)).await.unwrap());
     }
     assert_eq!(held(&redis).await, 3, "the three are held on Redis");
-    redis.kill();
+    outage.begin(&mut redis);
     // The claimer's next refresh fails: the share is void, the breaker open.
     until("breaker open", Duration::from_secs(10), async || {
         backend.is_open()
@@ -397,7 +424,7 @@ async fn slots_held_when_redis_dies_count_against_the_fallback_share() {
     assert_eq!(
         refused.map(drop).unwrap_err().code(),
         "HOST_SATURATED",
-        "3 in use of a fallback share of {}",
+        "{outage:?}: 3 in use of a fallback share of {}",
         CAP / 2
     );
     shared.truncate(1);
@@ -415,14 +442,39 @@ async fn slots_held_when_redis_dies_count_against_the_fallback_share() {
     );
     let refused = caps.acquire(HOST, Duration::from_millis(100)).await;
     assert_eq!(refused.map(drop).unwrap_err().code(), "HOST_SATURATED");
+    // Back: the two fallback slots in use are held on Redis (with a spare
+    // the claim may add), and once they are given back nothing is, what a
+    // hung Redis ran late included.
+    outage.end(&mut redis).await;
+    until(
+        "the fallback slots held on Redis",
+        Duration::from_secs(10),
+        async || held(&redis).await >= 2,
+    )
+    .await;
+    drop(fallback);
+    until("released", Duration::from_secs(5), async || {
+        held(&redis).await == 0
+    })
+    .await;
+    exactly_the_cap_is_available(&redis, &replicas).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_held_when_redis_dies_count_against_the_fallback_share() {
+    slots_held_count_against_the_fallback_share(Outage::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_held_when_redis_hangs_count_against_the_fallback_share() {
+    slots_held_count_against_the_fallback_share(Outage::Hung).await;
 }
 
 /// Fallback slots still in use when Redis is back are held on it: the
 /// replica's next claim reports them, so the other replicas get only the
 /// rest of the cap. (They were counted nowhere: another replica got the
 /// whole cap beside them.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
+async fn fallback_slots_held_on_redis_once_back(outage: Outage) {
     let Some(mut redis) = RedisServer::start().await else {
         return;
     };
@@ -431,7 +483,7 @@ async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
     // A's claimer runs, and refreshes while a slot is in use: its next
     // refresh notices the outage.
     let warm = a.caps.acquire(HOST, Duration::from_secs(5)).await.unwrap();
-    redis.kill();
+    outage.begin(&mut redis);
     until("breaker open", Duration::from_secs(10), async || {
         a.backend.is_open()
     })
@@ -442,7 +494,7 @@ async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
         let slot = a.caps.acquire(HOST, Duration::from_millis(100)).await;
         fallback.push(slot.expect("open: the fallback share serves"));
     }
-    redis.restart().await;
+    outage.end(&mut redis).await;
     until(
         "A's fallback slots held on Redis",
         Duration::from_secs(10),
@@ -458,7 +510,7 @@ async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
     assert_eq!(
         extra.map(drop).unwrap_err().code(),
         "HOST_SATURATED",
-        "A's {} and B's {} are the cap",
+        "{outage:?}: A's {} and B's {} are the cap",
         CAP / 2,
         CAP - CAP / 2
     );
@@ -467,6 +519,17 @@ async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
         held(&redis).await == 0
     })
     .await;
+    exactly_the_cap_is_available(&redis, &replicas).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_slots_in_use_are_held_on_redis_once_it_is_back() {
+    fallback_slots_held_on_redis_once_back(Outage::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_slots_in_use_are_held_on_redis_once_it_resumes() {
+    fallback_slots_held_on_redis_once_back(Outage::Hung).await;
 }
 
 /// After a restart the shared cap is back within one `backoff_ms` and one
