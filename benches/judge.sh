@@ -3,7 +3,7 @@
 #
 #   benches/judge.sh [-n PAIRS] [-a 'CARGO FLAGS'] [-b 'CARGO FLAGS'] [-o DIR]
 #                    [-t DIR] [--separate-targets] [--env-a 'K=V …'] [--env-b 'K=V …']
-#                    A B [-- BENCH ARGS]
+#                    [-i] A B [-- BENCH ARGS]
 #
 # A and B are commits (anything `git rev-parse` takes; the same commit twice
 # with different flags compares features, e.g. allocators). Each is exported
@@ -43,9 +43,30 @@
 #   benches/judge.sh -a '--no-default-features --features otel' HEAD HEAD  # glibc → mimalloc
 #   LOAD_ROUNDS=5 benches/judge.sh -n 7 -o /tmp/judge-logs 1a83523 HEAD
 #   benches/judge.sh --env-b 'MIMALLOC_ALLOW_THP=0' HEAD HEAD       # THP on → off, one build
+#
+# -i (--instructions): no clock at all. Each run counts, under valgrind's
+# cachegrind (its cache simulated: the machine's L1 and last level, every
+# thread on one simulated core), what one request costs each side in user
+# space: the load bench sends exactly N1 then N2 requests to the side in two
+# processes (LOAD_REQUESTS, LOAD_ONLY=<the side>), and the difference over
+# N2 - N1 is a request's, whatever setting up costs. Figures per request:
+# `<side>.ir` instructions, `<side>.d1` L1 data misses (reads and writes),
+# `<side>.i1` L1 instruction misses, `<side>.ll` last-level misses; ratios
+# `on/stock.*`, `on/off.*`, and `<side>/on.*` for any other side. A
+# process's count moves by ~0.5 % between runs (wake-ups, timers), not by
+# what else the machine runs: a change of 1 % is seen in one pair. Not
+# CPU time — no kernel, no stall is counted, threads never run at once —
+# but what the code executes and the memory it touches. Sides: JUDGE_SIDES
+# (';'-separated LOAD_ONLY values, default 'on;stock;off'); N1, N2:
+# JUDGE_REQUESTS (default '200 1200'); PAIRS defaults to 1. ~3 minutes a
+# commit for the default sides. Both commits' load bench must know
+# LOAD_REQUESTS (since 2026-12-07).
+#   benches/judge.sh -i HEAD~1 HEAD
+#   LOAD_TELEMETRY=1 JUDGE_SIDES='on;engine on, telemetry 1.0' benches/judge.sh -i HEAD HEAD
 set -euo pipefail
 
-pairs=5
+pairs=""
+instructions=0
 flags_a=""
 flags_b=""
 keep=""
@@ -63,6 +84,7 @@ while [ $# -gt 0 ]; do
     --separate-targets) separate=1; shift ;;
     --env-a) env_a="$2"; shift 2 ;;
     --env-b) env_b="$2"; shift 2 ;;
+    -i|--instructions) instructions=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --) break ;;
     -*) echo "judge: unknown option $1" >&2; exit 2 ;;
@@ -70,7 +92,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ $# -lt 2 ]; then
-  echo "usage: $0 [-n PAIRS] [-a FLAGS] [-b FLAGS] [-o DIR] [-t DIR] [--separate-targets] A B [-- BENCH ARGS]" >&2
+  echo "usage: $0 [-n PAIRS] [-a FLAGS] [-b FLAGS] [-o DIR] [-t DIR] [--separate-targets] [--env-a VARS] [--env-b VARS] [-i] A B [-- BENCH ARGS]" >&2
   exit 2
 fi
 commit_a="$1"
@@ -78,6 +100,13 @@ commit_b="$2"
 shift 2
 [ "${1:-}" = "--" ] && shift
 bench_args=("$@")
+
+if [ "$instructions" = 1 ]; then
+  pairs="${pairs:-1}"
+  command -v valgrind >/dev/null || { echo "judge: -i needs valgrind" >&2; exit 2; }
+else
+  pairs="${pairs:-5}"
+fi
 
 repo="$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 rev_a="$(git -C "$repo" rev-parse --verify "$commit_a^{commit}")"
@@ -147,7 +176,67 @@ rm -rf "$work/target"
 
 echo "judge: A = ${rev_a:0:7} ${flags_a:-(default features)}${env_a:+ with $env_a}"
 echo "judge: B = ${rev_b:0:7} ${flags_b:-(default features)}${env_b:+ with $env_b}"
-echo "judge: $pairs pairs, LOAD_ONLY=$LOAD_ONLY LOAD_ROUNDS=$LOAD_ROUNDS LOAD_SECS=${LOAD_SECS:-3}${bench_args[*]:+, args ${bench_args[*]}}, $(date -u '+%Y-%m-%d %H:%M UTC')"
+if [ "$instructions" = 1 ]; then
+  echo "judge: $pairs pairs, instructions (cachegrind), sides ${JUDGE_SIDES:-on;stock;off}, requests ${JUDGE_REQUESTS:-200 1200}, $(date -u '+%Y-%m-%d %H:%M UTC')"
+else
+  echo "judge: $pairs pairs, LOAD_ONLY=$LOAD_ONLY LOAD_ROUNDS=$LOAD_ROUNDS LOAD_SECS=${LOAD_SECS:-3}${bench_args[*]:+, args ${bench_args[*]}}, $(date -u '+%Y-%m-%d %H:%M UTC')"
+fi
+
+# count BIN VARS: the judge: line of a request's instructions and simulated
+# cache misses on each side (-i).
+count() {
+  local bin="$1" vars="$2" side n files=()
+  local sides
+  IFS=';' read -ra sides <<<"${JUDGE_SIDES:-on;stock;off}"
+  for side in "${sides[@]}"; do
+    for n in ${JUDGE_REQUESTS:-200 1200}; do
+      local out="$work/cg-$bin-$n-${#files[@]}"
+      # shellcheck disable=SC2086 # the variables are words
+      (cd "$work" && env $vars LOAD_ONLY="$side" LOAD_REQUESTS="$n" valgrind --tool=cachegrind \
+        --cache-sim=yes --cachegrind-out-file="$out" "./$bin" --bench "${bench_args[@]}") \
+        >"$out.log" 2>&1 || { tail -20 "$out.log" >&2; return 1; }
+      grep -q "^load: $n requests answered" "$out.log" \
+        || { echo "judge: $bin ran no counted requests (a bench without LOAD_REQUESTS?)" >&2; return 1; }
+      files+=("$side" "$n" "$out")
+    done
+  done
+  python3 - "${files[@]}" <<'PY'
+import sys
+
+def totals(path):
+    events = summary = None
+    for line in open(path):
+        if line.startswith("events:"):
+            events = line.split()[1:]
+        elif line.startswith("summary:"):
+            summary = [int(x) for x in line.split()[1:]]
+    return dict(zip(events, summary))
+
+args = sys.argv[1:]
+runs = {}
+for i in range(0, len(args), 3):
+    side, n, path = args[i], int(args[i + 1]), args[i + 2]
+    runs.setdefault(side, []).append((n, totals(path)))
+figures = {}
+for side, ((n1, a), (n2, b)) in runs.items():
+    per = lambda *events: sum(b[e] - a[e] for e in events) / (n2 - n1)
+    key = side if side in ("on", "stock", "off") else side.replace(" ", "").replace(",", "_")
+    figures[key] = {
+        "ir": per("Ir"),
+        "d1": per("D1mr", "D1mw"),
+        "i1": per("I1mr"),
+        "ll": per("ILmr", "DLmr", "DLmw"),
+    }
+line = []
+for key, f in figures.items():
+    line += [f"{key}.{k}={v:.1f}" for k, v in f.items()]
+pairs = [("on", "stock"), ("on", "off")] + [(k, "on") for k in figures if k not in ("on", "stock", "off")]
+for a, b in pairs:
+    if a in figures and b in figures:
+        line += [f"{a}/{b}.{k}={figures[a][k] / figures[b][k]:.4f}" for k in figures[a] if figures[b][k]]
+print("judge: " + " ".join(line))
+PY
+}
 
 figures="$work/figures"
 : >"$figures"
@@ -156,9 +245,14 @@ for ((i = 1; i <= pairs; i++)); do
   for side in $order; do
     log="$work/run-$i-$side.log"
     if [ "$side" = A ]; then vars="$env_a"; else vars="$env_b"; fi
-    # shellcheck disable=SC2086 # the variables are words
-    (cd "$work" && env $vars "./$side.bin" --bench "${bench_args[@]}") >"$log" 2>&1 \
-      || { echo "judge: pair $i, side $side failed:" >&2; tail -20 "$log" >&2; exit 1; }
+    if [ "$instructions" = 1 ]; then
+      count "$side.bin" "$vars" >"$log" 2>&1 \
+        || { echo "judge: pair $i, side $side failed:" >&2; tail -20 "$log" >&2; exit 1; }
+    else
+      # shellcheck disable=SC2086 # the variables are words
+      (cd "$work" && env $vars "./$side.bin" --bench "${bench_args[@]}") >"$log" 2>&1 \
+        || { echo "judge: pair $i, side $side failed:" >&2; tail -20 "$log" >&2; exit 1; }
+    fi
     line="$(grep '^judge:' "$log" | tail -1 || true)"
     # A commit from before the judge: line: its summary's ratios.
     [ -n "$line" ] || line="$(sed -nE \

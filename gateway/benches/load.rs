@@ -26,7 +26,9 @@
 //! 0 to see what a request sampled out costs alone), `LOAD_STOCK_EXTENSION=1`
 //! (add stock protections with an async-graphql extension that does
 //! nothing: the floor of any engine that is an extension; `LOAD_ONLY=stock`
-//! loads it too).
+//! loads it too), `LOAD_REQUESTS=N` (with `LOAD_ONLY=<one side>`: exactly
+//! N requests to that side, no rounds — what `benches/judge.sh
+//! --instructions` runs under valgrind to count a request's instructions).
 //!
 //! - **engine on**: `fanout_gateway::app::build` as the binary serves it —
 //!   `FanoutGraphQL` (parsed-document cache, cost preview,
@@ -194,20 +196,38 @@ async fn round(
     clients: usize,
     secs: Duration,
 ) -> Round {
+    counted_round(client, url, body, clients, secs, u64::MAX).await
+}
+
+/// [`round`], ending after `requests` requests if that comes first.
+async fn counted_round(
+    client: &reqwest::Client,
+    url: &str,
+    body: &str,
+    clients: usize,
+    secs: Duration,
+    requests: u64,
+) -> Round {
     let failed = Arc::new(AtomicU64::new(0));
+    let left = Arc::new(AtomicU64::new(requests));
     let started = Instant::now();
     let until = started + secs;
     let tasks: Vec<_> = (0..clients)
         .map(|_| {
-            let (client, url, body, failed) = (
+            let (client, url, body, failed, left) = (
                 client.clone(),
                 url.to_string(),
                 body.to_string(),
                 failed.clone(),
+                left.clone(),
             );
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(8192);
-                while Instant::now() < until {
+                let take = || {
+                    left.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                        .is_ok()
+                };
+                while Instant::now() < until && take() {
                     let t = Instant::now();
                     let response = client
                         .post(&url)
@@ -482,6 +502,38 @@ async fn main() {
     }
     counting::count(false);
 
+    let only = std::env::var("LOAD_ONLY").ok();
+    let k = sides.len();
+    // Instructions per request (`LOAD_REQUESTS=N`, one side, run under
+    // valgrind by `benches/judge.sh --instructions`): exactly N requests,
+    // so two runs' difference over the difference of their N is what a
+    // request costs, whatever the process's setup costs.
+    if let Some(requests) = std::env::var("LOAD_REQUESTS").ok() {
+        let requests: u64 = requests.parse().expect("LOAD_REQUESTS: a number");
+        let i = match only.as_deref() {
+            Some("on") => 0,
+            Some("off") => k - 1,
+            Some("stock") => sides
+                .iter()
+                .position(|s| s.name == STOCK_SIDE)
+                .expect("stock"),
+            Some(name) => (sides.iter().position(|s| s.name == name))
+                .unwrap_or_else(|| panic!("LOAD_ONLY={name}: no such side")),
+            None => panic!("LOAD_REQUESTS needs LOAD_ONLY=<one side>"),
+        };
+        let side = &sides[i];
+        let _exporting = side.telemetry.as_ref().map(telemetry::Side::start);
+        let forever = Duration::from_secs(3600);
+        let ran = counted_round(&client, &side.url, &body, clients, forever, requests).await;
+        drop(_exporting);
+        assert_eq!((ran.ok, ran.failed), (requests, 0), "{}", side.name);
+        println!("load: {requests} requests answered by {}", side.name);
+        for task in servers {
+            task.abort();
+        }
+        return;
+    }
+
     // Warm-up: connections, pools, allocator.
     for side in &sides {
         round(&client, &side.url, &body, clients, Duration::from_secs(1)).await;
@@ -491,8 +543,6 @@ async fn main() {
     );
     println!("| round | side | requests/s | p50 | p99 | CPU per request | failed |");
     println!("|---|---|---|---|---|---|---|");
-    let only = std::env::var("LOAD_ONLY").ok();
-    let k = sides.len();
     for r in 0..rounds * k {
         // Forward, then backward: on, off, off, on, … so drift hits every side alike.
         let i = if (r / k) % 2 == 0 {
