@@ -51,7 +51,8 @@
 # processes (LOAD_REQUESTS, LOAD_ONLY=<the side>), and the difference over
 # N2 - N1 is a request's, whatever setting up costs. Figures per request:
 # `<side>.ir` instructions, `<side>.d1` L1 data misses (reads and writes),
-# `<side>.i1` L1 instruction misses, `<side>.ll` last-level misses; ratios
+# `<side>.i1` L1 instruction misses (last-level misses, a few dozen a
+# request, move more between runs than between commits: left out); ratios
 # `on/stock.*`, `on/off.*`, and `<side>/on.*` for any other side. A
 # process's count moves by ~0.5 % between runs (wake-ups, timers), not by
 # what else the machine runs: a change of 1 % is seen in one pair. Not
@@ -225,7 +226,6 @@ for side, ((n1, a), (n2, b)) in runs.items():
         "ir": per("Ir"),
         "d1": per("D1mr", "D1mw"),
         "i1": per("I1mr"),
-        "ll": per("ILmr", "DLmr", "DLmw"),
     }
 line = []
 for key, f in figures.items():
