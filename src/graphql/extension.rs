@@ -51,7 +51,6 @@ use crate::document::memo::{Kept, SchemaClaim, Validation};
 use crate::engine::Engine;
 use crate::error::{operation_error, OperationError};
 use crate::inbound::identity::Caller;
-use crate::memory::RequestMemory;
 use crate::memory::{weigh, weigh_error, PENDING_WEIGHT, VALUE_WEIGHT};
 use crate::request::{operation_data, FanoutRequest, Operation, OperationData};
 use async_graphql::extensions::{
@@ -61,11 +60,8 @@ use async_graphql::extensions::{
 use async_graphql::registry::MetaType;
 use async_graphql::{Data, Request, Response, ServerResult, Value};
 use async_graphql::{ServerError, ValidationResult};
-use futures::future::{Either, FutureExt as _};
 use mode::{Mode, Unadmitted};
 use std::any::TypeId;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The extension factory; mount it with `Schema::build(..).extension(FanoutExtension::new(&engine))`.
@@ -218,147 +214,27 @@ impl Extension for PerOperation {
         response
     }
 
-    fn prepare_request<'life0, 'life1, 'life2, 'life3, 'async_trait>(
-        &'life0 self,
-        ctx: &'life1 ExtensionContext<'life2>,
-        request: Request,
-        next: NextPrepareRequest<'life3>,
-    ) -> Pin<Box<dyn Future<Output = ServerResult<Request>> + Send + 'async_trait>>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-        'life3: 'async_trait,
-        Self: 'async_trait,
-    {
-        // Under `FanoutGraphQL` (the operation's handle is attached): it
-        // prices and bounds the operation; only the answer is counted here.
-        // Written out, not `async fn`, as `resolve` is: an `async` body
-        // holds the request (344 bytes) twice beside the call that takes it.
-        let attached = request
-            .data
-            .get(&TypeId::of::<Arc<Operation>>())
-            .and_then(|data| data.downcast_ref::<Arc<Operation>>())
-            .cloned();
-        let Some(operation) = attached else {
-            return Box::pin(self.prepare_scoped(ctx, request, next));
-        };
-        operation.mark_metered();
-        let meter = operation.request().clone();
-        let _ = self.mode.set(Mode::Aside { meter });
-        Box::pin(next.run(ctx, request).map(move |request| {
-            let request = request?;
-            self.remember(ctx, operation.take_document(), &request);
-            Ok(request)
-        }))
-    }
-
-    /// async-graphql's validation, or what it concluded for the same
-    /// document, schema, operation name and variables, kept
-    /// (`document/memo.rs`). It answers without running the operation (so
-    /// without [`execute`](Extension::execute)): its errors get their codes
-    /// here.
-    async fn validation(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        next: NextValidation<'_>,
-    ) -> Result<ValidationResult, Vec<ServerError>> {
-        let to_keep = match lock(&self.validation).take() {
-            Some(Validation::Kept(result)) => return Ok(result),
-            Some(Validation::ToKeep(to_keep)) => Some(to_keep),
-            None => None,
-        };
-        let validated = next.run(ctx).await;
-        if let (Ok(result), Some(to_keep)) = (&validated, to_keep) {
-            to_keep.keep(*result);
-        }
-        validated.map_err(|mut errors| {
-            cap_errors(&mut errors);
-            Mode::code(self.mode.get(), &mut errors);
-            errors
-        })
-    }
-
-    /// Every field and list item, under either integration: the value it
-    /// resolves to is counted in the request's memory as it is produced
-    /// (`memory.rs`). Once the request has tripped, nothing more resolves:
-    /// the resolve parks, and the operation is dropped by its runner.
-    fn resolve<'life0, 'life1, 'life2, 'life3, 'life4, 'async_trait>(
-        &'life0 self,
-        ctx: &'life1 ExtensionContext<'life2>,
-        info: ResolveInfo<'life3>,
-        next: NextResolve<'life4>,
-    ) -> Pin<Box<dyn Future<Output = ServerResult<Option<Value>>> + Send + 'async_trait>>
-    where
-        'life0: 'async_trait,
-        'life1: 'async_trait,
-        'life2: 'async_trait,
-        'life3: 'async_trait,
-        'life4: 'async_trait,
-        Self: 'async_trait,
-    {
-        // Written out, not `async fn`: this future is boxed for every field
-        // and list item, and an `async` body would hold `info` and `next`
-        // beside the resolve that takes them (456 bytes, not ~200).
-        match self.mode.get() {
-            Some(Mode::Aside { meter } | Mode::Scoped { meter, .. }) => {
-                Box::pin(weighed(ctx, info, next, meter.memory()))
-            }
-            Some(Mode::Socket { event: current, .. }) => Box::pin(async move {
-                let event = lock(current).clone();
-                match &event {
-                    Some(event) => weighed(ctx, info, next, event.memory()).await,
-                    None => next.run(ctx, info).await,
-                }
-            }),
-            Some(Mode::Refused { .. }) | None => Box::pin(next.run(ctx, info)),
-        }
-    }
-
-    async fn execute(
-        &self,
-        ctx: &ExtensionContext<'_>,
-        operation_name: Option<&str>,
-        next: NextExecute<'_>,
-    ) -> Response {
-        let admitted = match self.mode.get() {
-            Some(Mode::Socket {
-                connection,
-                op,
-                event,
-                ..
-            }) => {
-                // Boxed, as the scoped run below: this hook's future is
-                // boxed per operation, and those two would make it ~2.6 KB
-                // for every operation, `FanoutGraphQL`'s too, which runs
-                // neither.
-                let event = self.run_event(ctx, operation_name, next, connection, op, event);
-                return Box::pin(event).await;
-            }
-            Some(Mode::Scoped { op, .. }) => lock(op).take(),
-            Some(Mode::Aside { .. } | Mode::Refused { .. }) | None => None,
-        };
-        // Under `FanoutGraphQL`, or not admitted here (an extension before
-        // this one ran the operation some other way): nothing to bound.
-        let Some(op) = admitted else {
-            return next.run(ctx, operation_name).await;
-        };
-        let mut data = Data::default();
-        op.data(&mut data, self.factory.data.as_ref());
-        let types = self.types(ctx);
-        Box::pin(op.run(&types, next.run_with_data(ctx, operation_name, data))).await
-    }
-}
-
-impl PerOperation {
-    /// `prepare_request` anywhere but under `FanoutGraphQL`: the operation
-    /// admitted and priced here, in the scope of its connection or request.
-    async fn prepare_scoped(
+    async fn prepare_request(
         &self,
         ctx: &ExtensionContext<'_>,
         request: Request,
         next: NextPrepareRequest<'_>,
     ) -> ServerResult<Request> {
+        // Under `FanoutGraphQL` (the operation's handle is attached): it
+        // prices and bounds the operation; only the answer is counted here.
+        let attached = request
+            .data
+            .get(&TypeId::of::<Arc<Operation>>())
+            .and_then(|data| data.downcast_ref::<Arc<Operation>>())
+            .cloned();
+        if let Some(operation) = attached {
+            operation.mark_metered();
+            let meter = operation.request().clone();
+            let _ = self.mode.set(Mode::Aside { meter });
+            let request = next.run(ctx, request).await?;
+            self.remember(ctx, operation.take_document(), &request);
+            return Ok(request);
+        }
         // On a WebSocket (the connection in the session's data): admitted
         // here, each event run in a scope of its own.
         let connection = ctx.data_opt::<FanoutConnection>().cloned();
@@ -398,6 +274,115 @@ impl PerOperation {
         answer
     }
 
+    /// async-graphql's validation, or what it concluded for the same
+    /// document, schema, operation name and variables, kept
+    /// (`document/memo.rs`). It answers without running the operation (so
+    /// without [`execute`](Extension::execute)): its errors get their codes
+    /// here.
+    async fn validation(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        next: NextValidation<'_>,
+    ) -> Result<ValidationResult, Vec<ServerError>> {
+        let to_keep = match lock(&self.validation).take() {
+            Some(Validation::Kept(result)) => return Ok(result),
+            Some(Validation::ToKeep(to_keep)) => Some(to_keep),
+            None => None,
+        };
+        let validated = next.run(ctx).await;
+        if let (Ok(result), Some(to_keep)) = (&validated, to_keep) {
+            to_keep.keep(*result);
+        }
+        validated.map_err(|mut errors| {
+            cap_errors(&mut errors);
+            Mode::code(self.mode.get(), &mut errors);
+            errors
+        })
+    }
+
+    /// Every field and list item, under either integration: the value it
+    /// resolves to is counted in the request's memory as it is produced
+    /// (`memory.rs`). Once the request has tripped, nothing more resolves:
+    /// the resolve parks, and the operation is dropped by its runner.
+    async fn resolve(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        info: ResolveInfo<'_>,
+        next: NextResolve<'_>,
+    ) -> ServerResult<Option<Value>> {
+        let event;
+        let scope = match self.mode.get() {
+            Some(Mode::Aside { meter } | Mode::Scoped { meter, .. }) => meter,
+            Some(Mode::Socket { event: current, .. }) => {
+                event = lock(current).clone();
+                match &event {
+                    Some(event) => event,
+                    None => return next.run(ctx, info).await,
+                }
+            }
+            Some(Mode::Refused { .. }) | None => return next.run(ctx, info).await,
+        };
+        let memory = scope.memory();
+        if !memory.answer(PENDING_WEIGHT) {
+            return std::future::pending().await;
+        }
+        let ty = info.return_type;
+        let path = info.path_node;
+        let resolved = next.run(ctx, info).await;
+        let weight = match &resolved {
+            Ok(Some(value @ (Value::Object(_) | Value::List(_)))) => {
+                weigh(value, Self::built_whole(ctx, ty))
+            }
+            Ok(Some(value)) => weigh(value, false),
+            // A null; a failed field's error was counted where it was
+            // added (`OrNull`).
+            Ok(None) => 4 * VALUE_WEIGHT,
+            Err(err) => {
+                let depth = std::iter::successors(Some(path), |node| node.parent).count();
+                4 * VALUE_WEIGHT + weigh_error(err, depth)
+            }
+        };
+        if !memory.settle_answer(PENDING_WEIGHT, weight) {
+            drop(resolved);
+            return std::future::pending().await;
+        }
+        resolved
+    }
+
+    async fn execute(
+        &self,
+        ctx: &ExtensionContext<'_>,
+        operation_name: Option<&str>,
+        next: NextExecute<'_>,
+    ) -> Response {
+        let admitted = match self.mode.get() {
+            Some(Mode::Socket {
+                connection,
+                op,
+                event,
+                ..
+            }) => {
+                return self
+                    .run_event(ctx, operation_name, next, connection, op, event)
+                    .await
+            }
+            Some(Mode::Scoped { op, .. }) => lock(op).take(),
+            Some(Mode::Aside { .. } | Mode::Refused { .. }) | None => None,
+        };
+        // Under `FanoutGraphQL`, or not admitted here (an extension before
+        // this one ran the operation some other way): nothing to bound.
+        let Some(op) = admitted else {
+            return next.run(ctx, operation_name).await;
+        };
+        let mut data = Data::default();
+        op.data(&mut data, self.factory.data.as_ref());
+        let types = self.types(ctx);
+        op.run(&types, next.run_with_data(ctx, operation_name, data))
+            .await
+    }
+}
+
+impl PerOperation {
     /// One event of a subscription on a WebSocket (or a query sent over
     /// one): run in a scope of its own opened on `connection`
     /// (`socket/connection.rs`), its `extensions.fanout` the connection's
@@ -458,41 +443,6 @@ impl Drop for PerOperation {
             }
         }
     }
-}
-
-/// A field's (or list item's) resolve, counted in `memory` while it runs
-/// and by the value it resolves to once done; parked, never ready, once
-/// the request has tripped.
-fn weighed<'a, 'c: 'a, 'i: 'a, 'n: 'a>(
-    ctx: &'a ExtensionContext<'c>,
-    info: ResolveInfo<'i>,
-    next: NextResolve<'n>,
-    memory: &'a RequestMemory,
-) -> impl Future<Output = ServerResult<Option<Value>>> + Send + use<'a, 'c, 'i, 'n> {
-    if !memory.answer(PENDING_WEIGHT) {
-        return Either::Left(std::future::pending());
-    }
-    let (ty, path) = (info.return_type, info.path_node);
-    Either::Right(next.run(ctx, info).then(move |resolved| {
-        let weight = match &resolved {
-            Ok(Some(value @ (Value::Object(_) | Value::List(_)))) => {
-                weigh(value, PerOperation::built_whole(ctx, ty))
-            }
-            Ok(Some(value)) => weigh(value, false),
-            // A null; a failed field's error was counted where it was
-            // added (`OrNull`).
-            Ok(None) => 4 * VALUE_WEIGHT,
-            Err(err) => {
-                let depth = std::iter::successors(Some(path), |node| node.parent).count();
-                4 * VALUE_WEIGHT + weigh_error(err, depth)
-            }
-        };
-        if memory.settle_answer(PENDING_WEIGHT, weight) {
-            Either::Right(std::future::ready(resolved))
-        } else {
-            Either::Left(std::future::pending())
-        }
-    }))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
