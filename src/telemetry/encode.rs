@@ -44,21 +44,18 @@ impl Encoder {
         }
     }
 
+    /// Counting, its length alone; writing, its bytes pushed one by one
+    /// (the buffer holds them already: no copy called per byte).
     fn varint(&mut self, mut value: u64) {
-        let mut bytes = [0u8; 10];
-        let mut n = 0;
-        loop {
-            let byte = (value & 0x7f) as u8;
-            value >>= 7;
-            if value == 0 {
-                bytes[n] = byte;
-                n += 1;
-                break;
-            }
-            bytes[n] = byte | 0x80;
-            n += 1;
+        if !self.writing {
+            self.count += varint_len(value);
+            return;
         }
-        self.put(&bytes[..n]);
+        while value >= 0x80 {
+            self.buf.push(value as u8 | 0x80);
+            value >>= 7;
+        }
+        self.buf.push(value as u8);
     }
 
     fn key(&mut self, field: u32, wire: u32) {
@@ -92,6 +89,17 @@ impl Encoder {
         }
     }
 
+    /// A time as nanoseconds since the epoch, left out at or before it
+    /// (the exporter's 0); counted without reading the clock's difference.
+    fn time(&mut self, field: u32, time: SystemTime) {
+        if self.writing {
+            self.fixed64(field, nanos(time));
+        } else if time > UNIX_EPOCH {
+            self.key(field, FIXED64);
+            self.count += 8;
+        }
+    }
+
     fn fixed32(&mut self, field: u32, value: u32) {
         if value != 0 {
             self.key(field, FIXED32);
@@ -118,6 +126,11 @@ impl Encoder {
             self.varint(len as u64);
         }
     }
+}
+
+/// The bytes `value` takes as a varint: 7 bits a byte, at least one.
+fn varint_len(value: u64) -> usize {
+    (64 - (value | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 fn nanos(time: SystemTime) -> u64 {
@@ -206,13 +219,13 @@ fn span(out: &mut Encoder, span: &SpanData) {
     }
     out.text(5, &span.name);
     out.uint(6, kind(&span.span_kind));
-    out.fixed64(7, nanos(span.start_time));
-    out.fixed64(8, nanos(span.end_time));
+    out.time(7, span.start_time);
+    out.time(8, span.end_time);
     attributes(out, 9, &span.attributes);
     out.uint(10, u64::from(span.dropped_attributes_count));
     for event in span.events.iter() {
         out.message(11, |o| {
-            o.fixed64(1, nanos(event.timestamp));
+            o.time(1, event.timestamp);
             o.text(2, &event.name);
             attributes(o, 3, &event.attributes);
             o.uint(4, u64::from(event.dropped_attributes_count));
@@ -257,11 +270,23 @@ fn scope(out: &mut Encoder, scope: &InstrumentationScope) {
 /// one `ResourceSpans`, one `ScopeSpans` per instrumentation scope (in the
 /// order the batch first names them).
 pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
+    // Each span's scope found once (both passes read the index): scopes
+    // compare by name, version, schema and attributes.
     let mut scopes: Vec<&InstrumentationScope> = Vec::new();
+    let mut of_span = Vec::with_capacity(batch.len());
     for span in batch {
-        if !scopes.contains(&&span.instrumentation_scope) {
-            scopes.push(&span.instrumentation_scope);
-        }
+        let scope = &span.instrumentation_scope;
+        let at = match scopes.last() {
+            Some(last) if *last == scope => scopes.len() - 1,
+            _ => match scopes.iter().position(|known| *known == scope) {
+                Some(at) => at,
+                None => {
+                    scopes.push(scope);
+                    scopes.len() - 1
+                }
+            },
+        };
+        of_span.push(at);
     }
     let body = |o: &mut Encoder| {
         o.message(1, |o| {
@@ -270,10 +295,11 @@ pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
                     attribute(o, 1, name, value);
                 }
             });
-            for each in &scopes {
+            for (at, each) in scopes.iter().enumerate() {
                 o.message(2, |o| {
                     o.message(1, |o| scope(o, each));
-                    for s in batch.iter().filter(|s| s.instrumentation_scope == **each) {
+                    let spans = batch.iter().zip(&of_span);
+                    for (s, _) in spans.filter(|(_, scope)| **scope == at) {
                         o.message(2, |o| span(o, s));
                     }
                     o.text(3, each.schema_url().unwrap_or(""));

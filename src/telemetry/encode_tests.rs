@@ -143,3 +143,38 @@ fn spans_of_two_scopes_are_grouped_by_scope() {
         .collect();
     assert_eq!(names, [("a", "1.0", 2), ("b", "", 1)]);
 }
+
+/// The counting pass's length of a varint is the bytes the writing pass
+/// writes, at every length from 1 to 10 bytes.
+#[test]
+fn a_varint_is_counted_as_long_as_it_is_written() {
+    let mut values = vec![0, 1, u64::MAX];
+    for bits in 1..64 {
+        values.extend([(1u64 << bits) - 1, 1u64 << bits, (1u64 << bits) + 1]);
+    }
+    for value in values {
+        let mut counting = super::Encoder {
+            writing: false,
+            count: 0,
+            lengths: Vec::new(),
+            next: 0,
+            buf: Vec::new(),
+        };
+        counting.varint(value);
+        let mut writing = super::Encoder {
+            writing: true,
+            ..counting
+        };
+        writing.varint(value);
+        assert_eq!(writing.count, writing.buf.len(), "{value:#x}");
+        let decoded = writing
+            .buf
+            .iter()
+            .rev()
+            .fold(0u64, |v, b| v << 7 | u64::from(b & 0x7f));
+        assert_eq!(decoded, value);
+        assert!(writing.buf[..writing.buf.len() - 1]
+            .iter()
+            .all(|b| b & 0x80 != 0));
+    }
+}
