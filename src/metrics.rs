@@ -84,7 +84,15 @@ pub(crate) struct HostMetrics {
     /// hosts without an entry of their own (`telemetry`).
     #[cfg(feature = "otel")]
     pub(crate) server: Vec<opentelemetry::KeyValue>,
+    /// This label's handles among every engine's, for ever: what names
+    /// `server` in a thread's bound histograms (`telemetry`).
+    #[cfg(feature = "otel")]
+    pub(crate) id: u64,
 }
+
+/// The next [`HostMetrics::id`].
+#[cfg(feature = "otel")]
+static HOST_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// `server.address` (and `server.port`) for the label `host` (`host:port`,
 /// or `other`).
@@ -128,6 +136,8 @@ impl HostMetrics {
             latency: histogram!("fanout_upstream_read_seconds", "host" => h),
             #[cfg(feature = "otel")]
             server: server_attributes(host),
+            #[cfg(feature = "otel")]
+            id: HOST_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 }

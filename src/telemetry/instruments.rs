@@ -25,6 +25,11 @@
 //! `other` (no port): the series stay bounded by the configuration, as the
 //! Prometheus `host` label does (`src/metrics.rs`).
 
+mod bound;
+
+pub(crate) use bound::{ClientError, ClientKey};
+
+use bound::{Bound, Operation};
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::KeyValue;
 use std::cell::{Cell, RefCell};
@@ -65,10 +70,20 @@ static PUBLISHED: AtomicBool = AtomicBool::new(false);
 /// its generation is this one.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
+/// What one thread keeps of the instruments.
+#[derive(Default)]
+struct Kept {
+    /// The generation they were published in (0: none taken yet; the
+    /// first publication is generation 1).
+    generation: u64,
+    instruments: Option<Arc<Instruments>>,
+    /// Their histograms this thread bound (`instruments/bound.rs`).
+    bound: Bound,
+}
+
 thread_local! {
-    /// The instruments this thread last took, and their generation (0:
-    /// none taken yet; the first publication is generation 1).
-    static KEPT: RefCell<(u64, Option<Arc<Instruments>>)> = const { RefCell::new((0, None)) };
+    /// The instruments this thread last took, and what it bound of them.
+    static KEPT: RefCell<Kept> = RefCell::default();
     /// Whether `KEPT` holds instruments: a record made while none are
     /// published lets them go (a plain thread-local read otherwise).
     static HOLDS: Cell<bool> = const { Cell::new(false) };
@@ -128,11 +143,6 @@ impl Instruments {
         }
     }
 
-    /// One upstream request: how long it took, and its attributes.
-    pub(crate) fn client_request(&self, took: Duration, attributes: &[KeyValue]) {
-        self.client_duration.record(took.as_secs_f64(), attributes);
-    }
-
     /// One inbound request: how long it took to answer, and its attributes.
     pub(crate) fn server_request(&self, took: Duration, attributes: &[KeyValue]) {
         self.server_duration.record(took.as_secs_f64(), attributes);
@@ -142,14 +152,78 @@ impl Instruments {
     pub(crate) fn request_reads(&self, reads: u64) {
         self.request_reads.record(reads, &[]);
     }
+}
+
+/// The instruments a record is made with, and this thread's histograms
+/// bound to their attributes (none when the thread's values are being
+/// destroyed or recording reentered: the record is then unbound).
+pub(crate) struct Recorder<'a> {
+    instruments: &'a Instruments,
+    bound: Option<&'a mut Bound>,
+}
+
+impl std::ops::Deref for Recorder<'_> {
+    type Target = Instruments;
+
+    fn deref(&self) -> &Instruments {
+        self.instruments
+    }
+}
+
+impl Recorder<'_> {
+    /// The attribute sets this thread has bound for these instruments.
+    #[cfg(test)]
+    fn bound_len(&self) -> Option<usize> {
+        self.bound.as_ref().map(|bound| bound.len())
+    }
+
+    /// One upstream request: how long it took, on the series of the
+    /// attributes `key` names (`attributes` writes them, when this thread
+    /// has not bound them yet).
+    pub(crate) fn client_request(
+        &mut self,
+        key: &ClientKey,
+        took: Duration,
+        attributes: impl Fn() -> ([KeyValue; 5], usize),
+    ) {
+        let histogram = &self.instruments.client_duration;
+        let bound = (self.bound.as_deref_mut())
+            .and_then(|bound| bound.client(key, |set| histogram.bind(set), &attributes));
+        match bound {
+            Some(bound) => bound.record(took.as_secs_f64()),
+            None => {
+                let (attributes, len) = attributes();
+                histogram.record(took.as_secs_f64(), &attributes[..len]);
+            }
+        }
+    }
 
     /// What one operation of type `kind` sent, and `requested − reads`
     /// when it was priced.
-    pub(crate) fn operation(&self, kind: &'static str, reads: u64, delta: Option<f64>) {
-        let attributes = [KeyValue::new("graphql.operation.type", kind)];
-        self.operation_reads.record(reads, &attributes);
-        if let Some(delta) = delta {
-            self.operation_delta.record(delta, &attributes);
+    pub(crate) fn operation(&mut self, kind: &'static str, reads: u64, delta: Option<f64>) {
+        let instruments = self.instruments;
+        let bind = |set: &[KeyValue]| Operation {
+            reads: instruments.operation_reads.bind(set),
+            delta: instruments.operation_delta.bind(set),
+        };
+        match self
+            .bound
+            .as_deref_mut()
+            .and_then(|b| b.operation(kind, bind))
+        {
+            Some(bound) => {
+                bound.reads.record(reads);
+                if let Some(delta) = delta {
+                    bound.delta.record(delta);
+                }
+            }
+            None => {
+                let attributes = [KeyValue::new("graphql.operation.type", kind)];
+                instruments.operation_reads.record(reads, &attributes);
+                if let Some(delta) = delta {
+                    instruments.operation_delta.record(delta, &attributes);
+                }
+            }
         }
     }
 }
@@ -160,7 +234,7 @@ pub(crate) fn is_recording() -> bool {
 }
 
 /// `record` run with the published instruments, when a telemetry lives.
-pub(crate) fn with<R>(record: impl FnOnce(&Instruments) -> R) -> Option<R> {
+pub(crate) fn with<R>(record: impl FnOnce(&mut Recorder<'_>) -> R) -> Option<R> {
     if !PUBLISHED.load(Ordering::Acquire) {
         let_go();
         return None;
@@ -169,20 +243,37 @@ pub(crate) fn with<R>(record: impl FnOnce(&Instruments) -> R) -> Option<R> {
     let mut record = Some(record);
     let kept = KEPT.try_with(|kept| {
         let mut kept = kept.try_borrow_mut().ok()?;
-        if kept.0 != generation {
-            *kept = (generation, current());
-            let _ = HOLDS.try_with(|holds| holds.set(kept.1.is_some()));
+        if kept.generation != generation {
+            *kept = Kept {
+                generation,
+                instruments: current(),
+                bound: Bound::default(),
+            };
+            let _ = HOLDS.try_with(|holds| holds.set(kept.instruments.is_some()));
         }
         let record = record.take().expect("taken once");
-        Some(kept.1.as_deref().map(record))
+        let Kept {
+            instruments, bound, ..
+        } = &mut *kept;
+        Some(instruments.as_deref().map(|instruments| {
+            record(&mut Recorder {
+                instruments,
+                bound: Some(bound),
+            })
+        }))
     });
     if let Ok(Some(recorded)) = kept {
         return recorded;
     }
     // The thread's values are being destroyed, or recording reentered:
-    // the process's own.
+    // the process's own, unbound.
     let record = record.take()?;
-    current().map(|instruments| record(&instruments))
+    current().map(|instruments| {
+        record(&mut Recorder {
+            instruments: &instruments,
+            bound: None,
+        })
+    })
 }
 
 /// Drops the instruments this thread kept, once none are published: a
@@ -196,7 +287,7 @@ fn let_go() {
         let mut kept = kept.try_borrow_mut().ok()?;
         // Cleared only with the handle taken (a record reentered keeps both).
         let _ = HOLDS.try_with(|holds| holds.set(false));
-        std::mem::take(&mut *kept).1
+        Some(std::mem::take(&mut *kept))
     });
     // Dropped outside the borrow.
     drop(kept);
@@ -218,7 +309,7 @@ mod tests {
 
     /// The instruments a record on this thread would use.
     fn taken() -> Option<usize> {
-        with(|instruments| instruments as *const Instruments as usize)
+        with(|recorder| recorder.instruments as *const Instruments as usize)
     }
 
     fn address(instruments: &Arc<Instruments>) -> Option<usize> {
@@ -253,6 +344,57 @@ mod tests {
         assert_eq!(taken(), address(&third));
         Instruments::withdraw(&third);
         assert_eq!(taken(), None);
+    }
+
+    fn get(status: u16) -> ClientKey {
+        ClientKey {
+            host: u64::MAX,
+            method: "GET",
+            status: Some(status),
+            error: None,
+        }
+    }
+
+    fn attributes(key: &ClientKey) -> ([KeyValue; 5], usize) {
+        let mut attributes: [KeyValue; 5] = std::array::from_fn(|_| KeyValue::new("", false));
+        attributes[0] = KeyValue::new("http.request.method", key.method);
+        attributes[1] = KeyValue::new("http.response.status_code", i64::from(key.status.unwrap()));
+        (attributes, 2)
+    }
+
+    fn record(key: &ClientKey) -> Option<usize> {
+        with(|recorder| {
+            let took = Duration::from_millis(1);
+            recorder.client_request(key, took, || attributes(key));
+            recorder.bound_len()
+        })
+        .flatten()
+    }
+
+    #[test]
+    fn a_thread_binds_each_attribute_set_once_and_anew_for_new_instruments() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let provider = SdkMeterProvider::builder().build();
+        let meter = provider.meter("test");
+        let first = Instruments::publish(&meter);
+        assert_eq!(record(&get(200)), Some(1));
+        assert_eq!(record(&get(200)), Some(1), "the same set: bound once");
+        assert_eq!(record(&get(404)), Some(2));
+        let second = Instruments::publish(&meter);
+        assert_eq!(
+            record(&get(200)),
+            Some(1),
+            "bound anew for the instruments published since"
+        );
+        // Past the most a thread binds, records are made unbound.
+        for status in 0..bound::MAX_BOUND as u16 + 10 {
+            let bound = record(&get(1000 + status));
+            assert!(bound.is_some_and(|n| n <= bound::MAX_BOUND), "{bound:?}");
+        }
+        assert_eq!(record(&get(5000)), Some(bound::MAX_BOUND));
+        Instruments::withdraw(&second);
+        Instruments::withdraw(&first);
+        assert_eq!(record(&get(200)), None, "none published");
     }
 
     #[test]

@@ -71,7 +71,9 @@ mod weight;
 
 pub(crate) use carried::{adopt_request_parent, carry, hand_over, Carried, CarriedTrace};
 pub(crate) use context::{adopt_parent, current_context};
-pub(crate) use instruments::{is_recording, with as instruments, Instruments};
+pub(crate) use instruments::{
+    is_recording, with as instruments, ClientError, ClientKey, Instruments,
+};
 pub(crate) use live::is_active as is_exporting;
 pub(crate) use sampling::{
     decide, decided_out, root as root_decision, sampled_out, within, within_sync, Sampling,

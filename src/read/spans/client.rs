@@ -9,6 +9,8 @@ use super::spanned::{enabled, Spanned, StatusText};
 use crate::error::ReadError;
 use crate::metrics::HostMetrics;
 use crate::read::message::{Read, UpstreamResponse};
+#[cfg(feature = "otel")]
+use crate::telemetry::{ClientError, ClientKey};
 use futures::future::BoxFuture;
 use std::fmt;
 use tracing::Instrument;
@@ -40,42 +42,49 @@ impl Metric {
         })
     }
 
-    fn record(self, host: &HostMetrics, status: Option<u16>, error: Option<ErrorType>) {
-        use opentelemetry::KeyValue;
-        // On the stack: the method, the host's one or two, a status and an
-        // error at most; the unused places are never read.
-        let mut attributes: [KeyValue; 5] = std::array::from_fn(|_| KeyValue::new("", false));
-        let mut len = 0;
-        let mut push = |attribute| {
-            attributes[len] = attribute;
-            len += 1;
-        };
-        push(KeyValue::new("http.request.method", self.method));
-        host.server.iter().take(2).cloned().for_each(&mut push);
-        if let Some(status) = status {
-            push(KeyValue::new(
-                "http.response.status_code",
-                i64::from(status),
-            ));
-        }
-        match error {
-            Some(ErrorType::Status(status)) => {
-                push(KeyValue::new("error.type", status.to_string()));
-            }
-            Some(ErrorType::Code(code)) => push(KeyValue::new("error.type", code)),
-            None => {}
-        }
+    fn record(self, host: &HostMetrics, status: Option<u16>, error: Option<ClientError>) {
         let took = self.started.elapsed();
+        let key = ClientKey {
+            host: host.id,
+            method: self.method,
+            status,
+            error,
+        };
         // Nothing when the telemetry ended meanwhile.
-        crate::telemetry::instruments(|i| i.client_request(took, &attributes[..len]));
+        crate::telemetry::instruments(|i| {
+            i.client_request(&key, took, || attributes(&key, host));
+        });
     }
 }
 
-/// A request's `error.type`: an answer's status, or a failure's code.
+/// `http.client.request.duration`'s attributes for `key` (the host's from
+/// its metric handles), on the stack: the method, the host's one or two, a
+/// status and an error at most; the unused places are never read.
 #[cfg(feature = "otel")]
-enum ErrorType {
-    Status(u16),
-    Code(&'static str),
+fn attributes(key: &ClientKey, host: &HostMetrics) -> ([opentelemetry::KeyValue; 5], usize) {
+    use opentelemetry::KeyValue;
+    let mut attributes: [KeyValue; 5] = std::array::from_fn(|_| KeyValue::new("", false));
+    let mut len = 0;
+    let mut push = |attribute| {
+        attributes[len] = attribute;
+        len += 1;
+    };
+    push(KeyValue::new("http.request.method", key.method));
+    host.server.iter().take(2).cloned().for_each(&mut push);
+    if let Some(status) = key.status {
+        push(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+    }
+    match key.error {
+        Some(ClientError::Status(status)) => {
+            push(KeyValue::new("error.type", status.to_string()));
+        }
+        Some(ClientError::Code(code)) => push(KeyValue::new("error.type", code)),
+        None => {}
+    }
+    (attributes, len)
 }
 
 /// The conventions' name of a method: one of HTTP's, else `_OTHER`.
@@ -173,7 +182,7 @@ impl ClientSpan {
                     metric.record(
                         host,
                         Some(status),
-                        (status >= 400).then_some(ErrorType::Status(status)),
+                        (status >= 400).then_some(ClientError::Status(status)),
                     );
                 }
                 Err(err) => {
@@ -181,7 +190,7 @@ impl ClientSpan {
                         ReadError::Upstream { status, .. } => *status,
                         _ => None,
                     };
-                    metric.record(host, status, Some(ErrorType::Code(err.code())));
+                    metric.record(host, status, Some(ClientError::Code(err.code())));
                 }
             }
         }
