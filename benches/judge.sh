@@ -54,8 +54,11 @@
 # `<side>.i1` L1 instruction misses (last-level misses, a few dozen a
 # request, move more between runs than between commits: left out); ratios
 # `on/stock.*`, `on/off.*`, and `<side>/on.*` for any other side. A
-# process's count moves by ~0.5 % between runs (wake-ups, timers), not by
-# what else the machine runs: a change of 1 % is seen in one pair. Not
+# process's count moves little between runs (wake-ups, timers), not with
+# what else the machine runs: one executable counted twice, ≤ 0.3 % in
+# instructions and ≤ 1 % in data misses; two builds of the same code (any
+# change to a crate moves its layout and inlining), up to 0.6 % and 3 % —
+# judge A against A first when a change is near those. Not
 # CPU time — no kernel, no stall is counted, threads never run at once —
 # but what the code executes and the memory it touches. Sides: JUDGE_SIDES
 # (';'-separated LOAD_ONLY values, default 'on;stock;off'); N1, N2:
@@ -105,6 +108,11 @@ bench_args=("$@")
 if [ "$instructions" = 1 ]; then
   pairs="${pairs:-1}"
   command -v valgrind >/dev/null || { echo "judge: -i needs valgrind" >&2; exit 2; }
+  read -ra counts <<<"${JUDGE_REQUESTS:-200 1200}"
+  if [ "${#counts[@]}" != 2 ] || [ "${counts[0]}" -ge "${counts[1]}" ]; then
+    echo "judge: JUDGE_REQUESTS takes two numbers, the first the smaller" >&2
+    exit 2
+  fi
 else
   pairs="${pairs:-5}"
 fi
@@ -190,6 +198,7 @@ count() {
   local sides
   IFS=';' read -ra sides <<<"${JUDGE_SIDES:-on;stock;off}"
   for side in "${sides[@]}"; do
+    side="$(sed 's/^ *//; s/ *$//' <<<"$side")"
     for n in ${JUDGE_REQUESTS:-200 1200}; do
       local out="$work/cg-$bin-$n-${#files[@]}"
       # shellcheck disable=SC2086 # the variables are words

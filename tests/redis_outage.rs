@@ -442,14 +442,16 @@ async fn slots_held_count_against_the_fallback_share(outage: Outage) {
     );
     let refused = caps.acquire(HOST, Duration::from_millis(100)).await;
     assert_eq!(refused.map(drop).unwrap_err().code(), "HOST_SATURATED");
-    // Back: the two fallback slots in use are held on Redis (with a spare
-    // the claim may add), and once they are given back nothing is, what a
-    // hung Redis ran late included.
+    // Back: the two fallback slots in use are held on Redis by a claim made
+    // since (with a spare it may add: a hung Redis still has the entry of
+    // before the outage, 3), and once they are given back nothing is, what
+    // a hung Redis ran late included.
     outage.end(&mut redis).await;
+    let back = redis.time_ms().await;
     until(
-        "the fallback slots held on Redis",
+        "the fallback slots claimed on Redis",
         Duration::from_secs(10),
-        async || held(&redis).await >= 2,
+        async || redis.slots_claimed_since(KEY, back, LEASE_MS).await >= 2,
     )
     .await;
     drop(fallback);
@@ -494,11 +496,14 @@ async fn fallback_slots_held_on_redis_once_back(outage: Outage) {
         let slot = a.caps.acquire(HOST, Duration::from_millis(100)).await;
         fallback.push(slot.expect("open: the fallback share serves"));
     }
+    // Held by a claim A made since: a hung Redis still has A's entry of
+    // before the outage (a slot and a spare), which would satisfy a count.
     outage.end(&mut redis).await;
+    let back = redis.time_ms().await;
     until(
-        "A's fallback slots held on Redis",
+        "A's fallback slots claimed on Redis",
         Duration::from_secs(10),
-        async || held(&redis).await >= i64::from(CAP / 2),
+        async || redis.slots_claimed_since(KEY, back, LEASE_MS).await >= CAP / 2,
     )
     .await;
     let mut taken = Vec::new();

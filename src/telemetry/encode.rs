@@ -319,6 +319,10 @@ pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
     encoder.writing = true;
     encoder.buf = Vec::with_capacity(encoder.count);
     body(&mut encoder);
+    // The passes agree: each message's length was read back where it was
+    // counted, and the buffer holds what was counted.
+    debug_assert_eq!(encoder.next, encoder.lengths.len());
+    debug_assert_eq!(encoder.buf.len(), encoder.count);
     encoder.buf
 }
 

@@ -123,6 +123,39 @@ fn the_bytes_decode_to_what_the_otlp_exporter_would_send() {
     );
 }
 
+/// Times at the edges of what the encoder writes: at the epoch and before
+/// it (left out, as the exporter's 0 is), a nanosecond after it, and one
+/// event at each — the counting pass must count what the writing pass
+/// writes, or every length after it is wrong.
+#[test]
+fn times_at_and_before_the_epoch_encode_as_the_exporter_sends_them() {
+    let resource = Resource::builder().with_service_name("edges").build();
+    let scope = InstrumentationScope::builder("fanout-budget").build();
+    let epoch = SystemTime::UNIX_EPOCH;
+    let times = [
+        (epoch, epoch - Duration::from_secs(1)),
+        (epoch - Duration::from_secs(5), epoch),
+        (epoch + Duration::from_nanos(1), epoch + Duration::from_nanos(2)),
+    ];
+    let batch: Vec<SpanData> = (times.iter().enumerate())
+        .map(|(i, (start, end))| {
+            let mut span = span(i as u64, &scope);
+            span.start_time = *start;
+            span.end_time = *end;
+            span.events.events[0].timestamp = *start;
+            span
+        })
+        .collect();
+    let ours = ExportTraceServiceRequest::decode(request(&resource, &batch).as_slice()).unwrap();
+    let theirs = ExportTraceServiceRequest {
+        resource_spans: group_spans_by_resource_and_scope(
+            batch,
+            &ResourceAttributesWithSchema::from(&resource),
+        ),
+    };
+    assert!(ours == theirs, "the encoder differs at the epoch's edges");
+}
+
 #[test]
 fn spans_of_two_scopes_are_grouped_by_scope() {
     let resource = Resource::builder().with_service_name("two").build();

@@ -18,7 +18,10 @@
 //! thread's own handle, instead of taking the process's read lock and an
 //! `Arc` (three atomic writes on one line every core shares, at every read
 //! and request). A thread lets the instruments of a telemetry that
-//! ended go at its next record (none are published then: `let_go`).
+//! ended go at its next record (none are published then: `let_go`). With
+//! them it keeps the histograms it bound to each attribute set it recorded
+//! (`instruments/bound.rs`): a read's duration is recorded on its series
+//! without the SDK hashing its attributes to find it.
 //!
 //! `server.address` (and `server.port`) is the host a read was sent
 //! to when it has a `[hosts]` table or is known to the engine, else

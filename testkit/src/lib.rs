@@ -180,6 +180,26 @@ impl RedisServer {
         slots_held(self.command(&["HGETALL", key]).await)
     }
 
+    /// The slots held on the host hash `key` by the fields written since
+    /// `since_ms` (Redis's clock, [`time_ms`](Self::time_ms)) with a lease
+    /// of `lease_ms`: a field's expiry is its last claim's time plus the
+    /// lease, so one written before `since_ms` is not counted.
+    pub async fn slots_claimed_since(&self, key: &str, since_ms: u64, lease_ms: u64) -> u32 {
+        slots_held_expiring(self.command(&["HGETALL", key]).await, since_ms + lease_ms)
+    }
+
+    /// Redis's clock, in ms since the epoch.
+    pub async fn time_ms(&self) -> u64 {
+        let Some(redis::Value::Array(parts)) = self.command(&["TIME"]).await else {
+            panic!("TIME unanswered");
+        };
+        let part = |at: usize| match &parts[at] {
+            redis::Value::BulkString(v) => String::from_utf8_lossy(v).parse::<u64>().expect("TIME"),
+            other => panic!("TIME's part {other:?}"),
+        };
+        part(0) * 1000 + part(1) / 1000
+    }
+
     /// The keys matching `pattern`.
     pub async fn keys(&self, pattern: &str) -> Vec<String> {
         match self.command(&["KEYS", pattern]).await {
@@ -210,6 +230,11 @@ impl Drop for RedisServer {
 /// of each replica's field `"<has> <wants> <expires> <since>"` (lapsed ones included
 /// until a claim purges them). Panics on anything else, unreachable included.
 pub fn slots_held(reply: Option<redis::Value>) -> u32 {
+    slots_held_expiring(reply, 0)
+}
+
+/// [`slots_held`] by the fields whose expiry (ms) is `from_ms` or later.
+fn slots_held_expiring(reply: Option<redis::Value>, from_ms: u64) -> u32 {
     let fields = match reply {
         Some(redis::Value::Array(fields)) => fields,
         Some(redis::Value::Map(pairs)) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
@@ -219,9 +244,15 @@ pub fn slots_held(reply: Option<redis::Value>) -> u32 {
         .chunks(2)
         .map(|pair| match &pair[1] {
             redis::Value::BulkString(v) => {
+                // "<has> <wants> <expires (ms)> [<short since>]"
                 let v = String::from_utf8_lossy(v);
-                let has = v.split(' ').next().unwrap_or_default();
-                has.parse::<u32>().expect("a field's slots")
+                let mut parts = v.split(' ');
+                let has = parts.next().unwrap_or_default();
+                let expires = parts.nth(1).and_then(|e| e.parse::<u64>().ok());
+                match expires {
+                    Some(expires) if expires < from_ms => 0,
+                    _ => has.parse::<u32>().expect("a field's slots"),
+                }
             }
             other => panic!("a host field {other:?}"),
         })
