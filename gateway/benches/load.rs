@@ -223,9 +223,12 @@ async fn counted_round(
             );
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(8192);
+                // A timed round (no count) shares no counter between its clients.
                 let take = || {
-                    left.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
-                        .is_ok()
+                    requests == u64::MAX
+                        || left
+                            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                            .is_ok()
                 };
                 while Instant::now() < until && take() {
                     let t = Instant::now();
@@ -508,7 +511,7 @@ async fn main() {
     // valgrind by `benches/judge.sh --instructions`): exactly N requests,
     // so two runs' difference over the difference of their N is what a
     // request costs, whatever the process's setup costs.
-    if let Some(requests) = std::env::var("LOAD_REQUESTS").ok() {
+    if let Ok(requests) = std::env::var("LOAD_REQUESTS") {
         let requests: u64 = requests.parse().expect("LOAD_REQUESTS: a number");
         let i = match only.as_deref() {
             Some("on") => 0,

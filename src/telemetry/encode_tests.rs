@@ -135,7 +135,10 @@ fn times_at_and_before_the_epoch_encode_as_the_exporter_sends_them() {
     let times = [
         (epoch, epoch - Duration::from_secs(1)),
         (epoch - Duration::from_secs(5), epoch),
-        (epoch + Duration::from_nanos(1), epoch + Duration::from_nanos(2)),
+        (
+            epoch + Duration::from_nanos(1),
+            epoch + Duration::from_nanos(2),
+        ),
     ];
     let batch: Vec<SpanData> = (times.iter().enumerate())
         .map(|(i, (start, end))| {
