@@ -84,15 +84,24 @@ pub(crate) struct HostMetrics {
     /// hosts without an entry of their own (`telemetry`).
     #[cfg(feature = "otel")]
     pub(crate) server: Vec<opentelemetry::KeyValue>,
-    /// This label's handles among every engine's, for ever: what names
-    /// `server` in a thread's bound histograms (`telemetry`).
+    /// The label's number, the same in every engine of the process for
+    /// its life: what names `server` in a thread's bound histograms
+    /// (`telemetry`), one key per attribute set.
     #[cfg(feature = "otel")]
     pub(crate) id: u64,
 }
 
-/// The next [`HostMetrics::id`].
+/// The number of the host label `host`, given the first time it is asked
+/// for (once per label and engine).
 #[cfg(feature = "otel")]
-static HOST_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+fn label_id(host: &str) -> u64 {
+    use std::collections::HashMap;
+    use std::sync::{LazyLock, Mutex};
+    static IDS: LazyLock<Mutex<HashMap<String, u64>>> = LazyLock::new(Mutex::default);
+    let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    let next = ids.len() as u64;
+    *ids.entry(host.to_owned()).or_insert(next)
+}
 
 /// `server.address` (and `server.port`) for the label `host` (`host:port`,
 /// or `other`).
@@ -137,7 +146,7 @@ impl HostMetrics {
             #[cfg(feature = "otel")]
             server: server_attributes(host),
             #[cfg(feature = "otel")]
-            id: HOST_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: label_id(host),
         }
     }
 }

@@ -32,7 +32,7 @@ mod bound;
 
 pub(crate) use bound::{ClientError, ClientKey};
 
-use bound::{Bound, Operation};
+use bound::Bound;
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::KeyValue;
 use std::cell::{Cell, RefCell};
@@ -74,7 +74,6 @@ static PUBLISHED: AtomicBool = AtomicBool::new(false);
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// What one thread keeps of the instruments.
-#[derive(Default)]
 struct Kept {
     /// The generation they were published in (0: none taken yet; the
     /// first publication is generation 1).
@@ -84,9 +83,18 @@ struct Kept {
     bound: Bound,
 }
 
+impl Kept {
+    /// Nothing taken yet.
+    const NONE: Kept = Kept {
+        generation: 0,
+        instruments: None,
+        bound: Bound::new(),
+    };
+}
+
 thread_local! {
     /// The instruments this thread last took, and what it bound of them.
-    static KEPT: RefCell<Kept> = RefCell::default();
+    static KEPT: RefCell<Kept> = const { RefCell::new(Kept::NONE) };
     /// Whether `KEPT` holds instruments: a record made while none are
     /// published lets them go (a plain thread-local read otherwise).
     static HOLDS: Cell<bool> = const { Cell::new(false) };
@@ -155,6 +163,16 @@ impl Instruments {
     pub(crate) fn request_reads(&self, reads: u64) {
         self.request_reads.record(reads, &[]);
     }
+
+    /// What one operation of type `kind` sent, and `requested − reads`
+    /// when it was priced.
+    pub(crate) fn operation(&self, kind: &'static str, reads: u64, delta: Option<f64>) {
+        let attributes = [KeyValue::new("graphql.operation.type", kind)];
+        self.operation_reads.record(reads, &attributes);
+        if let Some(delta) = delta {
+            self.operation_delta.record(delta, &attributes);
+        }
+    }
 }
 
 /// The instruments a record is made with, and this thread's histograms
@@ -182,51 +200,23 @@ impl Recorder<'_> {
 
     /// One upstream request: how long it took, on the series of the
     /// attributes `key` names (`attributes` writes them, when this thread
-    /// has not bound them yet).
+    /// has not bound them yet: that record is made unbound, then bound).
     pub(crate) fn client_request(
         &mut self,
         key: &ClientKey,
         took: Duration,
-        attributes: impl Fn() -> ([KeyValue; 5], usize),
+        attributes: impl FnOnce() -> ([KeyValue; 5], usize),
     ) {
-        let histogram = &self.instruments.client_duration;
-        let bound = (self.bound.as_deref_mut())
-            .and_then(|bound| bound.client(key, |set| histogram.bind(set), &attributes));
-        match bound {
-            Some(bound) => bound.record(took.as_secs_f64()),
-            None => {
-                let (attributes, len) = attributes();
-                histogram.record(took.as_secs_f64(), &attributes[..len]);
-            }
+        let seconds = took.as_secs_f64();
+        if let Some(bound) = self.bound.as_deref().and_then(|bound| bound.client(key)) {
+            bound.record(seconds);
+            return;
         }
-    }
-
-    /// What one operation of type `kind` sent, and `requested − reads`
-    /// when it was priced.
-    pub(crate) fn operation(&mut self, kind: &'static str, reads: u64, delta: Option<f64>) {
-        let instruments = self.instruments;
-        let bind = |set: &[KeyValue]| Operation {
-            reads: instruments.operation_reads.bind(set),
-            delta: instruments.operation_delta.bind(set),
-        };
-        match self
-            .bound
-            .as_deref_mut()
-            .and_then(|b| b.operation(kind, bind))
-        {
-            Some(bound) => {
-                bound.reads.record(reads);
-                if let Some(delta) = delta {
-                    bound.delta.record(delta);
-                }
-            }
-            None => {
-                let attributes = [KeyValue::new("graphql.operation.type", kind)];
-                instruments.operation_reads.record(reads, &attributes);
-                if let Some(delta) = delta {
-                    instruments.operation_delta.record(delta, &attributes);
-                }
-            }
+        let histogram = &self.instruments.client_duration;
+        let (attributes, len) = attributes();
+        histogram.record(seconds, &attributes[..len]);
+        if let Some(bound) = self.bound.as_deref_mut() {
+            bound.bind_client(*key, || histogram.bind(&attributes[..len]));
         }
     }
 }
@@ -250,7 +240,7 @@ pub(crate) fn with<R>(record: impl FnOnce(&mut Recorder<'_>) -> R) -> Option<R> 
             *kept = Kept {
                 generation,
                 instruments: current(),
-                bound: Bound::default(),
+                bound: Bound::new(),
             };
             let _ = HOLDS.try_with(|holds| holds.set(kept.instruments.is_some()));
         }
@@ -290,7 +280,7 @@ fn let_go() {
         let mut kept = kept.try_borrow_mut().ok()?;
         // Cleared only with the handle taken (a record reentered keeps both).
         let _ = HOLDS.try_with(|holds| holds.set(false));
-        Some(std::mem::take(&mut *kept))
+        Some(std::mem::replace(&mut *kept, Kept::NONE))
     });
     // Dropped outside the borrow.
     drop(kept);

@@ -1,26 +1,30 @@
-//! Histograms bound to their attributes, per thread: a record names its
-//! attribute set with a small key, and the SDK's series for it is found
-//! once (`Histogram::bind`), not looked up at every record.
+//! `http.client.request.duration` bound to its attributes, per thread: a
+//! record names its attribute set with a small key, and the SDK's series
+//! for it is found once (`Histogram::bind`), not looked up at every record.
 //!
 //! An unbound record hashes its attributes — every key's and value's text,
 //! with the SDK's SipHash — to find the series, then compares them: about
 //! 1,500 instructions for the four attributes of an upstream request,
 //! recorded for every read of every request, sampled or not. Bound, a
 //! record is the key's hash (a few integers and a short text) and the
-//! histogram's update. A set is bound the first time a thread records it,
-//! so no series is made before it has a value.
+//! histogram's update (the series' own lock, as before). A thread's first
+//! record of a set is made unbound, and the set bound after it: the series
+//! exists, with a value, before any handle names it, so no empty series is
+//! ever exported.
 //!
 //! Each thread keeps its own bindings, as it keeps its handle on the
-//! instruments (`instruments.rs`): no lock is shared between threads, and
-//! they go with the instruments they were bound to. A thread binds at most
-//! [`MAX_BOUND`] attribute sets; past that a record is unbound, as before.
+//! instruments (`instruments.rs`), and lets them go with those: at its
+//! first record after the telemetry they were bound to has ended. A thread
+//! binds at most [`MAX_BOUND`] keys (a key names one attribute set: the
+//! host's label has one id for the process's life); past that its records
+//! are unbound, as before. The operations' histograms, one or two records
+//! an operation, are not bound.
 
 use foldhash::fast::FixedState;
 use opentelemetry::metrics::BoundHistogram;
-use opentelemetry::KeyValue;
-use std::collections::hash_map::{Entry, HashMap};
+use std::collections::HashMap;
 
-/// The attribute sets one thread binds, at most.
+/// The keys one thread binds, at most.
 pub(crate) const MAX_BOUND: usize = 256;
 
 /// An upstream request's attributes, named by what they are built from.
@@ -45,63 +49,39 @@ pub(crate) enum ClientError {
     Code(&'static str),
 }
 
-/// One thread's bound histograms, by attribute set:
-/// `http.client.request.duration` by [`ClientKey`], and the operations'
-/// two by `graphql.operation.type`.
-#[derive(Default)]
+/// One thread's bound `http.client.request.duration`, by [`ClientKey`].
 pub(crate) struct Bound {
     client: HashMap<ClientKey, BoundHistogram<f64>, FixedState>,
-    operations: HashMap<&'static str, Operation, FixedState>,
-}
-
-/// `fanout.operation.reads` and `fanout.operation.delta` for one
-/// `graphql.operation.type`.
-pub(crate) struct Operation {
-    pub(crate) reads: BoundHistogram<u64>,
-    pub(crate) delta: BoundHistogram<f64>,
 }
 
 impl Bound {
-    /// The histogram bound to `key`'s attributes: this thread's, else bound
-    /// now (`bind`, with the attributes `attributes` writes), else — this
-    /// thread bound [`MAX_BOUND`] sets already — none.
-    pub(crate) fn client(
-        &mut self,
-        key: &ClientKey,
-        bind: impl FnOnce(&[KeyValue]) -> BoundHistogram<f64>,
-        attributes: impl FnOnce() -> ([KeyValue; 5], usize),
-    ) -> Option<&BoundHistogram<f64>> {
-        let full = self.len() >= MAX_BOUND;
-        match self.client.entry(*key) {
-            Entry::Occupied(bound) => Some(bound.into_mut()),
-            Entry::Vacant(_) if full => None,
-            Entry::Vacant(place) => {
-                let (attributes, len) = attributes();
-                Some(place.insert(bind(&attributes[..len])))
-            }
+    /// None bound.
+    pub(crate) const fn new() -> Self {
+        Self {
+            client: HashMap::with_hasher(FixedState::with_seed(0)),
         }
     }
 
-    /// The operations' histograms bound to `graphql.operation.type = kind`,
-    /// as [`client`](Self::client) binds.
-    pub(crate) fn operation(
+    /// The histogram this thread bound to `key`'s attributes, if it has.
+    pub(crate) fn client(&self, key: &ClientKey) -> Option<&BoundHistogram<f64>> {
+        self.client.get(key)
+    }
+
+    /// Keeps `bind()` for `key`, unless this thread bound [`MAX_BOUND`]
+    /// keys already. Called after the set's first record, made unbound.
+    pub(crate) fn bind_client(
         &mut self,
-        kind: &'static str,
-        bind: impl FnOnce(&[KeyValue]) -> Operation,
-    ) -> Option<&Operation> {
-        let full = self.len() >= MAX_BOUND;
-        match self.operations.entry(kind) {
-            Entry::Occupied(bound) => Some(bound.into_mut()),
-            Entry::Vacant(_) if full => None,
-            Entry::Vacant(place) => {
-                let attributes = [KeyValue::new("graphql.operation.type", kind)];
-                Some(place.insert(bind(&attributes)))
-            }
+        key: ClientKey,
+        bind: impl FnOnce() -> BoundHistogram<f64>,
+    ) {
+        if self.client.len() < MAX_BOUND {
+            self.client.insert(key, bind());
         }
     }
 
-    /// The attribute sets bound.
+    /// The keys bound.
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.client.len() + self.operations.len()
+        self.client.len()
     }
 }
