@@ -396,6 +396,28 @@ impl Outage {
             Outage::Hung => redis.signal("CONT"),
         }
     }
+
+    /// Ends the outage, then waits until Redis holds `at_least` slots by
+    /// claims made since: a hung Redis still has the entries of before the
+    /// outage, which would satisfy a plain count.
+    async fn end_and_claimed(self, redis: &mut RedisServer, what: &str, at_least: u32) {
+        self.end(redis).await;
+        let back = redis.time_ms().await;
+        until(what, Duration::from_secs(10), async || {
+            redis.slots_claimed_since(KEY, back, LEASE_MS).await >= at_least
+        })
+        .await;
+    }
+}
+
+/// Once the test's slots are given back, nothing is held on Redis (what a
+/// hung Redis ran late included), and exactly the cap is available.
+async fn released_and_whole(redis: &RedisServer, replicas: &[Replica]) {
+    until("released", Duration::from_secs(5), async || {
+        held(redis).await == 0
+    })
+    .await;
+    exactly_the_cap_is_available(redis, replicas).await;
 }
 
 /// The slots a replica holds of its share on Redis when Redis goes away
@@ -443,23 +465,12 @@ async fn slots_held_count_against_the_fallback_share(outage: Outage) {
     let refused = caps.acquire(HOST, Duration::from_millis(100)).await;
     assert_eq!(refused.map(drop).unwrap_err().code(), "HOST_SATURATED");
     // Back: the two fallback slots in use are held on Redis by a claim made
-    // since (with a spare it may add: a hung Redis still has the entry of
-    // before the outage, 3), and once they are given back nothing is, what
-    // a hung Redis ran late included.
-    outage.end(&mut redis).await;
-    let back = redis.time_ms().await;
-    until(
-        "the fallback slots claimed on Redis",
-        Duration::from_secs(10),
-        async || redis.slots_claimed_since(KEY, back, LEASE_MS).await >= 2,
-    )
-    .await;
+    // since (with a spare it may add), and once they are given back nothing
+    // is.
+    let what = "the fallback slots claimed on Redis";
+    outage.end_and_claimed(&mut redis, what, 2).await;
     drop(fallback);
-    until("released", Duration::from_secs(5), async || {
-        held(&redis).await == 0
-    })
-    .await;
-    exactly_the_cap_is_available(&redis, &replicas).await;
+    released_and_whole(&redis, &replicas).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -496,16 +507,10 @@ async fn fallback_slots_held_on_redis_once_back(outage: Outage) {
         let slot = a.caps.acquire(HOST, Duration::from_millis(100)).await;
         fallback.push(slot.expect("open: the fallback share serves"));
     }
-    // Held by a claim A made since: a hung Redis still has A's entry of
-    // before the outage (a slot and a spare), which would satisfy a count.
-    outage.end(&mut redis).await;
-    let back = redis.time_ms().await;
-    until(
-        "A's fallback slots claimed on Redis",
-        Duration::from_secs(10),
-        async || redis.slots_claimed_since(KEY, back, LEASE_MS).await >= CAP / 2,
-    )
-    .await;
+    // Held by a claim A made since (a hung Redis still has A's entry of
+    // before the outage: a slot and a spare).
+    let what = "A's fallback slots claimed on Redis";
+    outage.end_and_claimed(&mut redis, what, CAP / 2).await;
     let mut taken = Vec::new();
     for _ in 0..CAP - CAP / 2 {
         let slot = b.caps.acquire(HOST, Duration::from_secs(5)).await;
@@ -520,11 +525,7 @@ async fn fallback_slots_held_on_redis_once_back(outage: Outage) {
         CAP - CAP / 2
     );
     drop((fallback, taken));
-    until("released", Duration::from_secs(5), async || {
-        held(&redis).await == 0
-    })
-    .await;
-    exactly_the_cap_is_available(&redis, &replicas).await;
+    released_and_whole(&redis, &replicas).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
