@@ -3,6 +3,11 @@
 //! Resolvers read only through [`crate::oci`], which reads only through the
 //! engine's acquisition point; nullable fields that read use
 //! [`OrNull::or_null`] so a failed read nulls only its own field.
+//!
+//! Every resolver that reads awaits its read boxed: async-graphql boxes each
+//! field's future at the size of its object's largest resolver, so one read
+//! held inline (1–2 KiB) would make every sibling field — a `name`, a
+//! `digest` — that large, allocated and copied for each row.
 
 use crate::names::{Digest, RepoName, TagName};
 use crate::oci::{self, DescriptorDoc, ManifestDoc, Tags};
@@ -85,7 +90,7 @@ impl Query {
         // Its registry found and its name checked against the OCI grammar
         // before any read.
         let repo = oci::resolve(ctx, &name).or_null(ctx)?;
-        let tags = oci::tag_list(ctx, &repo).await.or_null(ctx)??;
+        let tags = Box::pin(oci::tag_list(ctx, &repo)).await.or_null(ctx)??;
         Some(Repository {
             repo,
             tags: Some(tags),
@@ -105,7 +110,7 @@ impl Query {
         after: Option<String>,
     ) -> async_graphql::Result<RepositoryConnection> {
         let n = page_size(first)?;
-        let (names, more) = oci::catalog(ctx, n, after.as_deref()).await?;
+        let (names, more) = Box::pin(oci::catalog(ctx, n, after.as_deref())).await?;
         let end_cursor = names.last().cloned();
         let registry = oci::registry(ctx)?;
         let ttl = ctx
@@ -199,7 +204,9 @@ impl Repository {
         match &self.tags {
             Some(tags) => Ok(tags.clone()),
             // Listed in the catalog but gone by now: no tags.
-            None => Ok(oci::tag_list(ctx, &self.repo).await?.unwrap_or_default()),
+            None => Ok(Box::pin(oci::tag_list(ctx, &self.repo))
+                .await?
+                .unwrap_or_default()),
         }
     }
 }
@@ -332,7 +339,7 @@ impl Tag {
         let head = !["layers", "manifests", "config"]
             .into_iter()
             .any(|field| wanted.field(field).exists());
-        let doc = oci::manifest(ctx, &self.repository, &tag, head)
+        let doc = Box::pin(oci::manifest(ctx, &self.repository, &tag, head))
             .await
             .or_null(ctx)?;
         Some(Manifest {
@@ -379,7 +386,7 @@ impl Manifest {
         let digest = Digest::parse(&config.digest)
             .map_err(|e| oci::invalid_from_registry(ctx, e))
             .or_null(ctx)?;
-        let doc = oci::config_blob(ctx, &self.repository, &digest)
+        let doc = Box::pin(oci::config_blob(ctx, &self.repository, &digest))
             .await
             .or_null(ctx)?;
         Some(ImageConfig {
