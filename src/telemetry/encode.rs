@@ -5,8 +5,8 @@
 //! generated structs — a `String` for every attribute's key and text, a
 //! `Vec` for each id, list and attribute set, about twenty allocations a
 //! span — then encodes those. This module writes the same bytes without the
-//! copy: each message is measured (a pass that only counts) and written
-//! into the buffer, whose size is known up front. The schema is OTLP's
+//! copy: each message is written into one buffer, in one pass, its length
+//! put before it once it is written. The schema is OTLP's
 //! trace v1 (`opentelemetry/proto/trace/v1/trace.proto`), field for field
 //! as the exporter fills it; the tests decode what it writes with the
 //! generated structs (`fanout-testkit`'s collector).
@@ -23,34 +23,23 @@ const FIXED64: u32 = 1;
 const LEN: u32 = 2;
 const FIXED32: u32 = 5;
 
-/// Two passes over one request: the first counts, noting each nested
-/// message's length in the order the messages open (`lengths`); the second
-/// writes, reading the lengths back in the same order. Each byte is
-/// visited twice, whatever the nesting.
+/// One pass over one request. A nested message's length goes before it,
+/// as a varint, and is known only once the message is written: one byte is
+/// held for it (most messages — an attribute, a value — are under 128
+/// bytes), and a longer message is moved up by the bytes its length needs,
+/// a copy within the buffer (a span, a scope's spans, the request: a few
+/// times the request's bytes in all, against a second walk of every span).
 struct Encoder {
-    writing: bool,
-    count: usize,
-    lengths: Vec<usize>,
-    next: usize,
     buf: Vec<u8>,
 }
 
 impl Encoder {
     fn put(&mut self, bytes: &[u8]) {
-        if self.writing {
-            self.buf.extend_from_slice(bytes);
-        } else {
-            self.count += bytes.len();
-        }
+        self.buf.extend_from_slice(bytes);
     }
 
-    /// Counting, its length alone; writing, its bytes pushed one by one
-    /// (the buffer holds them already: no copy called per byte).
+    /// Pushed byte by byte (no copy called per byte).
     fn varint(&mut self, mut value: u64) {
-        if !self.writing {
-            self.count += varint_len(value);
-            return;
-        }
         while value >= 0x80 {
             self.buf.push(value as u8 | 0x80);
             value >>= 7;
@@ -90,14 +79,9 @@ impl Encoder {
     }
 
     /// A time as nanoseconds since the epoch, left out at or before it
-    /// (the exporter's 0); counted without reading the clock's difference.
+    /// (the exporter's 0).
     fn time(&mut self, field: u32, time: SystemTime) {
-        if self.writing {
-            self.fixed64(field, nanos(time));
-        } else if time > UNIX_EPOCH {
-            self.key(field, FIXED64);
-            self.count += 8;
-        }
+        self.fixed64(field, nanos(time));
     }
 
     fn fixed32(&mut self, field: u32, value: u32) {
@@ -109,21 +93,24 @@ impl Encoder {
 
     /// A nested message, `write` its fields.
     fn message(&mut self, field: u32, write: impl FnOnce(&mut Self)) {
-        if self.writing {
-            let len = self.lengths[self.next];
-            self.next += 1;
-            self.key(field, LEN);
-            self.varint(len as u64);
-            write(self);
-        } else {
-            let at = self.lengths.len();
-            self.lengths.push(0);
-            let before = self.count;
-            write(self);
-            let len = self.count - before;
-            self.lengths[at] = len;
-            self.key(field, LEN);
-            self.varint(len as u64);
+        self.key(field, LEN);
+        let at = self.buf.len();
+        self.buf.push(0);
+        write(self);
+        let end = self.buf.len();
+        let len = end - at - 1;
+        if len < 0x80 {
+            self.buf[at] = len as u8;
+            return;
+        }
+        let size = varint_len(len as u64);
+        self.buf.resize(end + size - 1, 0);
+        self.buf.copy_within(at + 1..end, at + size);
+        let mut value = len as u64;
+        for (i, byte) in self.buf[at..at + size].iter_mut().enumerate() {
+            let more = if i + 1 < size { 0x80 } else { 0 };
+            *byte = (value & 0x7f) as u8 | more;
+            value >>= 7;
         }
     }
 }
@@ -270,8 +257,8 @@ fn scope(out: &mut Encoder, scope: &InstrumentationScope) {
 /// one `ResourceSpans`, one `ScopeSpans` per instrumentation scope (in the
 /// order the batch first names them).
 pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
-    // Each span's scope found once (both passes read the index): scopes
-    // compare by name, version, schema and attributes.
+    // Each span's scope found once: scopes compare by name, version,
+    // schema and attributes.
     let mut scopes: Vec<&InstrumentationScope> = Vec::new();
     let mut of_span = Vec::with_capacity(batch.len());
     for span in batch {
@@ -288,41 +275,29 @@ pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
         };
         of_span.push(at);
     }
-    let body = |o: &mut Encoder| {
-        o.message(1, |o| {
-            o.message(1, |o| {
-                for (name, value) in resource.iter() {
-                    attribute(o, 1, name, value);
-                }
-            });
-            for (at, each) in scopes.iter().enumerate() {
-                o.message(2, |o| {
-                    o.message(1, |o| scope(o, each));
-                    let spans = batch.iter().zip(&of_span);
-                    for (s, _) in spans.filter(|(_, scope)| **scope == at) {
-                        o.message(2, |o| span(o, s));
-                    }
-                    o.text(3, each.schema_url().unwrap_or(""));
-                });
-            }
-            o.text(3, resource.schema_url().unwrap_or(""));
-        });
-    };
+    // Room for a span's usual bytes: the buffer seldom grows.
     let mut encoder = Encoder {
-        writing: false,
-        count: 0,
-        lengths: Vec::new(),
-        next: 0,
-        buf: Vec::new(),
+        buf: Vec::with_capacity(256 + batch.len() * 512),
     };
-    body(&mut encoder);
-    encoder.writing = true;
-    encoder.buf = Vec::with_capacity(encoder.count);
-    body(&mut encoder);
-    // The passes agree: each message's length was read back where it was
-    // counted, and the buffer holds what was counted.
-    debug_assert_eq!(encoder.next, encoder.lengths.len());
-    debug_assert_eq!(encoder.buf.len(), encoder.count);
+    let o = &mut encoder;
+    o.message(1, |o| {
+        o.message(1, |o| {
+            for (name, value) in resource.iter() {
+                attribute(o, 1, name, value);
+            }
+        });
+        for (at, each) in scopes.iter().enumerate() {
+            o.message(2, |o| {
+                o.message(1, |o| scope(o, each));
+                let spans = batch.iter().zip(&of_span);
+                for (s, _) in spans.filter(|(_, scope)| **scope == at) {
+                    o.message(2, |o| span(o, s));
+                }
+                o.text(3, each.schema_url().unwrap_or(""));
+            });
+        }
+        o.text(3, resource.schema_url().unwrap_or(""));
+    });
     encoder.buf
 }
 

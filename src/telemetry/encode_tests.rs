@@ -125,8 +125,7 @@ fn the_bytes_decode_to_what_the_otlp_exporter_would_send() {
 
 /// Times at the edges of what the encoder writes: at the epoch and before
 /// it (left out, as the exporter's 0 is), a nanosecond after it, and one
-/// event at each — the counting pass must count what the writing pass
-/// writes, or every length after it is wrong.
+/// event at each.
 #[test]
 fn times_at_and_before_the_epoch_encode_as_the_exporter_sends_them() {
     let resource = Resource::builder().with_service_name("edges").build();
@@ -180,37 +179,100 @@ fn spans_of_two_scopes_are_grouped_by_scope() {
     assert_eq!(names, [("a", "1.0", 2), ("b", "", 1)]);
 }
 
-/// The counting pass's length of a varint is the bytes the writing pass
-/// writes, at every length from 1 to 10 bytes.
+/// Reads a varint at `at`: its value and the bytes it took.
+fn read_varint(buf: &[u8], at: usize) -> (u64, usize) {
+    let mut value = 0u64;
+    for (i, byte) in buf[at..].iter().enumerate() {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return (value, i + 1);
+        }
+    }
+    panic!("a varint runs past the buffer");
+}
+
+/// A varint of every bit length, 1 to 10 bytes, is written as protobuf
+/// reads it (7 bits a byte, least significant first, every byte but the
+/// last flagged), as long as `varint_len` says.
 #[test]
-fn a_varint_is_counted_as_long_as_it_is_written() {
+fn a_varint_of_every_length_reads_back() {
     let mut values = vec![0, 1, u64::MAX];
     for bits in 1..64 {
         values.extend([(1u64 << bits) - 1, 1u64 << bits, (1u64 << bits) + 1]);
     }
     for value in values {
-        let mut counting = super::Encoder {
-            writing: false,
-            count: 0,
-            lengths: Vec::new(),
-            next: 0,
-            buf: Vec::new(),
-        };
-        counting.varint(value);
-        let mut writing = super::Encoder {
-            writing: true,
-            ..counting
-        };
-        writing.varint(value);
-        assert_eq!(writing.count, writing.buf.len(), "{value:#x}");
-        let decoded = writing
-            .buf
-            .iter()
-            .rev()
-            .fold(0u64, |v, b| v << 7 | u64::from(b & 0x7f));
-        assert_eq!(decoded, value);
-        assert!(writing.buf[..writing.buf.len() - 1]
-            .iter()
-            .all(|b| b & 0x80 != 0));
+        let mut out = super::Encoder { buf: Vec::new() };
+        out.varint(value);
+        assert_eq!(
+            read_varint(&out.buf, 0),
+            (value, out.buf.len()),
+            "{value:#x}"
+        );
+        assert_eq!(super::varint_len(value), out.buf.len(), "{value:#x}");
     }
+}
+
+/// A nested message's length, written once the message is, at every size
+/// its varint changes length (the one byte held for it, then the message
+/// moved up by one, two, three bytes), and nested: an inner message moved
+/// inside an outer one moved again. Each decodes as its key, its length
+/// and its bytes, untouched by the move.
+#[test]
+fn a_message_of_every_length_is_prefixed_by_its_length() {
+    let sizes = [
+        0, 1, 127, 128, 129, 16_383, 16_384, 16_385, 2_097_151, 2_097_152,
+    ];
+    for &inner in &sizes {
+        let content: Vec<u8> = (0..inner).map(|i| (i % 251) as u8).collect();
+        let mut out = super::Encoder { buf: Vec::new() };
+        out.put(b"head");
+        out.message(7, |o| {
+            o.put(b"pre");
+            o.message(3, |o| o.put(&content));
+            o.put(b"post");
+        });
+        let buf = &out.buf;
+        assert_eq!(&buf[..4], b"head");
+        assert_eq!(read_varint(buf, 4), (7 << 3 | 2, 1));
+        let (outer, taken) = read_varint(buf, 5);
+        let body = 5 + taken;
+        assert_eq!(
+            body + outer as usize,
+            buf.len(),
+            "outer length, inner {inner}"
+        );
+        assert_eq!(&buf[body..body + 3], b"pre");
+        assert_eq!(read_varint(buf, body + 3), (3 << 3 | 2, 1));
+        let (len, taken) = read_varint(buf, body + 4);
+        assert_eq!(len as usize, inner);
+        assert_eq!(taken, super::varint_len(inner as u64));
+        let at = body + 4 + taken;
+        assert!(buf[at..at + inner] == content[..], "inner bytes, {inner}");
+        assert_eq!(&buf[at + inner..], b"post");
+    }
+}
+
+/// Spans long enough that the scope's message needs a three-byte length
+/// and each span a two-byte one (attributes of a few hundred bytes): the
+/// request decodes to what the exporter would send.
+#[test]
+fn long_spans_encode_as_the_exporter_sends_them() {
+    let resource = Resource::builder().with_service_name("long").build();
+    let scope = InstrumentationScope::builder("fanout-budget").build();
+    let batch: Vec<SpanData> = (0..80)
+        .map(|i| {
+            let mut span = span(i, &scope);
+            span.attributes
+                .push(KeyValue::new("long", "x".repeat(200 + i as usize * 3)));
+            span
+        })
+        .collect();
+    let ours = ExportTraceServiceRequest::decode(request(&resource, &batch).as_slice()).unwrap();
+    let theirs = ExportTraceServiceRequest {
+        resource_spans: group_spans_by_resource_and_scope(
+            batch,
+            &ResourceAttributesWithSchema::from(&resource),
+        ),
+    };
+    assert!(ours == theirs, "the encoder differs on long spans");
 }
