@@ -298,10 +298,6 @@ pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
         }
         o.text(3, resource.schema_url().unwrap_or(""));
     });
-    // Its buffer exactly its bytes: what the export holds, and what a
-    // connection may keep of a body no longer than a chunk
-    // (`export_client.rs`).
-    encoder.buf.shrink_to_fit();
     encoder.buf
 }
 

@@ -11,8 +11,7 @@
 //! It is a client of its own, not the engine's read path: exports are not
 //! charged, capped or traced (a trace of its own export would feed itself).
 //!
-//! A batch's body is handed to the connection in copied chunks (whole, when
-//! it is no longer than a chunk), and taken
+//! A batch's body is handed to the connection in copied chunks, and taken
 //! back when the export ends ([`Revocable`]): a collector that accepts and
 //! never reads leaves the connection of an export that timed out writing
 //! (hyper did not always close it), and that connection would otherwise
@@ -108,20 +107,15 @@ impl HttpClient for ExportClient {
 }
 
 /// A request body the export takes back when it ends: chunks of at most
-/// [`CHUNK_BYTES`] copied out of it while it lasts (a body no longer than
-/// one, handed whole), an error once revoked.
+/// [`CHUNK_BYTES`] copied out of it while it lasts, an error once revoked.
 #[derive(Clone)]
 struct Revocable {
     rest: Arc<Mutex<Option<Bytes>>>,
-    /// The body is no longer than a chunk (its buffer exactly its bytes,
-    /// as the exporters hand it): it may go to the connection whole.
-    whole: bool,
 }
 
 impl Revocable {
     fn new(body: Bytes) -> Self {
         Revocable {
-            whole: body.len() <= CHUNK_BYTES,
             rest: Arc::new(Mutex::new(Some(body))),
         }
     }
@@ -148,12 +142,6 @@ impl http_body::Body for Revocable {
         Poll::Ready(match self.rest().as_mut() {
             None => Some(Err(std::io::Error::other("the export ended"))),
             Some(rest) if rest.is_empty() => None,
-            // A body no longer than a chunk is handed whole, not copied:
-            // whatever the connection keeps of it is a chunk's bytes at
-            // most, as a copy would be.
-            Some(rest) if self.whole => {
-                Some(Ok(Frame::data(std::mem::take(rest))))
-            }
             Some(rest) => {
                 let chunk = Bytes::copy_from_slice(&rest[..rest.len().min(CHUNK_BYTES)]);
                 rest.advance(chunk.len());
@@ -225,14 +213,18 @@ mod tests {
         assert!(first.iter().all(|b| *b == 7));
         assert!(body.frame().await.unwrap().is_err(), "a revoked body fails");
 
-        // No longer than a chunk, it is sent whole, not copied, and ends.
-        for len in [10, CHUNK_BYTES] {
-            let sent = Bytes::from(vec![1; len]);
-            let mut body = Revocable::new(sent.clone());
-            let chunk = body.frame().await.unwrap().unwrap().into_data().unwrap();
-            assert_eq!(chunk.len(), len);
-            assert_eq!(chunk.as_ptr(), sent.as_ptr(), "handed whole");
-            assert!(body.frame().await.is_none());
-        }
+        // Sent whole, it ends.
+        let mut body = Revocable::new(Bytes::from(vec![1; 10]));
+        assert_eq!(
+            body.frame()
+                .await
+                .unwrap()
+                .unwrap()
+                .into_data()
+                .unwrap()
+                .len(),
+            10
+        );
+        assert!(body.frame().await.is_none());
     }
 }
