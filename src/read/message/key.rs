@@ -123,13 +123,33 @@ impl<'a> KeyView<'a> {
         .hashed()
     }
 
-    /// The view with its hash computed from its fields.
+    /// The view with its hash computed from its fields: each text written
+    /// whole (foldhash turns its state by each one's length), what a read
+    /// may lack (a body, a key, a credential) only when it has it, and last
+    /// which parts it had and how many headers — so two keys whose parts
+    /// split differently do not hash alike by construction.
     fn hashed(mut self) -> Self {
         static STATE: OnceLock<SeedableRandomState> = OnceLock::new();
         let state = STATE.get_or_init(crate::seed::random_state);
         let mut hasher = state.build_hasher();
-        (self.method, self.url, self.headers, self.body).hash(&mut hasher);
-        (self.key, self.credential, self.shared).hash(&mut hasher);
+        hasher.write(self.url.as_bytes());
+        hasher.write(self.method.as_str().as_bytes());
+        for (name, value) in self.headers {
+            hasher.write(name.as_str().as_bytes());
+            hasher.write(value.as_bytes());
+        }
+        if !self.body.is_empty() {
+            hasher.write(self.body);
+        }
+        for text in [self.key, self.credential].into_iter().flatten() {
+            hasher.write(text.as_bytes());
+        }
+        let had = [self.key.is_some(), self.credential.is_some(), self.shared]
+            .into_iter()
+            .fold(u64::from(!self.body.is_empty()), |had, part| {
+                had << 1 | u64::from(part)
+            });
+        hasher.write_u64((self.headers.len() as u64) << 8 | had);
         self.hash = hasher.finish();
         self
     }
