@@ -17,6 +17,8 @@ use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+mod room;
+
 /// The protobuf wire types used here.
 const VARINT: u32 = 0;
 const FIXED64: u32 = 1;
@@ -27,8 +29,11 @@ const FIXED32: u32 = 5;
 /// as a varint, and is known only once the message is written: one byte is
 /// held for it (most messages — an attribute, a value — are under 128
 /// bytes), and a longer message is moved up by the bytes its length needs,
-/// a copy within the buffer (a span, a scope's spans, the request: a few
-/// times the request's bytes in all, against a second walk of every span).
+/// a copy within the buffer: each byte moved once for each message of 128
+/// bytes or more around it (a span, its scope's spans, the resource's —
+/// and an attribute's value, an event, an array within it: at most eight),
+/// against a second walk of every span. The buffer is made once, at least
+/// as large as the request (`encode/room.rs`).
 struct Encoder {
     buf: Vec<u8>,
 }
@@ -275,9 +280,10 @@ pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
         };
         of_span.push(at);
     }
-    // Room for a span's usual bytes: the buffer seldom grows.
+    // Made once, never grown (`encode/room.rs`).
+    let room = room::of(resource, &scopes, batch);
     let mut encoder = Encoder {
-        buf: Vec::with_capacity(256 + batch.len() * 512),
+        buf: Vec::with_capacity(room),
     };
     let o = &mut encoder;
     o.message(1, |o| {
@@ -298,6 +304,7 @@ pub(crate) fn request(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
         }
         o.text(3, resource.schema_url().unwrap_or(""));
     });
+    debug_assert!(encoder.buf.len() <= room, "{} > {room}", encoder.buf.len());
     encoder.buf
 }
 

@@ -101,6 +101,31 @@ fn span(i: u64, scope: &InstrumentationScope) -> SpanData {
     }
 }
 
+/// The request's bytes, checked against the room made for them: never
+/// more (the buffer never grows), nor more than about twice as much (a
+/// few bytes a field, a span's fixed fields).
+fn encoded(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
+    let mut scopes: Vec<&InstrumentationScope> = Vec::new();
+    for span in batch {
+        if !scopes.contains(&&span.instrumentation_scope) {
+            scopes.push(&span.instrumentation_scope);
+        }
+    }
+    let room = super::room::of(resource, &scopes, batch);
+    let body = request(resource, batch);
+    assert!(
+        body.len() <= room,
+        "{} bytes in a room of {room}",
+        body.len()
+    );
+    let weight: u64 = batch.iter().map(super::super::weight::of).sum();
+    assert!(
+        room as u64 <= weight + 1024,
+        "a room of {room} for spans weighing {weight}"
+    );
+    body
+}
+
 #[test]
 fn the_bytes_decode_to_what_the_otlp_exporter_would_send() {
     let resource = Resource::builder()
@@ -110,7 +135,7 @@ fn the_bytes_decode_to_what_the_otlp_exporter_would_send() {
     let scope = InstrumentationScope::builder("fanout-budget").build();
     let batch: Vec<SpanData> = (0..12).map(|i| span(i, &scope)).collect();
 
-    let ours = ExportTraceServiceRequest::decode(request(&resource, &batch).as_slice()).unwrap();
+    let ours = ExportTraceServiceRequest::decode(encoded(&resource, &batch).as_slice()).unwrap();
     let theirs = ExportTraceServiceRequest {
         resource_spans: group_spans_by_resource_and_scope(
             batch,
@@ -148,7 +173,7 @@ fn times_at_and_before_the_epoch_encode_as_the_exporter_sends_them() {
             span
         })
         .collect();
-    let ours = ExportTraceServiceRequest::decode(request(&resource, &batch).as_slice()).unwrap();
+    let ours = ExportTraceServiceRequest::decode(encoded(&resource, &batch).as_slice()).unwrap();
     let theirs = ExportTraceServiceRequest {
         resource_spans: group_spans_by_resource_and_scope(
             batch,
@@ -166,7 +191,7 @@ fn spans_of_two_scopes_are_grouped_by_scope() {
         .build();
     let b = InstrumentationScope::builder("b").build();
     let batch = vec![span(0, &a), span(1, &b), span(2, &a)];
-    let ours = ExportTraceServiceRequest::decode(request(&resource, &batch).as_slice()).unwrap();
+    let ours = ExportTraceServiceRequest::decode(encoded(&resource, &batch).as_slice()).unwrap();
     let scopes = &ours.resource_spans[0].scope_spans;
     assert_eq!(scopes.len(), 2);
     let names: Vec<(&str, &str, usize)> = scopes
@@ -267,7 +292,10 @@ fn long_spans_encode_as_the_exporter_sends_them() {
             span
         })
         .collect();
-    let ours = ExportTraceServiceRequest::decode(request(&resource, &batch).as_slice()).unwrap();
+    let body = encoded(&resource, &batch);
+    // The scope's spans take a three-byte length: moved up by two.
+    assert!(body.len() > 1 << 14, "{} bytes", body.len());
+    let ours = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
     let theirs = ExportTraceServiceRequest {
         resource_spans: group_spans_by_resource_and_scope(
             batch,
