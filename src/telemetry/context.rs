@@ -120,15 +120,26 @@ fn in_trace(span: &SpanContext, sampled: bool) -> (http::HeaderValue, Option<htt
     (traceparent(trace_id, span_id, sampled), tracestate)
 }
 
+/// Every byte's two lowercase hex digits.
+const HEX_PAIRS: [[u8; 2]; 256] = {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut pairs = [[0; 2]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        pairs[byte] = [HEX[byte >> 4], HEX[byte & 0xf]];
+        byte += 1;
+    }
+    pairs
+};
+
 /// `00-{trace id}-{span id}-{flags}`, as `TraceContextPropagator` writes
 /// it (lowercase hex; the sampled flag alone).
 fn traceparent(trace_id: TraceId, span_id: SpanId, sampled: bool) -> http::HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut value = *b"00-00000000000000000000000000000000-0000000000000000-00";
+    // Each byte's two digits looked up at once.
     let digits = |out: &mut [u8], bytes: &[u8]| {
         for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
-            pair[0] = HEX[usize::from(byte >> 4)];
-            pair[1] = HEX[usize::from(byte & 0xf)];
+            pair.copy_from_slice(&HEX_PAIRS[usize::from(*byte)]);
         }
     };
     digits(&mut value[3..35], &trace_id.to_bytes());

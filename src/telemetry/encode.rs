@@ -17,7 +17,7 @@ use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-mod room;
+pub(super) mod room;
 
 /// The protobuf wire types used here.
 const VARINT: u32 = 0;
@@ -32,8 +32,9 @@ const FIXED32: u32 = 5;
 /// a copy within the buffer: each byte moved once for each message of 128
 /// bytes or more around it (a span, its scope's spans, the resource's —
 /// and an attribute's value, an event, an array within it: at most eight),
-/// against a second walk of every span. The buffer is made once, at least
-/// as large as the request (`encode/room.rs`).
+/// against counting every field first. The buffer is made once, at least
+/// as large as the request, from a walk of the texts' lengths alone
+/// (`encode/room.rs`).
 struct Encoder {
     buf: Vec<u8>,
 }

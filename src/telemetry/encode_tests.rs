@@ -304,3 +304,27 @@ fn long_spans_encode_as_the_exporter_sends_them() {
     };
     assert!(ours == theirs, "the encoder differs on long spans");
 }
+
+/// Lists of numbers, long: each element a message of its own, more bytes
+/// written than the numbers hold in memory — within the room made for them
+/// and within the spans' weight (`encoded`), as the exporter sends them.
+#[test]
+fn long_lists_of_numbers_encode_within_their_weight() {
+    let resource = Resource::builder().with_service_name("numbers").build();
+    let scope = InstrumentationScope::builder("fanout-budget").build();
+    let mut numbers = span(0, &scope);
+    numbers.attributes = vec![
+        KeyValue::new("bools", Value::Array(Array::Bool(vec![true; 10_000]))),
+        KeyValue::new("ints", Value::Array(Array::I64(vec![-1; 10_000]))),
+        KeyValue::new("floats", Value::Array(Array::F64(vec![0.5; 10_000]))),
+    ];
+    let batch = vec![numbers];
+    let ours = ExportTraceServiceRequest::decode(encoded(&resource, &batch).as_slice()).unwrap();
+    let theirs = ExportTraceServiceRequest {
+        resource_spans: group_spans_by_resource_and_scope(
+            batch,
+            &ResourceAttributesWithSchema::from(&resource),
+        ),
+    };
+    assert!(ours == theirs, "the encoder differs on lists of numbers");
+}

@@ -10,6 +10,7 @@
 //! the same (the queue gives back what it took: nothing between them
 //! touches a span's lists).
 
+use super::encode::room::{BOOL_ELEMENT, F64_ELEMENT, I64_ELEMENT};
 use opentelemetry::trace::{SpanContext, Status};
 use opentelemetry::{Array, KeyValue, StringValue, Value};
 use opentelemetry_sdk::trace::SpanData;
@@ -62,9 +63,12 @@ fn value(value: &Value) -> usize {
             .iter()
             .map(|s| size_of::<StringValue>() + s.as_str().len())
             .sum(),
-        Value::Array(Array::Bool(values)) => values.len(),
-        Value::Array(Array::I64(values)) => values.len() * size_of::<i64>(),
-        Value::Array(Array::F64(values)) => values.len() * size_of::<f64>(),
+        // A list of numbers at the bytes it takes in the export's protobuf
+        // (more than in memory), so the export's buffer for a batch is
+        // never larger than the batch's weight (`encode/room.rs`).
+        Value::Array(Array::Bool(values)) => values.len() * BOOL_ELEMENT,
+        Value::Array(Array::I64(values)) => values.len() * I64_ELEMENT,
+        Value::Array(Array::F64(values)) => values.len() * F64_ELEMENT,
         _ => 0,
     }
 }

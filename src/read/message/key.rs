@@ -299,3 +299,34 @@ impl Hasher for KeyHasher {
         self.0 = hash;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::KeyView;
+    use http::{HeaderName, HeaderValue};
+
+    /// Parts moved from one field to another, or a part present but empty
+    /// against one absent, make keys that differ — and hash apart, whatever
+    /// the seed: the hash says which parts a key had.
+    #[test]
+    fn keys_whose_parts_split_differently_hash_apart() {
+        let get = http::Method::GET;
+        let url = "http://registry.test/v2/a/manifests/b";
+        let header = [(HeaderName::from_static("h"), HeaderValue::from_static("v"))];
+        let (body, none) = (bytes::Bytes::from_static(b"h"), bytes::Bytes::new());
+        let keys = [
+            KeyView::new(&get, url, (&header, &none), None, None),
+            KeyView::new(&get, url, (&[], &body), Some("v"), None),
+            KeyView::new(&get, url, (&[], &none), Some("h"), Some("v")),
+            KeyView::new(&get, url, (&[], &none), Some(""), None),
+            KeyView::new(&get, url, (&[], &none), None, Some("")),
+            KeyView::new(&get, url, (&[], &none), None, None),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert!(a != b);
+                assert_ne!(a.hash, b.hash);
+            }
+        }
+    }
+}

@@ -30,6 +30,13 @@ const LINK_FIXED: usize = 64;
 /// A number, a flag, a float as a value: a varint of at most ten bytes.
 const NUMBER: usize = 2 + 10;
 
+/// An array's element as written: its `AnyValue`'s key and length (two
+/// bytes), the value's key, and the value — a flag's byte, an integer's
+/// varint of at most ten bytes, a float's eight.
+pub(crate) const BOOL_ELEMENT: usize = 2 + 1 + 1;
+pub(crate) const I64_ELEMENT: usize = 2 + 1 + 10;
+pub(crate) const F64_ELEMENT: usize = 2 + 1 + 8;
+
 /// At least the bytes of the request `batch` is written as, under
 /// `resource`, with `scopes` its spans' scopes.
 pub(super) fn of(
@@ -99,12 +106,14 @@ fn value(value: &Value) -> usize {
     }
 }
 
-/// Each element an `AnyValue` message of its own.
+/// Each element an `AnyValue` message of its own (a number's: under 128
+/// bytes, its key and length two bytes), counted as written — a list of
+/// numbers weighs no more than that in the queue (`weight.rs`).
 fn elements(array: &Array) -> usize {
     match array {
-        Array::Bool(items) => items.len() * (FRAME + NUMBER),
-        Array::I64(items) => items.len() * (FRAME + NUMBER),
-        Array::F64(items) => items.len() * (FRAME + NUMBER),
+        Array::Bool(items) => items.len() * BOOL_ELEMENT,
+        Array::I64(items) => items.len() * I64_ELEMENT,
+        Array::F64(items) => items.len() * F64_ELEMENT,
         Array::String(items) => items.iter().map(|s| 2 * FRAME + s.as_str().len()).sum(),
         _ => 0,
     }
