@@ -118,7 +118,7 @@ fn encoded(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
         "{} bytes in a room of {room}",
         body.len()
     );
-    let weight: u64 = batch.iter().map(super::super::weight::of).sum();
+    let weight: u64 = batch.iter().map(crate::telemetry::weight::of).sum();
     assert!(
         room as u64 <= weight + 1024,
         "a room of {room} for spans weighing {weight}"
