@@ -126,6 +126,21 @@ fn encoded(resource: &Resource, batch: &[SpanData]) -> Vec<u8> {
     body
 }
 
+/// `batch` encoded (within its room: [`encoded`]), checked to decode to
+/// what the OTLP exporter's own conversion builds; its bytes.
+fn as_the_exporter(resource: &Resource, batch: Vec<SpanData>, what: &str) -> Vec<u8> {
+    let body = encoded(resource, &batch);
+    let ours = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
+    let theirs = ExportTraceServiceRequest {
+        resource_spans: group_spans_by_resource_and_scope(
+            batch,
+            &ResourceAttributesWithSchema::from(resource),
+        ),
+    };
+    assert!(ours == theirs, "the encoder differs {what}");
+    body
+}
+
 #[test]
 fn the_bytes_decode_to_what_the_otlp_exporter_would_send() {
     let resource = Resource::builder()
@@ -135,17 +150,7 @@ fn the_bytes_decode_to_what_the_otlp_exporter_would_send() {
     let scope = InstrumentationScope::builder("fanout-budget").build();
     let batch: Vec<SpanData> = (0..12).map(|i| span(i, &scope)).collect();
 
-    let ours = ExportTraceServiceRequest::decode(encoded(&resource, &batch).as_slice()).unwrap();
-    let theirs = ExportTraceServiceRequest {
-        resource_spans: group_spans_by_resource_and_scope(
-            batch,
-            &ResourceAttributesWithSchema::from(&resource),
-        ),
-    };
-    assert!(
-        ours == theirs,
-        "the encoder differs from the exporter's conversion"
-    );
+    as_the_exporter(&resource, batch, "from the exporter's conversion");
 }
 
 /// Times at the edges of what the encoder writes: at the epoch and before
@@ -173,14 +178,7 @@ fn times_at_and_before_the_epoch_encode_as_the_exporter_sends_them() {
             span
         })
         .collect();
-    let ours = ExportTraceServiceRequest::decode(encoded(&resource, &batch).as_slice()).unwrap();
-    let theirs = ExportTraceServiceRequest {
-        resource_spans: group_spans_by_resource_and_scope(
-            batch,
-            &ResourceAttributesWithSchema::from(&resource),
-        ),
-    };
-    assert!(ours == theirs, "the encoder differs at the epoch's edges");
+    as_the_exporter(&resource, batch, "at the epoch's edges");
 }
 
 #[test]
@@ -292,17 +290,9 @@ fn long_spans_encode_as_the_exporter_sends_them() {
             span
         })
         .collect();
-    let body = encoded(&resource, &batch);
+    let body = as_the_exporter(&resource, batch, "on long spans");
     // The scope's spans take a three-byte length: moved up by two.
     assert!(body.len() > 1 << 14, "{} bytes", body.len());
-    let ours = ExportTraceServiceRequest::decode(body.as_slice()).unwrap();
-    let theirs = ExportTraceServiceRequest {
-        resource_spans: group_spans_by_resource_and_scope(
-            batch,
-            &ResourceAttributesWithSchema::from(&resource),
-        ),
-    };
-    assert!(ours == theirs, "the encoder differs on long spans");
 }
 
 /// Lists of numbers, long: each element a message of its own, more bytes
@@ -319,12 +309,5 @@ fn long_lists_of_numbers_encode_within_their_weight() {
         KeyValue::new("floats", Value::Array(Array::F64(vec![0.5; 10_000]))),
     ];
     let batch = vec![numbers];
-    let ours = ExportTraceServiceRequest::decode(encoded(&resource, &batch).as_slice()).unwrap();
-    let theirs = ExportTraceServiceRequest {
-        resource_spans: group_spans_by_resource_and_scope(
-            batch,
-            &ResourceAttributesWithSchema::from(&resource),
-        ),
-    };
-    assert!(ours == theirs, "the encoder differs on lists of numbers");
+    as_the_exporter(&resource, batch, "on lists of numbers");
 }
