@@ -46,9 +46,29 @@ pub struct Read {
     pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
     pub(crate) body: Bytes,
     pub(crate) key: Option<Box<str>>,
+    /// Whether and how long the engine's cache may keep its answer: held
+    /// in the read (16 bytes), so that a read the cache answers allocates
+    /// nothing beyond its URL.
+    pub(crate) keep: Keep,
     /// What few reads carry, boxed: a read is moved at every level of the
     /// read path, and most carry none of it.
     pub(crate) extras: Option<Box<Extras>>,
+}
+
+/// Whether the engine's cache may keep a read's answer (`read/cache.rs`),
+/// and whether it was looked at for the read already.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Not declared: kept only as its host's headers allow.
+    #[default]
+    Undeclared,
+    /// Its answer never changes ([`Read::immutable`]).
+    Forever,
+    /// Its answer may be reused this long ([`Read::fresh_for`]; zero: not
+    /// kept).
+    For(std::time::Duration),
+    /// The cache was looked at for it already: not again.
+    Done,
 }
 
 /// What a read may also say of itself.
@@ -56,14 +76,8 @@ pub struct Read {
 pub(crate) struct Extras {
     /// The authorization scope the read needs (`read/auth.rs`).
     pub(crate) scope: Option<Box<str>>,
-    /// Its answer never changes (`read/cache.rs`).
-    pub(crate) immutable: bool,
-    /// Its answer may be reused this long (`read/cache.rs`).
-    pub(crate) fresh_for: Option<std::time::Duration>,
     /// The SHA-256 (lowercase hex) its body must have (`read/cache.rs`).
     pub(crate) sha256: Option<Box<str>>,
-    /// The engine's cache was looked at for it already (`read/cache.rs`).
-    pub(crate) cache_done: bool,
 }
 
 impl Read {
@@ -80,6 +94,7 @@ impl Read {
             headers: Vec::new(),
             body: Bytes::new(),
             key: None,
+            keep: Keep::Undeclared,
             extras: None,
         }
     }
@@ -100,18 +115,15 @@ impl Read {
 
     /// Whether it is declared immutable or names its SHA-256.
     pub(crate) fn is_checked(&self) -> bool {
-        self.extras
-            .as_ref()
-            .is_some_and(|e| e.immutable || e.fresh_for.is_some() || e.sha256.is_some())
+        matches!(self.keep, Keep::Forever | Keep::For(_)) || self.sha256_named().is_some()
     }
 
     /// How long its answer may be kept for others: `Some(None)` for ever
     /// (immutable), `Some(Some(ttl))` that long, `None` not at all.
     pub(crate) fn keep_for(&self) -> Option<Option<std::time::Duration>> {
-        let extras = self.extras.as_ref()?;
-        match (extras.immutable, extras.fresh_for) {
-            (true, _) => Some(None),
-            (false, Some(ttl)) if !ttl.is_zero() => Some(Some(ttl)),
+        match self.keep {
+            Keep::Forever => Some(None),
+            Keep::For(ttl) if !ttl.is_zero() => Some(Some(ttl)),
             _ => None,
         }
     }
@@ -137,17 +149,14 @@ impl Read {
 
     /// Whether the engine's cache was looked at for it already.
     pub(crate) fn cache_done(&self) -> bool {
-        self.extras.as_ref().is_some_and(|e| e.cache_done)
+        self.keep == Keep::Done
     }
 
     /// Takes its check (immutable, SHA-256) off, and marks the cache as
     /// looked at: the SHA-256 it named.
     pub(crate) fn take_check(&mut self) -> Option<Box<str>> {
-        let extras = self.extras();
-        extras.cache_done = true;
-        extras.immutable = false;
-        extras.fresh_for = None;
-        extras.sha256.take()
+        self.keep = Keep::Done;
+        self.extras.as_mut()?.sha256.take()
     }
 
     /// Sends `Accept: accept` (part of the read's identity for de-duplication).
@@ -205,7 +214,7 @@ impl Read {
     /// read of any inbound request — same URL, headers and credentials —
     /// without a send, costing no read (reported as `cacheHits`).
     pub fn immutable(mut self) -> Self {
-        self.extras().immutable = true;
+        self.keep = Keep::Forever;
         self
     }
 
@@ -215,7 +224,10 @@ impl Read {
     /// [`immutable`](Self::immutable) answer is, for `ttl` only. Zero: not
     /// kept.
     pub fn fresh_for(mut self, ttl: std::time::Duration) -> Self {
-        self.extras().fresh_for = Some(ttl);
+        // Immutable stays immutable, as it always did.
+        if self.keep != Keep::Forever {
+            self.keep = Keep::For(ttl);
+        }
         self
     }
 

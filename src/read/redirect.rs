@@ -93,6 +93,7 @@ fn hop(sent: &Read, status: u16, next: reqwest::Url) -> Option<Read> {
             sent.body.clone()
         },
         key: if to_get { None } else { sent.key.clone() },
+        keep: Default::default(),
         extras: None,
     })
 }

@@ -1,7 +1,8 @@
 //! The cache's own tests: the fill-once rule under misses that end
-//! together; keys whose stored hashes collide.
+//! together; keys whose stored hashes collide; an entry's time.
 
 use super::*;
+use std::time::Instant;
 
 /// Misses of one key ending at the same instant on many threads fill
 /// the entry once: exactly one of them keeps its answer.
@@ -79,4 +80,92 @@ fn keys_with_the_same_hash_are_told_apart() {
         .is_some());
     assert_eq!(body(&probe(&b)).as_deref(), Some(&b"b"[..]));
     assert_eq!(body(&probe(&a)).as_deref(), Some(&b"a"[..]));
+}
+
+/// An entry kept for a while answers until its time is up, then never,
+/// and the next answer kept replaces it — also when no lookup found it
+/// stale first.
+#[test]
+fn an_entry_answers_until_its_time_then_is_replaced() {
+    let cache = AnswerCache::<()>::new(1 << 20);
+    let ttl = Duration::from_millis(300);
+    let read = Read::get("http://registry.local/v2/app/tags/list".parse().unwrap()).fresh_for(ttl);
+    let probe = || cache.probe(&read, None, false).unwrap();
+    let body = || Some(cache.get(&probe(), None)?.answer().unwrap().body.clone());
+    let kept_at = Instant::now();
+    assert!(cache
+        .keep(probe().missed(), &answer("one"), None, ())
+        .is_some());
+    let seen = body();
+    if kept_at.elapsed() < ttl {
+        assert_eq!(seen.as_deref(), Some(&b"one"[..]), "fresh, not answered");
+    }
+    wait_past(kept_at + ttl);
+    assert_eq!(body(), None, "answered past its time");
+    assert!(cache
+        .keep(probe().missed(), &answer("two"), None, ())
+        .is_some());
+    // Stale again, not looked up: the next answer kept replaces it.
+    let kept_at = Instant::now();
+    wait_past(kept_at + ttl);
+    assert!(cache
+        .keep(probe().missed(), &answer("three"), None, ())
+        .is_some());
+    let seen = body();
+    if Instant::now() < kept_at + 2 * ttl {
+        assert_eq!(
+            seen.as_deref(),
+            Some(&b"three"[..]),
+            "the stale entry stayed"
+        );
+    }
+    // Kept for ever: never stale.
+    let immutable = Read::get("http://registry.local/v2/app/blobs/a".parse().unwrap()).immutable();
+    let probe = || cache.probe(&immutable, None, false).unwrap();
+    assert!(cache
+        .keep(probe().missed(), &answer("a"), None, ())
+        .is_some());
+    assert!(cache
+        .get(&probe(), None)
+        .is_some_and(|hit| hit.kept.ttl.is_none()));
+}
+
+/// Waits until the clock is past `at` (the time itself is what is tested).
+fn wait_past(at: Instant) {
+    while let Some(left) = at.checked_duration_since(Instant::now()) {
+        std::thread::sleep(left + Duration::from_millis(1));
+    }
+}
+
+/// What a read declares is what the cache keeps it for: immutable for
+/// ever whatever `fresh_for` said before or after, `fresh_for` that long,
+/// zero or nothing not at all — and a read the cache was looked at for
+/// is not looked up again by what it declared.
+#[test]
+fn a_read_is_kept_as_it_declares() {
+    let url = || "http://registry.local/v2/app/manifests/a".parse().unwrap();
+    let minute = Duration::from_secs(60);
+    let kept_for = |read: Read| read.keep_for();
+    assert_eq!(kept_for(Read::get(url()).immutable()), Some(None));
+    assert_eq!(
+        kept_for(Read::get(url()).immutable().fresh_for(minute)),
+        Some(None)
+    );
+    assert_eq!(
+        kept_for(Read::get(url()).fresh_for(minute).immutable()),
+        Some(None)
+    );
+    assert_eq!(
+        kept_for(Read::get(url()).fresh_for(minute)),
+        Some(Some(minute))
+    );
+    assert_eq!(kept_for(Read::get(url()).fresh_for(Duration::ZERO)), None);
+    assert_eq!(kept_for(Read::get(url())), None);
+    let cache = AnswerCache::<()>::new(1 << 20);
+    let mut read = Read::get(url()).immutable().sha256("sha256:AB");
+    assert!(read.is_checked() && !read.cache_done());
+    assert_eq!(read.take_check().as_deref(), Some("ab"));
+    assert!(read.cache_done() && !read.is_checked());
+    assert_eq!(read.keep_for(), None);
+    assert!(cache.probe(&read, None, false).is_none(), "looked up again");
 }
