@@ -258,9 +258,12 @@ impl OperationReads {
     }
 }
 
-/// A read made under its request's trace away from the request's task.
+/// A read made under its request's trace away from the request's task:
+/// boxed, so that the common read's future, moved at each level of its
+/// caller, is not as large as the two task-locals it would otherwise
+/// carry (~100 bytes).
 #[cfg(feature = "otel")]
-type Carried<F> = crate::telemetry::Carried<F>;
+type Carried<F> = std::pin::Pin<Box<crate::telemetry::Carried<F>>>;
 /// Without the `otel` feature, never built.
 #[cfg(not(feature = "otel"))]
 type Carried<F> = F;
@@ -309,12 +312,12 @@ impl<'a> Upstream<'a> {
         read: Read,
     ) -> impl std::future::Future<Output = Result<Arc<UpstreamResponse>, ReadError>> + Send + use<'_, 'a>
     {
-        let traced = move || self.traced(read);
         #[cfg(feature = "otel")]
         if let Some(away) = self.op.trace.away() {
-            return Either::Left(crate::telemetry::carry(away, traced));
+            let traced = move || self.traced(read);
+            return Either::Left(Box::pin(crate::telemetry::carry(away, traced)));
         }
-        in_task(traced())
+        in_task(self.traced(read))
     }
 
     /// [`read`](Self::read), in the task that asks for it.
