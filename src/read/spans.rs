@@ -45,11 +45,16 @@ use std::task::{Context, Poll};
 
 /// The span of one read a resolver asks for (see the module docs).
 pub(crate) fn read_span(read: &Read) -> Spanned {
+    // Asked once, up front: a read no subscriber wants spans for (the
+    // common case without a debug log or telemetry) checks nothing else.
+    if !wanted() {
+        return Spanned::Off;
+    }
     #[cfg(feature = "otel")]
     if let Some(span) = direct_read("upstream.read", read) {
         return span;
     }
-    Spanned::Tracing(enabled(|| {
+    Spanned::tracing(enabled(|| {
         tracing::debug_span!(
             "upstream.read",
             server.address = read.url.host_str(),
@@ -72,7 +77,7 @@ pub(crate) fn token_span(ask: &Read) -> Spanned {
     if let Some(span) = direct_read("upstream.token", ask) {
         return span;
     }
-    Spanned::Tracing(enabled(|| {
+    Spanned::tracing(enabled(|| {
         tracing::debug_span!(
             "upstream.token",
             server.address = ask.url.host_str(),
@@ -135,7 +140,7 @@ where
             outcome.as_ref().map_or_else(ReadError::code, |_| "ok"),
         );
         // The span ends as the read does, not when its future is dropped.
-        *span = Spanned::Tracing(tracing::Span::none());
+        *span = Spanned::Off;
         Poll::Ready(outcome)
     }
 }
@@ -143,12 +148,20 @@ where
 /// Records `value` as `field` of the read's span (or token fetch's) the
 /// caller is in — when some subscriber takes debug spans at all: else one
 /// atomic load.
+#[inline]
 pub(crate) fn note<V: Note>(field: &'static str, value: V) {
     if wanted() {
-        #[cfg(feature = "otel")]
-        if crate::telemetry::direct::with_current(|span| span.set(field, value.otel())).is_some() {
-            return;
-        }
-        tracing::Span::current().record(field, value.field());
+        noted(field, value);
     }
+}
+
+/// [`note`], once some subscriber wants the value: out of line, so that the
+/// check above is all a read pays without one.
+#[inline(never)]
+fn noted<V: Note>(field: &'static str, value: V) {
+    #[cfg(feature = "otel")]
+    if crate::telemetry::direct::with_current(|span| span.set(field, value.otel())).is_some() {
+        return;
+    }
+    tracing::Span::current().record(field, value.field());
 }

@@ -110,7 +110,7 @@ impl<'a> KeyView<'a> {
         key: Option<&'a str>,
         credential: Option<&'a str>,
     ) -> Self {
-        Self {
+        let mut view = Self {
             hash: 0,
             method,
             url,
@@ -119,16 +119,17 @@ impl<'a> KeyView<'a> {
             key,
             credential,
             shared: false,
-        }
-        .hashed()
+        };
+        view.hash = view.hash_of();
+        view
     }
 
-    /// The view with its hash computed from its fields: each text written
-    /// whole (foldhash turns its state by each one's length), what a read
-    /// may lack (a body, a key, a credential) only when it has it, and last
-    /// which parts it had and how many headers — so two keys whose parts
-    /// split differently do not hash alike by construction.
-    fn hashed(mut self) -> Self {
+    /// The hash of the view's fields: each text written whole (foldhash
+    /// turns its state by each one's length), what a read may lack (a
+    /// body, a key, a credential) only when it has it, and last which parts
+    /// it had and how many headers — so two keys whose parts split
+    /// differently do not hash alike by construction.
+    fn hash_of(&self) -> u64 {
         static STATE: OnceLock<SeedableRandomState> = OnceLock::new();
         let state = STATE.get_or_init(crate::seed::random_state);
         let mut hasher = state.build_hasher();
@@ -150,8 +151,7 @@ impl<'a> KeyView<'a> {
                 had << 1 | u64::from(part)
             });
         hasher.write_u64((self.headers.len() as u64) << 8 | had);
-        self.hash = hasher.finish();
-        self
+        hasher.finish()
     }
 
     /// The same key under the hash `hash`: two keys that collide.
@@ -191,7 +191,7 @@ impl KeyView<'_> {
             ..self
         };
         ReadKey {
-            hash: shared.hashed().hash,
+            hash: shared.hash_of(),
             method: self.method.clone(),
             url: self.url.into(),
             headers,

@@ -137,7 +137,7 @@ fn span(read: &Read) -> Spanned {
     }) {
         return span;
     }
-    Spanned::Tracing(enabled(|| {
+    Spanned::tracing(enabled(|| {
         tracing::debug_span!(
             "upstream.request",
             otel.name = read.method.as_str(),
@@ -159,6 +159,7 @@ impl ClientSpan {
     /// `fetch` as it is: nothing wraps the read's future.
     pub(crate) fn around<'a, T: 'a>(&self, fetch: BoxFuture<'a, T>) -> BoxFuture<'a, T> {
         match &self.span {
+            Spanned::Off => fetch,
             Spanned::Tracing(span) if span.is_none() => fetch,
             Spanned::Tracing(span) => Box::pin(fetch.instrument(span.clone())),
             #[cfg(feature = "otel")]

@@ -6,24 +6,40 @@ use futures::future::Either;
 use std::future::Future;
 use tracing::Instrument;
 
-/// A read path's span: a `tracing` one (`Span::none()` when no subscriber
-/// wants it), or, for a request a telemetry sampled, a direct one
-/// (`telemetry/direct.rs`).
+/// A read path's span: none (no subscriber wants it: nothing to record,
+/// enter or drop), a `tracing` one, or, for a request a telemetry sampled,
+/// a direct one (`telemetry/direct.rs`).
 pub(crate) enum Spanned {
+    Off,
     Tracing(tracing::Span),
     #[cfg(feature = "otel")]
     Direct(crate::telemetry::direct::Span),
 }
 
 impl Spanned {
+    /// `span`, or [`Off`](Spanned::Off) when it is `Span::none()`.
+    pub(super) fn tracing(span: tracing::Span) -> Self {
+        if span.is_none() {
+            Spanned::Off
+        } else {
+            Spanned::Tracing(span)
+        }
+    }
+
     /// Whether there is no span at all.
     pub(super) fn is_none(&self) -> bool {
-        matches!(self, Spanned::Tracing(span) if span.is_none())
+        match self {
+            Spanned::Off => true,
+            Spanned::Tracing(span) => span.is_none(),
+            #[cfg(feature = "otel")]
+            Spanned::Direct(_) => false,
+        }
     }
 
     /// `f`, inside the span.
     pub(super) fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
         match self {
+            Spanned::Off => f(),
             Spanned::Tracing(span) if span.is_none() => f(),
             Spanned::Tracing(span) => span.in_scope(f),
             #[cfg(feature = "otel")]
@@ -34,6 +50,7 @@ impl Spanned {
     /// Records `field` = `value`.
     pub(super) fn record<V: Note>(&self, field: &'static str, value: V) {
         match self {
+            Spanned::Off => {}
             Spanned::Tracing(span) => {
                 span.record(field, value.field());
             }
@@ -45,6 +62,7 @@ impl Spanned {
     /// Marks the span failed (`otel.status_code = "error"`).
     pub(super) fn fail(&self) {
         match self {
+            Spanned::Off => {}
             Spanned::Tracing(span) => {
                 span.record("otel.status_code", "error");
             }
@@ -59,6 +77,7 @@ impl Spanned {
         future: F,
     ) -> Either<Either<F, tracing::instrument::Instrumented<F>>, Entered<F>> {
         match self {
+            Spanned::Off => Either::Left(Either::Left(future)),
             Spanned::Tracing(span) if span.is_none() => Either::Left(Either::Left(future)),
             Spanned::Tracing(span) => Either::Left(Either::Right(future.instrument(span))),
             #[cfg(feature = "otel")]
@@ -199,6 +218,7 @@ pub(super) fn enabled(span: impl FnOnce() -> tracing::Span) -> tracing::Span {
 /// Whether the read's spans are opened: some subscriber takes debug spans,
 /// and the request is not one a telemetry sampled out (whose debug spans
 /// no layer gets: `telemetry::sampled_out`).
+#[inline]
 pub(super) fn wanted() -> bool {
     if !tracing::level_enabled!(tracing::Level::DEBUG) {
         return false;
