@@ -362,9 +362,11 @@ impl Extension for PerOperation {
                 event,
                 ..
             }) => {
-                return self
-                    .run_event(ctx, operation_name, next, connection, op, event)
-                    .await
+                // Boxed: an event of a socket is rare beside the requests
+                // over HTTP, whose hook's future would otherwise be as large
+                // as this path's (it is allocated for every operation).
+                let event = self.run_event(ctx, operation_name, next, connection, op, event);
+                return Box::pin(event).await;
             }
             Some(Mode::Scoped { op, .. }) => lock(op).take(),
             Some(Mode::Aside { .. } | Mode::Refused { .. }) | None => None,

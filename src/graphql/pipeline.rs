@@ -196,52 +196,59 @@ impl Op {
     /// the event with `operation` in its data. The event reserves on its
     /// client's read quota (when it has one), runs within its scope's
     /// bounds, and is finished like an operation.
-    pub(crate) async fn run_event(
-        &self,
-        event: &FanoutRequest,
-        operation: &Operation,
-        types: &SchemaTypes,
-        execute: impl Future<Output = Response>,
-    ) -> Response {
-        // The event's reads are its request's until its future ends, even
-        // refused or cancelled while it waits.
-        let _ends = operation.trace_ends();
-        let mut response = match event.reserve().await {
-            Some(rejection) => stopped(&rejection),
-            None => {
-                super::server_span::event(async {
-                    let span = self.described(tracing::debug_span!(
-                        parent: None,
-                        "graphql.operation",
-                        otel.name = self.kind.unwrap_or("GraphQL Operation"),
-                        otel.kind = "server",
-                        graphql.operation.type = self.kind,
-                        graphql.operation.name = self.span_name.as_deref(),
-                        graphql.document = tracing::field::Empty,
-                        fanout.requested = self.requested.map(super::server_span::int),
-                        fanout.reads = tracing::field::Empty,
-                        fanout.cache_hits = tracing::field::Empty,
-                        fanout.delta = tracing::field::Empty,
-                        fanout.would_refuse = tracing::field::Empty,
-                    ));
-                    operation.traced_under(&span);
-                    let response = event.within_bounds(execute.instrument(span.clone())).await;
-                    self.record(operation, &span);
-                    response
-                })
-                .await
-            }
-        };
-        let name = self.name.as_deref();
-        finish(
-            &mut response,
-            operation,
-            self.requested,
-            types,
-            &self.query,
-            name,
-        );
-        response
+    ///
+    /// An `async` block, not an `async fn`: an `async fn` keeps each argument
+    /// twice in its future (as it came, and as the body's local), `execute`
+    /// among them.
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    pub(crate) fn run_event<'a>(
+        &'a self,
+        event: &'a FanoutRequest,
+        operation: &'a Operation,
+        types: &'a SchemaTypes,
+        execute: impl Future<Output = Response> + 'a,
+    ) -> impl Future<Output = Response> + 'a {
+        async move {
+            // The event's reads are its request's until its future ends, even
+            // refused or cancelled while it waits.
+            let _ends = operation.trace_ends();
+            let mut response = match event.reserve().await {
+                Some(rejection) => stopped(&rejection),
+                None => {
+                    super::server_span::event(async {
+                        let span = self.described(tracing::debug_span!(
+                            parent: None,
+                            "graphql.operation",
+                            otel.name = self.kind.unwrap_or("GraphQL Operation"),
+                            otel.kind = "server",
+                            graphql.operation.type = self.kind,
+                            graphql.operation.name = self.span_name.as_deref(),
+                            graphql.document = tracing::field::Empty,
+                            fanout.requested = self.requested.map(super::server_span::int),
+                            fanout.reads = tracing::field::Empty,
+                            fanout.cache_hits = tracing::field::Empty,
+                            fanout.delta = tracing::field::Empty,
+                            fanout.would_refuse = tracing::field::Empty,
+                        ));
+                        operation.traced_under(&span);
+                        let response = event.within_bounds(execute.instrument(span.clone())).await;
+                        self.record(operation, &span);
+                        response
+                    })
+                    .await
+                }
+            };
+            let name = self.name.as_deref();
+            finish(
+                &mut response,
+                operation,
+                self.requested,
+                types,
+                &self.query,
+                name,
+            );
+            response
+        }
     }
 
     /// The operation's span, in OpenTelemetry's GraphQL conventions: named
@@ -315,36 +322,43 @@ impl Op {
     /// Steps 3 to 5: refused at the batch's barrier (or before, at step 1),
     /// else `execute` — the operation running with [`data`](Self::data) —
     /// within the request's bounds; then finished.
-    pub(crate) async fn run(
+    ///
+    /// An `async` block, not an `async fn`: an `async fn` keeps each argument
+    /// twice in its future (as it came, and as the body's local) — the
+    /// operation (160 bytes) and `execute` here.
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    pub(crate) fn run<'a>(
         mut self,
-        types: &SchemaTypes,
-        execute: impl Future<Output = Response>,
-    ) -> Response {
-        let scope = self.operation.request();
-        let refusal = scope.refusal().await.or(self.refused.take());
-        let mut response = match refusal {
-            Some(refusal) => refused(&refusal),
-            None => match scope.reserve().await {
-                Some(rejection) => stopped(&rejection),
-                None => {
-                    let span = self.span();
-                    self.operation.traced_under(&span);
-                    let response = scope.within_bounds(execute.instrument(span.clone())).await;
-                    self.record(&self.operation, &span);
-                    response
-                }
-            },
-        };
-        let name = self.name.as_deref();
-        finish(
-            &mut response,
-            &self.operation,
-            self.requested,
-            types,
-            &self.query,
-            name,
-        );
-        response
+        types: &'a SchemaTypes,
+        execute: impl Future<Output = Response> + 'a,
+    ) -> impl Future<Output = Response> + 'a {
+        async move {
+            let scope = self.operation.request();
+            let refusal = scope.refusal().await.or(self.refused.take());
+            let mut response = match refusal {
+                Some(refusal) => refused(&refusal),
+                None => match scope.reserve().await {
+                    Some(rejection) => stopped(&rejection),
+                    None => {
+                        let span = self.span();
+                        self.operation.traced_under(&span);
+                        let response = scope.within_bounds(execute.instrument(span.clone())).await;
+                        self.record(&self.operation, &span);
+                        response
+                    }
+                },
+            };
+            let name = self.name.as_deref();
+            finish(
+                &mut response,
+                &self.operation,
+                self.requested,
+                types,
+                &self.query,
+                name,
+            );
+            response
+        }
     }
 }
 
