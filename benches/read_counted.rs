@@ -6,7 +6,12 @@
 //! `read_counted MODE N`, one current-thread task over the in-memory
 //! transport (answering at once), each read's making included:
 //! - `hit`: `N` reads of one URL declared immutable, warmed (the engine's
-//!   cache answers each);
+//!   cache answers each; after the first, a request's repeat hits on an
+//!   entry, as `read_path`'s `engine_cache_hit` times them);
+//! - `hit-new`: `N` entries kept by another request, then each read once
+//!   by a request of its own making — a request's first hit on each entry
+//!   (its own copy of the answer made and counted, its map grown); counted
+//!   against `warm-new` (the same entries kept, not read again);
 //! - `keep`: `N` immutable reads of URLs of their own (a miss, read and
 //!   kept);
 //! - `miss`: `N` plain reads of URLs of their own (read, not kept);
@@ -31,7 +36,7 @@ fn main() {
         [mode, n] if n.parse::<usize>().is_ok() => (mode.as_str(), n.parse().unwrap()),
         _ => {
             println!(
-                "read_counted MODE N (hit, keep, miss, get, get-beside): run by benches/count.sh"
+                "read_counted MODE N (hit, hit-new, warm-new, keep, miss, get, get-beside): run by benches/count.sh"
             );
             return;
         }
@@ -42,6 +47,7 @@ fn main() {
         .expect("a runtime");
     let mut config = Config::default();
     config.budget.max_reads = u64::try_from(n).unwrap_or(u64::MAX).saturating_add(1);
+    config.upstream.cache_bytes = 256 << 20;
     config.hosts.insert(
         HOST.into(),
         HostConfig::default()
@@ -66,6 +72,12 @@ fn main() {
             })
             .collect()
     };
+    // The entries `hit-new` reads, parsed in its baseline (`warm-new`) too:
+    // each read copies its URL, as `hit`'s do.
+    let entries = match mode {
+        "hit-new" | "warm-new" => own(n),
+        _ => Vec::new(),
+    };
     let reads: Vec<Read> = match mode {
         "hit" => (0..n).map(|_| Read::get(url.clone()).immutable()).collect(),
         "keep" => own(n)
@@ -73,9 +85,27 @@ fn main() {
             .map(|u| Read::get(u).immutable())
             .collect(),
         "miss" => own(n).into_iter().map(Read::get).collect(),
-        "get" | "get-beside" => Vec::new(),
+        "hit-new" => (entries.iter())
+            .map(|u| Read::get(u.clone()).immutable())
+            .collect(),
+        "get" | "get-beside" | "warm-new" => Vec::new(),
         other => panic!("no mode {other}"),
     };
+    if matches!(mode, "hit-new" | "warm-new") {
+        // Kept by a request of their own, not by the one that hits them.
+        let kept = runtime.block_on(async {
+            let request = engine.begin_request(Caller::Public);
+            let op = request.operation();
+            let mut kept = 0;
+            for url in &entries {
+                let read = Read::get(url.clone()).immutable();
+                black_box(op.upstream().read(read).await.expect("kept"));
+                kept += 1;
+            }
+            kept
+        });
+        assert_eq!(kept, n);
+    }
     if mode != "get" {
         let warm = Read::get(url.clone()).immutable();
         let reads_done = runtime.block_on(async {
@@ -90,7 +120,8 @@ fn main() {
             }
             done
         });
-        assert_eq!(reads_done, if mode == "get-beside" { 0 } else { n });
+        let none = matches!(mode, "get-beside" | "warm-new");
+        assert_eq!(reads_done, if none { 0 } else { n });
         if mode != "get-beside" {
             return;
         }

@@ -214,7 +214,10 @@ impl Read {
     /// read of any inbound request — same URL, headers and credentials —
     /// without a send, costing no read (reported as `cacheHits`).
     pub fn immutable(mut self) -> Self {
-        self.keep = Keep::Forever;
+        // A read the cache was looked at for stays one.
+        if self.keep != Keep::Done {
+            self.keep = Keep::Forever;
+        }
         self
     }
 
@@ -224,8 +227,9 @@ impl Read {
     /// [`immutable`](Self::immutable) answer is, for `ttl` only. Zero: not
     /// kept.
     pub fn fresh_for(mut self, ttl: std::time::Duration) -> Self {
-        // Immutable stays immutable, as it always did.
-        if self.keep != Keep::Forever {
+        // Immutable stays immutable, as it always did; a read the cache was
+        // looked at for stays one.
+        if !matches!(self.keep, Keep::Forever | Keep::Done) {
             self.keep = Keep::For(ttl);
         }
         self
