@@ -200,7 +200,10 @@ impl Op {
     /// An `async` block, not an `async fn`: an `async fn` keeps each argument
     /// twice in its future (as it came, and as the body's local), `execute`
     /// among them.
-    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     pub(crate) fn run_event<'a>(
         &'a self,
         event: &'a FanoutRequest,
@@ -326,7 +329,10 @@ impl Op {
     /// An `async` block, not an `async fn`: an `async fn` keeps each argument
     /// twice in its future (as it came, and as the body's local) — the
     /// operation (160 bytes) and `execute` here.
-    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     pub(crate) fn run<'a>(
         mut self,
         types: &'a SchemaTypes,

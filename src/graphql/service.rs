@@ -37,10 +37,11 @@ use async_graphql::{
 };
 use axum::body::Body;
 use axum::response::{IntoResponse, Response as HttpResponse};
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt as _};
 use futures::stream::{FuturesOrdered, StreamExt};
 use http::{header, Method, StatusCode};
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tracing::{Instrument, Span};
@@ -160,124 +161,147 @@ impl<E: Executor> FanoutGraphQL<E> {
 }
 
 impl<E: Executor> Served<E> {
-    async fn handle(self: Arc<Self>, mut request: http::Request<Body>) -> HttpResponse {
-        let get = request.method() == Method::GET;
-        CostEnvelope::mark(self.envelope, request.extensions_mut());
-        // A WebSocket: subscriptions (and queries) over one connection, one
-        // scope (`socket.rs`).
-        if get && super::socket::is_upgrade(&request) {
+    /// `handle` and `answer` are `async` blocks, not `async fn`s: an
+    /// `async fn` keeps each argument twice in its future (as it came, and
+    /// as the body's local) — the HTTP request, 240 bytes, here — and this
+    /// future is allocated for every request.
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    fn handle(
+        self: Arc<Self>,
+        mut request: http::Request<Body>,
+    ) -> impl Future<Output = HttpResponse> + Send {
+        async move {
+            let get = request.method() == Method::GET;
+            CostEnvelope::mark(self.envelope, request.extensions_mut());
+            // A WebSocket: subscriptions (and queries) over one connection, one
+            // scope (`socket.rs`).
+            if get && super::socket::is_upgrade(&request) {
+                if !self.extension_mounted().await {
+                    return Rejection::Misconfigured {
+                        message: NOT_METERED.into(),
+                    }
+                    .unread();
+                }
+                return super::socket::upgrade(self.executor.clone(), self.engine.clone(), request)
+                    .await;
+            }
+            // GraphiQL's assets: their route may be mounted outside the rate
+            // limiter, so nothing there is ever a GraphQL request.
+            if let Some((_, name)) = request.uri().path().rsplit_once("/graphiql/") {
+                if !get {
+                    return Rejection::MethodNotAllowed {
+                        allow: "GET",
+                        message: "GraphiQL's assets are served to a GET only".into(),
+                    }
+                    .unread();
+                }
+                return asset(name);
+            }
+            if get {
+                if let Some(page) = graphiql(&request, self.example.as_deref()) {
+                    return page;
+                }
+            }
+            let caller =
+                super::finish::cost_caller(&self.engine, request.extensions(), request.headers());
+            if !get && request.method() != Method::POST {
+                let mut refused = Rejection::MethodNotAllowed {
+                    allow: "GET, POST",
+                    message: "a GraphQL request is a GET (queries) or a POST".into(),
+                }
+                .unread();
+                cost_headers(&mut refused, &self.engine, None, caller);
+                return refused;
+            }
+            let opened = server_span::Opened::now(&request, get);
+            let span = server_span::open(&request, get, &opened);
+            let mut scope = None;
+            let answered = self.answer(request, get, &span, &mut scope);
+            let mut answer = server_span::within(&opened, answered.instrument(span.clone())).await;
+            cost_headers(&mut answer, &self.engine, scope.as_ref(), caller);
+            spent_header(&mut answer, scope.as_ref());
+            server_span::spent(&span, scope.as_ref());
+            server_span::close(&span, opened, answer.status(), self.engine.metrics());
+            answer
+        }
+    }
+
+    /// A GraphQL request over HTTP, answered (`span`: its own; `scope`: its
+    /// scope once opened).
+    ///
+    /// What is done with before the operations run (the CSRF check, the
+    /// request's head, the batch as parsed) is scoped to blocks of its own,
+    /// so that the future does not hold it while they run.
+    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    fn answer<'a>(
+        &'a self,
+        request: http::Request<Body>,
+        get: bool,
+        span: &'a Span,
+        scope: &'a mut Option<FanoutRequest>,
+    ) -> impl Future<Output = HttpResponse> + Send + 'a {
+        async move {
+            let Some(media) = protocol::negotiate(request.headers()) else {
+                return Rejection::NotAcceptable.unread();
+            };
             if !self.extension_mounted().await {
                 return Rejection::Misconfigured {
                     message: NOT_METERED.into(),
                 }
                 .unread();
             }
-            return super::socket::upgrade(self.executor.clone(), self.engine.clone(), request)
-                .await;
-        }
-        // GraphiQL's assets: their route may be mounted outside the rate
-        // limiter, so nothing there is ever a GraphQL request.
-        if let Some((_, name)) = request.uri().path().rsplit_once("/graphiql/") {
-            if !get {
-                return Rejection::MethodNotAllowed {
-                    allow: "GET",
-                    message: "GraphiQL's assets are served to a GET only".into(),
+            {
+                let csrf = if get {
+                    let policy = self.engine.config().http.csrf_get_or_default();
+                    protocol::check_get(request.headers(), request.uri().query(), policy)
+                } else {
+                    protocol::check_json_body(request.headers())
+                };
+                if let Err(refused) = csrf {
+                    return refused.unread();
                 }
-                .unread();
             }
-            return asset(name);
-        }
-        if get {
-            if let Some(page) = graphiql(&request, self.example.as_deref()) {
-                return page;
-            }
-        }
-        let caller =
-            super::finish::cost_caller(&self.engine, request.extensions(), request.headers());
-        if !get && request.method() != Method::POST {
-            let mut refused = Rejection::MethodNotAllowed {
-                allow: "GET, POST",
-                message: "a GraphQL request is a GET (queries) or a POST".into(),
-            }
-            .unread();
-            cost_headers(&mut refused, &self.engine, None, caller);
-            return refused;
-        }
-        let opened = server_span::Opened::now(&request, get);
-        let span = server_span::open(&request, get, &opened);
-        let mut scope = None;
-        let answered = self.answer(request, get, &span, &mut scope);
-        let mut answer = server_span::within(&opened, answered.instrument(span.clone())).await;
-        cost_headers(&mut answer, &self.engine, scope.as_ref(), caller);
-        spent_header(&mut answer, scope.as_ref());
-        server_span::spent(&span, scope.as_ref());
-        server_span::close(&span, opened, answer.status(), self.engine.metrics());
-        answer
-    }
-
-    /// A GraphQL request over HTTP, answered (`span`: its own; `scope`: its
-    /// scope once opened).
-    async fn answer(
-        &self,
-        request: http::Request<Body>,
-        get: bool,
-        span: &Span,
-        scope: &mut Option<FanoutRequest>,
-    ) -> HttpResponse {
-        let Some(media) = protocol::negotiate(request.headers()) else {
-            return Rejection::NotAcceptable.unread();
-        };
-        if !self.extension_mounted().await {
-            return Rejection::Misconfigured {
-                message: NOT_METERED.into(),
-            }
-            .unread();
-        }
-        let csrf = if get {
-            let policy = self.engine.config().http.csrf_get_or_default();
-            protocol::check_get(request.headers(), request.uri().query(), policy)
-        } else {
-            protocol::check_json_body(request.headers())
-        };
-        if let Err(refused) = csrf {
-            return refused.unread();
-        }
-        let (parts, body) = request.into_parts();
-        let fanout = &*scope.insert(self.engine.open_request(&parts));
-        server_span::caller(span, fanout.caller());
-        server_span::received(span, fanout);
-        let http = &self.engine.config().http;
-        let batch = if get {
-            // The query string carries what a body would: bounded like one.
-            let query = parts.uri.query().unwrap_or("");
-            if query.len() > http.max_body_bytes {
-                return Rejection::PayloadTooLarge {
-                    max: http.max_body_bytes,
+            let http = &self.engine.config().http;
+            let (fanout, single, requests) = {
+                let (parts, body) = request.into_parts();
+                let fanout = &*scope.insert(self.engine.open_request(&parts));
+                server_span::caller(span, fanout.caller());
+                server_span::received(span, fanout);
+                let batch = if get {
+                    // The query string carries what a body would: bounded like one.
+                    let query = parts.uri.query().unwrap_or("");
+                    if query.len() > http.max_body_bytes {
+                        return Rejection::PayloadTooLarge {
+                            max: http.max_body_bytes,
+                        }
+                        .into_response();
+                    }
+                    protocol::parse_query_string(query).map(BatchRequest::Single)
+                } else {
+                    match fanout.read_body(body, http).await {
+                        Ok(bytes) => protocol::parse_body(&bytes, http.max_batch_operations),
+                        Err(err) => return err.unread(),
+                    }
+                };
+                match batch {
+                    Ok(BatchRequest::Single(request)) => (fanout, true, vec![request]),
+                    Ok(BatchRequest::Batch(requests)) => (fanout, false, requests),
+                    Err(err) => return err.into_response(),
                 }
-                .into_response();
-            }
-            protocol::parse_query_string(query).map(BatchRequest::Single)
-        } else {
-            match fanout.read_body(body, http).await {
-                Ok(bytes) => protocol::parse_body(&bytes, http.max_batch_operations),
-                Err(err) => return err.unread(),
-            }
-        };
-        let (single, requests) = match batch {
-            Ok(BatchRequest::Single(request)) => (true, vec![request]),
-            Ok(BatchRequest::Batch(requests)) => (false, requests),
-            Err(err) => return err.into_response(),
-        };
-        span.record("fanout.operations", server_span::int(requests.len()));
-        let responses = self.run(fanout, requests).await;
-        span.record("fanout.reads", server_span::int(fanout.budget().used()));
-        let answer = match responses {
-            Ok(responses) => protocol::respond(&responses, single, media, http.max_response_bytes),
-            Err(refused) => refused.into_response(),
-        };
-        // Until the client has read it, the answer holds its bytes in the
-        // process's memory pool.
-        fanout.memory().lease_body(answer)
+            };
+            span.record("fanout.operations", server_span::int(requests.len()));
+            let responses = self.run(fanout, requests).await;
+            span.record("fanout.reads", server_span::int(fanout.budget().used()));
+            let answer = match responses {
+                Ok(responses) => {
+                    protocol::respond(&responses, single, media, http.max_response_bytes)
+                }
+                Err(refused) => refused.into_response(),
+            };
+            // Until the client has read it, the answer holds its bytes in the
+            // process's memory pool.
+            fanout.memory().lease_body(answer)
+        }
     }
 
     /// Admits and prices every operation of the request, then runs them
@@ -343,10 +367,11 @@ impl<E: Executor> Served<E> {
     /// pipeline's bounds, the span, the sampling scope) is an `async fn`
     /// that would otherwise hold a copy of it, and the request's future
     /// would weigh tens of kilobytes, moved and allocated per request.
-    async fn execute(&self, op: Op, mut request: Request) -> Response {
+    /// Not an `async fn` itself: its future is the pipeline's, with no
+    /// layer holding the operation and the request a second time.
+    fn execute(&self, op: Op, mut request: Request) -> impl Future<Output = Response> + '_ {
         op.data(&mut request.data, self.data.as_ref());
         op.run(&self.types, Box::pin(self.executor.execute(request)))
-            .await
     }
 
     /// Whether the schema mounts `FanoutExtension::new(&engine)`, which counts each
@@ -398,8 +423,8 @@ impl<E: Executor> tower::Service<http::Request<Body>> for FanoutGraphQL<E> {
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let served = self.served.clone();
-        Box::pin(async move { Ok(served.handle(request).await) })
+        // The request's own future, boxed once, holding the request once.
+        Box::pin(self.served.clone().handle(request).map(Ok))
     }
 }
 
