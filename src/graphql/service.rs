@@ -165,7 +165,10 @@ impl<E: Executor> Served<E> {
     /// `async fn` keeps each argument twice in its future (as it came, and
     /// as the body's local) — the HTTP request, 240 bytes, here — and this
     /// future is allocated for every request.
-    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     fn handle(
         self: Arc<Self>,
         mut request: http::Request<Body>,
@@ -232,7 +235,10 @@ impl<E: Executor> Served<E> {
     /// What is done with before the operations run (the CSRF check, the
     /// request's head, the batch as parsed) is scoped to blocks of its own,
     /// so that the future does not hold it while they run.
-    #[allow(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice"
+    )]
     fn answer<'a>(
         &'a self,
         request: http::Request<Body>,
