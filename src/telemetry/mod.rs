@@ -24,8 +24,9 @@
 //! - An ended span has every text past `attribute_value_length_limit` cut
 //!   (`truncate.rs`) and is queued without blocking; past `max_queued_spans`
 //!   or `max_queued_bytes` of estimated weight (`weight.rs`) it is dropped
-//!   and counted (`processor.rs`). A thread of the SDK exports
-//!   batches over OTLP/HTTP protobuf with the engine's HTTP stack on the
+//!   and counted (`processor.rs`). A thread of the telemetry's exports
+//!   batches (`batches.rs`: each span moved once, into the queue) over
+//!   OTLP/HTTP protobuf with the engine's HTTP stack on the
 //!   application's runtime, each export bounded by a timeout
 //!   (`export_client.rs`). A collector that is down or slow costs dropped
 //!   spans, never a slower request or memory without bound.
@@ -50,12 +51,14 @@
 //! # Ok(()) }
 //! ```
 
+mod batches;
 mod carried;
 mod context;
 pub(crate) mod direct;
 mod encode;
 mod error;
 mod export_client;
+mod in_flight;
 mod inbound;
 mod instruments;
 mod limits;
@@ -138,7 +141,7 @@ impl TelemetryBuilder {
     /// 524,288); past it an ended span is dropped and counted.
     #[must_use]
     pub fn max_queued_spans(mut self, spans: usize) -> Self {
-        self.limits.max_queued_spans = spans.clamp(1, processor::MAX_SPANS);
+        self.limits.max_queued_spans = spans.clamp(1, in_flight::MAX_SPANS);
         self
     }
 

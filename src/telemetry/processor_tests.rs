@@ -4,68 +4,9 @@
 use super::*;
 use crate::telemetry::truncate::tests::data;
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::BatchConfigBuilder;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::SpanExporter;
 use std::sync::Mutex;
-
-#[test]
-fn a_span_is_refused_past_the_spans_or_the_bytes() {
-    let queue = InFlight::new(3, 1000);
-    assert_eq!(queue.admit(400), Ok(()));
-    assert_eq!(queue.admit(400), Ok(()));
-    assert_eq!(queue.admit(400), Err("queue_bytes"));
-    assert_eq!(queue.held(), (2, 800), "a refusal takes nothing");
-    assert_eq!(queue.admit(200), Ok(()));
-    assert_eq!(queue.admit(0), Err("queue_full"));
-    assert_eq!(queue.held(), (3, 1000));
-    queue.release(2, 800);
-    assert_eq!(queue.held(), (1, 200));
-    // One span heavier than the whole queue is never admitted.
-    assert_eq!(queue.admit(1001), Err("queue_bytes"));
-    assert_eq!(queue.admit(800), Ok(()));
-    queue.release(2, 1000);
-    assert_eq!(queue.held(), (0, 0));
-}
-
-/// The exporter weighs a batch again to give it back: were a span's lists
-/// to grow between admission and release, more would be given back than
-/// was taken. Each part of the word stops at zero — no wrap, no borrow
-/// from the spans' part — and the queue admits to its bounds after.
-#[test]
-fn a_release_of_more_than_was_admitted_stops_at_zero() {
-    let queue = InFlight::new(3, 1000);
-    assert_eq!(queue.admit(100), Ok(()));
-    queue.release(0, 500);
-    assert_eq!(
-        queue.held(),
-        (1, 0),
-        "the bytes stop at zero, the span stays"
-    );
-    queue.release(4, 0);
-    assert_eq!(queue.held(), (0, 0), "the spans stop at zero");
-    queue.release(usize::MAX, u64::MAX);
-    assert_eq!(queue.held(), (0, 0), "however much is given back");
-    for _ in 0..3 {
-        assert_eq!(queue.admit(300), Ok(()));
-    }
-    assert_eq!(queue.admit(0), Err("queue_full"));
-    assert_eq!(queue.admit(101), Err("queue_full"));
-    assert_eq!(queue.held(), (3, 900), "a refusal gives back what it took");
-    queue.release(1, 300);
-    assert_eq!(queue.admit(401), Err("queue_bytes"));
-    assert_eq!(queue.admit(400), Ok(()));
-    assert_eq!(queue.held(), (3, 1000));
-}
-
-#[test]
-fn the_bounds_are_clamped_to_what_the_word_holds() {
-    let queue = InFlight::new(usize::MAX, u64::MAX);
-    assert_eq!(queue.max_spans, MAX_SPANS as u64);
-    assert_eq!(queue.max_bytes, MAX_BYTES);
-    assert_eq!(queue.admit(MAX_BYTES), Ok(()));
-    assert_eq!(queue.admit(1), Err("queue_bytes"));
-    assert_eq!(queue.held(), (1, MAX_BYTES));
-    assert_eq!(InFlight::new(0, 10).max_spans, 1);
-}
 
 /// Keeps the batches it is handed.
 #[derive(Debug, Default, Clone)]
@@ -79,20 +20,19 @@ impl SpanExporter for Keeps {
 }
 
 /// A counting processor of 100 spans and `max_bytes`, texts cut to 5,000
-/// bytes, over the SDK's batch processor and an exporter that keeps what
-/// it is handed; nothing leaves before a flush.
+/// bytes, over the export queue and an exporter that keeps what it is
+/// handed; nothing leaves before a flush.
 fn counting(max_bytes: u64) -> (CountingProcessor, Arc<InFlight>, Keeps) {
     let kept = Keeps::default();
     let in_flight = InFlight::new(100, max_bytes);
-    let config = BatchConfigBuilder::default()
-        .with_max_queue_size(100)
-        .with_max_export_batch_size(100)
-        .with_scheduled_delay(Duration::from_secs(3600))
-        .build();
-    let batch = BatchSpanProcessor::builder(CountingExporter::new(kept.clone(), in_flight.clone()))
-        .with_batch_config(config)
-        .build();
-    let processor = CountingProcessor::new(batch, in_flight.clone(), 5_000);
+    let queue = Batches::new(
+        kept.clone(),
+        in_flight.clone(),
+        100,
+        Duration::from_secs(3600),
+    )
+    .unwrap();
+    let processor = CountingProcessor::new(queue, in_flight.clone(), 5_000);
     (processor, in_flight, kept)
 }
 
@@ -134,11 +74,10 @@ fn the_processor_cuts_admits_by_bytes_and_the_exporter_gives_them_back() {
         .unwrap();
 }
 
-/// The exporter weighs each batch again to give it back: that holds only
-/// while nothing between the two touches a span's lists — the SDK's batch
-/// processor moves spans, never clones them (a clone would shrink a list
-/// reserved with room to spare, a direct span's, and the queue would keep
-/// the difference for ever).
+/// A batch's places and bytes are given back as each span was admitted:
+/// a span whose lists hold room to spare (a direct span's) weighs more
+/// than its clone would, and the queue must neither clone it nor weigh it
+/// again, or it would keep the difference for ever.
 #[test]
 fn spans_with_room_to_spare_are_given_back_whole() {
     let (processor, in_flight, kept) = counting(1 << 20);

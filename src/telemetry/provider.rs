@@ -2,18 +2,19 @@
 //! client, the bounded batch processor, the periodic metric reader, the
 //! resource (`service.name`) and the sampler.
 
+use super::batches::Batches;
 use super::error::TelemetryError;
 use super::export_client::ExportClient;
+use super::in_flight::InFlight;
 use super::limits::Limits;
-use super::processor::{CountingExporter, CountingProcessor, InFlight, SharedProcessor};
+use super::processor::{CountingProcessor, SharedProcessor};
 use super::sampling::RequestSampler;
 use super::sink::Sink;
 use super::span_exporter::OtlpSpans;
 use crate::config::TelemetryConfig;
 use opentelemetry_otlp::{MetricExporter, Protocol, RetryPolicy, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::SpanProcessor as _;
-use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter as _};
 use opentelemetry_sdk::Resource;
 use std::sync::Arc;
 use tokio::runtime::Handle;
@@ -42,7 +43,7 @@ pub(crate) fn build(
     Ok((traces, sink, meters))
 }
 
-/// The tracer provider: spans through the counting batch queue; and the
+/// The tracer provider: spans through the counting export queue; and the
 /// sink of the direct spans (`direct.rs`), into the same queue.
 ///
 /// The sampler keeps a request's root when the request's decision did
@@ -56,19 +57,17 @@ fn traces(
 ) -> Result<(SdkTracerProvider, Arc<Sink>), TelemetryError> {
     // Written straight into protobuf (`encode.rs`): the OTLP exporter's
     // copy into generated structs cost about twenty allocations a span.
-    let exporter = OtlpSpans::new(client, config.signal_endpoint("/v1/traces"));
+    let mut exporter = OtlpSpans::new(client, config.signal_endpoint("/v1/traces"));
+    exporter.set_resource(&resource);
     let in_flight = InFlight::new(limits.max_queued_spans, limits.max_queued_bytes);
-    let batches = BatchConfigBuilder::default()
-        .with_max_queue_size(limits.max_queued_spans)
-        .with_max_export_batch_size(limits.max_batch_spans.min(limits.max_queued_spans))
-        .with_scheduled_delay(limits.export_interval)
-        .build();
-    let batch = BatchSpanProcessor::builder(CountingExporter::new(exporter, in_flight.clone()))
-        .with_batch_config(batches)
-        .build();
-    let mut processor =
-        CountingProcessor::new(batch, in_flight, config.attribute_value_length_limit);
-    processor.set_resource(&resource);
+    let queue = Batches::new(
+        exporter,
+        in_flight.clone(),
+        limits.max_batch_spans.min(limits.max_queued_spans),
+        limits.export_interval,
+    )
+    .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+    let processor = CountingProcessor::new(queue, in_flight, config.attribute_value_length_limit);
     let processor = Arc::new(processor);
     let provider = SdkTracerProvider::builder()
         .with_span_processor(SharedProcessor(processor.clone()))
