@@ -56,9 +56,26 @@ async fn reads_and_their_durations_are_exported() {
             .build()
             .unwrap()
             .unwrap();
-    // The same reads through an engine whose `[hosts]` names the upstream,
-    // and through one that does not.
     let query = r#"{"query":"{ items(first: 2) { id detail { value } } }"}"#;
+    // First an operation not priced: its reads are recorded, and no
+    // `fanout.operation.delta` series exists, not even an empty one (a
+    // thread binds a series only once it has recorded on it).
+    let engine = Engine::builder(Config::default()).build();
+    let (status, body) = common::post(&common::app(&engine, &upstream), query).await;
+    assert_eq!(status, 200, "{body}");
+    let telemetry = tokio::task::spawn_blocking(move || {
+        telemetry.flush().unwrap();
+        telemetry
+    })
+    .await
+    .unwrap();
+    let metrics = collector.metrics();
+    assert_eq!(histogram(&metrics, "fanout.operation.reads").0, 1);
+    let (_, _, points) = histogram(&metrics, "fanout.operation.delta");
+    assert!(points.is_empty(), "no series: {points:?}");
+    // The same reads through an engine whose `[hosts]` names the upstream,
+    // and through one that does not, priced; recorded on the series this
+    // thread bound.
     let named = Config::default().host(upstream.host(), HostConfig::default());
     // Priced: the list at 5 reads, its items at none (three sent).
     let costs = CostTable::new().field("Query", "items", FieldCost::reads(5));
@@ -76,7 +93,7 @@ async fn reads_and_their_durations_are_exported() {
     .unwrap();
     let metrics = collector.metrics();
     let (sent, seconds, points) = histogram(&metrics, "http.client.request.duration");
-    assert_eq!(sent, 6, "the list and two items, twice");
+    assert_eq!(sent, 9, "the list and two items, three times");
     assert!(seconds > 0.0 && seconds < 30.0, "{seconds} s");
     let mut named = vec![
         kv("http.request.method", "GET"),
@@ -90,7 +107,7 @@ async fn reads_and_their_durations_are_exported() {
         kv("http.response.status_code", "200"),
         kv("server.address", "other"),
     ];
-    let mut expected = vec![(3, named), (3, other)];
+    let mut expected = vec![(3, named), (6, other)];
     expected.sort();
     assert_eq!(
         points, expected,
@@ -104,21 +121,21 @@ async fn reads_and_their_durations_are_exported() {
         kv("http.route", "/graphql"),
     ];
     server.sort();
-    assert_eq!((answered, points), (2, vec![(2, server)]));
+    assert_eq!((answered, points), (3, vec![(3, server)]));
     let (requests, reads, _) = histogram(&metrics, "fanout.request.reads");
     assert_eq!(
         (requests, reads),
-        (2, 6.0),
-        "two requests, three reads each"
+        (3, 9.0),
+        "three requests, three reads each"
     );
     let query = vec![kv("graphql.operation.type", "query")];
     let (operations, reads, points) = histogram(&metrics, "fanout.operation.reads");
     assert_eq!(
         (operations, reads),
-        (2, 6.0),
-        "two operations, three reads each"
+        (3, 9.0),
+        "three operations, three reads each"
     );
-    assert_eq!(points, vec![(2, query.clone())]);
+    assert_eq!(points, vec![(3, query.clone())]);
     let (priced, delta, points) = histogram(&metrics, "fanout.operation.delta");
     assert_eq!((priced, delta), (2, 4.0), "priced at 5, three sent: 2 each");
     assert_eq!(points, vec![(2, query)]);

@@ -153,26 +153,6 @@ impl Instruments {
             PUBLISHED.store(false, Ordering::Release);
         }
     }
-
-    /// One inbound request: how long it took to answer, and its attributes.
-    pub(crate) fn server_request(&self, took: Duration, attributes: &[KeyValue]) {
-        self.server_duration.record(took.as_secs_f64(), attributes);
-    }
-
-    /// The reads one inbound request was charged.
-    pub(crate) fn request_reads(&self, reads: u64) {
-        self.request_reads.record(reads, &[]);
-    }
-
-    /// What one operation of type `kind` sent, and `requested − reads`
-    /// when it was priced.
-    pub(crate) fn operation(&self, kind: &'static str, reads: u64, delta: Option<f64>) {
-        let attributes = [KeyValue::new("graphql.operation.type", kind)];
-        self.operation_reads.record(reads, &attributes);
-        if let Some(delta) = delta {
-            self.operation_delta.record(delta, &attributes);
-        }
-    }
 }
 
 /// The instruments a record is made with, and this thread's histograms
@@ -196,6 +176,48 @@ impl Recorder<'_> {
     #[cfg(test)]
     fn bound_len(&self) -> Option<usize> {
         self.bound.as_ref().map(|bound| bound.len())
+    }
+
+    /// One inbound request: how long it took to answer, and its attributes.
+    pub(crate) fn server_request(&mut self, took: Duration, attributes: &[KeyValue]) {
+        let histogram = &self.instruments.server_duration;
+        let seconds = took.as_secs_f64();
+        match self.bound.as_deref_mut() {
+            Some(bound) => bound.server.record(histogram, seconds, attributes),
+            None => histogram.record(seconds, attributes),
+        }
+    }
+
+    /// The reads one inbound request was charged.
+    pub(crate) fn request_reads(&mut self, reads: u64) {
+        let histogram = &self.instruments.request_reads;
+        match self.bound.as_deref_mut() {
+            Some(bound) => bound.request_reads.record(histogram, reads, &[]),
+            None => histogram.record(reads, &[]),
+        }
+    }
+
+    /// What one operation of type `kind` sent, and `requested − reads`
+    /// when it was priced.
+    pub(crate) fn operation(&mut self, kind: &'static str, reads: u64, delta: Option<f64>) {
+        let attributes = [KeyValue::new("graphql.operation.type", kind)];
+        let instruments = self.instruments;
+        match self.bound.as_deref_mut() {
+            Some(bound) => {
+                let histogram = &instruments.operation_reads;
+                bound.operation_reads.record(histogram, reads, &attributes);
+                if let Some(delta) = delta {
+                    let histogram = &instruments.operation_delta;
+                    bound.operation_delta.record(histogram, delta, &attributes);
+                }
+            }
+            None => {
+                instruments.operation_reads.record(reads, &attributes);
+                if let Some(delta) = delta {
+                    instruments.operation_delta.record(delta, &attributes);
+                }
+            }
+        }
     }
 
     /// One upstream request: how long it took, on the series of the
@@ -388,6 +410,64 @@ mod tests {
         Instruments::withdraw(&second);
         Instruments::withdraw(&first);
         assert_eq!(record(&get(200)), None, "none published");
+    }
+
+    /// The sets `record` left this thread's server and operation
+    /// histograms bound to.
+    fn few(record: impl FnOnce(&mut Recorder<'_>)) -> Option<(usize, usize, usize, usize)> {
+        with(|recorder| {
+            record(recorder);
+            let bound = recorder.bound.as_ref()?;
+            Some((
+                bound.server.len(),
+                bound.request_reads.len(),
+                bound.operation_reads.len(),
+                bound.operation_delta.len(),
+            ))
+        })
+        .flatten()
+    }
+
+    #[test]
+    fn a_thread_binds_the_request_s_histograms_to_each_set_it_recorded() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let provider = SdkMeterProvider::builder().build();
+        let mine = Instruments::publish(&provider.meter("test"));
+        let status = |code: i64| [KeyValue::new("http.response.status_code", code)];
+        let took = Duration::from_millis(3);
+        assert_eq!(
+            few(|r| r.server_request(took, &status(200))),
+            Some((1, 0, 0, 0))
+        );
+        assert_eq!(
+            few(|r| r.server_request(took, &status(200))),
+            Some((1, 0, 0, 0)),
+            "the same set: bound once"
+        );
+        assert_eq!(
+            few(|r| r.server_request(took, &status(429))),
+            Some((2, 0, 0, 0))
+        );
+        assert_eq!(few(|r| r.request_reads(3)), Some((2, 1, 0, 0)));
+        // Not priced: no delta recorded, so none bound.
+        assert_eq!(few(|r| r.operation("query", 3, None)), Some((2, 1, 1, 0)));
+        assert_eq!(
+            few(|r| r.operation("query", 3, Some(1.0))),
+            Some((2, 1, 1, 1))
+        );
+        assert_eq!(
+            few(|r| r.operation("mutation", 1, None)),
+            Some((2, 1, 2, 1))
+        );
+        // Past the most a thread binds, records are made unbound.
+        for code in 0..bound::MAX_FEW as i64 + 5 {
+            few(|r| r.server_request(took, &status(1000 + code)));
+        }
+        assert_eq!(
+            few(|r| r.server_request(took, &status(5000))).map(|n| n.0),
+            Some(bound::MAX_FEW)
+        );
+        Instruments::withdraw(&mine);
     }
 
     #[test]

@@ -17,15 +17,24 @@
 //! first record after the telemetry they were bound to has ended. A thread
 //! binds at most [`MAX_BOUND`] keys (a key names one attribute set: the
 //! host's label has one id for the process's life); past that its records
-//! are unbound, as before. The operations' histograms, one or two records
-//! an operation, are not bound.
+//! are unbound, as before.
+//!
+//! The request's and operations' histograms (`http.server.request.duration`,
+//! `fanout.request.reads`, `fanout.operation.*`), a few records a request,
+//! are bound the same way to the few attribute sets they take (a route and
+//! a status, an operation's type), found by comparing the sets themselves
+//! ([`Few`]): at most [`MAX_FEW`] a histogram and a thread.
 
 use foldhash::fast::FixedState;
-use opentelemetry::metrics::BoundHistogram;
+use opentelemetry::metrics::{BoundHistogram, Histogram};
+use opentelemetry::KeyValue;
 use std::collections::HashMap;
 
 /// The keys one thread binds, at most.
 pub(crate) const MAX_BOUND: usize = 256;
+
+/// The attribute sets one thread binds a [`Few`] histogram to, at most.
+pub(crate) const MAX_FEW: usize = 16;
 
 /// An upstream request's attributes, named by what they are built from.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -49,9 +58,48 @@ pub(crate) enum ClientError {
     Code(&'static str),
 }
 
-/// One thread's bound `http.client.request.duration`, by [`ClientKey`].
+/// One thread's bound histograms: `http.client.request.duration` by
+/// [`ClientKey`], the others by their few attribute sets.
 pub(crate) struct Bound {
     client: HashMap<ClientKey, BoundHistogram<f64>, FixedState>,
+    pub(crate) server: Few<f64>,
+    pub(crate) request_reads: Few<u64>,
+    pub(crate) operation_reads: Few<u64>,
+    pub(crate) operation_delta: Few<f64>,
+}
+
+/// A histogram bound to each of a few attribute sets, found by comparing
+/// the sets: a route and a status, an operation's type.
+pub(crate) struct Few<T> {
+    bound: Vec<(Box<[KeyValue]>, BoundHistogram<T>)>,
+}
+
+impl<T: Copy> Few<T> {
+    const fn new() -> Self {
+        Self { bound: Vec::new() }
+    }
+
+    /// Records `value` on `histogram`'s series for `attributes`: bound once
+    /// this thread has recorded it (the first record made unbound, so the
+    /// series has a value before a handle names it), while it has bound
+    /// fewer than [`MAX_FEW`] sets.
+    pub(crate) fn record(&mut self, histogram: &Histogram<T>, value: T, attributes: &[KeyValue]) {
+        if let Some((_, bound)) = self.bound.iter().find(|(set, _)| **set == *attributes) {
+            bound.record(value);
+            return;
+        }
+        histogram.record(value, attributes);
+        if self.bound.len() < MAX_FEW {
+            let bound = histogram.bind(attributes);
+            self.bound.push((attributes.into(), bound));
+        }
+    }
+
+    /// The sets bound.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.bound.len()
+    }
 }
 
 impl Bound {
@@ -59,6 +107,10 @@ impl Bound {
     pub(crate) const fn new() -> Self {
         Self {
             client: HashMap::with_hasher(FixedState::with_seed(0)),
+            server: Few::new(),
+            request_reads: Few::new(),
+            operation_reads: Few::new(),
+            operation_delta: Few::new(),
         }
     }
 
@@ -79,7 +131,7 @@ impl Bound {
         }
     }
 
-    /// The keys bound.
+    /// The client's keys bound.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.client.len()
