@@ -9,15 +9,17 @@
 //!
 //! How it works:
 //! - [`Batches::push`] adds an admitted span and its weight under one lock
-//!   (`processor.rs` cut, weighed and admitted it). It wakes the export
-//!   thread only when the list reaches a batch: a full batch leaves at
-//!   once, the rest every `export_interval`.
-//! - The thread takes at most a batch from the list (the whole list, not
-//!   copied, when it holds no more), exports it (`futures::executor::block_on`,
+//!   (`processor.rs` cut, weighed and admitted it) to the batch being
+//!   filled, a list made with room for a whole batch: it never grows. A
+//!   batch filled is set aside whole, a new one started, and the export
+//!   thread woken: a full batch leaves at once, the rest every
+//!   `export_interval`.
+//! - The thread takes the oldest full batch, else the one being filled,
+//!   as it is (no span copied), exports it (`futures::executor::block_on`,
 //!   the exporter posting on the application's runtime: `export_client.rs`),
 //!   then gives its places and bytes back to the queue's bound, the weights
-//!   it was admitted with, and counts a failed batch's spans as dropped
-//!   (`export_failed`).
+//!   its spans were admitted with, and counts a failed batch's spans as
+//!   dropped (`export_failed`).
 //! - [`Batches::flush`] waits until every span queued before it was
 //!   exported (spans that keep arriving meanwhile do not hold it up);
 //!   [`Batches::shutdown`] exports what is queued, then stops the thread.
@@ -27,6 +29,7 @@ use super::in_flight::InFlight;
 use crate::metrics;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -53,9 +56,11 @@ struct Shared {
 
 #[derive(Debug, Default)]
 struct State {
-    spans: Vec<SpanData>,
-    /// Each queued span's weight, as it was admitted.
-    weights: Vec<u64>,
+    /// The batch being filled, and its spans' weights as they were
+    /// admitted.
+    filling: Batch,
+    /// Batches filled, oldest first.
+    full: VecDeque<Batch>,
     /// Spans ever pushed, taken by the thread, and exported (or failed).
     pushed: u64,
     taken: u64,
@@ -81,8 +86,7 @@ impl Batches {
         let max_batch = max_batch.max(1);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
-                spans: Vec::with_capacity(max_batch),
-                weights: Vec::with_capacity(max_batch),
+                filling: Batch::with_room(max_batch),
                 ..State::default()
             }),
             wake: Condvar::new(),
@@ -107,10 +111,18 @@ impl Batches {
             self.shared.in_flight.release(1, weight);
             return;
         }
-        state.spans.push(span);
-        state.weights.push(weight);
+        if state.filling.spans.capacity() == 0 {
+            state.filling = Batch::with_room(self.shared.max_batch);
+        }
+        state.filling.spans.push(span);
+        state.filling.bytes += weight;
         state.pushed += 1;
-        let full = state.spans.len() == self.shared.max_batch;
+        let full = state.filling.spans.len() >= self.shared.max_batch;
+        if full {
+            let filled =
+                std::mem::replace(&mut state.filling, Batch::with_room(self.shared.max_batch));
+            state.full.push_back(filled);
+        }
         drop(state);
         if full {
             self.shared.wake.notify_one();
@@ -201,9 +213,7 @@ impl Shared {
         loop {
             let mut state = self.state();
             loop {
-                let due = state.spans.len() >= self.max_batch
-                    || state.taken < state.flush_to
-                    || state.stopping;
+                let due = !state.full.is_empty() || state.taken < state.flush_to || state.stopping;
                 let left = (last + self.interval).checked_duration_since(Instant::now());
                 match left {
                     Some(left) if !due && !left.is_zero() => {
@@ -212,7 +222,7 @@ impl Shared {
                     _ => break,
                 }
             }
-            if state.spans.is_empty() {
+            if state.full.is_empty() && state.filling.spans.is_empty() {
                 if state.stopping {
                     state.stopped = true;
                     drop(state);
@@ -224,7 +234,10 @@ impl Shared {
                 last = Instant::now();
                 continue;
             }
-            let (batch, bytes) = self.take(&mut state);
+            let Batch {
+                spans: batch,
+                bytes,
+            } = take(&mut state);
             let spans = batch.len();
             drop(state);
             last = Instant::now();
@@ -240,24 +253,33 @@ impl Shared {
             self.progress.notify_all();
         }
     }
+}
 
-    /// At most a batch from the front of the queue, and its weight: the
-    /// whole list, as it is, when it holds no more.
-    fn take(&self, state: &mut State) -> (Vec<SpanData>, u64) {
-        let (batch, weights) = if state.spans.len() <= self.max_batch {
-            let room = self.max_batch;
-            (
-                std::mem::replace(&mut state.spans, Vec::with_capacity(room)),
-                std::mem::replace(&mut state.weights, Vec::with_capacity(room)),
-            )
-        } else {
-            (
-                state.spans.drain(..self.max_batch).collect(),
-                state.weights.drain(..self.max_batch).collect(),
-            )
-        };
-        state.taken += batch.len() as u64;
-        (batch, weights.iter().sum())
+/// The oldest full batch, else the one being filled (a new one started
+/// when a span comes).
+fn take(state: &mut State) -> Batch {
+    let batch = match state.full.pop_front() {
+        Some(full) => full,
+        None => std::mem::take(&mut state.filling),
+    };
+    state.taken += batch.spans.len() as u64;
+    batch
+}
+
+/// Spans to export together, and the weights they were admitted with.
+#[derive(Debug, Default)]
+struct Batch {
+    spans: Vec<SpanData>,
+    bytes: u64,
+}
+
+impl Batch {
+    /// Empty, with room for `spans` spans.
+    fn with_room(spans: usize) -> Self {
+        Batch {
+            spans: Vec::with_capacity(spans),
+            bytes: 0,
+        }
     }
 }
 
