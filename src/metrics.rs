@@ -53,7 +53,7 @@
 //! | `fanout_memory_held_bytes` | gauge | — | memory the requests in flight hold in the engine's pool (`http.max_inflight_bytes`): answers being built and written, upstream bodies kept; taken in 64 KiB blocks |
 //! | `fanout_socket_memory_held_bytes` | gauge | — | memory the open WebSocket connections hold in the sockets' pool (`subscriptions.max_bytes`): their subscriptions, their events being resolved and waiting to be written |
 //! | `fanout_memory_trips_total` | counter | `bound` | requests stopped by a memory bound: `answer` (`http.max_answer_bytes`: `RESPONSE_TOO_LARGE`) or `process` (`http.max_inflight_bytes`: `OVERLOADED`) |
-//! | `fanout_telemetry_spans_dropped_total` | counter | `reason` | trace spans never delivered to the OTLP collector (`otel` feature, `[telemetry]`): `queue_full` (the export queue held its most spans, the collector slow or down), `queue_bytes` (the queue held its most bytes), `export_failed` (the collector refused them or was not reached in time) |
+//! | `fanout_telemetry_spans_dropped_total` | counter | `reason` | trace spans never delivered to the OTLP collector (`otel` feature, `[telemetry]`): `queue_full` (the export queue held its most spans, the collector slow or down), `queue_bytes` (the queue held its most bytes), `export_failed` (the collector refused them or was not reached in time), `shutdown` (ended after the telemetry shut down) |
 
 use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
 
@@ -266,7 +266,7 @@ pub(crate) fn connections_refused() -> Counter {
 }
 
 /// Trace spans never delivered to the collector, `n` of them, and why
-/// (`queue_full`, `queue_bytes`, `export_failed`).
+/// (`queue_full`, `queue_bytes`, `export_failed`, `shutdown`).
 #[cfg(feature = "otel")]
 pub(crate) fn spans_dropped(reason: &'static str, n: u64) {
     counter!("fanout_telemetry_spans_dropped_total", "reason" => reason).increment(n);

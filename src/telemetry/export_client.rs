@@ -2,8 +2,9 @@
 //! HTTP stack, not the exporter's own reqwest 0.13), on the application's
 //! tokio runtime, each export bounded by a timeout.
 //!
-//! The SDK's batch processor runs on a thread of its own and drives an
-//! export with `futures_executor::block_on`: no tokio reactor there. So the
+//! The span queue's export thread (`batches.rs`) and the SDK's metric
+//! reader each drive an export on a thread of their own with a
+//! `block_on`: no tokio reactor there. So the
 //! request runs as a task spawned on the runtime the telemetry was built on,
 //! and the export thread awaits only its `JoinHandle`. A runtime that is gone
 //! (the task cancelled) fails the export; it never panics.

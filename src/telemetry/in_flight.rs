@@ -82,6 +82,11 @@ impl InFlight {
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, less);
     }
 
+    /// The bytes the queue holds at most.
+    pub(crate) fn max_bytes(&self) -> u64 {
+        self.max_bytes
+    }
+
     /// The spans and bytes held now.
     #[cfg(test)]
     pub(crate) fn held(&self) -> (u64, u64) {

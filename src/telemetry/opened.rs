@@ -184,20 +184,32 @@ pub(crate) fn above_span<T: Send + Sync + 'static>(
 /// else that of the nearest span above it the telemetry exports — the span
 /// a read there is under, however many spans only another layer takes (a
 /// log's, async-graphql's field spans) lie between.
+/// The current span is named by its id, not held: no handle of it is
+/// cloned and dropped (two more look-ups in the registry) for each read.
 pub(crate) fn exported_current() -> Option<opentelemetry::trace::SpanContext> {
-    exported_of(&tracing::Span::current())
+    tracing::dispatcher::get_default(|dispatch| {
+        let current = dispatch.current_span();
+        own_or_exported(dispatch, current.id()?)
+    })
 }
 
 /// [`exported_current`], for `span`.
 pub(crate) fn exported_of(span: &tracing::Span) -> Option<opentelemetry::trace::SpanContext> {
-    use opentelemetry::trace::TraceContextExt as _;
-    use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-    let own = span.context().span().span_context().clone();
-    if own.is_valid() {
-        return Some(own);
-    }
-    span.with_subscriber(|(id, dispatch)| exported(dispatch, id))
+    span.with_subscriber(|(id, dispatch)| own_or_exported(dispatch, id))
         .flatten()
+}
+
+/// The context of the span `id` when valid, else of the nearest span
+/// above it the telemetry exports.
+fn own_or_exported(dispatch: &Dispatch, id: &Id) -> Option<opentelemetry::trace::SpanContext> {
+    use opentelemetry::trace::TraceContextExt as _;
+    if let Some(cx) = tracing_opentelemetry::get_otel_context(id, dispatch) {
+        let own = cx.span().span_context().clone();
+        if own.is_valid() {
+            return Some(own);
+        }
+    }
+    exported(dispatch, id)
 }
 
 fn exported(dispatch: &Dispatch, id: &Id) -> Option<opentelemetry::trace::SpanContext> {

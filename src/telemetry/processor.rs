@@ -9,7 +9,8 @@
 //! thread gives the places and the bytes back when a batch's export
 //! returns. Every span refused, and every span of a batch whose export
 //! failed, is counted in `fanout_telemetry_spans_dropped_total` (by
-//! `reason`: `queue_full`, `queue_bytes`, `export_failed`).
+//! `reason`: `queue_full`, `queue_bytes`, `export_failed`; and `shutdown`,
+//! a span ended after the queue shut down: `batches.rs`).
 //!
 //! Memory is bounded by `max_bytes` of spans, whatever the collector does
 //! and whatever the clients send (and, while a batch is sent, its protobuf

@@ -1,6 +1,6 @@
 //! The tracer and meter providers: the OTLP/HTTP protobuf exporters on our
-//! client, the bounded batch processor, the periodic metric reader, the
-//! resource (`service.name`) and the sampler.
+//! client, the bounded export queue (`processor.rs`, `batches.rs`), the
+//! periodic metric reader, the resource (`service.name`) and the sampler.
 
 use super::batches::Batches;
 use super::error::TelemetryError;
