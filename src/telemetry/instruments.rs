@@ -449,8 +449,13 @@ mod tests {
             Some((2, 0, 0, 0))
         );
         assert_eq!(few(|r| r.request_reads(3)), Some((2, 1, 0, 0)));
-        // Not priced: no delta recorded, so none bound.
+        // Not priced: no delta recorded, so none bound; nor after a value
+        // the SDK drops (no series made).
         assert_eq!(few(|r| r.operation("query", 3, None)), Some((2, 1, 1, 0)));
+        assert_eq!(
+            few(|r| r.operation("query", 3, Some(f64::NAN))),
+            Some((2, 1, 1, 0))
+        );
         assert_eq!(
             few(|r| r.operation("query", 3, Some(1.0))),
             Some((2, 1, 1, 1))

@@ -74,22 +74,47 @@ pub(crate) struct Few<T> {
     bound: Vec<(Box<[KeyValue]>, BoundHistogram<T>)>,
 }
 
-impl<T: Copy> Few<T> {
+/// A value a histogram keeps: the SDK drops one that is not finite, and
+/// a set bound after such a record would be exported as an empty series.
+pub(crate) trait Finite: Copy {
+    fn is_finite(self) -> bool;
+}
+
+impl Finite for f64 {
+    fn is_finite(self) -> bool {
+        f64::is_finite(self)
+    }
+}
+
+impl Finite for u64 {
+    fn is_finite(self) -> bool {
+        true
+    }
+}
+
+impl<T: Finite> Few<T> {
     const fn new() -> Self {
         Self { bound: Vec::new() }
     }
 
     /// Records `value` on `histogram`'s series for `attributes`: bound once
-    /// this thread has recorded it (the first record made unbound, so the
-    /// series has a value before a handle names it), while it has bound
-    /// fewer than [`MAX_FEW`] sets.
+    /// this thread has recorded a finite value on it (the first record made
+    /// unbound, so the series has a value before a handle names it), while
+    /// it has bound fewer than [`MAX_FEW`] sets. The sets hold no float
+    /// (compared with `==`, a NaN would never be found again).
     pub(crate) fn record(&mut self, histogram: &Histogram<T>, value: T, attributes: &[KeyValue]) {
+        debug_assert!(
+            !attributes
+                .iter()
+                .any(|kv| matches!(kv.value, opentelemetry::Value::F64(_))),
+            "a float attribute"
+        );
         if let Some((_, bound)) = self.bound.iter().find(|(set, _)| **set == *attributes) {
             bound.record(value);
             return;
         }
         histogram.record(value, attributes);
-        if self.bound.len() < MAX_FEW {
+        if self.bound.len() < MAX_FEW && value.is_finite() {
             let bound = histogram.bind(attributes);
             self.bound.push((attributes.into(), bound));
         }
