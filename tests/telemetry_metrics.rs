@@ -42,6 +42,17 @@ fn histogram(metrics: &[Metric], name: &str) -> (u64, f64, Points) {
     (count, sum, points)
 }
 
+/// `telemetry` after a flush of its spans and metrics, made off the
+/// runtime's thread (the export runs on it).
+async fn flushed(telemetry: Telemetry) -> Telemetry {
+    tokio::task::spawn_blocking(move || {
+        telemetry.flush().unwrap();
+        telemetry
+    })
+    .await
+    .unwrap()
+}
+
 fn kv(key: &str, value: &str) -> (String, String) {
     (key.to_owned(), value.to_owned())
 }
@@ -63,12 +74,7 @@ async fn reads_and_their_durations_are_exported() {
     let engine = Engine::builder(Config::default()).build();
     let (status, body) = common::post(&common::app(&engine, &upstream), query).await;
     assert_eq!(status, 200, "{body}");
-    let telemetry = tokio::task::spawn_blocking(move || {
-        telemetry.flush().unwrap();
-        telemetry
-    })
-    .await
-    .unwrap();
+    let telemetry = flushed(telemetry).await;
     let metrics = collector.metrics();
     assert_eq!(histogram(&metrics, "fanout.operation.reads").0, 1);
     let (_, _, points) = histogram(&metrics, "fanout.operation.delta");
@@ -85,12 +91,7 @@ async fn reads_and_their_durations_are_exported() {
         assert_eq!(status, 200, "{body}");
     }
 
-    let telemetry = tokio::task::spawn_blocking(move || {
-        telemetry.flush().unwrap();
-        telemetry
-    })
-    .await
-    .unwrap();
+    let telemetry = flushed(telemetry).await;
     let metrics = collector.metrics();
     let (sent, seconds, points) = histogram(&metrics, "http.client.request.duration");
     assert_eq!(sent, 9, "the list and two items, three times");
