@@ -522,6 +522,14 @@ impl Operation {
         self.reads.under(span);
     }
 
+    /// The operation's span is a direct one (`telemetry/direct.rs`),
+    /// `context`: the reads made through this handle outside the request's
+    /// task are its children.
+    #[cfg(feature = "otel")]
+    pub(crate) fn traced_under_direct(&self, context: &opentelemetry::trace::SpanContext) {
+        self.reads.trace.under_direct(context);
+    }
+
     /// The operation ended, answered, refused or cancelled: a read through
     /// this handle later (one the application kept) is not in its
     /// request's trace, and keeps nothing of it.

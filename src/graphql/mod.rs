@@ -6,6 +6,7 @@ pub(crate) mod finish;
 pub(crate) mod graphiql;
 pub(crate) mod layer;
 pub(crate) mod nulls;
+mod operation_span;
 pub(crate) mod pipeline;
 pub(crate) mod protocol;
 pub(crate) mod server_span;

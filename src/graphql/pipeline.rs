@@ -27,6 +27,7 @@
 //! async-graphql's `prepare_request` hook and runs in its `execute` hook.
 
 use super::finish::finish;
+use super::operation_span::{Described, OperationSpan, Sent};
 use crate::cost;
 use crate::cost::schema_types::SchemaTypes;
 use crate::document::cache::admit;
@@ -38,7 +39,6 @@ use async_graphql::parser::types::{DocumentOperations, ExecutableDocument, Opera
 use async_graphql::{Data, Name, Request, Response};
 use std::future::Future;
 use std::sync::Arc;
-use tracing::Instrument;
 
 /// One operation of a request, admitted (or refused) and priced, with
 /// what its answer needs once it ran.
@@ -219,22 +219,9 @@ impl Op {
                 Some(rejection) => stopped(&rejection),
                 None => {
                     super::server_span::event(async {
-                        let span = self.described(tracing::debug_span!(
-                            parent: None,
-                            "graphql.operation",
-                            otel.name = self.kind.unwrap_or("GraphQL Operation"),
-                            otel.kind = "server",
-                            graphql.operation.type = self.kind,
-                            graphql.operation.name = self.span_name.as_deref(),
-                            graphql.document = tracing::field::Empty,
-                            fanout.requested = self.requested.map(super::server_span::int),
-                            fanout.reads = tracing::field::Empty,
-                            fanout.cache_hits = tracing::field::Empty,
-                            fanout.delta = tracing::field::Empty,
-                            fanout.would_refuse = tracing::field::Empty,
-                        ));
-                        operation.traced_under(&span);
-                        let response = event.within_bounds(execute.instrument(span.clone())).await;
+                        let span = OperationSpan::event(&self.described());
+                        span.trace(operation);
+                        let response = event.within_bounds(span.around(execute)).await;
                         self.record(operation, &span);
                         response
                     })
@@ -254,49 +241,22 @@ impl Op {
         }
     }
 
-    /// The operation's span, in OpenTelemetry's GraphQL conventions: named
-    /// after its type (its name, as the document gives it, is an attribute:
-    /// names are many), INTERNAL
-    /// under the request's SERVER span; what it was priced, and after it ran
-    /// ([`record`](Self::record)) what it sent. An event of a WebSocket
-    /// connection has the same span, but as the SERVER span of a trace of
-    /// its own ([`run_event`](Self::run_event)): a connection lives for
-    /// hours, and a trace per event is what a tracing backend can show.
-    fn span(&self) -> tracing::Span {
-        // A request a telemetry sampled out opens none of the engine's
-        // debug spans, for any layer (`telemetry::sampled_out`).
-        #[cfg(feature = "otel")]
-        if crate::telemetry::sampled_out() {
-            return tracing::Span::none();
+    /// What the operation's span says of it as it opens
+    /// (`operation_span.rs`).
+    fn described(&self) -> Described<'_> {
+        Described {
+            kind: self.kind,
+            name: self.span_name.as_deref(),
+            requested: self.requested,
+            document: self.record_document.then_some(&*self.query),
         }
-        self.described(tracing::debug_span!(
-            "graphql.operation",
-            otel.name = self.kind.unwrap_or("GraphQL Operation"),
-            graphql.operation.type = self.kind,
-            graphql.operation.name = self.span_name.as_deref(),
-            graphql.document = tracing::field::Empty,
-            fanout.requested = self.requested.map(super::server_span::int),
-            fanout.reads = tracing::field::Empty,
-            fanout.cache_hits = tracing::field::Empty,
-            fanout.delta = tracing::field::Empty,
-            fanout.would_refuse = tracing::field::Empty,
-        ))
-    }
-
-    /// `span` with the operation's document, when
-    /// `telemetry.record_document` asks for it.
-    fn described(&self, span: tracing::Span) -> tracing::Span {
-        if self.record_document && !span.is_disabled() {
-            span.record("graphql.document", &*self.query);
-        }
-        span
     }
 
     /// What `operation` (this one's handle, or an event's) sent, in the metrics (`fanout_operation_reads`,
     /// `fanout_operation_delta`) and on its span: `fanout.reads`,
     /// `fanout.cache_hits`, and `fanout.delta` (requested − reads) when it
     /// was priced.
-    fn record(&self, operation: &Operation, span: &tracing::Span) {
+    fn record(&self, operation: &Operation, span: &OperationSpan) {
         let reads = operation.reads();
         if let Some(kind) = self.kind {
             let delta = self
@@ -306,20 +266,15 @@ impl Op {
             #[cfg(feature = "otel")]
             crate::telemetry::instruments(|i| i.operation(kind, reads, delta));
         }
-        if span.is_disabled() {
-            return;
-        }
         let int = super::server_span::int;
-        span.record("fanout.reads", int(reads));
-        span.record("fanout.cache_hits", int(operation.cache_hits()));
-        // Reads a limit in measure mode let through, so far in the request.
-        let would_refuse = operation.request().budget().would_refuse();
-        if would_refuse > 0 {
-            span.record("fanout.would_refuse", int(would_refuse));
-        }
-        if let Some(requested) = self.requested {
-            span.record("fanout.delta", int(requested).saturating_sub(int(reads)));
-        }
+        span.record(&Sent {
+            reads,
+            cache_hits: operation.cache_hits(),
+            would_refuse: operation.request().budget().would_refuse(),
+            delta: self
+                .requested
+                .map(|requested| int(requested).saturating_sub(int(reads))),
+        });
     }
 
     /// Steps 3 to 5: refused at the batch's barrier (or before, at step 1),
@@ -346,9 +301,9 @@ impl Op {
                 None => match scope.reserve().await {
                     Some(rejection) => stopped(&rejection),
                     None => {
-                        let span = self.span();
-                        self.operation.traced_under(&span);
-                        let response = scope.within_bounds(execute.instrument(span.clone())).await;
+                        let span = OperationSpan::open(&self.described());
+                        span.trace(&self.operation);
+                        let response = scope.within_bounds(span.around(execute)).await;
                         self.record(&self.operation, &span);
                         response
                     }

@@ -132,6 +132,25 @@ impl CarriedTrace {
         *kept = Some(Away { sampling, parent });
     }
 
+    /// Keeps `parent`, the operation's direct span (`direct.rs`), as the
+    /// parent of the reads made away from the request's task, with the
+    /// request's sampling: that span was made under the span the request's
+    /// reads are under where it opened, and is sampled.
+    pub(crate) fn under_direct(&self, parent: &SpanContext) {
+        if !is_active() {
+            return;
+        }
+        let Some(sampling) = carried() else {
+            return;
+        };
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        self.at.store(Arc::as_ptr(&sampling) as usize, Release);
+        *kept = Some(Away {
+            sampling,
+            parent: Some(parent.clone()),
+        });
+    }
+
     /// The operation ended: a read made through its handle later (a handle
     /// the application kept) is no longer its request's, and the request's
     /// sampling (and with it its telemetry's queue) is let go.

@@ -185,6 +185,13 @@ fn tracing_parent() -> Option<SpanContext> {
     super::opened::exported_current()
 }
 
+/// Whether an operation of the request the current task serves has a
+/// direct span: the request was sampled, by a telemetry that exports the
+/// engine's spans alone (`graphql/operation_span.rs`).
+pub(crate) fn operations_direct() -> bool {
+    super::sampling::sink().is_some_and(|sink| sink.operations_direct())
+}
+
 /// `f` on the direct span entered on this thread, if any.
 pub(crate) fn with_current<R>(f: impl FnOnce(&Span) -> R) -> Option<R> {
     let current = CURRENT.with(|current| current.borrow().clone())?;

@@ -130,7 +130,11 @@ impl TelemetryBuilder {
     }
 
     /// Also exports the spans of `target` (a crate's name, `my_app`) at
-    /// `DEBUG` and above; the engine's (`fanout_budget`) always are.
+    /// `DEBUG` and above; the engine's (`fanout_budget`) always are. With
+    /// such a target, each operation's span is a `tracing` span, so the
+    /// spans a resolver opens are its children; with none, the engine
+    /// builds it as it builds a read's (cheaper: the book's Telemetry
+    /// chapter).
     #[must_use]
     pub fn target(mut self, target: impl Into<String>) -> Self {
         self.targets.push(target.into());
@@ -188,8 +192,20 @@ impl TelemetryBuilder {
         }
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|_| TelemetryError::NoRuntime)?;
-        let (provider, sink, meters) =
-            provider::build(&self.config, &self.service_name, &self.limits, runtime)?;
+        // No target of the application's: no span of its own can open
+        // inside an operation, whose span can then be a direct one
+        // (`graphql/operation_span.rs`).
+        let operations_direct = self
+            .targets
+            .iter()
+            .all(|target| target == env!("CARGO_CRATE_NAME"));
+        let (provider, sink, meters) = provider::build(
+            &self.config,
+            &self.service_name,
+            &self.limits,
+            runtime,
+            operations_direct,
+        )?;
         let instruments = Instruments::publish(&meters.meter(env!("CARGO_PKG_NAME")));
         Ok(Some(Telemetry {
             provider,

@@ -27,6 +27,7 @@ pub(crate) fn build(
     service_name: &str,
     limits: &Limits,
     runtime: Handle,
+    operations_direct: bool,
 ) -> Result<(SdkTracerProvider, Arc<Sink>, SdkMeterProvider), TelemetryError> {
     let client = ExportClient::new(runtime, limits.export_timeout)
         .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
@@ -39,12 +40,13 @@ pub(crate) fn build(
         .with_service_name(name.to_owned())
         .build();
     let meters = meters(config, limits, client.clone(), resource.clone())?;
-    let (traces, sink) = traces(config, limits, client, resource)?;
+    let (traces, sink) = traces(config, limits, client, resource, operations_direct)?;
     Ok((traces, sink, meters))
 }
 
 /// The tracer provider: spans through the counting export queue; and the
-/// sink of the direct spans (`direct.rs`), into the same queue.
+/// sink of the direct spans (`direct.rs`), into the same queue (the
+/// operations' too when `operations_direct`).
 ///
 /// The sampler keeps a request's root when the request's decision did
 /// (`sampling.rs`), follows the parent otherwise, so a trace is kept or
@@ -54,6 +56,7 @@ fn traces(
     limits: &Limits,
     client: ExportClient,
     resource: Resource,
+    operations_direct: bool,
 ) -> Result<(SdkTracerProvider, Arc<Sink>), TelemetryError> {
     // Written straight into protobuf (`encode.rs`): the OTLP exporter's
     // copy into generated structs cost about twenty allocations a span.
@@ -74,7 +77,8 @@ fn traces(
         .with_resource(resource)
         .with_sampler(RequestSampler::new(config.sample_ratio))
         .build();
-    Ok((provider, Sink::new(processor, env!("CARGO_PKG_NAME"))))
+    let sink = Sink::new(processor, env!("CARGO_PKG_NAME"), operations_direct);
+    Ok((provider, sink))
 }
 
 /// The meter provider: a reader that exports every `metric_interval` (and

@@ -366,9 +366,16 @@ pub(crate) fn decided_out() -> bool {
     sampled_out()
 }
 
-/// Whether `meta` is the callsite of a request sampled out.
+/// The field that marks the callsite asked whether a layer other than the
+/// telemetry's takes an operation's span (`graphql/operation_span.rs`):
+/// the layer's filter refuses it once and for all.
+const DIRECT: &str = "fanout.direct";
+
+/// Whether `meta` is the callsite of a request sampled out, or the one
+/// asking whether other layers take an operation's span.
 fn marked_out(meta: &Metadata<'_>) -> bool {
-    meta.fields().field(SAMPLED_OUT).is_some()
+    let fields = meta.fields();
+    fields.field(SAMPLED_OUT).is_some() || fields.field(DIRECT).is_some()
 }
 
 /// The OpenTelemetry layer's filter: within a request, only a sampled

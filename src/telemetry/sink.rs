@@ -15,15 +15,29 @@ use std::sync::Arc;
 pub(crate) struct Sink {
     processor: Arc<CountingProcessor>,
     scope: InstrumentationScope,
+    /// Whether the operations' spans are direct ones: the telemetry
+    /// exports the engine's spans alone (`graphql/operation_span.rs`).
+    operations_direct: bool,
 }
 
 impl Sink {
-    /// Spans handed to `processor`, under the scope `name`.
-    pub(crate) fn new(processor: Arc<CountingProcessor>, name: &'static str) -> Arc<Sink> {
+    /// Spans handed to `processor`, under the scope `name`; the
+    /// operations' spans direct ones when `operations_direct`.
+    pub(crate) fn new(
+        processor: Arc<CountingProcessor>,
+        name: &'static str,
+        operations_direct: bool,
+    ) -> Arc<Sink> {
         Arc::new(Sink {
             processor,
             scope: InstrumentationScope::builder(name).build(),
+            operations_direct,
         })
+    }
+
+    /// Whether the operations' spans are direct ones.
+    pub(crate) fn operations_direct(&self) -> bool {
+        self.operations_direct
     }
 
     /// Hands an ended span to the processor (cut, weighed, queued or

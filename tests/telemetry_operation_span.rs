@@ -1,0 +1,205 @@
+//! The operation's span as a collector on loopback receives it, and the
+//! `tracing` span a resolver runs in, whichever way the span is built
+//! (`telemetry`, the `otel` feature): straight as OpenTelemetry span data
+//! when the telemetry exports the engine's spans alone and no other layer
+//! takes it (no `tracing` span opened: the resolver runs in the request's);
+//! as a `tracing` span when the application exports spans of its own (a
+//! target added: a span a resolver opens is the operation's child) or a
+//! layer of another kind takes it (a log's at `DEBUG`). The exported span
+//! is the same in every case: INTERNAL, named after the operation's type,
+//! the request's SERVER span its parent, the reads its children (one made
+//! from a task the resolver spawns too), what it sent its attributes.
+//!
+//! One test, its cases in turn: whether another layer takes a span is a
+//! callsite's interest, which is the process's (tests on other threads
+//! with subscribers of their own would change it).
+#![cfg(feature = "otel")]
+
+use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
+use axum::routing::get;
+use axum::{Json, Router};
+use fanout_budget::config::TelemetryConfig;
+use fanout_budget::telemetry::Telemetry;
+use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
+use fanout_testkit::otlp::{attribute, is_int, Collector, Received, SpanKind};
+use serde_json::json;
+use std::time::Duration;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::Layer as _;
+
+struct Base(String);
+
+struct Query;
+
+#[Object]
+impl Query {
+    /// Opens a span of the application's (`my_app`), reads `/item/1`,
+    /// then `/item/2` from a task it spawns; the name of the `tracing` span
+    /// the resolver runs in.
+    async fn item(&self, ctx: &Context<'_>) -> async_graphql::Result<String> {
+        let current = tracing::Span::current()
+            .metadata()
+            .map_or("none", |meta| meta.name());
+        let url = format!("{}/item/1", ctx.data::<Base>()?.0).parse()?;
+        tracing::debug_span!(target: "my_app", "mine").in_scope(|| ());
+        ctx.upstream()?.read(Read::get(url)).await?;
+        // One through the operation's handle, in a task of its own.
+        let url = format!("{}/item/2", ctx.data::<Base>()?.0).parse()?;
+        let operation = ctx.fanout_operation()?;
+        let read = async move { operation.upstream().read(Read::get(url)).await };
+        tokio::spawn(read).await??;
+        Ok(current.to_owned())
+    }
+}
+
+async fn start_upstream() -> (String, tokio::task::JoinHandle<()>) {
+    async fn item() -> Json<serde_json::Value> {
+        Json(json!({ "value": "v" }))
+    }
+    let app = Router::new().route("/item/{id}", get(item));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, task)
+}
+
+fn app(upstream: &str) -> Router {
+    let engine = Engine::new(Config::default());
+    let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
+        .extension(FanoutExtension::new(&engine))
+        .data(Base(upstream.to_owned()))
+        .finish();
+    Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
+}
+
+/// How the application's subscriber is built in a case.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Case {
+    /// The telemetry's layer, and a log's at `INFO`.
+    TelemetryAlone,
+    /// The telemetry exports the application's spans too (`my_app`).
+    WithTarget,
+    /// A log's layer at `DEBUG` beside the telemetry's.
+    DebugLog,
+}
+
+/// One request in `case`: the `tracing` span its resolver ran in, and
+/// every span exported.
+async fn request(case: Case, upstream: &str) -> (String, Vec<Received>) {
+    let collector = Collector::start().await;
+    let config = TelemetryConfig::default().otlp_endpoint(collector.base.clone());
+    let mut builder = Telemetry::builder(config).export_interval(Duration::from_millis(50));
+    if case == Case::WithTarget {
+        builder = builder.target("my_app");
+    }
+    let telemetry = builder.build().unwrap().unwrap();
+    let log = tracing_subscriber::filter::LevelFilter::from_level(match case {
+        Case::DebugLog => tracing::Level::DEBUG,
+        _ => tracing::Level::INFO,
+    });
+    let subscriber = tracing_subscriber::registry()
+        .with(telemetry.layer())
+        .with(tracing_subscriber::layer::Identity::new().with_filter(log));
+    let default = tracing::subscriber::set_default(subscriber);
+    let answer = fanout_testkit::post(&app(upstream), r#"{"query":"{ item }"}"#, &[]).await;
+    drop(default);
+    assert_eq!(answer.status, 200, "{:?}", answer.json());
+    let current = answer.json()["data"]["item"]
+        .as_str()
+        .expect("the resolver's span")
+        .to_owned();
+    let telemetry = tokio::task::spawn_blocking(move || {
+        let _ = telemetry.flush();
+        telemetry
+    })
+    .await
+    .unwrap();
+    let spans = collector
+        .wait_for(Duration::from_secs(10), "the request's spans", |spans| {
+            spans.iter().any(|r| r.span.kind == SpanKind::Server as i32)
+                && (spans.iter())
+                    .filter(|r| r.span.kind == SpanKind::Client as i32)
+                    .count()
+                    == 2
+        })
+        .await;
+    tokio::task::spawn_blocking(move || drop(telemetry))
+        .await
+        .unwrap();
+    (current, spans)
+}
+
+fn named<'a>(spans: &'a [Received], name: &str) -> &'a Received {
+    let mut found = spans.iter().filter(|r| r.span.name == name);
+    let span = found.next().unwrap_or_else(|| panic!("no span {name}"));
+    assert!(found.next().is_none(), "one span {name}");
+    span
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_operation_s_span_is_exported_alike_however_it_is_built() {
+    let (upstream, _task) = start_upstream().await;
+    for (case, runs_in) in [
+        (Case::TelemetryAlone, "graphql.request"),
+        (Case::WithTarget, "graphql.operation"),
+        (Case::DebugLog, "graphql.operation"),
+        // Back to a direct span once the log's layer is gone.
+        (Case::TelemetryAlone, "graphql.request"),
+    ] {
+        let (current, spans) = request(case, &upstream).await;
+        assert_eq!(current, runs_in, "{case:?}: the resolver's span");
+
+        let server = spans
+            .iter()
+            .find(|r| r.span.kind == SpanKind::Server as i32)
+            .expect("the SERVER span");
+        let operation = named(&spans, "query");
+        assert_eq!(operation.span.kind, SpanKind::Internal as i32, "{case:?}");
+        assert_eq!(operation.span.trace_id, server.span.trace_id, "{case:?}");
+        assert_eq!(
+            operation.span.parent_span_id, server.span.span_id,
+            "{case:?}: the request's child"
+        );
+        assert!(operation.span.end_time_unix_nano >= operation.span.start_time_unix_nano);
+        assert_eq!(
+            attribute(&operation.span, "graphql.operation.type").as_deref(),
+            Some("query"),
+            "{case:?}"
+        );
+        assert_eq!(attribute(&operation.span, "graphql.operation.name"), None);
+        assert_eq!(
+            attribute(&operation.span, "fanout.reads").as_deref(),
+            Some("2"),
+            "{case:?}"
+        );
+        assert!(is_int(&operation.span, "fanout.reads"), "{case:?}");
+        assert_eq!(
+            attribute(&operation.span, "fanout.cache_hits").as_deref(),
+            Some("0"),
+            "{case:?}"
+        );
+        // Both reads, the spawned task's too, are the operation's children.
+        let reads: Vec<_> = spans
+            .iter()
+            .filter(|r| r.span.name == "upstream.read")
+            .collect();
+        assert_eq!(reads.len(), 2, "{case:?}");
+        for read in reads {
+            assert_eq!(
+                read.span.parent_span_id, operation.span.span_id,
+                "{case:?}: the read is the operation's child"
+            );
+        }
+        // The application's span: exported with its target added, under
+        // the operation whose resolver opened it.
+        let mine = spans.iter().find(|r| r.span.name == "mine");
+        match case {
+            Case::WithTarget => assert_eq!(
+                mine.expect("the application's span").span.parent_span_id,
+                operation.span.span_id,
+                "a resolver's span is the operation's child"
+            ),
+            _ => assert!(mine.is_none(), "{case:?}: not exported"),
+        }
+    }
+}
