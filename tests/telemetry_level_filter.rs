@@ -372,6 +372,10 @@ enum Filter {
     /// [`Unexported`](Filter::Unexported) under a global `INFO` level (as
     /// `EnvFilter`'s default): the engine's DEBUG spans all out.
     InfoUnexported,
+    /// Every span, the telemetry told no target: it exports the engine's
+    /// alone, and a sampled request's operations' spans are built direct
+    /// (`graphql/operation_span.rs`).
+    EngineOnly,
 }
 
 /// A layer that does nothing with the spans and events it takes (under a
@@ -383,7 +387,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Everything {}
 async fn exporting(filter: Filter) -> Exporting {
     let collector = Collector::start().await;
     let telemetry = match filter {
-        Filter::Unexported | Filter::InfoUnexported => {
+        Filter::Unexported | Filter::InfoUnexported | Filter::EngineOnly => {
             let config = TelemetryConfig::default()
                 .otlp_endpoint(collector.base.clone())
                 .sample_ratio(1.0);
@@ -394,6 +398,7 @@ async fn exporting(filter: Filter) -> Exporting {
     let subscriber = tracing_subscriber::registry().with(telemetry.layer());
     let default = match filter {
         Filter::Level(level) => tracing::subscriber::set_default(subscriber.with(level)),
+        Filter::EngineOnly => tracing::subscriber::set_default(subscriber),
         Filter::AppOnly => {
             let targets = Targets::new()
                 .with_target(module_path!(), LevelFilter::INFO)
@@ -740,55 +745,64 @@ async fn a_coalesced_read_away_from_its_task_names_the_requests_trace() {
 async fn a_read_through_another_requests_handle_names_that_requests_trace() {
     let _serial = SERIAL.lock().await;
     let (app, _task, heard) = service().await;
-    let exporting = exporting(Filter::Level(None)).await;
-    let mut named = None;
-    // The lender sampled, then sampled out by its caller: its trace, its
-    // flag, whichever the borrower's.
-    for (lender, flags) in [
-        (
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            "01",
-        ),
-        (
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
-            "00",
-        ),
-    ] {
-        lend_and_borrow(&app, lender, "borrow(id: 5)").await;
-        let lending = "0af7651916cd43dd8448eb211c80319c";
-        if flags == "01" {
-            let sent = heard.lock().unwrap().first().cloned().flatten();
-            named = sent.map(|traceparent| parts(&traceparent).1);
+    // The borrower's operation's span a `tracing` one, and one built direct
+    // (entered around the read as it is polled in the borrower's task).
+    for filter in [Filter::Level(None), Filter::EngineOnly] {
+        let exporting = exporting(filter).await;
+        let mut named = None;
+        // The lender sampled, then sampled out by its caller: its trace, its
+        // flag, whichever the borrower's.
+        for (lender, flags) in [
+            (
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+                "01",
+            ),
+            (
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+                "00",
+            ),
+        ] {
+            lend_and_borrow(&app, lender, "borrow(id: 5)").await;
+            let lending = "0af7651916cd43dd8448eb211c80319c";
+            if flags == "01" {
+                let sent = heard.lock().unwrap().first().cloned().flatten();
+                named = sent.map(|traceparent| parts(&traceparent).1);
+            }
+            let case = format!("the lending request's trace ({filter:?})");
+            one_sent_in(&heard, (lending, flags), &case);
         }
-        one_sent_in(&heard, (lending, flags), "the lending request's trace");
-    }
-    // The sampled lender's read named its CLIENT span, exported, under the
-    // lending request's spans (up to its caller's).
-    let named = named.expect("the sampled lender's traceparent");
-    let collector = exporting.flushed().await;
-    let spans = collector
-        .wait_for(
-            std::time::Duration::from_secs(10),
-            "the span the upstream request named",
-            |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
-        )
-        .await;
-    let by_id = |id: &str| spans.iter().find(|r| hex(&r.span.span_id) == id);
-    let client = by_id(&named).unwrap();
-    assert_eq!(client.span.kind, SpanKind::Client as i32, "{client:?}");
-    let mut at = client;
-    for _ in 0..spans.len() {
-        assert_eq!(hex(&at.span.trace_id), "0af7651916cd43dd8448eb211c80319c");
-        match by_id(&hex(&at.span.parent_span_id)) {
-            Some(parent) => at = parent,
-            None => break,
+        // The sampled lender's read named its CLIENT span, exported, under
+        // the lending request's spans (up to its caller's).
+        let named = named.expect("the sampled lender's traceparent");
+        let collector = exporting.flushed().await;
+        let spans = collector
+            .wait_for(
+                std::time::Duration::from_secs(10),
+                "the span the upstream request named",
+                |spans| spans.iter().any(|r| hex(&r.span.span_id) == named),
+            )
+            .await;
+        let by_id = |id: &str| spans.iter().find(|r| hex(&r.span.span_id) == id);
+        let client = by_id(&named).unwrap();
+        assert_eq!(client.span.kind, SpanKind::Client as i32, "{client:?}");
+        let mut at = client;
+        for _ in 0..spans.len() {
+            assert_eq!(
+                hex(&at.span.trace_id),
+                "0af7651916cd43dd8448eb211c80319c",
+                "{filter:?}"
+            );
+            match by_id(&hex(&at.span.parent_span_id)) {
+                Some(parent) => at = parent,
+                None => break,
+            }
         }
+        assert_eq!(
+            hex(&at.span.parent_span_id),
+            "b7ad6b7169203331",
+            "{filter:?}: the lender's caller's span at the root: {at:?}"
+        );
     }
-    assert_eq!(
-        hex(&at.span.parent_span_id),
-        "b7ad6b7169203331",
-        "the lender's caller's span at the root: {at:?}"
-    );
 }
 
 /// The same read through a lent handle, inside a span the borrowing

@@ -19,6 +19,7 @@ use async_graphql::{Context, EmptyMutation, EmptySubscription, Object, Schema};
 use axum::routing::get;
 use axum::{Json, Router};
 use fanout_budget::config::TelemetryConfig;
+use fanout_budget::cost::{CostTable, FieldCost};
 use fanout_budget::telemetry::Telemetry;
 use fanout_budget::{Config, Engine, FanoutContext, FanoutExtension, FanoutGraphQL, Read};
 use fanout_testkit::otlp::{attribute, is_int, Collector, Received, SpanKind};
@@ -64,13 +65,20 @@ async fn start_upstream() -> (String, tokio::task::JoinHandle<()>) {
 }
 
 fn app(upstream: &str) -> Router {
-    let engine = Engine::new(Config::default());
+    let mut config = Config::default();
+    config.telemetry.record_document = true;
+    // Priced: `fanout.requested` and `fanout.delta` on the span.
+    let costs = CostTable::new().field("Query", "item", FieldCost::reads(3));
+    let engine = Engine::builder(config).costs(costs).build();
     let schema = Schema::build(Query, EmptyMutation, EmptySubscription)
         .extension(FanoutExtension::new(&engine))
         .data(Base(upstream.to_owned()))
         .finish();
     Router::new().route_service("/graphql", FanoutGraphQL::new(schema, engine))
 }
+
+/// The operation the cases run: named, priced, its document recorded.
+const QUERY: &str = r#"{"query":"query Named { item }"}"#;
 
 /// How the application's subscriber is built in a case.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -83,25 +91,33 @@ enum Case {
     DebugLog,
 }
 
-/// One request in `case`: the `tracing` span its resolver ran in, and
-/// every span exported.
-async fn request(case: Case, upstream: &str) -> (String, Vec<Received>) {
+/// A telemetry exporting to a collector of its own, `my_app`'s spans too
+/// when `target`.
+async fn telemetry(target: bool) -> (Collector, Telemetry) {
     let collector = Collector::start().await;
     let config = TelemetryConfig::default().otlp_endpoint(collector.base.clone());
     let mut builder = Telemetry::builder(config).export_interval(Duration::from_millis(50));
-    if case == Case::WithTarget {
+    if target {
         builder = builder.target("my_app");
     }
-    let telemetry = builder.build().unwrap().unwrap();
+    (collector, builder.build().unwrap().unwrap())
+}
+
+/// One request in `case`: the `tracing` span its resolver ran in, and
+/// every span exported.
+async fn request(case: Case, upstream: &str) -> (String, Vec<Received>) {
+    let (collector, telemetry) = telemetry(case == Case::WithTarget).await;
     let log = tracing_subscriber::filter::LevelFilter::from_level(match case {
         Case::DebugLog => tracing::Level::DEBUG,
         _ => tracing::Level::INFO,
     });
+    // A log's layer that formats nothing; not an `Option` of a layer (one
+    // that is `None` takes every callsite).
     let subscriber = tracing_subscriber::registry()
         .with(telemetry.layer())
         .with(tracing_subscriber::layer::Identity::new().with_filter(log));
     let default = tracing::subscriber::set_default(subscriber);
-    let answer = fanout_testkit::post(&app(upstream), r#"{"query":"{ item }"}"#, &[]).await;
+    let answer = fanout_testkit::post(&app(upstream), QUERY, &[]).await;
     drop(default);
     assert_eq!(answer.status, 200, "{:?}", answer.json());
     let current = answer.json()["data"]["item"]
@@ -136,9 +152,33 @@ fn named<'a>(spans: &'a [Received], name: &str) -> &'a Received {
     span
 }
 
+/// A span's attributes, each key with its typed value, by key.
+fn attributes(span: &Received) -> Vec<(String, String)> {
+    let mut attributes: Vec<_> = (span.span.attributes.iter())
+        .map(|kv| (kv.key.clone(), format!("{:?}", kv.value)))
+        .collect();
+    attributes.sort();
+    attributes
+}
+
+/// What an exported operation span says, whichever way it was built: its
+/// attributes, status, events and links.
+fn said(operation: &Received) -> String {
+    format!(
+        "{:?} status {:?} events {} links {} flags {} scope {}",
+        attributes(operation),
+        operation.span.status,
+        operation.span.events.len(),
+        operation.span.links.len(),
+        operation.span.flags,
+        operation.service,
+    )
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn the_operation_s_span_is_exported_alike_however_it_is_built() {
     let (upstream, _task) = start_upstream().await;
+    let mut first: Option<String> = None;
     for (case, runs_in) in [
         (Case::TelemetryAlone, "graphql.request"),
         (Case::WithTarget, "graphql.operation"),
@@ -148,7 +188,6 @@ async fn the_operation_s_span_is_exported_alike_however_it_is_built() {
     ] {
         let (current, spans) = request(case, &upstream).await;
         assert_eq!(current, runs_in, "{case:?}: the resolver's span");
-
         let server = spans
             .iter()
             .find(|r| r.span.kind == SpanKind::Server as i32)
@@ -160,24 +199,31 @@ async fn the_operation_s_span_is_exported_alike_however_it_is_built() {
             operation.span.parent_span_id, server.span.span_id,
             "{case:?}: the request's child"
         );
+        assert!(operation.span.start_time_unix_nano >= server.span.start_time_unix_nano);
+        assert!(operation.span.end_time_unix_nano <= server.span.end_time_unix_nano);
         assert!(operation.span.end_time_unix_nano >= operation.span.start_time_unix_nano);
+        let text = |key: &str| attribute(&operation.span, key);
+        assert_eq!(text("graphql.operation.type").as_deref(), Some("query"));
+        assert_eq!(text("graphql.operation.name").as_deref(), Some("Named"));
         assert_eq!(
-            attribute(&operation.span, "graphql.operation.type").as_deref(),
-            Some("query"),
-            "{case:?}"
+            text("graphql.document").as_deref(),
+            Some("query Named { item }")
         );
-        assert_eq!(attribute(&operation.span, "graphql.operation.name"), None);
-        assert_eq!(
-            attribute(&operation.span, "fanout.reads").as_deref(),
-            Some("2"),
-            "{case:?}"
-        );
-        assert!(is_int(&operation.span, "fanout.reads"), "{case:?}");
-        assert_eq!(
-            attribute(&operation.span, "fanout.cache_hits").as_deref(),
-            Some("0"),
-            "{case:?}"
-        );
+        for (key, value) in [
+            ("fanout.requested", "3"),
+            ("fanout.reads", "2"),
+            ("fanout.cache_hits", "0"),
+            ("fanout.delta", "1"),
+        ] {
+            assert_eq!(text(key).as_deref(), Some(value), "{case:?}: {key}");
+            assert!(is_int(&operation.span, key), "{case:?}: {key}");
+        }
+        // The same span, attribute for attribute, however it was built.
+        let said = said(operation);
+        match &first {
+            None => first = Some(said),
+            Some(first) => assert_eq!(&said, first, "{case:?}"),
+        }
         // Both reads, the spawned task's too, are the operation's children.
         let reads: Vec<_> = spans
             .iter()
@@ -190,16 +236,16 @@ async fn the_operation_s_span_is_exported_alike_however_it_is_built() {
                 "{case:?}: the read is the operation's child"
             );
         }
-        // The application's span: exported with its target added, under
-        // the operation whose resolver opened it.
+        // The application's span: exported by a telemetry told its
+        // target, under the operation whose resolver opened it.
         let mine = spans.iter().find(|r| r.span.name == "mine");
-        match case {
-            Case::WithTarget => assert_eq!(
+        match case == Case::WithTarget {
+            true => assert_eq!(
                 mine.expect("the application's span").span.parent_span_id,
                 operation.span.span_id,
-                "a resolver's span is the operation's child"
+                "{case:?}: a resolver's span is the operation's child"
             ),
-            _ => assert!(mine.is_none(), "{case:?}: not exported"),
+            false => assert!(mine.is_none(), "{case:?}: not exported"),
         }
     }
 }

@@ -190,7 +190,8 @@ async fn exported_filtered(
     let config = TelemetryConfig::default()
         .otlp_endpoint(collector.base.clone())
         .sample_ratio(sample_ratio);
-    // The application's own spans are exported too, as the gateway's are.
+    // The application's own spans are exported too (the operations' spans
+    // are then `tracing` spans: `tests/telemetry_operation_span.rs`).
     let telemetry = Telemetry::builder(config)
         .target(module_path!())
         .export_interval(Duration::from_millis(50))

@@ -19,11 +19,14 @@
 //!   is opened: entered at each poll as a thread-local handle, so the
 //!   reads' spans are its children — not a registry slot looked up, locked
 //!   and clocked at every poll of the operation. The request's span is the
-//!   current `tracing` span inside it: an event logged there is exported on
-//!   the request's span. Whether another layer takes the span is asked of a
-//!   callsite the telemetry's layer refuses (`fanout.direct`): with more
-//!   than one subscriber in the process, a layer of any of them that takes
-//!   it counts.
+//!   current `tracing` span inside it: an event of the engine's logged
+//!   there is exported on the request's span (an application's is not
+//!   exported without its target). Whether another layer takes the span is
+//!   asked of a callsite the telemetry's layer refuses (`fanout.direct`):
+//!   with more than one subscriber in the process, a layer of any of them
+//!   that takes it counts; with more than one telemetry alive, the span is
+//!   a `tracing` one. Only `FanoutGraphQL` samples a request as it arrives
+//!   (behind `FanoutLayer`, the span is a `tracing` one).
 
 use opentelemetry_support::Direct;
 use std::future::Future;

@@ -19,6 +19,7 @@
 //! - Nothing is kept while no telemetry exports, and a read in the
 //!   request's own task costs two atomic loads and a task-local look-up.
 
+use super::direct::Outside;
 use super::live::is_active;
 use super::opened::{above_current, above_span, adopted, exported_of, note, Above};
 use super::sampling::{caller_parent, carried, sampled_out, Sampling, SAMPLING};
@@ -68,7 +69,7 @@ tokio::task_local! {
 }
 
 /// A read's future made and run under a request's trace ([`carry`]).
-pub(crate) type Carried<F> = TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<Under, F>>;
+pub(crate) type Carried<F> = TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<Under, Outside<F>>>;
 
 impl CarriedTrace {
     /// The trace of the request the current task serves, under its current
@@ -204,8 +205,12 @@ fn carry_from<F: std::future::Future>(
         kept: parent,
         foreign,
     };
-    let made = SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(under.clone(), make));
-    SAMPLING.scope(sampling, PARENT.scope(under, made))
+    // Made and run outside any direct span of the task's (an operation's
+    // of another request's, polled around it).
+    let made = super::direct::outside(|| {
+        SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(under.clone(), make))
+    });
+    SAMPLING.scope(sampling, PARENT.scope(under, Outside::new(made)))
 }
 
 /// `work` the current task hands to a task of its own (a coalesced read's

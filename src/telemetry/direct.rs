@@ -15,9 +15,12 @@
 //! How it works:
 //! - A read's span is made direct when its request is sampled (the
 //!   decision the layer's filter took, which also left the telemetry's
-//!   [`Sink`] in the request's sampling) and the current `tracing` span has
-//!   a valid OpenTelemetry context (the operation's span): that context is
-//!   its parent. A read made away from its request's task (a `DataLoader`'s
+//!   [`Sink`] in the request's sampling) and it has a parent: the direct
+//!   span entered (the operation's, when it is a direct one:
+//!   `graphql/operation_span.rs`), else the current `tracing` span's
+//!   OpenTelemetry context when valid (the operation's `tracing` span).
+//!   A read carried from another request's task runs outside the task's
+//!   direct span ([`outside`]). A read made away from its request's task (a `DataLoader`'s
 //!   spawned load) is under the span its operation's handle kept
 //!   (`carried.rs`). Anything else (a read outside a request, no telemetry) has
 //!   a `tracing` span as before (`read/spans.rs`).
@@ -144,18 +147,7 @@ impl Span {
 
     /// Runs `f` with the span entered on this thread.
     pub(crate) fn enter<R>(&self, f: impl FnOnce() -> R) -> R {
-        struct Restore(Option<Span>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                let previous = self.0.take();
-                // Out of the cell before it drops: the span may end here.
-                let mine = CURRENT.with(|current| current.replace(previous));
-                drop(mine);
-            }
-        }
-        let previous = CURRENT.with(|current| current.replace(Some(self.clone())));
-        let _restore = Restore(previous);
-        f()
+        entered(Some(self.clone()), f)
     }
 
     /// `future`, with the span entered at each poll.
@@ -187,9 +179,37 @@ fn tracing_parent() -> Option<SpanContext> {
 
 /// Whether an operation of the request the current task serves has a
 /// direct span: the request was sampled, by a telemetry that exports the
-/// engine's spans alone (`graphql/operation_span.rs`).
+/// engine's spans alone and is the only one alive
+/// (`graphql/operation_span.rs`).
 pub(crate) fn operations_direct() -> bool {
-    super::sampling::sink().is_some_and(|sink| sink.operations_direct())
+    // With two telemetries, each refuses the callsite that asks whether
+    // another layer takes the span: neither could tell the other does.
+    super::live::is_alone() && super::sampling::sink().is_some_and(|sink| sink.operations_direct())
+}
+
+/// Runs `f` with `span` (none: no direct span) entered on this thread, the
+/// span entered before put back after.
+fn entered<R>(span: Option<Span>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Span>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            // Out of the cell before it drops: the span may end here.
+            let mine = CURRENT.with(|current| current.replace(previous));
+            drop(mine);
+        }
+    }
+    let previous = CURRENT.with(|current| current.replace(span));
+    let _restore = Restore(previous);
+    f()
+}
+
+/// Runs `f` with no direct span entered: a read carried from another
+/// request's task (`carried.rs`) is under that request's spans, never
+/// under the one of the task it runs in (an operation's, entered while
+/// its future is polled: the read made there through a lent handle).
+pub(crate) fn outside<R>(f: impl FnOnce() -> R) -> R {
+    entered(None, f)
 }
 
 /// `f` on the direct span entered on this thread, if any.
@@ -204,6 +224,30 @@ pin_project_lite::pin_project! {
         span: Span,
         #[pin]
         future: F,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future run with no direct span entered at each poll ([`outside`]).
+    pub(crate) struct Outside<F> {
+        #[pin]
+        future: F,
+    }
+}
+
+impl<F> Outside<F> {
+    /// `future`, run outside any direct span.
+    pub(crate) fn new(future: F) -> Self {
+        Outside { future }
+    }
+}
+
+impl<F: Future> Future for Outside<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let future = self.project().future;
+        outside(|| future.poll(cx))
     }
 }
 

@@ -21,3 +21,8 @@ pub(crate) fn deactivate() {
 pub(crate) fn is_active() -> bool {
     ACTIVE.load(Ordering::Relaxed) > 0
 }
+
+/// Whether exactly one telemetry that made a layer lives.
+pub(crate) fn is_alone() -> bool {
+    ACTIVE.load(Ordering::Relaxed) == 1
+}

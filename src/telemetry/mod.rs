@@ -13,7 +13,9 @@
 //!   fields set where the engine opens its spans). The layer sees only the
 //!   engine's targets, at `DEBUG` and above, whatever the log's own filter.
 //!   The spans of a sampled request's reads skip `tracing`: they are built
-//!   as span data straight away and queued as they end (`direct.rs`).
+//!   as span data straight away and queued as they end (`direct.rs`); so
+//!   are its operations' while the telemetry exports the engine's spans
+//!   alone and no other layer takes them (`graphql/operation_span.rs`).
 //! - Each inbound request is sampled once, as it arrives: an inbound
 //!   `traceparent`'s flag, else `sample_ratio`. A request sampled out
 //!   opens no span but its `graphql.request` (`sampling.rs`, the layer's
