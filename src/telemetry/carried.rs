@@ -19,7 +19,6 @@
 //! - Nothing is kept while no telemetry exports, and a read in the
 //!   request's own task costs two atomic loads and a task-local look-up.
 
-use super::direct::Outside;
 use super::live::is_active;
 use super::opened::{above_current, above_span, adopted, exported_of, note, Above};
 use super::sampling::{caller_parent, carried, sampled_out, Sampling, SAMPLING};
@@ -68,8 +67,8 @@ tokio::task_local! {
     static PARENT: Under;
 }
 
-/// A read's future made and run under a request's trace ([`carry`]).
-pub(crate) type Carried<F> = TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<Under, Outside<F>>>;
+/// A future made and run under a request's trace ([`carry`]).
+pub(crate) type Scoped<F> = TaskLocalFuture<Arc<Sampling>, TaskLocalFuture<Under, F>>;
 
 impl CarriedTrace {
     /// The trace of the request the current task serves, under its current
@@ -183,7 +182,7 @@ impl CarriedTrace {
 
 /// The future `make` gives, made and run under `away`: the request's
 /// sampling, and the span its reads' spans are under.
-pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F) -> Carried<F> {
+pub(crate) fn carry<F: std::future::Future>(away: Away, make: impl FnOnce() -> F) -> Scoped<F> {
     carry_from(away, false, make)
 }
 
@@ -194,7 +193,7 @@ fn carry_from<F: std::future::Future>(
     away: Away,
     foreign: bool,
     make: impl FnOnce() -> F,
-) -> Carried<F> {
+) -> Scoped<F> {
     let Away { sampling, parent } = away;
     // Into another request's task: a span there is that request's.
     let foreign = foreign
@@ -205,12 +204,8 @@ fn carry_from<F: std::future::Future>(
         kept: parent,
         foreign,
     };
-    // Made and run outside any direct span of the task's (an operation's
-    // of another request's, polled around it).
-    let made = super::direct::outside(|| {
-        SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(under.clone(), make))
-    });
-    SAMPLING.scope(sampling, PARENT.scope(under, Outside::new(made)))
+    let made = SAMPLING.sync_scope(sampling.clone(), || PARENT.sync_scope(under.clone(), make));
+    SAMPLING.scope(sampling, PARENT.scope(under, made))
 }
 
 /// `work` the current task hands to a task of its own (a coalesced read's
@@ -219,7 +214,7 @@ fn carry_from<F: std::future::Future>(
 /// names that span even when no span of its own is built (a level filter
 /// that keeps DEBUG out). As it is outside a request or while no telemetry
 /// exports.
-pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Carried<F>, F> {
+pub(crate) fn hand_over<F: std::future::Future>(work: F) -> Either<Scoped<F>, F> {
     let kept = CarriedTrace::here().kept.into_inner();
     // Handed over from a task the read was carried to: the task it goes to
     // is as foreign to the request as this one.

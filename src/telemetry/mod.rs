@@ -74,7 +74,23 @@ mod span_exporter;
 mod truncate;
 mod weight;
 
-pub(crate) use carried::{adopt_request_parent, carry, hand_over, Carried, CarriedTrace};
+pub(crate) use carried::{adopt_request_parent, hand_over, CarriedTrace};
+
+/// A read's future made and run under its request's trace, away from that
+/// request's task ([`carry`]).
+pub(crate) type Carried<F> = carried::Scoped<direct::Outside<F>>;
+
+/// The read `make` gives, made and run under `away` — its request's
+/// sampling and the span its reads are under (`carried.rs`) — and outside
+/// any direct span of the task it runs in (`direct.rs`): an operation's of
+/// another request's, entered while the read is polled in that
+/// operation's future (a lent handle), is not its parent.
+pub(crate) fn carry<F: std::future::Future>(
+    away: carried::Away,
+    make: impl FnOnce() -> F,
+) -> Carried<F> {
+    direct::outside(|| carried::carry(away, || direct::Outside::new(make())))
+}
 pub(crate) use context::{adopt_parent, current_context};
 pub(crate) use instruments::{
     is_recording, with as instruments, ClientError, ClientKey, Instruments,
