@@ -22,10 +22,9 @@
 //!   current `tracing` span inside it: an event of the engine's logged
 //!   there is exported on the request's span (an application's is not
 //!   exported without its target). Whether another layer takes the span is
-//!   asked of a callsite the telemetry's layer refuses (`fanout.direct`):
-//!   with more than one subscriber in the process, a layer of any of them
-//!   that takes it counts; with more than one telemetry alive, the span is
-//!   a `tracing` one. Only `FanoutGraphQL` samples a request as it arrives
+//!   asked of a callsite the telemetry's layer refuses (`fanout.direct`), of
+//!   the subscriber the operation runs under; while more than one
+//!   telemetry that made a layer lives, the span is a `tracing` one. Only `FanoutGraphQL` samples a request as it arrives
 //!   (behind `FanoutLayer`, the span is a `tracing` one).
 
 use opentelemetry_support::Direct;
@@ -92,7 +91,7 @@ impl OperationSpan {
         if crate::telemetry::sampled_out() {
             return OperationSpan {
                 tracing: tracing::Span::none(),
-                direct: Direct::default(),
+                direct: Direct::none(),
             };
         }
         if let Some(direct) = Direct::open(described) {
@@ -104,7 +103,7 @@ impl OperationSpan {
         let tracing = operation_span!(described, []);
         OperationSpan {
             tracing: with_document(tracing, described),
-            direct: Direct::default(),
+            direct: Direct::none(),
         }
     }
 
@@ -114,7 +113,7 @@ impl OperationSpan {
         let tracing = operation_span!(described, [parent: None,], otel.kind = "server",);
         OperationSpan {
             tracing: with_document(tracing, described),
-            direct: Direct::default(),
+            direct: Direct::none(),
         }
     }
 
@@ -167,15 +166,18 @@ mod opentelemetry_support {
     use super::{Described, Sent};
     use crate::telemetry::direct;
     use futures::future::Either;
-    use opentelemetry::trace::SpanKind;
     use opentelemetry::KeyValue;
     use std::future::Future;
 
     /// The operation's direct span, when it has one.
-    #[derive(Default)]
     pub(super) struct Direct(Option<direct::Span>);
 
     impl Direct {
+        /// None.
+        pub(super) fn none() -> Direct {
+            Direct(None)
+        }
+
         /// A direct span for the operation `described`, when its request was
         /// sampled by a telemetry that exports the engine's spans alone,
         /// its `tracing` span would be exported (the engine's debug spans
@@ -218,7 +220,7 @@ mod opentelemetry_support {
                 attributes.push(KeyValue::new("fanout.requested", requested));
             }
             let name = described.kind.unwrap_or("GraphQL Operation");
-            direct::Span::child(name, SpanKind::Internal, attributes).map(|span| Direct(Some(span)))
+            direct::Span::operation(name, attributes).map(|span| Direct(Some(span)))
         }
 
         /// Keeps the span as the parent of the reads `operation` makes away
@@ -267,10 +269,13 @@ mod opentelemetry_support {
     use std::future::Future;
 
     /// Never a direct span.
-    #[derive(Default)]
     pub(super) struct Direct;
 
     impl Direct {
+        pub(super) fn none() -> Direct {
+            Direct
+        }
+
         pub(super) fn open(_: &Described<'_>) -> Option<Direct> {
             None
         }

@@ -160,7 +160,9 @@ pub(crate) fn note<V: Note>(field: &'static str, value: V) {
 #[inline(never)]
 fn noted<V: Note>(field: &'static str, value: V) {
     #[cfg(feature = "otel")]
-    if crate::telemetry::direct::with_current(|span| span.set(field, value.otel())).is_some() {
+    // A direct span entered: the read's, or its operation's, which takes no
+    // note (as its `tracing` span has no such field).
+    if crate::telemetry::direct::with_current(|span| span.note(field, value.otel())).is_some() {
         return;
     }
     tracing::Span::current().record(field, value.field());

@@ -62,6 +62,9 @@ struct Inner {
     start: SystemTime,
     sink: Arc<Sink>,
     noted: Mutex<Noted>,
+    /// Whether the read path notes what answered it here ([`note`](Span::note)):
+    /// a read's span, a request's, a token fetch's; not an operation's.
+    takes_notes: bool,
 }
 
 /// What was recorded on a span after it started.
@@ -85,6 +88,23 @@ impl Span {
         name: impl Into<Cow<'static, str>>,
         kind: SpanKind,
         attributes: Vec<KeyValue>,
+    ) -> Option<Span> {
+        Self::made(name.into(), kind, attributes, true)
+    }
+
+    /// An operation's span (`graphql/operation_span.rs`), made as
+    /// [`child`](Self::child) is: the read path's notes never land on it
+    /// (a permit taken in its resolver, say: the operation's `tracing` span
+    /// has no such fields either).
+    pub(crate) fn operation(name: &'static str, attributes: Vec<KeyValue>) -> Option<Span> {
+        Self::made(name.into(), SpanKind::Internal, attributes, false)
+    }
+
+    fn made(
+        name: Cow<'static, str>,
+        kind: SpanKind,
+        attributes: Vec<KeyValue>,
+        takes_notes: bool,
     ) -> Option<Span> {
         let (parent, sink, parent_is_remote) =
             match with_current(|span| (span.0.context.clone(), span.0.sink.clone())) {
@@ -119,7 +139,7 @@ impl Span {
             context,
             parent: parent.span_id(),
             parent_is_remote,
-            name: name.into(),
+            name,
             kind,
             start: SystemTime::now(),
             sink,
@@ -127,12 +147,22 @@ impl Span {
                 attributes,
                 error: false,
             }),
+            takes_notes,
         })))
     }
 
     /// Records `key` = `value` on the span.
     pub(crate) fn set(&self, key: &'static str, value: impl Into<Value>) {
         self.0.set(key, value);
+    }
+
+    /// Records `key` = `value`, a note of the read path's, on a span that
+    /// takes them; whether it does.
+    pub(crate) fn note(&self, key: &'static str, value: impl Into<Value>) -> bool {
+        if self.0.takes_notes {
+            self.0.set(key, value);
+        }
+        self.0.takes_notes
     }
 
     /// Marks the span failed (status `Error`).
@@ -205,10 +235,16 @@ fn entered<R>(span: Option<Span>, f: impl FnOnce() -> R) -> R {
 }
 
 /// Runs `f` with no direct span entered: a read carried from another
-/// request's task (`carried.rs`) is under that request's spans, never
-/// under the one of the task it runs in (an operation's, entered while
-/// its future is polled: the read made there through a lent handle).
+/// request's task is under that request's spans, never under the one of
+/// the task it runs in (an operation's, entered while its future is
+/// polled: the read made there through a lent handle), and a request
+/// served in process inside another's operation is a trace of its own
+/// (`telemetry::carry`, `telemetry::within`). Nothing entered (the common
+/// case): one look at the thread-local.
 pub(crate) fn outside<R>(f: impl FnOnce() -> R) -> R {
+    if CURRENT.with(|current| current.borrow().is_none()) {
+        return f();
+    }
     entered(None, f)
 }
 

@@ -76,6 +76,24 @@ mod weight;
 
 pub(crate) use carried::{adopt_request_parent, hand_over, CarriedTrace};
 
+/// `future` run under `sampling` (`sampling.rs`: as it is without one),
+/// outside any direct span of the task it runs in (`direct.rs`): a request
+/// served in process inside another's operation is a trace of its own.
+pub(crate) fn within<F: std::future::Future>(
+    sampling: Option<std::sync::Arc<Sampling>>,
+    future: F,
+) -> direct::Outside<impl std::future::Future<Output = F::Output>> {
+    direct::Outside::new(sampling::within(sampling, future))
+}
+
+/// `open` run under `sampling`, outside any direct span ([`within`]).
+pub(crate) fn within_sync<R>(
+    sampling: Option<std::sync::Arc<Sampling>>,
+    open: impl FnOnce() -> R,
+) -> R {
+    direct::outside(|| sampling::within_sync(sampling, open))
+}
+
 /// A read's future made and run under its request's trace, away from that
 /// request's task ([`carry`]).
 pub(crate) type Carried<F> = carried::Scoped<direct::Outside<F>>;
@@ -96,9 +114,7 @@ pub(crate) use instruments::{
     is_recording, with as instruments, ClientError, ClientKey, Instruments,
 };
 pub(crate) use live::is_active as is_exporting;
-pub(crate) use sampling::{
-    decide, decided_out, root as root_decision, sampled_out, within, within_sync, Sampling,
-};
+pub(crate) use sampling::{decide, decided_out, root as root_decision, sampled_out, Sampling};
 
 /// Adds `traceparent`, naming the current span, to `headers` (an upstream
 /// request's) while a [`Telemetry`] layer exports spans; else nothing. A
